@@ -1,0 +1,229 @@
+"""Build the fixture model: a tiny Llama checkpoint trained on the synthetic tasks.
+
+    python -m fixture_model.build [--out DIR] [--force]
+
+Prints the checkpoint directory. The build is deterministic (fixed seeds,
+fixed step count, single-process CPU training) and cached: the directory name
+carries a hash of this file and ``tasks.py``, so a change to either builds a
+new checkpoint and an unchanged tree reuses the old one.
+
+Shape constraints found on the CPU backend: head_dim must be 64 (the CPU
+attention rejects 16) and the weights are float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+from pathlib import Path
+
+log = logging.getLogger("fixture_model.build")
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_CACHE = REPO / ".cache" / "models"
+
+ARCH = dict(
+    hidden_size=128,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=64,
+    # Long enough for the multi-block shared prefixes that prefix-cache and
+    # offload tests need (the CPU KV block is 128 tokens).
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+TRAIN = dict(steps=1100, batch=64, lr=3e-3, warmup=50, seed=0, n_examples=60_000)
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant :{% endif %}"
+)
+
+
+def _fingerprint() -> str:
+    h = hashlib.sha256()
+    for name in ("build.py", "tasks.py"):
+        h.update((HERE / name).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def default_model_dir() -> Path:
+    base = Path(os.environ.get("FUZZSERVE_MODEL_CACHE", DEFAULT_CACHE))
+    return base / f"fixture-llama-{_fingerprint()}"
+
+
+def build_tokenizer():
+    """A word-level fast tokenizer over the task vocabulary.
+
+    Metaspace pre-tokenization (as in SentencePiece models) makes decoding put
+    the spaces back, so vLLM's incremental detokenizer yields " 40 41 42".
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    from .tasks import SPECIALS, WORDS
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for w in WORDS:
+        vocab.setdefault("\u2581" + w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    # Every sequence starts with <s>, in training and when vLLM tokenizes a prompt.
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=ARCH["max_position_embeddings"],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def _batches(tokenizer, examples, batch, rng):
+    import torch
+
+    order = list(range(len(examples)))
+    while True:
+        rng.shuffle(order)
+        for i in range(0, len(order) - batch + 1, batch):
+            texts = [examples[j].text for j in order[i : i + batch]]
+            ids = [tokenizer.encode(t) for t in texts]
+            width = max(map(len, ids))
+            x = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
+            for r, row in enumerate(ids):
+                x[r, : len(row)] = torch.tensor(row)
+            yield x
+
+
+def train(out_dir: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from .tasks import held_out_examples, training_examples
+
+    torch.manual_seed(TRAIN["seed"])
+    rng = random.Random(TRAIN["seed"])
+    tokenizer = build_tokenizer()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+        **ARCH,
+    )
+    model = LlamaForCausalLM(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=TRAIN["lr"], weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt,
+        lambda s: min(1.0, (s + 1) / TRAIN["warmup"]) * max(0.05, 1 - s / TRAIN["steps"]),
+    )
+    examples = training_examples(TRAIN["n_examples"], seed=TRAIN["seed"])
+    batches = _batches(tokenizer, examples, TRAIN["batch"], rng)
+
+    try:
+        from rich.progress import Progress
+    except ImportError:  # pragma: no cover - rich is a dependency
+        Progress = None
+    t0 = time.monotonic()
+    model.train()
+    progress = Progress(transient=True) if Progress else None
+    task = progress.add_task("training fixture model", total=TRAIN["steps"]) if progress else None
+    if progress:
+        progress.start()
+    try:
+        for step in range(TRAIN["steps"]):
+            x = next(batches)
+            labels = x.masked_fill(x == tokenizer.pad_token_id, -100)
+            loss = model(input_ids=x, labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            if progress:
+                progress.update(task, advance=1, description=f"training fixture model (loss {loss.item():.3f})")
+    finally:
+        if progress:
+            progress.stop()
+    train_s = time.monotonic() - t0
+
+    accuracy = evaluate_hf(model, tokenizer, held_out_examples(20))
+    log.info("trained in %.1f s, final loss %.3f, held-out accuracy %s", train_s, loss.item(), accuracy)
+
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    model.eval()
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "fixture_build.json").write_text(
+        json.dumps(
+            {"train_seconds": round(train_s, 1), "final_loss": loss.item(), "held_out_accuracy": accuracy,
+             "arch": ARCH, "train": TRAIN},
+            indent=2,
+        )
+    )
+    tmp.rename(out_dir)  # atomic: a half-written directory is never picked up
+
+
+def evaluate_hf(model, tokenizer, examples) -> dict[str, float]:
+    """Greedy accuracy per task with plain transformers (no vLLM)."""
+    import torch
+
+    from .tasks import is_correct
+
+    model.eval()
+    right: dict[str, list[bool]] = {}
+    with torch.no_grad():
+        for ex in examples:
+            ids = torch.tensor([tokenizer.encode(ex.prompt)])
+            out = model.generate(ids, max_new_tokens=len(ex.answer.split()) + 1, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+            text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            right.setdefault(ex.task, []).append(is_correct(ex, text))
+    model.train()
+    return {t: sum(v) / len(v) for t, v in right.items()}
+
+
+def ensure_model(out: Path | None = None, force: bool = False) -> Path:
+    """Return the checkpoint directory, building it first if needed."""
+    out = Path(out) if out else default_model_dir()
+    if out.exists() and not force:
+        return out
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    log.info("building fixture model into %s", out)
+    train(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: cached by content hash)")
+    ap.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    path = ensure_model(args.out, args.force)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

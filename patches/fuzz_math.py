@@ -1,0 +1,106 @@
+"""The perturbation itself: pure tensor arithmetic, safe under torch.compile and CUDA graphs.
+
+Per scheduled token the worker fills three persistent buffers (fixed address,
+refilled in place each step):
+
+* ``mult``  (float32): ``1 - clamp(s, 0, 1)`` for scale mode, 1 otherwise;
+* ``std``   (float32): ``s`` for gaussian mode, 0 otherwise;
+* ``key``   (int64):   a 32-bit hash of (request seed, token position).
+
+and the embedding output ``e`` of every token becomes::
+
+    e * mult + std * rms(e) * z(key)
+
+with ``z`` standard normal noise computed *inside the graph* from ``key`` by
+an integer hash and Box-Muller. There is no branch on any value: a neutral
+token (mult 1, std 0) goes through the same arithmetic and comes out
+bit-identical (x * 1 + 0 * finite == x).
+
+Why a counter-based hash instead of ``torch.randn``: the noise of a token must
+depend only on the request's seed and the token's position, not on which
+other requests share the batch, which step it lands in, or the device RNG
+state (so the same request gives the same output every time, and a
+preempted-and-recomputed prompt gets the same noise again). It also keeps
+the per-step CPU work to one int per token instead of one vector per token.
+
+All integer arithmetic stays below 2**63 (values < 2**32 times constants
+< 2**31), so no signed overflow happens in eager, Inductor C++ or CUDA code.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+M32 = 0xFFFFFFFF
+# Odd multipliers below 2**31 (products with 32-bit values stay below 2**63).
+_C1 = 0x7FEB352D
+_C2 = 0x2C1B3C6D
+_TWO_PI = 2.0 * np.pi
+_INV_2_32 = 1.0 / 4294967297.0  # 1 / (2**32 + 1): maps [0, 2**32) + 1 into (0, 1)
+
+
+def mix32_np(x: np.ndarray) -> np.ndarray:
+    """32-bit integer hash (xorshift-multiply) on uint64 arrays holding 32-bit values."""
+    x = x.astype(np.uint64) & np.uint64(M32)
+    x ^= x >> np.uint64(16)
+    x = (x * np.uint64(_C1)) & np.uint64(M32)
+    x ^= x >> np.uint64(15)
+    x = (x * np.uint64(_C2)) & np.uint64(M32)
+    x ^= x >> np.uint64(16)
+    return x
+
+
+def mix32_torch(x: torch.Tensor) -> torch.Tensor:
+    """Same hash as :func:`mix32_np` on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = (x * _C1) & M32
+    x = x ^ (x >> 15)
+    x = (x * _C2) & M32
+    x = x ^ (x >> 16)
+    return x
+
+
+def seed_base(seed: int) -> int:
+    """Fold a signed 64-bit seed into a 32-bit per-request base key."""
+    u = seed & 0xFFFFFFFFFFFFFFFF
+    lo, hi = u & M32, u >> 32
+    return int(mix32_np(np.array([lo ^ int(mix32_np(np.array([hi]))[0])], dtype=np.uint64))[0])
+
+
+def token_keys(bases: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Per-token keys from per-token request bases and absolute positions (int64 out)."""
+    pos = positions.astype(np.uint64) & np.uint64(M32)
+    return mix32_np(bases.astype(np.uint64) ^ mix32_np(pos + np.uint64(0x9E3779B9))).astype(np.int64)
+
+
+def dim_codes(hidden_size: int) -> torch.Tensor:
+    """Fixed per-dimension codes [2, hidden] (int64) that decorrelate the hidden dims."""
+    idx = np.arange(2 * hidden_size, dtype=np.uint64)
+    codes = mix32_np(mix32_np(idx * np.uint64(2654435761) + np.uint64(12345)))
+    return torch.from_numpy(codes.astype(np.int64).reshape(2, hidden_size))
+
+
+def gaussian_noise(keys: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """Standard normal noise [n, hidden] (float32), a pure function of ``keys`` [n]."""
+    k = keys.unsqueeze(-1)
+    a = mix32_torch(k ^ codes[0])
+    b = mix32_torch(k ^ codes[1])
+    u1 = (a.to(torch.float32) + 1.0) * _INV_2_32  # in (0, 1]: log is finite
+    u2 = b.to(torch.float32) * _INV_2_32
+    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(_TWO_PI * u2)
+
+
+def perturb(
+    embeds: torch.Tensor,
+    mult: torch.Tensor,
+    std: torch.Tensor,
+    keys: torch.Tensor,
+    codes: torch.Tensor,
+) -> torch.Tensor:
+    """Apply the per-token perturbation to ``embeds`` [n, hidden]; see module doc."""
+    x = embeds.to(torch.float32)
+    rms = torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True))
+    z = gaussian_noise(keys, codes)
+    out = x * mult.unsqueeze(-1) + (std.unsqueeze(-1) * rms) * z
+    return out.to(embeds.dtype)
