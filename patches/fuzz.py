@@ -350,6 +350,30 @@ def worker_stats(worker: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------
+# Worker: compile cache key
+# --------------------------------------------------------------------------
+
+
+def _code_fingerprint() -> str:
+    import hashlib
+    from pathlib import Path
+
+    h = hashlib.sha256()
+    for name in ("fuzz.py", "fuzz_math.py"):
+        h.update((Path(__file__).with_name(name)).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _wrap_aot_hash_factors(original):
+    factor = f"fuzzserve-fuzz:{_code_fingerprint()}"
+
+    def aot_compile_hash_factors(*args, **kwargs):
+        return [*original(*args, **kwargs), factor]
+
+    return aot_compile_hash_factors
+
+
+# --------------------------------------------------------------------------
 
 
 def apply() -> None:
@@ -363,6 +387,13 @@ def apply() -> None:
     from vllm.v1.request import Request
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
+    import vllm.compilation.caching as compile_caching
+
+    # vLLM's AOT compile cache is keyed before Dynamo runs, without the traced
+    # sources: a graph compiled by stock vLLM (no fuzz) would be loaded by a
+    # patched engine and silently ignore every fuzz setting, which is exactly
+    # the failure the seed notes describe. Our code becomes part of the key.
+    wrap_method(compile_caching, "aot_compile_hash_factors", _wrap_aot_hash_factors)
     wrap_method(InputProcessor, "_validate_params", _wrap_validate_params)
     wrap_method(Request, "__init__", _wrap_request_init)
     wrap_method(GPUModelRunner, "_prepare_inputs", _wrap_prepare_inputs)

@@ -1,0 +1,63 @@
+"""Shared fixtures. Engines are session-scoped: each one starts once per test run.
+
+On 2 cores an engine start costs ~30 s (eager) or ~60 s (compiled), so tests
+share them; every engine runs in its own process group and is killed by id at
+the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tests.engine_host import EngineHost  # noqa: E402
+
+# Every engine in the tests: small KV space, deterministic, enough context for
+# multi-block (128-token blocks on CPU) shared prefixes.
+# VLLM_ALLOW_INSECURE_SERIALIZATION lets collective_rpc ship a function
+# (patches.fuzz.worker_stats) to the workers: tests only, never in serving.
+ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+ENGINE_KWARGS = dict(dtype="float32", seed=0, max_model_len=1024, max_num_seqs=32, enable_prefix_caching=True,
+                     disable_log_stats=False)
+
+
+@pytest.fixture(scope="session")
+def fixture_model() -> Path:
+    from fixture_model.build import ensure_model
+
+    return ensure_model()
+
+
+def _host(model: Path, env: dict[str, str] | None = None, **kwargs) -> EngineHost:
+    return EngineHost(env={**ENGINE_ENV, **(env or {})}, model=str(model), **{**ENGINE_KWARGS, **kwargs})
+
+
+@pytest.fixture(scope="session")
+def start_engine(fixture_model):
+    """Factory for engines beyond the shared ones; everything it starts is closed at session end."""
+    hosts: list[EngineHost] = []
+
+    def start(env: dict[str, str] | None = None, **kwargs) -> EngineHost:
+        host = _host(fixture_model, env, **kwargs)
+        hosts.append(host)
+        return host
+
+    yield start
+    for h in hosts:
+        h.close()
+
+
+@pytest.fixture(scope="session")
+def patched_engine(start_engine) -> EngineHost:
+    """Patches on, eager."""
+    return start_engine(enforce_eager=True)
+
+
+@pytest.fixture(scope="session")
+def stock_engine(start_engine) -> EngineHost:
+    """Stock vLLM in the same install (FUZZSERVE_PATCHES_OFF=all), eager."""
+    return start_engine({"FUZZSERVE_PATCHES_OFF": "all"}, enforce_eager=True)

@@ -1,0 +1,97 @@
+"""The perturbation arithmetic (torch level, no vLLM)."""
+
+import numpy as np
+import pytest
+import torch
+
+from patches import fuzz_math as fm
+
+H = 128
+
+
+def _buffers(n):
+    return torch.ones(n), torch.zeros(n), torch.zeros(n, dtype=torch.int64)
+
+
+def test_neutral_is_bit_identical():
+    e = torch.randn(64, H)
+    mult, std, key = _buffers(64)
+    key[:] = torch.from_numpy(fm.token_keys(np.full(64, 12345, dtype=np.uint64), np.arange(64)))
+    out = fm.perturb(e, mult, std, key, fm.dim_codes(H))
+    assert torch.equal(out, e)
+
+
+def test_scale_and_zero():
+    e = torch.randn(4, H)
+    mult, std, key = _buffers(4)
+    mult[:] = torch.tensor([1.0, 0.5, 0.0, 0.25])
+    out = fm.perturb(e, mult, std, key, fm.dim_codes(H))
+    assert torch.allclose(out[1], e[1] * 0.5) and torch.equal(out[2], torch.zeros(H))
+    assert torch.allclose(out[3], e[3] * 0.25) and torch.equal(out[0], e[0])
+
+
+def test_gaussian_noise_is_standard_normal_and_relative_to_rms():
+    n = 4096
+    keys = torch.from_numpy(fm.token_keys(np.full(n, fm.seed_base(7), dtype=np.uint64), np.arange(n)))
+    z = fm.gaussian_noise(keys, fm.dim_codes(H))
+    assert torch.isfinite(z).all()
+    assert abs(z.mean().item()) < 0.01 and abs(z.std().item() - 1) < 0.01
+    e = torch.randn(n, H) * 3.0
+    mult, std, _ = _buffers(n)
+    std[:] = 2.0
+    delta = fm.perturb(e, mult, std, keys, fm.dim_codes(H)) - e
+    ratio = delta.pow(2).mean(-1).sqrt() / e.pow(2).mean(-1).sqrt()
+    assert abs(ratio.mean().item() - 2.0) < 0.05
+
+
+def test_noise_depends_only_on_seed_and_position():
+    base = np.uint64(fm.seed_base(99))
+    pos = np.arange(10, 20)
+    alone = fm.token_keys(np.full(10, base, dtype=np.uint64), pos)
+    # the same tokens inside a bigger batch, at other rows, next to another request
+    other = fm.token_keys(np.full(5, fm.seed_base(1), dtype=np.uint64), np.arange(5))
+    batched = np.concatenate([other, fm.token_keys(np.full(10, base, dtype=np.uint64), pos)])
+    codes = fm.dim_codes(H)
+    z_alone = fm.gaussian_noise(torch.from_numpy(alone), codes)
+    z_batched = fm.gaussian_noise(torch.from_numpy(batched), codes)[5:]
+    assert torch.equal(z_alone, z_batched)
+    assert not torch.equal(z_alone, fm.gaussian_noise(torch.from_numpy(
+        fm.token_keys(np.full(10, fm.seed_base(100), dtype=np.uint64), pos)), codes))
+
+
+@pytest.mark.parametrize("seed", [0, 1, -1, 2**63 - 1, -(2**63)])
+def test_seed_base_in_32_bits(seed):
+    assert 0 <= fm.seed_base(seed) < 2**32
+
+
+def test_compiled_graph_reads_buffers_updated_in_place():
+    """The persistent-buffer technique: refill in place, the compiled graph sees new values."""
+
+    class Emb(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(50, H)
+            m, s, k = _buffers(256)
+            self.register_buffer("mult", m)
+            self.register_buffer("std", s)
+            self.register_buffer("key", k)
+            self.register_buffer("codes", fm.dim_codes(H))
+
+        def forward(self, ids):
+            n = ids.shape[0]
+            return fm.perturb(self.emb(ids), self.mult[:n], self.std[:n], self.key[:n], self.codes)
+
+    torch.manual_seed(0)
+    mod = Emb()
+    compiled = torch.compile(mod, dynamic=True)
+    ids = torch.arange(16)
+    with torch.no_grad():
+        ref = mod.emb(ids)
+        assert torch.equal(compiled(ids), ref)
+        mod.mult[:16] = 0.5  # in place: same address
+        assert torch.allclose(compiled(ids), ref * 0.5)
+        mod.mult[:16] = 1.0
+        mod.std[:8] = 1.0
+        mod.key[:16] = torch.arange(16) * 7919
+        out = compiled(ids)
+        assert torch.allclose(out, mod(ids), atol=1e-5) and not torch.allclose(out[:8], ref[:8]) and torch.equal(out[8:], ref[8:])
