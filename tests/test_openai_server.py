@@ -1,0 +1,76 @@
+"""vLLM's own OpenAI server with the patches: fuzz over HTTP, bad values get 400."""
+
+from __future__ import annotations
+
+import sys
+
+import httpx
+import pytest
+
+from tests.server_process import ServerProcess, free_port
+from tests.test_fuzz_engine import PROMPTS
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def server(fixture_model, tmp_path_factory):
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(fixture_model),
+            "--served-model-name", "fixture", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+            "--host", "127.0.0.1", "--port", str(port)]
+    log = tmp_path_factory.mktemp("openai-server") / "server.log"
+    srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log_path=log)
+    yield f"http://127.0.0.1:{port}"
+    srv.close()
+
+
+def complete(base, xargs=None, prompt=PROMPTS[0], **kw):
+    body = {"model": "fixture", "prompt": prompt, "max_tokens": 8, "temperature": 0, **kw}
+    if xargs is not None:
+        body["vllm_xargs"] = xargs
+    return httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+
+
+def test_fuzz_over_http(server):
+    plain = complete(server)
+    assert plain.status_code == 200, plain.text
+    neutral = complete(server, {"fuzz_strength": 0})
+    zeroed = complete(server, {"fuzz_strength": 1})
+    assert neutral.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+    assert zeroed.status_code == 200
+    assert zeroed.json()["choices"][0]["text"] != plain.json()["choices"][0]["text"]
+
+
+@pytest.mark.parametrize(
+    "xargs, field",
+    [
+        ({"fuzz_strength": -1}, "fuzz_strength"),
+        ({"fuzz_strength": "high"}, "fuzz_strength"),
+        ({"fuzz_strength": 1, "fuzz_mode": "nope"}, "fuzz_mode"),
+        ({"fuzz_strength": 1, "fuzz_seed": 0.5}, "fuzz_seed"),
+        ({"fuzz_typo": 1}, "fuzz_typo"),
+    ],
+)
+def test_bad_fuzz_gets_400_naming_the_field(server, xargs, field):
+    r = complete(server, xargs)
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"]["message"]
+    assert complete(server, {"fuzz_strength": 0.5}).status_code == 200
+
+
+def test_chat_with_fuzz(server):
+    body = {"model": "fixture", "messages": [{"role": "user", "content": "count 3 4 5"}], "max_tokens": 4,
+            "temperature": 0, "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 1}}
+    r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    body["vllm_xargs"]["fuzz_strength"] = float("inf")
+    r = httpx.post(f"{server}/v1/chat/completions", content=_json_with_inf(body),
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+
+
+def _json_with_inf(body) -> bytes:
+    import json
+
+    return json.dumps(body).encode()  # Python writes Infinity, as a careless client would

@@ -1,0 +1,117 @@
+"""The plugin plumbing: entry point, version gate, switches, idempotence."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import subprocess
+import sys
+
+import pytest
+
+from patches import _framework as fw
+
+
+def test_registered_as_vllm_general_plugin():
+    eps = {ep.name: ep.value for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert eps.get("fuzzserve_patches") == "patches:register"
+
+
+def test_version_gate(monkeypatch):
+    monkeypatch.delenv(fw.ALLOW_UNVERIFIED_ENV, raising=False)
+    fw.check_vllm_version("0.32.0+cpu")
+    fw.check_vllm_version("0.32.0")
+    with pytest.raises(fw.UnverifiedVllmError) as ei:
+        fw.check_vllm_version("0.33.0")
+    msg = str(ei.value)
+    assert "0.33.0" in msg and "0.32.0" in msg and fw.ALLOW_UNVERIFIED_ENV in msg and fw.OFF_ENV in msg
+    monkeypatch.setenv(fw.ALLOW_UNVERIFIED_ENV, "1")
+    fw.check_vllm_version("0.33.0")
+
+
+def test_switches():
+    known = ["fuzz", "accounting"]
+    assert fw.disabled_patches(known, {}) == set()
+    assert fw.disabled_patches(known, {fw.OFF_ENV: "all"}) == set(known)
+    assert fw.disabled_patches(known, {fw.OFF_ENV: " fuzz "}) == {"fuzz"}
+    with pytest.raises(ValueError, match="fuzzz"):
+        fw.disabled_patches(known, {fw.OFF_ENV: "fuzzz"})
+
+
+def test_wrap_method_is_idempotent():
+    class A:
+        def f(self):
+            return 1
+
+        @staticmethod
+        def g():
+            return 2
+
+    def twice(orig):
+        return lambda *a: orig(*a) * 2
+
+    assert fw.wrap_method(A, "f", twice) is True
+    assert fw.wrap_method(A, "f", twice) is False
+    assert A().f() == 2
+    assert fw.wrap_method(A, "g", twice) is True and fw.wrap_method(A, "g", twice) is False
+    assert A.g() == 4
+
+
+def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
+                          text=True, timeout=300)
+
+
+PROBE = """
+import patches, vllm
+from vllm.v1.request import Request
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+patches.register(); patches.register()
+w = Request.__init__
+print("applied", patches.applied(), getattr(w, "__fuzzserve_patched__", False),
+      getattr(getattr(w, "__wrapped_original__", None), "__fuzzserve_patched__", False),
+      getattr(GPUModelRunner._prepare_inputs, "__fuzzserve_patched__", False))
+"""
+
+
+def test_register_applies_once_and_switches_off():
+    on = _run(PROBE, {fw.OFF_ENV: ""})
+    assert on.returncode == 0, on.stderr
+    assert "applied ['fuzz'] True False True" in on.stdout
+    off = _run(PROBE, {fw.OFF_ENV: "all"})
+    assert off.returncode == 0, off.stderr
+    assert "applied [] False False False" in off.stdout
+
+
+def test_register_refuses_an_unverified_vllm():
+    code = "import vllm; vllm.__version__ = '0.31.0'; import patches; patches.register()"
+    r = _run(code, {fw.OFF_ENV: "", fw.ALLOW_UNVERIFIED_ENV: ""})
+    assert r.returncode != 0 and "0.31.0" in r.stderr and "UnverifiedVllmError" in r.stderr
+
+
+AOT_KEY = """
+import sys, patches
+patches.register()
+from vllm.engine.arg_utils import EngineArgs
+import vllm.compilation.caching as c
+cfg = EngineArgs(model=sys.argv[1], dtype="float32", max_model_len=256).create_engine_config()
+print("FACTORS", c.aot_compile_hash_factors(cfg))
+"""
+
+
+def test_patch_is_part_of_the_compile_cache_key(fixture_model):
+    """A graph compiled by stock vLLM must never be loaded by a patched engine.
+
+    (On this CPU build vLLM 0.32 fails to load any AOT artifact and recompiles,
+    so tests/test_fuzz_compiled.py cannot show the reuse; this checks the key.)
+    """
+    def factors(off: str) -> list[str]:
+        r = subprocess.run([sys.executable, "-c", AOT_KEY, str(fixture_model)], capture_output=True, text=True,
+                           timeout=300, env={**__import__("os").environ, fw.OFF_ENV: off,
+                                             "VLLM_USE_V2_MODEL_RUNNER": "0", "HF_HUB_OFFLINE": "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        return eval(r.stdout.split("FACTORS", 1)[1].strip())
+
+    patched, stock = factors(""), factors("all")
+    assert patched[:-1] == stock and patched[-1].startswith("fuzzserve-fuzz:")
