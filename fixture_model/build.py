@@ -42,7 +42,8 @@ ARCH = dict(
     rms_norm_eps=1e-5,
     tie_word_embeddings=False,
 )
-TRAIN = dict(steps=1100, batch=64, lr=3e-3, warmup=50, seed=0, n_examples=60_000)
+TRAIN = dict(steps=600, batch=64, packed_batch=4, seq_len=1024, packed_every=3, lr=3e-3, warmup=30, seed=0,
+             n_examples=60_000)
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}{{ m['role'] }} : {{ m['content'] }} {% endfor %}"
@@ -95,20 +96,57 @@ def build_tokenizer():
     return fast
 
 
-def _batches(tokenizer, examples, batch, rng):
+def _short_batches(tokenizer, examples, batch, rng):
+    """One example per row, padded: most of the training signal, cheaply."""
     import torch
 
     order = list(range(len(examples)))
     while True:
         rng.shuffle(order)
         for i in range(0, len(order) - batch + 1, batch):
-            texts = [examples[j].text for j in order[i : i + batch]]
-            ids = [tokenizer.encode(t) for t in texts]
+            ids = [tokenizer.encode(examples[j].text) for j in order[i : i + batch]]
             width = max(map(len, ids))
             x = torch.full((batch, width), tokenizer.pad_token_id, dtype=torch.long)
             for r, row in enumerate(ids):
                 x[r, : len(row)] = torch.tensor(row)
             yield x
+
+
+def _packed_batches(tokenizer, examples, batch, seq_len, rng):
+    """Packed rows: <s> then whole examples back to back, cut at ``seq_len`` tokens.
+
+    Packing trains the model to do a task after hundreds of tokens of earlier
+    examples, so that prompts with long shared prefixes (prefix cache and KV
+    offload tests) still get task-correct, context-dependent continuations.
+    """
+    import torch
+
+    order = list(range(len(examples)))
+    pos = len(order)
+    while True:
+        rows = []
+        for _ in range(batch):
+            words, n = [], 1
+            while n < seq_len:
+                if pos == len(order):
+                    rng.shuffle(order)
+                    pos = 0
+                text = examples[order[pos]].text
+                pos += 1
+                words.append(text)
+                n += len(text.split())
+            rows.append(tokenizer.encode(" ".join(words))[:seq_len])
+        yield torch.tensor(rows, dtype=torch.long)
+
+
+def _batches(tokenizer, examples, rng):
+    """Every ``packed_every``-th step a packed batch, else a short one."""
+    short = _short_batches(tokenizer, examples, TRAIN["batch"], rng)
+    packed = _packed_batches(tokenizer, examples, TRAIN["packed_batch"], TRAIN["seq_len"], rng)
+    step = 0
+    while True:
+        yield next(packed) if step % TRAIN["packed_every"] == 0 else next(short)
+        step += 1
 
 
 def train(out_dir: Path) -> None:
@@ -135,7 +173,7 @@ def train(out_dir: Path) -> None:
         lambda s: min(1.0, (s + 1) / TRAIN["warmup"]) * max(0.05, 1 - s / TRAIN["steps"]),
     )
     examples = training_examples(TRAIN["n_examples"], seed=TRAIN["seed"])
-    batches = _batches(tokenizer, examples, TRAIN["batch"], rng)
+    batches = _batches(tokenizer, examples, rng)
 
     try:
         from rich.progress import Progress

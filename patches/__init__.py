@@ -9,6 +9,7 @@ issue/PR, the versions it was verified on and when it can be removed.
 | name   | module          | concern                                            |
 |--------|-----------------|----------------------------------------------------|
 | fuzz   | patches.fuzz    | per-request ``fuzz_strength`` on input embeddings  |
+| cpu_offload | patches.cpu_offload | vLLM's native KV offloading on the CPU platform |
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 # name -> module; the order is the order of application.
 PATCH_MODULES: dict[str, str] = {
     "fuzz": "patches.fuzz",
+    "cpu_offload": "patches.cpu_offload",
 }
 
 _applied: set[str] = set()
