@@ -10,6 +10,8 @@ issue/PR, the versions it was verified on and when it can be removed.
 |--------|-----------------|----------------------------------------------------|
 | fuzz   | patches.fuzz    | per-request ``fuzz_strength`` on input embeddings  |
 | cpu_offload | patches.cpu_offload | vLLM's native KV offloading on the CPU platform |
+| kv_faults | patches.kv_faults | seeded KV load failures, delays, lying connector (off unless configured) |
+| accounting | patches.accounting | prompt-token accounting that never goes negative |
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import os
 PATCH_MODULES: dict[str, str] = {
     "fuzz": "patches.fuzz",
     "cpu_offload": "patches.cpu_offload",
+    "kv_faults": "patches.kv_faults",
+    "accounting": "patches.accounting",
 }
 
 _applied: set[str] = set()

@@ -103,7 +103,14 @@ def wrap_method(owner: Any, attr: str, make_wrapper: Callable[[Callable], Callab
     wrapper: applying a patch twice in one process must not stack wrappers.
     ``staticmethod``/``classmethod`` descriptors are preserved.
     """
-    raw = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr)
+    if isinstance(owner, type):
+        # Prefer the class's own entry (keeps staticmethod/classmethod
+        # descriptors); an inherited method is wrapped onto this class only.
+        raw = owner.__dict__.get(attr)
+        if raw is None:
+            raw = getattr(owner, attr, None)
+    else:
+        raw = getattr(owner, attr, None)
     if raw is None:
         raise AttributeError(f"{owner!r} has no attribute {attr!r} to patch")
     if getattr(raw, _APPLIED_ATTR, False) or getattr(getattr(raw, "__func__", None), _APPLIED_ATTR, False):

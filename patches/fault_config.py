@@ -1,0 +1,99 @@
+"""Fault-injection settings, read from the engine's KV connector config.
+
+Off by default. Switched on per engine through
+``kv_transfer_config.kv_connector_extra_config["fuzzserve_faults"]``, e.g.::
+
+    --kv-transfer-config '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 268435456,
+            "fuzzserve_faults": {"seed": 1, "load_failure_rate": 0.1, "load_delay_ms": 5}}}'
+
+Every random decision comes from ``random.Random(seed)`` in the order the
+engine makes them, so a run with the same workload and seed injects the same
+faults. Pure Python: the decisions are unit-tested without vLLM.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+CONFIG_KEY = "fuzzserve_faults"
+LyingMode = Literal["negative", "exceeds_prompt", "changing"]
+
+
+class FaultConfig(BaseModel):
+    """What to inject. Validated strictly: a misspelt key is an error, not a no-op."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = 0
+    load_failure_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of offload loads that fail")
+    load_delay_ms: float = Field(0.0, ge=0.0, description="each load completes after uniform(0, this) ms")
+    lying_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of matched-token reports that lie")
+    lying_modes: tuple[LyingMode, ...] = ("negative", "exceeds_prompt", "changing")
+
+    @property
+    def active(self) -> bool:
+        return self.load_failure_rate > 0 or self.load_delay_ms > 0 or self.lying_rate > 0
+
+
+def fault_config_from(extra_config: Mapping[str, Any] | None) -> FaultConfig:
+    return FaultConfig.model_validate((extra_config or {}).get(CONFIG_KEY) or {})
+
+
+class LoadFaults:
+    """Decides, load by load, whether it fails and how late it completes."""
+
+    def __init__(self, config: FaultConfig):
+        self.config = config
+        self._rng = random.Random(config.seed)
+        self.loads = 0
+        self.failed = 0
+
+    def next_load(self) -> tuple[bool, float]:
+        """(fail?, delay in seconds) for the next load job."""
+        self.loads += 1
+        fail = self._rng.random() < self.config.load_failure_rate
+        delay = self._rng.uniform(0, self.config.load_delay_ms) / 1000 if self.config.load_delay_ms else 0.0
+        self.failed += fail
+        return fail, delay
+
+
+class LyingReports:
+    """Turns a connector's true matched-token count into the lie a buggy connector tells.
+
+    * ``negative``: a negative count;
+    * ``exceeds_prompt``: more tokens than the request has;
+    * ``changing``: a count that changes between calls for the same request
+      (one block fewer than the truth on every other call; still a valid,
+      loadable prefix, so only the accounting can go wrong).
+    """
+
+    def __init__(self, config: FaultConfig, block_size: int):
+        self.config = config
+        self.block_size = block_size
+        self._rng = random.Random(config.seed + 1)
+        self._calls: dict[str, int] = {}
+        self.lies: dict[str, int] = {}
+
+    def report(self, request_id: str, num_tokens: int, truth: int) -> int:
+        calls = self._calls.get(request_id, 0)
+        self._calls[request_id] = calls + 1
+        if len(self._calls) > 100_000:  # bounded memory over long runs
+            self._calls.clear()
+        if not self.config.lying_modes or self._rng.random() >= self.config.lying_rate:
+            return truth
+        mode = self._rng.choice(self.config.lying_modes)
+        if mode == "negative":
+            lie = -self.block_size * (1 + self._rng.randrange(4))
+        elif mode == "exceeds_prompt":
+            lie = num_tokens + self.block_size * (1 + self._rng.randrange(4))
+        else:  # changing
+            lie = max(0, truth - self.block_size) if calls % 2 == 0 else truth
+        if lie != truth:
+            self.lies[mode] = self.lies.get(mode, 0) + 1
+        return lie

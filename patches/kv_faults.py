@@ -1,0 +1,165 @@
+"""Patch ``kv_faults``: seeded fault injection into vLLM's KV offloading connector (off by default).
+
+What it changes (only when ``fuzzserve_faults`` is set in the engine's
+``kv_connector_extra_config``, see ``fault_config``)
+    * ``OffloadingConnectorWorker._init_worker``: wraps the offloading worker
+      (any platform) in a :class:`FaultInjectingWorker` that makes a chosen
+      share of loads fail and delays load completions. A failed load does not
+      copy; its destination blocks are reported to the scheduler as invalid.
+    * ``OffloadingConnector.get_block_ids_with_load_errors``: reports those
+      blocks, so the scheduler applies ``kv_load_failure_policy``
+      (``recompute`` re-computes them; ``fail`` fails the request).
+    * ``OffloadingConnector.get_num_new_matched_tokens`` (scheduler side): in
+      lying mode, reports inconsistent matched-token counts (negative, more
+      than the request has, or changing between calls) as a buggy external
+      connector would (cf. LMCache issue 2912).
+
+Why
+    The accounting patch must hold "whatever a connector reports"; these are
+    the reports and failures it has to survive, reproducibly (seeded).
+
+Upstream
+    Modelled on vLLM's failure-injecting example connector
+    (``examples/offline_inference/kv_load_failure_recovery/``), but injected
+    into the real ``OffloadingConnector`` so the code under test is the
+    connector that runs in production.
+
+Verified on
+    vLLM 0.32.0.
+
+Remove when
+    Never while the load tests need it; it is inert unless configured.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+from ._framework import logger, wrap_method
+from .fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
+
+NAME = "kv_faults"
+log = logger()
+
+
+class FaultInjectingWorker:
+    """Wraps an ``OffloadingWorker``: failing and delayed loads, everything else passed through."""
+
+    def __init__(self, inner: Any, faults: LoadFaults):
+        self.inner = inner
+        self.faults = faults
+        self._held: deque[tuple[float, Any]] = deque()  # (ready_at, TransferResult)
+        self._delays: dict[int, float] = {}
+        self._load_errors: set[int] = set()
+        self.failed_blocks = 0
+
+    def submit_store(self, job_id, src_spec, dst_spec) -> bool:
+        return self.inner.submit_store(job_id, src_spec, dst_spec)
+
+    def submit_load(self, job_id, src_spec, dst_spec) -> bool:
+        from vllm.v1.kv_offload.base import TransferResult
+
+        fail, delay = self.faults.next_load()
+        if fail:
+            blocks = {int(b) for b in dst_spec.block_ids}
+            self._load_errors |= blocks
+            self.failed_blocks += len(blocks)
+            # The job still completes (the connector requires it); its blocks
+            # are reported invalid, which is how a real load failure looks.
+            self._held.append((time.monotonic() + delay, TransferResult(job_id=job_id, success=True)))
+            return True
+        if delay:
+            self._delays[job_id] = time.monotonic() + delay
+        return self.inner.submit_load(job_id, src_spec, dst_spec)
+
+    def get_finished(self):
+        now = time.monotonic()
+        for result in self.inner.get_finished():
+            self._held.append((self._delays.pop(result.job_id, 0.0), result))
+        ready, waiting = [], deque()
+        for at, result in self._held:
+            (ready if at <= now else waiting).append(result)
+        self._held = waiting
+        return ready
+
+    def wait(self, job_ids) -> None:
+        self.inner.wait(job_ids)
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def take_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+
+def _config_of(vllm_config: Any) -> FaultConfig:
+    kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
+    return fault_config_from(getattr(kv_transfer, "kv_connector_extra_config", None))
+
+
+def _wrap_init_worker(original):
+    def _init_worker(self, kv_caches):
+        original(self, kv_caches)
+        config = _config_of(self.vllm_config)
+        if config.load_failure_rate > 0 or config.load_delay_ms > 0:
+            self.worker = FaultInjectingWorker(self.worker, LoadFaults(config))
+            log.warning("kv_faults: injecting load faults (%s)", config.model_dump())
+
+    return _init_worker
+
+
+def _wrap_get_block_ids_with_load_errors(original):
+    def get_block_ids_with_load_errors(self):
+        errors = set(original(self))
+        worker = getattr(getattr(self, "connector_worker", None), "worker", None)
+        if isinstance(worker, FaultInjectingWorker):
+            errors |= worker.take_load_errors()
+        return errors
+
+    return get_block_ids_with_load_errors
+
+
+def _wrap_get_num_new_matched_tokens(original):
+    def get_num_new_matched_tokens(self, request, num_computed_tokens, *args, **kwargs):
+        num, load_async = original(self, request, num_computed_tokens, *args, **kwargs)
+        liar = getattr(self, "_fuzzserve_liar", None)
+        if liar is None:
+            config = _config_of(self._vllm_config)
+            liar = LyingReports(config, self._vllm_config.cache_config.block_size) if config.lying_rate > 0 else False
+            self._fuzzserve_liar = liar
+            if liar:
+                log.warning("kv_faults: lying connector on (%s)", config.model_dump())
+        if not liar or num is None:
+            return num, load_async
+        return liar.report(request.request_id, request.num_tokens, num), load_async
+
+    return get_num_new_matched_tokens
+
+
+def worker_stats(worker: Any) -> dict[str, Any]:
+    """Offload and fault counters of one worker, for ``collective_rpc``."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+    if not has_kv_transfer_group():
+        return {"connector": None}
+    connector = get_kv_transfer_group()
+    inner = getattr(getattr(connector, "connector_worker", None), "worker", None)
+    out: dict[str, Any] = {"connector": type(connector).__name__}
+    if isinstance(inner, FaultInjectingWorker):
+        out.update(loads=inner.faults.loads, failed_loads=inner.faults.failed, failed_blocks=inner.failed_blocks)
+        inner = inner.inner
+    if hasattr(inner, "stats"):
+        out.update(inner.stats())
+    return out
+
+
+def apply() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+
+    wrap_method(OffloadingConnectorWorker, "_init_worker", _wrap_init_worker)
+    wrap_method(OffloadingConnector, "get_block_ids_with_load_errors", _wrap_get_block_ids_with_load_errors)
+    wrap_method(OffloadingConnector, "get_num_new_matched_tokens", _wrap_get_num_new_matched_tokens)

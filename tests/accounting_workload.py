@@ -1,0 +1,60 @@
+"""The workload and the checks shared by the accounting/offloading engine tests.
+
+Long shared prefixes (several 128-token blocks) so that the prefix cache and
+the offload tier are used; a KV pool small enough that they are evicted and
+reloaded and that running requests preempt each other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fixture_model.tasks import held_out_examples, training_examples
+
+N_PREFIXES = 6
+PREFIX_EXAMPLES = 40  # ~500 tokens: four full blocks
+MAX_TOKENS = 8
+
+
+def prompts(n_requests: int = 48) -> list[str]:
+    ex = training_examples(N_PREFIXES * PREFIX_EXAMPLES, seed=5)
+    prefixes = [" ".join(e.text for e in ex[i * PREFIX_EXAMPLES:(i + 1) * PREFIX_EXAMPLES]) for i in range(N_PREFIXES)]
+    tails = held_out_examples(n_requests // 3 + 1)
+    return [f"{prefixes[i % N_PREFIXES]} {tails[i].prompt}" for i in range(n_requests)]
+
+
+def offload_engine_kwargs(faults: dict[str, Any] | None = None, blocks: int = 24) -> dict[str, Any]:
+    extra: dict[str, Any] = {"cpu_bytes_to_use": 256 << 20}
+    if faults:
+        extra["fuzzserve_faults"] = faults
+    return dict(
+        enforce_eager=True,
+        num_gpu_blocks_override=blocks,
+        max_num_seqs=16,
+        kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                            "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra},
+    )
+
+
+def metrics(llm) -> dict[str, float]:
+    """The prompt-token and accounting counters of an offline LLM, summed per (name, source/kind)."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if not (m.name.startswith("vllm:prompt_token") or "prefix_cache" in m.name or m.name == "vllm:num_preemptions"):
+            continue
+        label = m.labels.get("source") or m.labels.get("kind")
+        key = f"{m.name}{{{label}}}" if label else m.name
+        out[key] = out.get(key, 0) + (getattr(m, "value", 0) or 0)
+    return out
+
+
+def check_invariants(m: dict[str, float]) -> list[str]:
+    """Violated invariants of a metrics snapshot (empty when all hold)."""
+    problems = [f"{k} = {v} < 0" for k, v in m.items() if v < 0]
+    by_source = sum(m.get(f"vllm:prompt_tokens_by_source{{{s}}}", 0)
+                    for s in ("local_compute", "local_cache_hit", "external_kv_transfer"))
+    if by_source != m.get("vllm:prompt_tokens", 0):
+        problems.append(f"sum by source {by_source} != prompt_tokens {m.get('vllm:prompt_tokens')}")
+    if m.get("vllm:prompt_tokens_cached", 0) > m.get("vllm:prompt_tokens", 0):
+        problems.append("cached > total")
+    return problems

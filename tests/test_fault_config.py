@@ -1,0 +1,39 @@
+"""Fault-injection settings and decisions (pure logic)."""
+
+import pytest
+from pydantic import ValidationError
+
+from patches.fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
+
+
+def test_off_by_default():
+    assert not fault_config_from(None).active
+    assert not fault_config_from({"cpu_bytes_to_use": 1}).active
+
+
+@pytest.mark.parametrize("bad", [{"load_failure_rate": 1.5}, {"load_failure_rate": -0.1}, {"lying_rate": 2},
+                                 {"load_delay_ms": -1}, {"lying_modes": ["sideways"]}, {"load_failure_rte": 0.1}])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ValidationError):
+        fault_config_from({"fuzzserve_faults": bad})
+
+
+def test_load_faults_are_seeded_and_near_the_rate():
+    cfg = FaultConfig(seed=3, load_failure_rate=0.1, load_delay_ms=5)
+    a, b = LoadFaults(cfg), LoadFaults(cfg)
+    seq_a = [a.next_load() for _ in range(2000)]
+    assert seq_a == [b.next_load() for _ in range(2000)]
+    assert 150 < a.failed < 250 and all(0 <= d <= 0.005 for _, d in seq_a)
+    assert [f for f, _ in seq_a] != [f for f, _ in (LoadFaults(cfg.model_copy(update={"seed": 4})).next_load()
+                                                     for _ in range(2000))]
+
+
+def test_lying_reports_tell_every_kind_of_lie():
+    liar = LyingReports(FaultConfig(seed=0, lying_rate=1.0), block_size=128)
+    reports = [liar.report(f"r{i % 7}", num_tokens=600, truth=384) for i in range(300)]
+    assert any(r < 0 for r in reports)
+    assert any(r > 600 for r in reports)
+    assert any(0 <= r < 384 for r in reports)
+    assert set(liar.lies) == {"negative", "exceeds_prompt", "changing"}
+    honest = LyingReports(FaultConfig(seed=0, lying_rate=0.0), block_size=128)
+    assert all(honest.report("r", 600, 384) == 384 for _ in range(50))
