@@ -4,11 +4,12 @@ What it changes
     EngineCore (scheduler):
     * the KV connector's matched-token report (``get_num_new_matched_tokens``
       on the scheduler's connector instance) is checked before the scheduler
-      uses it: a negative count, a count beyond ``num_tokens - 1 - local``, or
-      a non-integer becomes 0 (recompute; always safe) and is counted as a
-      violation. Upstream trusts it; a bad one trips
-      ``assert num_computed_tokens <= request.num_tokens`` (EngineCore dies) or
-      flows negative into the stats;
+      uses it: a negative count, a count beyond ``num_tokens - local``, a
+      non-integer, or an async load of 0 tokens becomes 0 (recompute; always
+      safe) and is counted as a violation. Upstream trusts it; a bad one trips
+      ``assert num_computed_tokens <= request.num_tokens`` or
+      ``assert num_external_computed_tokens > 0`` (EngineCore dies) or flows
+      negative into the stats;
     * ``PrefillStats.set`` / ``finalize`` clamp instead of asserting (an
       assert there kills EngineCore: ``EngineDeadError`` for every request);
     * after invalid-block truncation (``_update_requests_with_invalid_blocks``,
@@ -76,7 +77,8 @@ CORRECTIONS_METRIC = "vllm:prompt_token_accounting_corrections"
 _WIRE_PREFIX = "fuzzserve."  # keys in SchedulerStats.num_kv_fetch_reqs_by_stage
 _V, _C = "v:", "c:"
 VIOLATION_KINDS = (
-    "connector_negative", "connector_exceeds_prompt", "connector_invalid", "prefill_stats_inconsistent",
+    "connector_negative", "connector_exceeds_prompt", "connector_invalid", "connector_async_without_tokens",
+    "prefill_stats_inconsistent",
     "prefill_finalize_negative", "frontend_prefill_stats_inconsistent", "negative_increment",
 )
 CORRECTION_KINDS = ("after_load_failure", "after_preemption")
@@ -149,13 +151,17 @@ def checked_connector_report(request: Any, num_computed_tokens: int, reported: A
     """The connector's (count, async) if possible for this request, else (0, False) and a violation."""
     if reported is None:  # "ask again later": legitimate
         return reported, load_async
-    cap = max(0, request.num_tokens - 1 - num_computed_tokens)
+    # The scheduler's own bound (it asserts local + external <= num_tokens); a
+    # full hit is legal: the scheduler then recomputes the last token itself.
+    cap = max(0, request.num_tokens - num_computed_tokens)
     if not isinstance(reported, int) or isinstance(reported, bool):
         kind = "connector_invalid"
     elif reported < 0:
         kind = "connector_negative"
     elif reported > cap:
         kind = "connector_exceeds_prompt"
+    elif reported == 0 and load_async:
+        kind = "connector_async_without_tokens"  # the scheduler asserts this away
     else:
         return reported, load_async
     record_violation(kind, request_id=request.request_id, reported=reported, num_tokens=request.num_tokens,

@@ -91,6 +91,7 @@ def _host_handler_cls():
             self._fill_group_ops = self._fill_direct_ops
             self._done: deque[TransferResult] = deque()
             self.bytes_moved = 0
+            self.blocks_moved = 0  # engine-side blocks written (loads) or read (stores)
 
         def transfer_async(self, job_id: int, src_spec, dst_spec) -> bool:
             assert isinstance(src_spec, BlockIDsLoadStoreSpec) and isinstance(dst_spec, BlockIDsLoadStoreSpec)
@@ -131,6 +132,7 @@ def _host_handler_cls():
             assert src_pos == len(src_spec.block_ids) and dst_pos == len(dst_spec.block_ids)
             _memmove_batch(src_ptrs[:op], dst_ptrs[:op], sizes[:op])
             self.bytes_moved += total
+            self.blocks_moved += int(sum(engine_spec.group_sizes))
             self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=total,
                                              transfer_time=time.perf_counter() - t0))
             return True
@@ -187,7 +189,8 @@ def _host_worker_cls():
             self.load.shutdown()
 
         def stats(self) -> dict[str, Any]:
-            return {"bytes_stored": self.store.bytes_moved, "bytes_loaded": self.load.bytes_moved}
+            return {"bytes_stored": self.store.bytes_moved, "bytes_loaded": self.load.bytes_moved,
+                    "blocks_stored": self.store.blocks_moved, "blocks_loaded": self.load.blocks_moved}
 
     return HostPoolOffloadingWorker
 

@@ -80,7 +80,10 @@ class FaultInjectingWorker:
             self._held.append((self._delays.pop(result.job_id, 0.0), result))
         ready, waiting = [], deque()
         for at, result in self._held:
-            (ready if at <= now else waiting).append(result)
+            if at <= now:
+                ready.append(result)
+            else:
+                waiting.append((at, result))
         self._held = waiting
         return ready
 

@@ -58,3 +58,31 @@ def check_invariants(m: dict[str, float]) -> list[str]:
     if m.get("vllm:prompt_tokens_cached", 0) > m.get("vllm:prompt_tokens", 0):
         problems.append("cached > total")
     return problems
+
+
+def run_with_aborts(llm, prompt_list: list[str], abort_every: int = 3, abort_after_tokens: int = 2) -> dict[str, Any]:
+    """Drive the engine step by step and abort every ``abort_every``-th request mid-generation.
+
+    Runs in the engine host (``EngineHost.eval``). Returns the finished
+    requests' token ids by index and the indexes that were aborted.
+    """
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    ids = [f"abort-test-{i}" for i in range(len(prompt_list))]
+    for rid, p in zip(ids, prompt_list):
+        engine.add_request(rid, p, params)
+    to_abort = {ids[i] for i in range(0, len(ids), abort_every)}
+    finished: dict[str, list[int]] = {}
+    aborted: set[str] = set()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            rid = out.request_id
+            if out.finished:
+                finished[rid] = list(out.outputs[0].token_ids)
+            elif rid in to_abort and rid not in aborted and len(out.outputs[0].token_ids) >= abort_after_tokens:
+                engine.abort_request([rid])
+                aborted.add(rid)
+    return {"finished": {ids.index(r): t for r, t in finished.items() if r not in aborted},
+            "aborted": sorted(ids.index(r) for r in aborted)}

@@ -78,7 +78,7 @@ print("applied", patches.applied(), getattr(w, "__fuzzserve_patched__", False),
 def test_register_applies_once_and_switches_off():
     on = _run(PROBE, {fw.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
-    assert "applied ['fuzz'] True False True" in on.stdout
+    assert "applied ['accounting', 'cpu_offload', 'fuzz', 'kv_faults'] True False True" in on.stdout
     off = _run(PROBE, {fw.OFF_ENV: "all"})
     assert off.returncode == 0, off.stderr
     assert "applied [] False False False" in off.stdout
