@@ -118,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-task", type=int, default=30, help="held-out prompts per task")
     ap.add_argument("--compile", action="store_true", help="run with torch.compile (enforce_eager=False)")
     ap.add_argument("--json", type=Path, default=None, help="also write the points as JSON here")
+    ap.add_argument("--offload-gib", type=float, default=0.25, help="KV offload tier size (GiB)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -128,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or ensure_model()
     from vllm import LLM
 
+    # As every engine of this project: prefix caching and vLLM's native KV
+    # offloading on (on CPU through patches/cpu_offload.py).
     llm = LLM(model=str(model), dtype="float32", enforce_eager=not args.compile, seed=0,
-              max_model_len=1024, max_num_seqs=64)
+              max_model_len=1024, max_num_seqs=64, enable_prefix_caching=True,
+              kv_offloading_size=args.offload_gib, kv_offloading_backend="native")
     try:
         points = run_sweep(offline_generator(llm), held_out_examples(args.per_task))
     finally:

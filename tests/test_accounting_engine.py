@@ -121,3 +121,37 @@ def test_without_the_accounting_patch_the_lying_connector_breaks_the_engine(star
         assert problems or failed, "stock accounting survived lies it cannot survive; the scenario is too weak"
     finally:
         engine.close()
+
+
+def test_fuzz_settings_never_share_kv_through_the_offload_tier(start_engine, patched_engine):
+    """s=0 computes a prefix; it is evicted to the offload tier; s=1 must not reload it, s=0 must.
+
+    References come from the shared patched engine (no offloading), where
+    this prompt was never run: uncached.
+    """
+    target = PROMPTS[0]
+    evictors = [p for p in PROMPTS if not p.startswith(target[:200])][:4]
+    neutral = {**GREEDY, "extra_args": None}
+    fuzzed = {**GREEDY, "extra_args": {"fuzz_strength": 1.0, "fuzz_mode": "gaussian", "fuzz_seed": 3}}
+    uncached = {name: patched_engine.generate([target], p)[0]["token_ids"]
+                for name, p in (("neutral", neutral), ("fuzzed", fuzzed))}
+    assert uncached["neutral"] != uncached["fuzzed"]
+    engine = start_engine(**offload_engine_kwargs(blocks=12))
+
+    def run(params):
+        before = engine.eval(metrics)
+        out = engine.generate([target], params)[0]["token_ids"]
+        after = engine.eval(metrics)
+        return out, {src: after[f"vllm:prompt_tokens_by_source{{{src}}}"] - before[f"vllm:prompt_tokens_by_source{{{src}}}"]
+                     for src in ("external_kv_transfer", "local_cache_hit")}
+
+    out, hits = run(neutral)
+    assert out == uncached["neutral"] and hits == {"external_kv_transfer": 0, "local_cache_hit": 0}
+    engine.generate(evictors, GREEDY)  # push the target's blocks out of the 12-block pool, into the tier
+    out, hits = run(fuzzed)
+    assert out == uncached["fuzzed"], "another fuzz setting computes its own KV"
+    assert hits == {"external_kv_transfer": 0, "local_cache_hit": 0}, "and reuses none of s=0's, from either tier"
+    engine.generate(evictors, GREEDY)
+    out, hits = run(neutral)
+    assert out == uncached["neutral"] and hits["external_kv_transfer"] > 0, "s=0 reloads its own blocks from the tier"
+    engine.close()
