@@ -1,0 +1,44 @@
+"""The router's vllm_xargs policy (pure logic)."""
+
+import pytest
+
+from serve_app.xargs_policy import RESERVED_KEYS, RequestRejected, XargsPolicy, check_xargs
+
+
+def test_fuzz_keys_pass_validated():
+    fwd, spec = check_xargs({"fuzz_strength": 2, "fuzz_mode": "gaussian", "fuzz_seed": 5})
+    assert fwd == {"fuzz_strength": 2, "fuzz_mode": "gaussian", "fuzz_seed": 5}
+    assert spec.noise_std == 2.0
+    assert check_xargs(None) == (None, spec.__class__())
+    assert check_xargs({})[0] is None
+
+
+@pytest.mark.parametrize("key", RESERVED_KEYS)
+def test_reserved_keys_are_refused_or_stripped(key):
+    with pytest.raises(RequestRejected) as ei:
+        check_xargs({key: {"do_remote_prefill": True}, "fuzz_strength": 1})
+    assert ei.value.param == f"vllm_xargs.{key}" and ei.value.status_code == 400
+    fwd, _ = check_xargs({key: 1, "fuzz_strength": 1}, XargsPolicy(reserved="strip"))
+    assert fwd == {"fuzz_strength": 1}
+
+
+@pytest.mark.parametrize("xargs, param", [
+    ({"fuzz_strength": -1}, "vllm_xargs.fuzz_strength"),
+    ({"fuzz_strength": float("nan")}, "vllm_xargs.fuzz_strength"),
+    ({"fuzz_mode": "x", "fuzz_strength": 1}, "vllm_xargs.fuzz_mode"),
+    ({"fuzz_seed": "1", "fuzz_strength": 1}, "vllm_xargs.fuzz_seed"),
+    ({"fuzz_strenght": 1}, "vllm_xargs.fuzz_strenght"),
+    ({"temperature_boost": 1}, "vllm_xargs.temperature_boost"),
+    ([1, 2], "vllm_xargs"),
+])
+def test_bad_requests_name_the_field(xargs, param):
+    with pytest.raises(RequestRejected) as ei:
+        check_xargs(xargs)
+    body = ei.value.body()["error"]
+    assert body["param"] == param and body["code"] == 400 and body["type"] == "invalid_request_error"
+    assert param.split(".")[-1] in body["message"]
+
+
+def test_extra_keys_can_be_allowed():
+    fwd, _ = check_xargs({"my_feature": 3}, XargsPolicy(allowed_extra_keys=("my_feature",)))
+    assert fwd == {"my_feature": 3}
