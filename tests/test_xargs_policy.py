@@ -42,3 +42,16 @@ def test_bad_requests_name_the_field(xargs, param):
 def test_extra_keys_can_be_allowed():
     fwd, _ = check_xargs({"my_feature": 3}, XargsPolicy(allowed_extra_keys=("my_feature",)))
     assert fwd == {"my_feature": 3}
+
+
+def test_router_routes_keep_their_body_types():
+    """FastAPI reads the request body's type from the annotations of the overridden routes."""
+    import typing
+
+    pytest.importorskip("ray.serve.llm")
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+    from serve_app.router import FuzzRouter
+
+    assert typing.get_type_hints(FuzzRouter.completions)["body"] is CompletionRequest
+    assert typing.get_type_hints(FuzzRouter.chat)["body"] is ChatCompletionRequest
