@@ -1,8 +1,9 @@
-# Sourced by scripts/main.sh and scripts/test.sh: build/reuse .venv and set the
-# environment every command of the project runs under.
-set -euo pipefail
+# Sourced by scripts/main.sh and scripts/test.sh (and by hand: `source
+# scripts/env.sh`): build/reuse .venv and set the environment every command of
+# the project runs under. No `set -e` here: it would leak into an interactive
+# shell that sources this file; the scripts set it themselves.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$ROOT/scripts/bootstrap.sh"
+"$ROOT/scripts/bootstrap.sh" || return 1
 export PATH="$ROOT/.venv/bin:$PATH"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # No model hub is reachable: never try one.
