@@ -37,6 +37,9 @@ class XargsPolicy(BaseModel):
     allowed_extra_keys: tuple[str, ...] = Field(default=(), description="non-fuzz keys clients may pass through")
 
 
+DEFAULT_POLICY = XargsPolicy()
+
+
 class RequestRejected(Exception):
     """A client error, carried as an OpenAI-style error body."""
 
@@ -51,7 +54,7 @@ class RequestRejected(Exception):
                           "code": self.status_code}}
 
 
-def check_xargs(xargs: Any, policy: XargsPolicy = XargsPolicy()) -> tuple[dict[str, Any] | None, FuzzSpec]:
+def check_xargs(xargs: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[str, Any] | None, FuzzSpec]:
     """Return the ``vllm_xargs`` to forward (None when empty) and the request's fuzz settings.
 
     Raises :class:`RequestRejected` naming ``vllm_xargs.<key>``.
