@@ -15,6 +15,7 @@ import pytest
 from fixture_model.tasks import WORDS, held_out_examples
 from load_tests.fuzz_sweep import run_sweep
 from patches.fuzz import worker_stats
+from tests.accounting_workload import metrics
 from tests.engine_host import EngineError
 
 pytestmark = pytest.mark.engine
@@ -111,10 +112,6 @@ def _reset_prefix_cache(llm) -> bool:
     return llm.reset_prefix_cache()
 
 
-def _prefix_cache_hits(llm) -> float:
-    return sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
-
-
 def test_cache_isolation_between_fuzz_settings(patched_engine):
     """s=0, s=1, s=0 on one long prompt: each equals an uncached run; s=1 never hits s=0's KV."""
     prompt = long_prompt(7)  # ~400 tokens: three full 128-token blocks
@@ -126,9 +123,9 @@ def test_cache_isolation_between_fuzz_settings(patched_engine):
     patched_engine.eval(_reset_prefix_cache)
     hits = []
     for x in runs:
-        h0 = patched_engine.eval(_prefix_cache_hits)
+        h0 = patched_engine.eval(metrics)["vllm:prefix_cache_hits"]
         assert ids(patched_engine.generate([prompt], greedy(x)))[0] == uncached[repr(x)], x
-        hits.append(patched_engine.eval(_prefix_cache_hits) - h0)
+        hits.append(patched_engine.eval(metrics)["vllm:prefix_cache_hits"] - h0)
     assert hits[0] == 0 and hits[1] == 0, "the first s=1 run must not reuse s=0's blocks"
     assert hits[2] > 0, "the second s=0 run reuses the first one's blocks (the cache is on)"
     assert hits[3] == 0
