@@ -29,6 +29,8 @@ All integer arithmetic stays below 2**63 (values < 2**32 times constants
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -61,8 +63,13 @@ def mix32_torch(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+@functools.lru_cache(maxsize=4096)
 def seed_base(seed: int) -> int:
-    """Fold a signed 64-bit seed into a 32-bit per-request base key."""
+    """Fold a signed 64-bit seed into a 32-bit per-request base key.
+
+    Cached: the worker asks for it every step for every gaussian request in
+    the batch, and it is a pure function of the seed.
+    """
     u = seed & 0xFFFFFFFFFFFFFFFF
     lo, hi = u & M32, u >> 32
     return int(mix32_np(np.array([lo ^ int(mix32_np(np.array([hi]))[0])], dtype=np.uint64))[0])
