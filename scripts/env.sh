@@ -11,3 +11,10 @@ export HF_HUB_OFFLINE=1
 # vLLM's CPU worker otherwise sizes its KV cache from free RAM (~92%).
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 cd "$ROOT"
+# Ray: token authentication on, and a token to use (Ray 2.60's `ray start`
+# enables token auth only when a token file exists, and does not create one;
+# `serve`, `ray` and ray.init must all agree on the mode).
+export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
+if [[ "$RAY_AUTH_MODE" == token && -z "${RAY_AUTH_TOKEN:-}" && ! -f "${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/auth_token}" ]]; then
+    ray get-auth-token --generate >/dev/null
+fi

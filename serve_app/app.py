@@ -1,23 +1,85 @@
-"""Application builder for ``serve run`` / ``serve deploy`` (work in progress, issue 4).
+"""Application builder for ``serve run`` / ``serve deploy`` (``import_path: serve_app.app:build_app``).
 
-``model_source: fixture`` resolves to the locally built fixture model.
+Mirrors ``ray.serve.llm.build_openai_app``: the arguments are validated by a
+pydantic model (:class:`FuzzServeArgs`, a superset of ``LLMServingArgs``),
+the engine replicas are ``ray.serve.llm``'s ``LLMServer`` deployments built by
+``build_llm_deployment``, the ingress is an ``OpenAiIngress`` subclass. What
+this builder adds:
+
+* ``model_source: fixture`` resolves to the locally built fixture model
+  (no model hub is reachable);
+* the ingress is :class:`serve_app.router.FuzzRouter`, with
+  :class:`serve_app.guard.RequestGuard` outermost on its FastAPI app (so the
+  checks run before anything parses the body), configured by ``guard:``;
+* ``routing:`` picks the request router of every engine deployment
+  (``power_of_two`` | ``prefix_affinity`` | ``fuzz_affinity``), unless a
+  model's ``deployment_config`` names one itself.
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Literal
 
-from ray.serve.llm import build_openai_app
+from pydantic import BaseModel, ConfigDict, Field
+
+from .guard import GuardConfig
+from .routing import ROUTERS
 
 
-def build_app(args: dict[str, Any]):
-    args = copy.deepcopy(args)
-    for cfg in args.get("llm_configs", []):
+class FuzzServeArgs(BaseModel):
+    """The builder's arguments (``args:`` of the application in ``serve_config.yaml``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    llm_configs: list[dict[str, Any]] = Field(min_length=1, description="ray.serve.llm LLMConfig dicts")
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    routing: Literal["power_of_two", "prefix_affinity", "fuzz_affinity"] = "power_of_two"
+    ingress_deployment_config: dict[str, Any] = Field(default_factory=dict,
+                                                      description="Serve options of the router deployment")
+
+
+def resolve_llm_configs(args: FuzzServeArgs) -> list[dict[str, Any]]:
+    """The LLMConfig dicts with the fixture model resolved and the request router set."""
+    configs = copy.deepcopy(args.llm_configs)
+    router_cls = ROUTERS[args.routing]
+    for cfg in configs:
         loading = cfg.setdefault("model_loading_config", {})
         if loading.get("model_source") == "fixture":
             from fixture_model.build import ensure_model
 
             loading["model_source"] = str(ensure_model())
-    args.setdefault("ingress_cls_config", {"ingress_cls": "serve_app.router:FuzzRouter"})
-    return build_openai_app(args)
+        deployment = cfg.setdefault("deployment_config", {})
+        if router_cls and "request_router_config" not in deployment:
+            deployment["request_router_config"] = {"request_router_class": router_cls}
+    return configs
+
+
+def build_app(args: dict[str, Any]):
+    """Build the Serve application graph: FuzzRouter (guarded) -> one LLMServer deployment per model."""
+    from ray import serve
+    from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
+    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
+    from ray.llm._internal.serve.core.ingress.ingress import init, make_fastapi_ingress
+    from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+    from ray.serve.llm import LLMConfig
+
+    from .guard import RequestGuard
+    from .router import ENDPOINTS, FuzzRouter
+
+    parsed = FuzzServeArgs.model_validate(args)
+    llm_configs = [LLMConfig.model_validate(c) for c in resolve_llm_configs(parsed)]
+    if len({c.model_id for c in llm_configs}) != len(llm_configs):
+        raise ValueError("model ids must be unique across llm_configs")
+
+    app = init()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
+    app.add_middleware(RequestGuard, config=parsed.guard)  # added last = runs first
+    ingress_cls = make_fastapi_ingress(FuzzRouter, endpoint_map=ENDPOINTS, app=app)
+    options = maybe_apply_llm_deployment_config_defaults(FuzzRouter.get_deployment_options(llm_configs),
+                                                         parsed.ingress_deployment_config)
+    return serve.deployment(ingress_cls, **options).bind(
+        llm_deployments={c.model_id: build_llm_deployment(c) for c in llm_configs},
+        model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},
+        lora_paths={c.model_id: c.lora_config.dynamic_lora_loading_path for c in llm_configs
+                    if c.lora_config is not None},
+    )

@@ -1,39 +1,55 @@
-"""The HTTP ingress: ``ray.serve.llm``'s ``OpenAiIngress`` with the fuzz router's checks in front.
+"""The fuzz router: the HTTP ingress deployment, ``ray.serve.llm``'s ``OpenAiIngress`` plus probes.
 
-Work in progress (issue 4): validation of ``vllm_xargs`` at the edge
-(``serve_app.xargs_policy``); auth, size limits and fuzz-aware routing are
-still to come. Replicas validate fuzz settings themselves too (the plugin's
-frontend hook), so a request that reaches a replica by another path is still
-checked.
+Everything OpenAI-shaped (``/v1/completions``, ``/v1/chat/completions``,
+streaming, ``/v1/models``, request timeouts, error format) is
+``OpenAiIngress``. What this project adds sits around it:
+
+* the checks (API key, body size, ``vllm_xargs`` policy) run in
+  :class:`serve_app.guard.RequestGuard`, installed on the ingress's FastAPI
+  app by the builder (``serve_app.app``), before any route parses the body;
+* ``GET /health``: liveness, the router process answers;
+* ``GET /ready``: readiness, every model has a replica whose engine answers
+  its health check; 503 naming the model otherwise.
+
+Replicas validate fuzz settings themselves too (the plugin's frontend hook),
+so a request that reaches a replica by another path is still checked.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
 
-from fastapi import Request
 from fastapi.responses import JSONResponse
-from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
-from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress
+from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress
 
-from .xargs_policy import RequestRejected, XargsPolicy, check_xargs
+READY_TIMEOUT_S = 10.0
 
 
 class FuzzRouter(OpenAiIngress):
-    def __init__(self, llm_deployments, *, xargs_policy: dict[str, Any] | None = None, **kwargs):
-        super().__init__(llm_deployments, **kwargs)
-        self._xargs_policy = XargsPolicy.model_validate(xargs_policy or {})
+    async def health(self) -> JSONResponse:
+        return JSONResponse({"status": "ok"})
 
-    def _admit(self, body: Any) -> JSONResponse | None:
-        try:
-            body.vllm_xargs, _spec = check_xargs(getattr(body, "vllm_xargs", None), self._xargs_policy)
-        except RequestRejected as e:
-            return JSONResponse(status_code=e.status_code, content=e.body())
-        return None
+    async def ready(self) -> JSONResponse:
+        async def probe(model_id: str) -> str | None:
+            try:
+                await asyncio.wait_for(self._default_serve_handles[model_id].check_health.remote(), READY_TIMEOUT_S)
+            except Exception as e:  # any failure means "not ready"; the body says which and why
+                return f"{type(e).__name__}: {e}"[:500]
+            return None
 
-    # FastAPI reads the body's type from these annotations: keep them.
-    async def completions(self, body: CompletionRequest, request: Request):
-        return self._admit(body) or await super().completions(body, request)
+        models = sorted(self._default_serve_handles)
+        errors = dict(zip(models, await asyncio.gather(*(probe(m) for m in models))))
+        failed = {m: err for m, err in errors.items() if err}
+        if failed:
+            return JSONResponse(status_code=503, content={"error": {
+                "message": f"not ready: {', '.join(failed)} has no healthy replica",
+                "type": "service_unavailable", "param": None, "code": 503, "models": failed}})
+        return JSONResponse({"status": "ready", "models": models})
 
-    async def chat(self, body: ChatCompletionRequest, request: Request):
-        return self._admit(body) or await super().chat(body, request)
+
+# The routes of OpenAiIngress plus the probes (method name -> route decorator).
+ENDPOINTS = {
+    **DEFAULT_ENDPOINTS,
+    "health": lambda app: app.get("/health"),
+    "ready": lambda app: app.get("/ready"),
+}

@@ -1,20 +1,25 @@
-"""The router's policy for ``vllm_xargs``: what a client may set, and how a refusal reads.
+"""The router's request policy: what a client may set, and how a refusal reads.
 
-Pure logic (no Ray, no vLLM engine), used by the HTTP ingress before a
-request is forwarded to a replica, so a bad request gets its 4xx at the edge
-with the field named, and nothing a client sends can drive the KV connector.
+Pure logic (no Ray, no vLLM engine), used by the HTTP guard
+(``serve_app.guard``) before a request is forwarded to a replica, so a bad
+request gets its 4xx at the edge with the field named, and nothing a client
+sends can drive the KV connector.
 
 ``vllm_xargs`` becomes ``SamplingParams.extra_args`` inside vLLM. The same
 dict carries engine-internal keys (``kv_transfer_params`` tells the KV
 connector what to load or push; ``ec_transfer_params`` the encoder-cache
 connector; ``kv_cache_report_mode`` and ``session_id`` steer reporting and
-sessions). A client must not set those. Policy:
+sessions). vLLM's OpenAI request models also take ``kv_transfer_params`` as a
+*top-level* field and copy it into the same place. A client must not set any
+of them. Policy:
 
 * fuzz keys (``fuzz_strength``, ``fuzz_mode``, ``fuzz_seed``) are validated
   with ``patches.fuzz_params`` (the engine's own rules);
-* reserved engine keys are refused (``reserved="refuse"``, the default) or
-  silently dropped (``reserved="strip"``, for clients that cannot be changed);
-* any other key is refused unless listed in ``allowed_extra_keys``.
+* reserved engine keys, in ``vllm_xargs`` or at the top level, are refused
+  (``reserved="refuse"``, the default) or silently dropped
+  (``reserved="strip"``, for clients that cannot be changed);
+* any other ``vllm_xargs`` key is refused unless listed in
+  ``allowed_extra_keys``.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from patches.fuzz_params import KEYS as FUZZ_KEYS
 from patches.fuzz_params import FuzzParamError, FuzzSpec, parse_fuzz_args
 
 RESERVED_KEYS = ("kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id")
+# Top-level request fields that vLLM's protocol copies into extra_args.
+RESERVED_TOP_LEVEL = ("kv_transfer_params", "ec_transfer_params")
 
 
 class XargsPolicy(BaseModel):
@@ -80,3 +87,29 @@ def check_xargs(xargs: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[
     except FuzzParamError as e:
         raise RequestRejected(str(e), f"vllm_xargs.{e.field}") from None
     return (forwarded or None), spec
+
+
+def check_request_body(body: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[str, Any], FuzzSpec, bool]:
+    """Check a completions/chat request body; return (body to forward, fuzz settings, changed).
+
+    ``changed`` is True when something was stripped, so the caller knows to
+    re-encode the body. Raises :class:`RequestRejected`.
+    """
+    if not isinstance(body, dict):
+        raise RequestRejected(f"the request body must be a JSON object, got {type(body).__name__}")
+    changed = False
+    for key in RESERVED_TOP_LEVEL:
+        if body.get(key) is None:
+            continue
+        if policy.reserved == "refuse":
+            raise RequestRejected(f"{key} is reserved for the engine and cannot be set by clients", key)
+        body = {k: v for k, v in body.items() if k != key}
+        changed = True
+    if "vllm_xargs" in body:
+        forwarded, spec = check_xargs(body["vllm_xargs"], policy)
+        if forwarded != body["vllm_xargs"]:
+            body = {**body, "vllm_xargs": forwarded}
+            changed = True
+    else:
+        spec = parse_fuzz_args(None)
+    return body, spec, changed

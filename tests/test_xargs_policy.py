@@ -44,14 +44,15 @@ def test_extra_keys_can_be_allowed():
     assert fwd == {"my_feature": 3}
 
 
-def test_router_routes_keep_their_body_types():
-    """FastAPI reads the request body's type from the annotations of the overridden routes."""
-    import typing
+def test_request_body_top_level_reserved_fields():
+    from serve_app.xargs_policy import check_request_body
 
-    pytest.importorskip("ray.serve.llm")
-    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
-
-    from serve_app.router import FuzzRouter
-
-    assert typing.get_type_hints(FuzzRouter.completions)["body"] is CompletionRequest
-    assert typing.get_type_hints(FuzzRouter.chat)["body"] is ChatCompletionRequest
+    body = {"model": "m", "prompt": "p", "vllm_xargs": {"fuzz_strength": 0.5}}
+    assert check_request_body(body) == (body, check_xargs({"fuzz_strength": 0.5})[1], False)
+    with pytest.raises(RequestRejected) as ei:
+        check_request_body({**body, "kv_transfer_params": {"do_remote_decode": True}})
+    assert ei.value.param == "kv_transfer_params"
+    out, _, changed = check_request_body({**body, "ec_transfer_params": {}}, XargsPolicy(reserved="strip"))
+    assert changed and out == body
+    # null is what clients send for "unset": not a violation
+    assert check_request_body({**body, "kv_transfer_params": None})[2] is False

@@ -1,0 +1,332 @@
+"""A local Ray cluster on this machine, started and stopped by id, with the app deployed from YAML.
+
+Used by the main job, the tests and the benchmarks. It drives the same
+commands a person would type (``ray start``, ``serve deploy``, ``serve
+status``, ``serve shutdown``), so what is tested is what README tells users
+to run, and it cleans up only what it started:
+
+* each node is one ``ray start --block`` process in its own session; every
+  process of the node (GCS, raylet, dashboard, workers, Serve replicas, vLLM
+  EngineCore and worker processes) is its descendant;
+* :meth:`LocalCluster.close` first shuts Serve down (replicas drain and stop
+  their engines), then interrupts each ``ray start --block`` (Ray's own
+  shutdown), then SIGKILLs, by pid, whatever of the descendants recorded
+  before the shutdown is still alive.
+
+Several nodes on one machine (``workers=1``) need their own ports, which are
+all picked here; the Serve HTTP proxy then runs on the head only
+(``proxy_location: HeadOnly``), as two proxies cannot share one port.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+log = logging.getLogger("fuzzserve.local_cluster")
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_CONFIG = REPO / "serve_config.yaml"
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ClusterError(RuntimeError):
+    pass
+
+
+@dataclass
+class RayNode:
+    """One ``ray start --block`` process (head or worker) and the ports it was given."""
+
+    name: str
+    argv: list[str]
+    metrics_port: int
+    log_path: Path
+    env: dict[str, str]
+    proc: subprocess.Popen | None = None
+    _log: Any = None
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True, cwd=REPO)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def descendants(self) -> list[psutil.Process]:
+        if not self.alive():
+            return []
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+
+    def stop(self, timeout: float = 60) -> None:
+        if self.proc is None:
+            return
+        procs = self.descendants()
+        if self.alive():
+            # SIGINT: `ray start --block` exits through its atexit hook, which
+            # stops the node's processes; SIGTERM would skip that hook.
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        _gone, alive = psutil.wait_procs(procs, timeout=20)
+        for p in alive:  # by pid: only processes this node started
+            try:
+                log.warning("killing leftover process %d (%s) of Ray node %s", p.pid, p.name(), self.name)
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=10)
+        if self._log:
+            self._log.close()
+
+
+@dataclass
+class LocalCluster:
+    """Start with :meth:`start`; always :meth:`close` (or use as a context manager).
+
+    ``num_cpus`` are *logical* CPUs per node: Ray's scheduling units, not cores.
+    ``env`` reaches every Ray process of the cluster, so it is how to set
+    ``FUZZSERVE_API_KEYS``, ``FUZZSERVE_PATCHES_OFF`` or Serve's switches.
+    """
+
+    workers: int = 0
+    num_cpus: int = 8
+    worker_num_cpus: int = 4
+    env: dict[str, str] = field(default_factory=dict)
+    log_dir: Path | None = None
+    nodes: list[RayNode] = field(default_factory=list)
+    dashboard_port: int = 0
+    gcs_port: int = 0
+    http_port: int = 0
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ nodes
+    def _env(self) -> dict[str, str]:
+        env = {**os.environ, **self.env}
+        # The CLI and the cluster must agree on token auth (Ray 2.60 enables
+        # it for a new cluster only when a token file exists already).
+        env.setdefault("RAY_AUTH_MODE", "token")
+        env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
+        return env
+
+    def start(self, timeout: float = 180) -> LocalCluster:
+        ensure_auth_token(self._env())
+        self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="fuzzserve-cluster-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.gcs_port, self.dashboard_port = free_port(), free_port()
+        try:
+            self._add_node("head", ["--head", "--port", str(self.gcs_port), "--num-cpus", str(self.num_cpus),
+                                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
+                                    "--ray-client-server-port", str(free_port()), "--include-dashboard", "true"])
+            self._wait(lambda: self._dashboard_up(), timeout, "the head node's dashboard")
+            for i in range(self.workers):
+                self._add_node(f"worker{i + 1}", ["--address", f"127.0.0.1:{self.gcs_port}",
+                                                  "--num-cpus", str(self.worker_num_cpus)])
+            self._wait(lambda: len(self.alive_nodes()) == 1 + self.workers, timeout, f"{1 + self.workers} alive nodes")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _add_node(self, name: str, args: list[str]) -> RayNode:
+        metrics = free_port()
+        argv = [str(BIN / "ray"), "start", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
+                "--metrics-export-port", str(metrics), "--dashboard-agent-listen-port", str(free_port()),
+                "--dashboard-agent-grpc-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
+                *args]
+        node = RayNode(name, argv, metrics, self.log_dir / f"ray-{name}.log", self._env())
+        self.nodes.append(node)
+        node.start()
+        return node
+
+    def _wait(self, ready, timeout: float, what: str, interval: float = 2.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            for node in self.nodes:
+                if not node.alive():
+                    raise ClusterError(f"Ray node {node.name} exited while waiting for {what}; log: {node.log_path}")
+            if time.monotonic() > deadline:
+                raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.log_dir}")
+            time.sleep(interval)
+
+    def _dashboard_up(self) -> bool:
+        try:
+            return httpx.get(f"{self.dashboard_url}/api/version", timeout=5).status_code in (200, 401, 403)
+        except httpx.HTTPError:
+            return False
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def base_url(self) -> str:
+        """The Serve HTTP proxy (the router's public address)."""
+        return f"http://127.0.0.1:{self.http_port}"
+
+    @property
+    def metrics_urls(self) -> list[str]:
+        """Ray's metrics export endpoint of every node."""
+        return [n.metrics_url for n in self.nodes]
+
+    # ------------------------------------------------------------- CLI calls
+    def cli(self, *args: str, timeout: float = 120, check: bool = True) -> str:
+        """Run a ``ray``/``serve`` command against this cluster; return its stdout."""
+        tool, *rest = args
+        address = self.dashboard_url if tool == "serve" or rest[:1] in (["list"], ["get"]) else None
+        argv = [str(BIN / tool), *rest, *(["--address", address] if address else [])]
+        r = subprocess.run(argv, env=self._env(), capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        if check and r.returncode != 0:
+            raise ClusterError(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+        return r.stdout
+
+    def alive_nodes(self) -> list[dict[str, Any]]:
+        try:
+            out = self.cli("ray", "list", "nodes", "--format", "json", "--filter", "state=ALIVE", timeout=60)
+        except (ClusterError, subprocess.TimeoutExpired):
+            return []
+        return _json_list(out)
+
+    def actors(self, class_name_prefix: str = "ServeReplica:") -> list[dict[str, Any]]:
+        """Alive actors whose class name starts with ``class_name_prefix`` (Ray's state API)."""
+        out = self.cli("ray", "list", "actors", "--format", "json", "--filter", "state=ALIVE",
+                       "--limit", "1000", "--detail", timeout=60)
+        return [a for a in _json_list(out) if a.get("class_name", "").startswith(class_name_prefix)]
+
+    # ---------------------------------------------------------------- deploy
+    def effective_config(self, config: Path = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
+                         http_port: int | None = None) -> dict[str, Any]:
+        """The YAML at ``config`` with the HTTP port and, optionally, builder arguments overridden."""
+        cfg = yaml.safe_load(Path(config).read_text())
+        cfg.setdefault("http_options", {})
+        if http_port is not None:
+            cfg["http_options"]["port"] = http_port
+        self.http_port = cfg["http_options"].get("port", 8000)
+        if self.workers:
+            cfg["proxy_location"] = "HeadOnly"
+        if args:
+            for app in cfg["applications"]:
+                _deep_update(app.setdefault("args", {}), args)
+        return cfg
+
+    def deploy(self, config: Path = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
+               http_port: int | None = None, timeout: float = 900) -> dict[str, Any]:
+        """``serve deploy`` the config; wait until every application is RUNNING and ``/ready`` answers."""
+        cfg = self.effective_config(config, args, http_port)
+        path = self.log_dir / "serve_config.effective.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.cli("serve", "deploy", str(path))
+        deadline = time.monotonic() + timeout
+        self._wait(lambda: self._apps_running(), timeout, "the Serve applications to be RUNNING", interval=3)
+        self._wait(lambda: self._ready(), max(30.0, deadline - time.monotonic()), f"{self.base_url}/ready")
+        return cfg
+
+    def serve_status(self) -> dict[str, Any]:
+        return yaml.safe_load(self.cli("serve", "status", timeout=60)) or {}
+
+    def _apps_running(self) -> bool:
+        apps = (self.serve_status().get("applications") or {})
+        failed = {name: a for name, a in apps.items() if a.get("status") in ("DEPLOY_FAILED", "UNHEALTHY")}
+        if failed:
+            raise ClusterError(f"Serve deployment failed: {json.dumps(failed, indent=1)[:4000]}; logs in {self.log_dir}")
+        return bool(apps) and all(a.get("status") == "RUNNING" for a in apps.values())
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/ready", timeout=15).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def replicas(self, deployment_prefix: str = "ServeReplica:fuzzserve:LLMServer") -> list[dict[str, Any]]:
+        """Alive engine replicas: Ray actor records (``pid``, ``node_id``, ``name`` ...)."""
+        return self.actors(deployment_prefix)
+
+    # ---------------------------------------------------------------- close
+    def close(self) -> None:
+        if any(n.alive() for n in self.nodes[:1]):
+            try:
+                self.cli("serve", "shutdown", "-y", timeout=120, check=False)
+                self._wait_no_replicas(60)
+            except Exception as e:  # never let a failed graceful step skip the kills below
+                log.warning("serve shutdown failed: %s", e)
+        for node in reversed(self.nodes):
+            node.stop()
+
+    def _wait_no_replicas(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if not self.actors():
+                    return
+            except Exception:
+                return
+            time.sleep(2)
+
+
+def ensure_auth_token(env: dict[str, str]) -> None:
+    """Create Ray's token file when token auth is on and no token exists (what ``ray.init`` does itself).
+
+    ``ray start`` refuses to start a token-auth cluster without a token, and
+    does not create one.
+    """
+    if env.get("RAY_AUTH_MODE", "").lower() != "token" or env.get("RAY_AUTH_TOKEN"):
+        return
+    path = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
+    if not path.exists():
+        subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, check=True,
+                       capture_output=True, timeout=120)
+
+
+def _json_list(out: str) -> list[dict[str, Any]]:
+    """``ray list --format json`` output; Ray prints a sentence instead of ``[]`` when nothing matches."""
+    out = out.strip()
+    return json.loads(out) if out.startswith("[") else []
+
+
+def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> None:
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = v
+
+
+def pids_alive(pids: Iterable[int]) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
