@@ -98,6 +98,41 @@ def offline_generator(llm):
     return generate
 
 
+def http_generator(base_url: str, api_key: str | None = None, model: str = "fixture", concurrency: int = 32):
+    """Adapter from an OpenAI-compatible server (the Serve app, vLLM's server) to :func:`run_sweep`'s ``generate``.
+
+    Greedy completions with ``return_token_ids`` (a vLLM extension), sent
+    concurrently; any non-200 answer raises, naming the prompt.
+    """
+    import asyncio
+
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+    async def run(prompts, xargs):
+        sem = asyncio.Semaphore(concurrency)
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300) as client:
+            async def one(prompt):
+                body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
+                        "return_token_ids": True}
+                if xargs:
+                    body["vllm_xargs"] = xargs
+                async with sem:
+                    r = await client.post("/v1/completions", json=body)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{base_url} answered {r.status_code} for {prompt!r}: {r.text[:500]}")
+                choice = r.json()["choices"][0]
+                return choice["text"], list(choice.get("token_ids") or [])
+
+            return await asyncio.gather(*(one(p) for p in prompts))
+
+    def generate(prompts, xargs):
+        return asyncio.run(run(prompts, xargs))
+
+    return generate
+
+
 def print_table(points: list[SweepPoint]) -> None:
     from rich.console import Console
     from rich.table import Table

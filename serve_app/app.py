@@ -65,7 +65,9 @@ def build_app(args: dict[str, Any]):
     from ray.serve.llm import LLMConfig
 
     from .guard import RequestGuard
-    from .router import ENDPOINTS, FuzzRouter
+    from starlette.exceptions import HTTPException
+
+    from .router import ENDPOINTS, FuzzRouter, openai_http_error
 
     parsed = FuzzServeArgs.model_validate(args)
     llm_configs = [LLMConfig.model_validate(c) for c in resolve_llm_configs(parsed)]
@@ -74,6 +76,7 @@ def build_app(args: dict[str, Any]):
 
     app = init()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard)  # added last = runs first
+    app.add_exception_handler(HTTPException, openai_http_error)
     ingress_cls = make_fastapi_ingress(FuzzRouter, endpoint_map=ENDPOINTS, app=app)
     options = maybe_apply_llm_deployment_config_defaults(FuzzRouter.get_deployment_options(llm_configs),
                                                          parsed.ingress_deployment_config)

@@ -20,6 +20,7 @@ all picked here; the Serve HTTP proxy then runs on the head only
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -231,10 +232,10 @@ class LocalCluster:
         return [a for a in _json_list(out) if a.get("class_name", "").startswith(class_name_prefix)]
 
     # ---------------------------------------------------------------- deploy
-    def effective_config(self, config: Path = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
+    def effective_config(self, config: Path | dict[str, Any] = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
                          http_port: int | None = None) -> dict[str, Any]:
-        """The YAML at ``config`` with the HTTP port and, optionally, builder arguments overridden."""
-        cfg = yaml.safe_load(Path(config).read_text())
+        """The config (a YAML path or its content) with the HTTP port and builder arguments overridden."""
+        cfg = copy.deepcopy(config) if isinstance(config, dict) else yaml.safe_load(Path(config).read_text())
         cfg.setdefault("http_options", {})
         if http_port is not None:
             cfg["http_options"]["port"] = http_port
@@ -246,7 +247,7 @@ class LocalCluster:
                 _deep_update(app.setdefault("args", {}), args)
         return cfg
 
-    def deploy(self, config: Path = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
+    def deploy(self, config: Path | dict[str, Any] = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
                http_port: int | None = None, timeout: float = 900) -> dict[str, Any]:
         """``serve deploy`` the config; wait until every application is RUNNING and ``/ready`` answers."""
         cfg = self.effective_config(config, args, http_port)

@@ -9,7 +9,9 @@ streaming, ``/v1/models``, request timeouts, error format) is
   app by the builder (``serve_app.app``), before any route parses the body;
 * ``GET /health``: liveness, the router process answers;
 * ``GET /ready``: readiness, every model has a replica whose engine answers
-  its health check; 503 naming the model otherwise.
+  its health check; 503 naming the model otherwise;
+* :func:`openai_http_error`: FastAPI's own errors (unknown model, unknown
+  route) in OpenAI's error format instead of ``{"detail": ...}``.
 
 Replicas validate fuzz settings themselves too (the plugin's frontend hook),
 so a request that reaches a replica by another path is still checked.
@@ -19,7 +21,9 @@ from __future__ import annotations
 
 import asyncio
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress
 
 READY_TIMEOUT_S = 10.0
@@ -45,6 +49,15 @@ class FuzzRouter(OpenAiIngress):
                 "message": f"not ready: {', '.join(failed)} has no healthy replica",
                 "type": "service_unavailable", "param": None, "code": 503, "models": failed}})
         return JSONResponse({"status": "ready", "models": models})
+
+
+async def openai_http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    """FastAPI's ``{"detail": ...}`` errors (unknown model, unknown route, wrong method) in OpenAI's format."""
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    param = "model" if exc.status_code == 404 and "model" in detail.lower() else None
+    return JSONResponse(status_code=exc.status_code, headers=getattr(exc, "headers", None), content={
+        "error": {"message": detail, "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
+                  "param": param, "code": exc.status_code}})
 
 
 # The routes of OpenAiIngress plus the probes (method name -> route decorator).

@@ -61,3 +61,28 @@ def patched_engine(start_engine) -> EngineHost:
 def stock_engine(start_engine) -> EngineHost:
     """Stock vLLM in the same install (FUZZSERVE_PATCHES_OFF=all), eager."""
     return start_engine({"FUZZSERVE_PATCHES_OFF": "all"}, enforce_eager=True)
+
+
+# --------------------------------------------------------------------------
+# Ray Serve: one real local cluster per test session, two nodes, the app
+# deployed from serve_config.yaml (HTTP port moved to a free one, API-key auth
+# switched on). Shared by the Serve tests and the load-test smoke run.
+# --------------------------------------------------------------------------
+SERVE_API_KEY = "test-key-fuzzserve"
+
+
+@pytest.fixture(scope="session")
+def serve_cluster(fixture_model, tmp_path_factory):
+    from serve_app.local_cluster import LocalCluster, free_port
+
+    # head: the router, Serve's controller and proxy, one engine replica;
+    # worker: the other replica. Logical CPUs, so each node fits what it hosts.
+    cluster = LocalCluster(workers=1, num_cpus=4, worker_num_cpus=2,
+                           env={"FUZZSERVE_API_KEYS": SERVE_API_KEY},
+                           log_dir=tmp_path_factory.mktemp("ray-cluster"))
+    try:
+        cluster.start()
+        cluster.deploy(http_port=free_port())
+        yield cluster
+    finally:
+        cluster.close()

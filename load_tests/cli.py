@@ -1,0 +1,334 @@
+"""The stress-test CLI: drive a fuzz load, watch every replica's counters, report, exit non-zero on any problem.
+
+    python -m load_tests --scenario smoke|stress|chaos [options]
+
+Without ``--url`` it deploys the app itself: a local Ray cluster (``ray
+start``), ``serve deploy`` of ``--config`` (with the scenario's faults), the
+run, a fuzz sweep through the router, teardown. With ``--url`` it drives an
+existing deployment (metrics from ``--metrics-url`` or Ray's service
+discovery file); only addresses on this machine unless ``--allow-remote``.
+
+Exit code: 0 when the run passed; 1 on any invariant violation, lost
+request, unexpected error or client/server mismatch (report.md says which);
+2 on a usage or set-up error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import json
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+log = logging.getLogger("fuzzserve.load_tests")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    from .scenarios import SCENARIOS
+
+    ap = argparse.ArgumentParser(prog="python -m load_tests", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="smoke",
+                    help="; ".join(f"{k}: {s.description}" for k, s in SCENARIOS.items()))
+    tgt = ap.add_argument_group("target (default: deploy locally)")
+    tgt.add_argument("--url", help="base URL of a running deployment, e.g. http://127.0.0.1:8000")
+    tgt.add_argument("--api-key", default=None,
+                     help="API key (default: the first of FUZZSERVE_API_KEYS, which a local deploy also uses)")
+    tgt.add_argument("--metrics-url", action="append", default=[],
+                     help="a node's metrics endpoint (repeat per node); default: Ray's service discovery file")
+    tgt.add_argument("--allow-remote", action="store_true", help="allow a --url that is not on this machine")
+    dep = ap.add_argument_group("local deployment")
+    dep.add_argument("--config", type=Path, default=None, help="Serve config (default: serve_config.yaml)")
+    dep.add_argument("--http-port", type=int, default=None, help="override the config's HTTP port")
+    dep.add_argument("--patches-off", default=None,
+                     help="FUZZSERVE_PATCHES_OFF for the cluster, for A/B runs (e.g. 'accounting')")
+    dep.add_argument("--routing", choices=("power_of_two", "prefix_affinity", "fuzz_affinity"), default=None)
+    load = ap.add_argument_group("load (overrides the scenario)")
+    load.add_argument("--profile", choices=("fixed", "ramp", "poisson"), default=None)
+    load.add_argument("--concurrency", type=int, default=None)
+    load.add_argument("--rate", type=float, default=None, help="poisson: requests per second")
+    load.add_argument("--duration", type=float, default=None, help="seconds of load")
+    load.add_argument("--requests", type=int, default=None, help="stop after this many requests")
+    load.add_argument("--mix", type=json.loads, default=None,
+                      help='JSON overriding request-mix shares, e.g. \'{"bad": 0.1, "cancel": 0.2}\'')
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--kill-replica-at", type=float, default=None, help="SIGKILL one replica after N s (local only)")
+    load.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
+    out = ap.add_argument_group("output")
+    out.add_argument("--out", type=Path, default=None, help="report directory (default: out/<scenario>)")
+    out.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
+                     help="run the fuzz sweep through the router after the load (default: on, except smoke)")
+    out.add_argument("--sweep-per-task", type=int, default=15)
+    out.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    return ap.parse_args(argv)
+
+
+def scenario_from(args: argparse.Namespace):
+    from .scenarios import SCENARIOS
+
+    sc = SCENARIOS[args.scenario].model_copy(deep=True)
+    prof = sc.profile.model_dump()
+    for key, val in (("kind", args.profile), ("concurrency", args.concurrency), ("rate", args.rate),
+                     ("duration_s", args.duration), ("max_requests", args.requests)):
+        if val is not None:
+            prof[key] = val
+    if args.requests is not None and args.duration is None:
+        prof["duration_s"] = None
+    sc.profile = type(sc.profile).model_validate(prof)
+    if args.mix:
+        sc.mix = type(sc.mix).model_validate({**sc.mix.model_dump(), **args.mix})
+    if args.kill_replica_at is not None:
+        sc.kill_replica_at_s = args.kill_replica_at
+    return sc
+
+
+def is_local(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+    except socket.gaierror:
+        return False
+    local = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None)} | {"127.0.0.1", "::1"}
+    return all(ipaddress.ip_address(a).is_loopback or a in local for a in addrs)
+
+
+class Target:
+    """Where the load goes and what the run may do to it."""
+
+    def __init__(self, base_url: str, metrics_urls: list[str], api_key: str | None, cluster=None):
+        self.base_url, self.metrics_urls, self.api_key, self.cluster = base_url, metrics_urls, api_key, cluster
+        self.alive_ids: frozenset[str] | None = None
+        self.ever_alive: set[str] = set()
+        self.killed: set[str] = set()
+
+    def refresh_alive(self) -> None:
+        if self.cluster is None:
+            return
+        try:
+            ids = frozenset(replica_id(a) for a in self.cluster.replicas())
+        except Exception as e:  # a failed state query is not a finding about the replicas
+            log.warning("could not list replicas: %s", e)
+            return
+        self.alive_ids = ids
+        self.ever_alive |= ids
+
+    def alive(self) -> frozenset[str] | None:
+        return self.alive_ids
+
+
+def replica_id(actor: dict[str, Any]) -> str:
+    """Ray's ReplicaId label from a replica actor's name (``SERVE_REPLICA::app#deployment#<id>``)."""
+    return str(actor.get("name", "")).rsplit("#", 1)[-1]
+
+
+async def run_load(target: Target, sc, args, t0: float):
+    import aiohttp
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from .client import RequestResult, send
+    from .monitor import InvariantChecker, Monitor
+    from .profiles import drive
+    from .summary import Fault
+    from .workload import draw
+
+    checker = InvariantChecker(sc.expected_violation_kinds)
+    monitor = Monitor(target.metrics_urls, checker, interval=2.0, alive=target.alive)
+    results: list[RequestResult] = []
+    faults: list[Fault] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGINT, stop.set)
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    total = sc.profile.max_requests
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed} done"),
+                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), disable=args.no_progress)
+    task = progress.add_task(f"{sc.name}", total=total or sc.profile.duration_s, status="")
+    counts: dict[str, int] = {}
+
+    async def alive_loop():
+        while True:
+            await asyncio.to_thread(target.refresh_alive)
+            await asyncio.sleep(10)
+
+    async def killer():
+        await asyncio.sleep(sc.kill_replica_at_s)
+        import psutil
+
+        victims = await asyncio.to_thread(target.cluster.replicas)
+        if not victims:
+            log.error("no replica to kill")
+            return
+        victim = random.Random(args.seed).choice(victims)
+        psutil.Process(victim["pid"]).kill()  # by pid: a replica of the cluster this run started
+        target.killed.add(replica_id(victim))
+        faults.append(Fault("replica_kill", time.monotonic() - t0, {"replica": replica_id(victim), "pid": victim["pid"]}))
+        log.info("killed replica %s (pid %d) at %.0f s", replica_id(victim), victim["pid"], time.monotonic() - t0)
+
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        async def one(i: int) -> None:
+            spec = draw(sc.mix, args.seed, i)
+            res = await send(session, target.base_url, spec, t0, timeout_s=args.timeout, headers=headers)
+            results.append(res)
+            counts[res.outcome] = counts.get(res.outcome, 0) + 1
+            progress.update(task, completed=len(results) if total else time.monotonic() - t0,
+                            status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
+
+        await asyncio.to_thread(target.refresh_alive)
+        side = [asyncio.create_task(alive_loop())]
+        if sc.kill_replica_at_s is not None:
+            if target.cluster is None:
+                raise SystemExit("--kill-replica-at needs a local deployment (no --url)")
+            side.append(asyncio.create_task(killer()))
+        monitor._t0 = t0
+        await monitor.baseline()
+        monitor.start(t0)
+        with progress:
+            started = await drive(sc.profile, one, seed=args.seed, stop=stop)
+        wall = time.monotonic() - t0
+        for s in side:
+            s.cancel()
+        await monitor.stop()
+        log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
+        await asyncio.to_thread(target.refresh_alive)
+        await monitor.quiescent_check()
+    loop.remove_signal_handler(signal.SIGINT)
+    return results, started, checker, monitor, faults, wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from rich.console import Console
+
+    from .report import write_report
+    from .summary import summarize
+
+    console = Console()
+    try:
+        sc = scenario_from(args)
+    except ValueError as e:
+        console.print(f"[red]bad load settings[/]: {e}")
+        return 2
+    out = args.out or Path("out") / sc.name
+    sweep_on = args.sweep if args.sweep is not None else sc.name != "smoke"
+    api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
+
+    cluster = None
+    try:
+        if args.url:
+            if not args.allow_remote and not is_local(args.url):
+                console.print(f"[red]{args.url} is not on this machine[/]; pass --allow-remote to load it anyway")
+                return 2
+            if sc.faults or sc.kill_replica_at_s is not None:
+                console.print(f"[red]scenario {sc.name} injects faults at deploy time[/]: run it without --url")
+                return 2
+            if sc.kv_blocks or sc.max_num_seqs:
+                log.info("the scenario's engine settings (KV pool size) apply to local deployments only")
+            from .replica_metrics import discover_metrics_urls
+
+            target = Target(args.url.rstrip("/"), args.metrics_url or discover_metrics_urls(), api_key)
+        else:
+            cluster = deploy(sc, args, out, console)
+            target = Target(cluster.base_url, cluster.metrics_urls, api_key, cluster)
+
+        console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
+                      f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)")
+        t0 = time.monotonic()
+        results, started, checker, monitor, faults, wall = asyncio.run(run_load(target, sc, args, t0))
+        deaths = sorted(target.ever_alive - (target.alive_ids or set()) - target.killed) if cluster else []
+        summary = summarize(results, started, checker, faults, wall, sc.slo_obj(), deaths, monitor.scrape_errors)
+        summary["scenario"] = sc.model_dump()
+        summary["patches_off"] = args.patches_off
+
+        sweep = None
+        if sweep_on:
+            sweep = run_http_sweep(target, args, console)
+    finally:
+        if cluster is not None:
+            with console.status("shutting the cluster down"):
+                cluster.close()
+    path = write_report(out, f"Load test: {sc.name}" + (f" (patches off: {args.patches_off})" if args.patches_off else ""),
+                        results, summary, checker, sweep)
+    print_summary(console, summary, path)
+    return 0 if summary["passed"] else 1
+
+
+def deploy(sc, args, out: Path, console):
+    """Start a local cluster and deploy the config with the scenario's engine settings."""
+    import yaml
+
+    from fixture_model.build import ensure_model
+    from serve_app.local_cluster import DEFAULT_CONFIG, LocalCluster
+
+    ensure_model()
+    cfg = yaml.safe_load(Path(args.config or DEFAULT_CONFIG).read_text())
+    for app in cfg["applications"]:
+        for llm in app["args"]["llm_configs"]:
+            llm["engine_kwargs"] = sc.engine_overrides(llm.get("engine_kwargs", {}))
+        if args.routing:
+            app["args"]["routing"] = args.routing
+    env = {"FUZZSERVE_PATCHES_OFF": args.patches_off} if args.patches_off else {}
+    cluster = LocalCluster(env=env, log_dir=out / "cluster")
+    t = time.monotonic()
+    try:
+        with console.status("starting a local Ray cluster and deploying (a few minutes on 2 cores)"):
+            cluster.start()
+            cluster.deploy(cfg, http_port=args.http_port)
+    except BaseException:
+        cluster.close()
+        raise
+    console.print(f"deployed in {time.monotonic() - t:.0f} s: {len(cluster.replicas())} engine replicas behind "
+                  f"{cluster.base_url}; cluster logs in {cluster.log_dir}")
+    return cluster
+
+
+def run_http_sweep(target: Target, args, console):
+    from fixture_model.tasks import held_out_examples
+
+    from .fuzz_sweep import http_generator, print_table, run_sweep
+
+    with console.status("fuzz sweep through the router"):
+        points = run_sweep(http_generator(target.base_url, target.api_key), held_out_examples(args.sweep_per_task))
+    print_table(points)
+    return points
+
+
+def print_summary(console, summary: dict[str, Any], path: Path) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"{summary['scenario']['name']}: {'PASSED' if summary['passed'] else 'FAILED'}")
+    t.add_column("")
+    t.add_column("")
+    t.add_row("requests", f"{summary['started']} started; " + ", ".join(f"{k} {v}" for k, v in sorted(summary["outcomes"].items())))
+    tp = summary["throughput"]
+    t.add_row("throughput", f"{tp['requests_per_s']:.2f} req/s, {tp['output_tokens_per_s']:.0f} tok/s, "
+                            f"goodput {tp['goodput_requests_per_s']:.2f} req/s")
+    lat = summary["latency_s"]
+    t.add_row("TTFT p50 / p99", " / ".join("-" if lat["ttft"][k] is None else f"{lat['ttft'][k] * 1000:.0f} ms" for k in ("p50", "p99")))
+    inv = summary["invariants"]
+    t.add_row("invariants", f"{inv['scrapes']} scrapes, {inv['violations']} violations {inv['by_kind'] or ''}")
+    t.add_row("replicas", ", ".join(f"{k}{' (dead)' if r['stale'] else ''}" for k, r in summary["replicas"].items()))
+    for reason in summary["failures"]:
+        t.add_row("[red]failure[/]", reason)
+    console.print(t)
+    console.print(f"report: {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,168 @@
+"""Send one :class:`~load_tests.workload.RequestSpec` over HTTP and measure it.
+
+aiohttp rather than httpx here: the generator must not be the bottleneck,
+and aiohttp's client carries thousands of concurrent streams in one process
+with less per-chunk overhead (benchmarks/loadgen_capacity.py measures it).
+
+Every request ends as exactly one :class:`RequestResult` with an ``outcome``:
+
+``ok``
+    200 and a complete answer (streams: the ``[DONE]`` event).
+``cancelled``
+    the client dropped the stream on purpose after N chunks.
+``rejected``
+    4xx, which the spec expected (bad input); ``error_param`` is the field
+    the server named.
+``unexpected_4xx`` / ``server_error`` / ``stream_error`` / ``transport_error`` / ``timeout``
+    failures; ``truncated``: a 200 stream that ended without ``[DONE]`` and
+    without an error event, the "silently dropped" case.
+
+Timing (monotonic clock, seconds): ``ttft`` (first content token), ``itl``
+(gaps between content chunks), ``e2e``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import aiohttp
+
+from .workload import RequestSpec
+
+OK_OUTCOMES = ("ok", "cancelled", "rejected")
+
+
+@dataclass
+class RequestResult:
+    index: int
+    outcome: str
+    status: int | None = None
+    start: float = 0.0  # seconds since the run started
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+    chunks: int = 0
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    error_param: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first (streams with >= 2 tokens)."""
+        n = self.completion_tokens or self.chunks
+        if self.ttft is None or self.e2e is None or not self.spec.get("stream") or not n or n < 2:
+            return None
+        return (self.e2e - self.ttft) / (n - 1)
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tpot"] = self.tpot
+        return d
+
+
+def _content(chunk: dict[str, Any]) -> str | None:
+    choices = chunk.get("choices") or []
+    if not choices:
+        return None
+    c = choices[0]
+    if "text" in c:
+        return c.get("text")
+    return (c.get("delta") or {}).get("content")
+
+
+async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec, t0: float,
+               timeout_s: float = 300.0, headers: dict[str, str] | None = None) -> RequestResult:
+    """Send ``spec``; never raises for anything the server or network does."""
+    res = RequestResult(index=spec.index, outcome="transport_error", start=time.monotonic() - t0,
+                        spec=spec.to_json())
+    start = time.monotonic()
+    try:
+        async with asyncio.timeout(timeout_s):
+            async with session.post(f"{base_url}{spec.route}", data=spec.payload(),
+                                    headers={"content-type": "application/json", **(headers or {})}) as r:
+                res.status = r.status
+                if r.status != 200:
+                    await _read_error(r, res, spec)
+                elif spec.stream:
+                    await _read_stream(r, res, spec, start)
+                else:
+                    body = await r.json(content_type=None)
+                    res.e2e = time.monotonic() - start  # no TTFT without a stream
+                    _usage(res, body.get("usage"))
+                    choices = body.get("choices") or [{}]
+                    res.finish_reason = choices[0].get("finish_reason")
+                    res.outcome = "ok" if spec.expect == "ok" else "unexpected_ok"
+    except TimeoutError:
+        res.outcome, res.error = "timeout", f"no complete answer within {timeout_s}s"
+    except (aiohttp.ClientError, ConnectionError, json.JSONDecodeError) as e:
+        res.outcome, res.error = "transport_error", f"{type(e).__name__}: {e}"[:500]
+    if res.e2e is None:
+        res.e2e = time.monotonic() - start
+    return res
+
+
+async def _read_error(r: aiohttp.ClientResponse, res: RequestResult, spec: RequestSpec) -> None:
+    text = await r.text()
+    try:
+        err = json.loads(text).get("error") or {}
+    except (json.JSONDecodeError, AttributeError):
+        err = {}
+    res.error = (err.get("message") if isinstance(err, dict) else None) or text[:500]
+    res.error_param = err.get("param") if isinstance(err, dict) and isinstance(err.get("param"), str) else None
+    if 400 <= r.status < 500:
+        res.outcome = "rejected" if spec.expect == "4xx" else "unexpected_4xx"
+    else:
+        res.outcome = "server_error"
+
+
+async def _read_stream(r: aiohttp.ClientResponse, res: RequestResult, spec: RequestSpec, start: float) -> None:
+    last = None
+    done = False
+    async for raw in r.content:
+        line = raw.strip()
+        if not line.startswith(b"data: "):
+            continue
+        data = line[6:]
+        if data == b"[DONE]":
+            done = True
+            break
+        chunk = json.loads(data)
+        if "error" in chunk:
+            err = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+            res.outcome, res.error = "stream_error", str(err.get("message"))[:500]
+            return
+        _usage(res, chunk.get("usage"))
+        choices = chunk.get("choices") or []
+        if choices and choices[0].get("finish_reason"):
+            res.finish_reason = choices[0]["finish_reason"]
+        if _content(chunk):
+            now = time.monotonic()
+            if res.ttft is None:
+                res.ttft = now - start
+            else:
+                res.itl.append(now - last)
+            last = now
+            res.chunks += 1
+            if spec.cancel_after_chunks is not None and res.chunks >= spec.cancel_after_chunks:
+                res.outcome = "cancelled"
+                res.e2e = now - start
+                r.close()  # drop the connection mid-stream, as a client that goes away does
+                return
+    res.e2e = time.monotonic() - start
+    if done:
+        res.outcome = "ok" if spec.expect == "ok" else "unexpected_ok"
+    else:
+        res.outcome, res.error = "truncated", "the stream ended without [DONE] and without an error event"
+
+
+def _usage(res: RequestResult, usage: dict[str, Any] | None) -> None:
+    if usage:
+        res.completion_tokens = usage.get("completion_tokens")
+        res.prompt_tokens = usage.get("prompt_tokens")

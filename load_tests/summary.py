@@ -1,0 +1,199 @@
+"""Turn per-request results and the monitor's findings into a verdict and the numbers a report shows.
+
+Pure functions over :class:`~load_tests.client.RequestResult` lists and an
+:class:`~load_tests.monitor.InvariantChecker`; no I/O.
+
+The verdict fails a run on any of:
+
+* an invariant violation (negative / decreasing counter, sum mismatch at
+  quiescence, unexpected accounting violations);
+* a lost request: a stream that ended without ``[DONE]`` and without an
+  error (``truncated``), a ``timeout``, or a request the generator started
+  but has no result for;
+* an unexpected error: 5xx, a stream error event, a transport error, a 4xx
+  for a good request, a 200 for a bad one, or a 4xx that does not name the
+  field it should. Errors of requests in flight when the run itself killed a
+  replica (chaos) are *explained* and reported apart;
+* client/server disagreement: the engines finished fewer requests than the
+  clients saw complete, or more than were sent to them;
+* a replica that died without the run killing it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .client import RequestResult
+from .monitor import InvariantChecker
+from .replica_metrics import ReplicaCounters
+
+FAILURE_OUTCOMES = ("unexpected_4xx", "unexpected_ok", "server_error", "stream_error", "transport_error",
+                    "truncated", "timeout")
+LOST_OUTCOMES = ("truncated", "timeout", "lost")
+PERCENTILES = (50, 90, 95, 99)
+
+
+@dataclass
+class Slo:
+    """Latency targets for goodput (a request counts only if it meets every set target)."""
+
+    ttft_s: float | None = 2.0
+    tpot_s: float | None = 0.2
+    e2e_s: float | None = None
+
+    def met(self, r: RequestResult) -> bool:
+        return (r.outcome == "ok"
+                and (self.ttft_s is None or (r.ttft is not None and r.ttft <= self.ttft_s))
+                and (self.tpot_s is None or r.tpot is None or r.tpot <= self.tpot_s)
+                and (self.e2e_s is None or (r.e2e is not None and r.e2e <= self.e2e_s)))
+
+
+@dataclass
+class Fault:
+    """Something the run did on purpose (a replica kill), to explain the errors it causes."""
+
+    kind: str
+    t: float  # seconds since the run started
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+def percentiles(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+    arr = np.asarray(values, dtype=float)
+    return {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES} | {"mean": float(arr.mean())}
+
+
+def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = 30.0) -> bool:
+    """A failed request that was in flight at a replica kill, or started within ``grace_s`` after it."""
+    end = r.start + (r.e2e or 0.0)
+    return any(f.kind == "replica_kill" and r.start <= f.t + grace_s and end >= f.t for f in faults)
+
+
+def bad_request_problems(results: list[RequestResult]) -> list[dict[str, Any]]:
+    """Rejected bad requests whose error does not carry the expected status or name the field."""
+    problems = []
+    for r in results:
+        if r.outcome != "rejected":
+            continue
+        want_status, want_param = r.spec.get("expect_status"), r.spec.get("expect_param")
+        named = want_param is None or r.error_param == want_param or (want_param in (r.error or ""))
+        if (want_status and r.status != want_status) or not named:
+            problems.append({"index": r.index, "status": r.status, "want_status": want_status,
+                             "want_param": want_param, "error_param": r.error_param, "error": r.error})
+    return problems
+
+
+def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCounters],
+                       replicas_died: bool, baseline: dict[str, ReplicaCounters] | None = None) -> dict[str, Any]:
+    """Compare what the clients saw complete with what the engines counted as finished.
+
+    Each request that reaches an engine finishes there exactly once (stop,
+    length, abort, error, repetition). So, summed over every replica ever
+    seen: completed-by-engine >= completed-by-client, and every finished
+    request was one the clients sent. A cancelled stream may still have
+    finished in the engine before the abort arrived, hence the range. The
+    engines' counts are taken relative to ``baseline`` (the scrape before the
+    run), so earlier traffic on a long-lived deployment does not count.
+    """
+    baseline = baseline or {}
+
+    def delta(key: str, rc: ReplicaCounters, reasons: tuple[str, ...] | None) -> float:
+        before = baseline.get(key)
+        return sum(v - (before.requests_finished.get(reason, 0.0) if before else 0.0)
+                   for reason, v in rc.requests_finished.items() if reasons is None or reason in reasons)
+
+    ok = sum(r.outcome == "ok" for r in results)
+    cancelled = sum(r.outcome == "cancelled" for r in results)
+    sent_to_engines = sum(r.outcome not in ("rejected",) for r in results)
+    completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
+    finished = sum(delta(k, rc, None) for k, rc in final.items())
+    out = {"client_ok": ok, "client_cancelled": cancelled, "engine_completed": completed,
+           "engine_finished": finished, "sent_past_router": sent_to_engines, "problems": []}
+    if replicas_died:
+        # A dead replica's last export can lag its last completions by a few
+        # seconds, so only the upper bound is sound.
+        out["note"] = "a replica died: only engine_finished <= sent_past_router is checked"
+    elif completed < ok:
+        out["problems"].append(f"engines completed {completed:g} requests but clients received {ok} complete answers")
+    elif completed > ok + cancelled:
+        out["problems"].append(f"engines completed {completed:g} requests, more than the {ok} complete + "
+                               f"{cancelled} cancelled the clients saw")
+    if finished > sent_to_engines:
+        out["problems"].append(f"engines finished {finished:g} requests but only {sent_to_engines} got past the router")
+    return out
+
+
+def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
+              wall_s: float, slo: Slo, unexpected_deaths: list[str], scrape_errors: list[dict[str, Any]]
+              ) -> dict[str, Any]:
+    outcomes = Counter(r.outcome for r in results)
+    lost = started - len(results)
+    if lost:
+        outcomes["lost"] += lost
+    explained, unexplained = [], []
+    for r in results:
+        if r.outcome in FAILURE_OUTCOMES:
+            (explained if explained_by_fault(r, faults) else unexplained).append(r)
+    ok = [r for r in results if r.outcome == "ok"]
+    final = checker.final()
+    baseline = checker.history[0].replicas if checker.history else {}
+    cross = server_cross_check(results, final, replicas_died=bool(checker.stale), baseline=baseline)
+    bad = bad_request_problems(results)
+    out_tokens = sum(r.completion_tokens or r.chunks for r in ok)
+    summary = {
+        "wall_s": wall_s,
+        "started": started,
+        "outcomes": dict(outcomes),
+        "throughput": {"requests_per_s": len(ok) / wall_s if wall_s else 0.0,
+                       "output_tokens_per_s": out_tokens / wall_s if wall_s else 0.0,
+                       "goodput_requests_per_s": sum(slo.met(r) for r in results) / wall_s if wall_s else 0.0},
+        "slo": vars(slo),
+        "latency_s": {"ttft": percentiles([r.ttft for r in ok if r.ttft is not None]),
+                      "itl": percentiles([x for r in ok for x in r.itl]),
+                      "tpot": percentiles([r.tpot for r in ok if r.tpot is not None]),
+                      "e2e": percentiles([r.e2e for r in ok if r.e2e is not None])},
+        "errors_by_kind": dict(Counter(r.outcome for r in unexplained)),
+        "errors_explained_by_faults": dict(Counter(r.outcome for r in explained)),
+        "first_unexpected_errors": [r.to_json() for r in unexplained[:5]],
+        "bad_requests": {"sent": sum(r.spec.get("expect") == "4xx" for r in results),
+                         "rejected_naming_the_field": sum(r.outcome == "rejected" for r in results) - len(bad),
+                         "problems": bad[:10]},
+        "faults": [vars(f) for f in faults],
+        "invariants": {"ok": checker.ok, "violations": len(checker.violations),
+                       "by_kind": dict(Counter(v.kind for v in checker.violations)),
+                       "first_violation": checker.violations[0].to_json() if checker.violations else None,
+                       "expected_accounting_violations": checker.expected_violations,
+                       "scrapes": len(checker.history), "scrape_errors": scrape_errors[:10],
+                       "first_scrape_t": checker.history[0].t if checker.history else None,
+                       "last_scrape_t": checker.history[-1].t if checker.history else None},
+        "replicas": {k: {"stale": k in checker.stale, "node": rc.node, "prompt_tokens": rc.prompt_tokens,
+                         "by_source": rc.by_source, "requests_finished": rc.requests_finished,
+                         "violations": rc.violations, "corrections": rc.corrections}
+                     for k, rc in final.items()},
+        "unexpected_replica_deaths": unexpected_deaths,
+        "client_server": cross,
+    }
+    reasons = []
+    if not checker.ok:
+        reasons.append(f"{len(checker.violations)} invariant violation(s): {summary['invariants']['by_kind']}")
+    lost_n = sum(outcomes.get(k, 0) for k in LOST_OUTCOMES)
+    if lost_n:
+        reasons.append(f"{lost_n} lost request(s) (truncated / timed out / never finished)")
+    if unexplained:
+        reasons.append(f"{len(unexplained)} unexpected error(s): {summary['errors_by_kind']}")
+    if bad:
+        reasons.append(f"{len(bad)} bad request(s) refused without naming the field")
+    if cross["problems"]:
+        reasons.extend(cross["problems"])
+    if unexpected_deaths:
+        reasons.append(f"replica(s) died without being killed by the run: {unexpected_deaths}")
+    if not ok:
+        reasons.append("no request completed")
+    summary["passed"] = not reasons
+    summary["failures"] = reasons
+    return summary

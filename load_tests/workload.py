@@ -1,0 +1,175 @@
+"""What the load generator sends: a configurable mix of requests, drawn reproducibly.
+
+Every request is a :class:`RequestSpec` (an HTTP body plus what the client
+will do with it and what it expects). :class:`Mix` says how often each kind
+appears; :func:`draw` turns (mix, seed, index) into a spec, so a run is
+reproducible and a spec can be re-created from its index.
+
+The kinds and why each is there:
+
+* fuzz levels: s = 0 and the seed's log-spaced sweep from 1 to 10, in both
+  modes (every level gets its own KV cache salt in the engine);
+* long shared prefixes: a few multi-block (128-token blocks on CPU) prefixes
+  shared by many requests, so the prefix cache and the offload tier are hit,
+  evicted and reloaded;
+* long prompts: near the context limit, unique, so the KV pool runs short
+  and requests preempt each other;
+* streaming and non-streaming, completions and chat;
+* client cancellation mid-stream (the engine must account aborted requests);
+* deliberately bad requests, each with the 4xx and the field it must name.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from fixture_model.tasks import held_out_examples, training_examples
+
+from .fuzz_sweep import SEED_SWEEP
+
+FUZZ_LEVELS = SEED_SWEEP  # 0, then 10 log-spaced strengths from 1 to 10
+MODES = ("scale", "gaussian")
+
+
+class Mix(BaseModel):
+    """Shares of each request kind (each in [0, 1]; independent draws per request)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fuzz: float = Field(0.6, ge=0, le=1, description="share of requests with a non-zero fuzz strength")
+    gaussian: float = Field(0.5, ge=0, le=1, description="share of fuzzed requests in gaussian mode")
+    shared_prefix: float = Field(0.4, ge=0, le=1, description="share on a long shared prefix")
+    long_prompt: float = Field(0.05, ge=0, le=1, description="share with a long unique prompt")
+    stream: float = Field(0.7, ge=0, le=1)
+    chat: float = Field(0.3, ge=0, le=1)
+    cancel: float = Field(0.1, ge=0, le=1, description="share of streams the client drops mid-way")
+    bad: float = Field(0.05, ge=0, le=1, description="share of deliberately bad requests (expect 4xx)")
+    n_prefixes: int = Field(6, ge=1)
+    prefix_tokens: int = Field(600, ge=1, description="approximate length of each shared prefix")
+    long_prompt_tokens: int = Field(900, ge=1)
+    max_tokens: tuple[int, int] = (8, 48)
+    model: str = "fixture"
+
+    @model_validator(mode="after")
+    def _check(self) -> Mix:
+        if self.max_tokens[0] < 1 or self.max_tokens[0] > self.max_tokens[1]:
+            raise ValueError(f"max_tokens must be (lo, hi) with 1 <= lo <= hi, got {self.max_tokens}")
+        return self
+
+
+@dataclass
+class RequestSpec:
+    """One request: where it goes, its JSON body (or raw bytes), and what the client expects."""
+
+    index: int
+    route: str  # /v1/completions or /v1/chat/completions
+    body: dict[str, Any] | None
+    raw_body: bytes | None = None  # sent instead of body (malformed JSON)
+    stream: bool = False
+    cancel_after_chunks: int | None = None
+    expect: Literal["ok", "4xx"] = "ok"
+    expect_status: int | None = None
+    expect_param: str | None = None  # the field the error must name
+    tags: dict[str, Any] = field(default_factory=dict)
+
+    def payload(self) -> bytes:
+        return self.raw_body if self.raw_body is not None else json.dumps(self.body).encode()
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("raw_body")
+        d.pop("body")
+        return d
+
+
+@lru_cache(maxsize=8)
+def shared_prefixes(n: int, tokens: int) -> tuple[str, ...]:
+    """``n`` distinct prefixes of about ``tokens`` words each (one token per word), from the training tasks."""
+    out = []
+    ex = training_examples(n * (tokens // 8 + 8), seed=77)
+    pos = 0
+    for _ in range(n):
+        words: list[str] = []
+        while len(words) < tokens:
+            words.extend(ex[pos].text.split())
+            pos += 1
+        out.append(" ".join(words[:tokens]))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1)
+def _tails():
+    return tuple(held_out_examples(50, seed=4242))
+
+
+# (body change, expected status, the field the error names)
+BAD_REQUESTS: list[tuple[dict[str, Any] | bytes, int, str | None]] = [
+    ({"vllm_xargs": {"fuzz_strength": -1}}, 400, "vllm_xargs.fuzz_strength"),
+    ({"vllm_xargs": {"fuzz_strength": "strong"}}, 400, "vllm_xargs.fuzz_strength"),
+    ({"vllm_xargs": {"fuzz_strength": 1e9}}, 400, "vllm_xargs.fuzz_strength"),
+    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_mode": "chaotic"}}, 400, "vllm_xargs.fuzz_mode"),
+    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_seed": 0.5}}, 400, "vllm_xargs.fuzz_seed"),
+    ({"vllm_xargs": {"fuzz_strenght": 1}}, 400, "vllm_xargs.fuzz_strenght"),
+    ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, 400, "vllm_xargs.kv_transfer_params"),
+    ({"kv_transfer_params": {"do_remote_decode": True}}, 400, "kv_transfer_params"),
+    (b'{"model": "fixture", "prompt": "count 1 2", ', 400, None),
+    ({"max_tokens": -3}, 400, "max_tokens"),
+]
+
+
+def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
+    """The ``index``-th request of a run seeded ``seed``."""
+    rng = random.Random(seed * 1_000_003 + index)
+    max_tokens = rng.randint(*mix.max_tokens)
+    chat = rng.random() < mix.chat
+    route = "/v1/chat/completions" if chat else "/v1/completions"
+    if rng.random() < mix.bad:
+        change, status, param = BAD_REQUESTS[rng.randrange(len(BAD_REQUESTS))]
+        base = {"model": mix.model, "max_tokens": 4,
+                **({"messages": [{"role": "user", "content": "count 1 2"}]} if chat else {"prompt": "count 1 2"})}
+        if isinstance(change, bytes):
+            return RequestSpec(index, route, None, raw_body=change, expect="4xx", expect_status=status,
+                               expect_param=param, tags={"kind": "bad", "bad": "malformed_json"})
+        return RequestSpec(index, route, {**base, **change}, expect="4xx", expect_status=status, expect_param=param,
+                           tags={"kind": "bad", "bad": param})
+
+    tail = _tails()[rng.randrange(len(_tails()))]
+    tags: dict[str, Any] = {"kind": "chat" if chat else "completion", "task": tail.task}
+    if rng.random() < mix.long_prompt:
+        filler = [str(rng.randrange(200)) for _ in range(mix.long_prompt_tokens)]
+        prompt = f"{' '.join(filler)} {tail.prompt}"
+        tags["prompt"] = "long"
+    elif rng.random() < mix.shared_prefix:
+        group = rng.randrange(mix.n_prefixes)
+        prompt = f"{shared_prefixes(mix.n_prefixes, mix.prefix_tokens)[group]} {tail.prompt}"
+        tags["prompt"] = f"prefix{group}"
+    else:
+        prompt = tail.prompt
+        tags["prompt"] = "short"
+
+    body: dict[str, Any] = {"model": mix.model, "max_tokens": max_tokens, "temperature": 0}
+    body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+    if rng.random() < mix.fuzz:
+        mode = "gaussian" if rng.random() < mix.gaussian else "scale"
+        strength = rng.choice(FUZZ_LEVELS[1:])
+        body["vllm_xargs"] = {"fuzz_strength": strength, "fuzz_mode": mode, "fuzz_seed": rng.randrange(4)}
+        tags.update(fuzz_mode=mode, fuzz_strength=strength)
+    else:
+        if rng.random() < 0.5:  # s = 0 sent explicitly half the time: must equal no fuzz at all
+            body["vllm_xargs"] = {"fuzz_strength": 0.0}
+        tags.update(fuzz_mode="none", fuzz_strength=0.0)
+
+    stream = rng.random() < mix.stream
+    cancel = None
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        if rng.random() < mix.cancel and max_tokens > 2:
+            cancel = rng.randint(1, max_tokens - 1)
+    return RequestSpec(index, route, body, stream=stream, cancel_after_chunks=cancel, tags=tags)

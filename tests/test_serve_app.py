@@ -1,0 +1,286 @@
+"""The Serve application for real: a two-node local Ray cluster, serve_config.yaml deployed with `serve deploy`.
+
+Everything goes over HTTP through Serve's proxy and the fuzz router to two
+patched engine replicas (one per node). The destructive tests (a replica
+killed, a replica drained away) run last, in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+import pytest
+
+from load_tests.replica_metrics import ReplicaCounters, scrape
+from tests.conftest import SERVE_API_KEY
+from tests.test_fuzz_engine import PROMPTS
+
+pytestmark = [pytest.mark.engine, pytest.mark.serve]
+
+AUTH = {"Authorization": f"Bearer {SERVE_API_KEY}"}
+
+
+def post(cluster, route: str, body: dict, headers=AUTH, **kw) -> httpx.Response:
+    return httpx.post(f"{cluster.base_url}{route}", json=body, headers=headers, timeout=120, **kw)
+
+
+def complete(cluster, prompt: str, xargs=None, **kw) -> httpx.Response:
+    body = {"model": "fixture", "prompt": prompt, "max_tokens": 8, "temperature": 0, **kw}
+    if xargs is not None:
+        body["vllm_xargs"] = xargs
+    return post(cluster, "/v1/completions", body)
+
+
+def text(r: httpx.Response) -> str:
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def wait_quiet(cluster, timeout: float = 90) -> dict[str, ReplicaCounters]:
+    """Scrape until no replica has running/waiting requests and two scrapes agree (Ray exports every few s)."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        now = scrape(cluster.metrics_urls)
+        quiet = all(r.running == 0 and r.waiting == 0 for r in now.values())
+        snapshot = {k: r.counters() for k, r in now.items()}
+        if quiet and snapshot == last:
+            return now
+        if time.monotonic() > deadline:
+            raise AssertionError(f"replicas not quiescent after {timeout}s: {now}")
+        last = snapshot if quiet else None
+        time.sleep(6)
+
+
+def test_probes_and_models(serve_cluster):
+    base = serve_cluster.base_url
+    assert httpx.get(f"{base}/health", timeout=30).json() == {"status": "ok"}
+    ready = httpx.get(f"{base}/ready", timeout=30)
+    assert ready.status_code == 200 and ready.json()["models"] == ["fixture"]
+    models = httpx.get(f"{base}/v1/models", headers=AUTH, timeout=30).json()
+    assert [m["id"] for m in models["data"]] == ["fixture"]
+
+
+def test_completion_and_chat(serve_cluster):
+    r = complete(serve_cluster, PROMPTS[0])
+    assert text(r).strip() and r.json()["usage"]["completion_tokens"] == 8
+    chat = post(serve_cluster, "/v1/chat/completions", {
+        "model": "fixture", "messages": [{"role": "user", "content": "count 3 4 5"}], "max_tokens": 4,
+        "temperature": 0, "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 1}})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("route, body", [
+    ("/v1/completions", {"prompt": "count 3 4 5"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc a b c"}]}),
+])
+def test_streaming(serve_cluster, route, body):
+    payload = {"model": "fixture", "max_tokens": 6, "temperature": 0, "stream": True,
+               "vllm_xargs": {"fuzz_strength": 0.5}, **body}
+    events = []
+    with httpx.stream("POST", f"{serve_cluster.base_url}{route}", json=payload, headers=AUTH, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[len("data: "):])
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 2, "tokens arrive as separate events"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" or any(
+        c["choices"] and c["choices"][0].get("finish_reason") for c in chunks)
+
+
+def test_openai_client_with_fuzz(serve_cluster):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{serve_cluster.base_url}/v1", api_key=SERVE_API_KEY, max_retries=0)
+    out = client.completions.create(model="fixture", prompt=PROMPTS[1], max_tokens=6, temperature=0,
+                                    extra_body={"vllm_xargs": {"fuzz_strength": 0.3, "fuzz_mode": "gaussian"}})
+    assert out.choices[0].text.strip()
+    stream = client.chat.completions.create(model="fixture", messages=[{"role": "user", "content": "count 1 2"}],
+                                            max_tokens=4, stream=True, extra_body={"vllm_xargs": {"fuzz_strength": 1}})
+    assert sum(1 for _ in stream) >= 2
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as ei:
+        client.completions.create(model="fixture", prompt="x", max_tokens=2,
+                                  extra_body={"vllm_xargs": {"fuzz_strength": -3}})
+    assert "fuzz_strength" in str(ei.value)
+
+
+def test_fuzz_effect_is_visible_over_http(serve_cluster):
+    """Same prompts, greedy: s = 0 gives the unfuzzed output, s = 1 (embeddings zeroed) changes it."""
+    plain = [text(complete(serve_cluster, p)) for p in PROMPTS]
+    neutral = [text(complete(serve_cluster, p, {"fuzz_strength": 0})) for p in PROMPTS]
+    zeroed = [text(complete(serve_cluster, p, {"fuzz_strength": 1})) for p in PROMPTS]
+    assert neutral == plain
+    changed = sum(a != b for a, b in zip(plain, zeroed))
+    assert changed >= len(PROMPTS) - 1, (plain, zeroed)
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"vllm_xargs": {"fuzz_strength": -1}}, "vllm_xargs.fuzz_strength"),
+    ({"vllm_xargs": {"fuzz_strength": "high"}}, "vllm_xargs.fuzz_strength"),
+    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_mode": "wild"}}, "vllm_xargs.fuzz_mode"),
+    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_seed": 0.5}}, "vllm_xargs.fuzz_seed"),
+    ({"vllm_xargs": {"fuzz_strenght": 1}}, "vllm_xargs.fuzz_strenght"),
+    ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, "vllm_xargs.kv_transfer_params"),
+    ({"vllm_xargs": {"kv_cache_report_mode": "x"}}, "vllm_xargs.kv_cache_report_mode"),
+    ({"kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
+])
+def test_bad_fuzz_and_reserved_keys_get_400_naming_the_field(serve_cluster, body, param):
+    r = post(serve_cluster, "/v1/completions", {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2, **body})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and param.split(".")[-1] in err["message"]
+
+
+def test_other_bad_input_gets_clear_4xx_and_nothing_breaks(serve_cluster):
+    base = serve_cluster.base_url
+    r = httpx.post(f"{base}/v1/completions", content=b'{"model": "fixture", "prompt": ', headers=AUTH, timeout=30)
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    r = post(serve_cluster, "/v1/completions", {"model": "fixture", "prompt": "count " * 300_000})
+    assert r.status_code == 413, r.text
+    r = post(serve_cluster, "/v1/completions", {"model": "nope", "prompt": "count 1"})
+    assert r.status_code == 404 and "nope" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == "model"
+    r = post(serve_cluster, "/v1/completions", {"model": "fixture", "prompt": "count 1", "max_tokens": -5})
+    assert r.status_code == 400 and "max_tokens" in r.text, r.text
+    r = post(serve_cluster, "/v1/completions", {"model": "fixture", "prompt": "count " * 2000, "max_tokens": 4})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"].lower(), r.text
+    # after all that, both replicas still serve
+    assert all(text(complete(serve_cluster, p, {"fuzz_strength": 0.2})) for p in PROMPTS)
+
+
+def test_api_key_auth(serve_cluster):
+    body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2}
+    assert post(serve_cluster, "/v1/completions", body, headers={}).status_code == 401
+    r = post(serve_cluster, "/v1/completions", body, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{serve_cluster.base_url}/v1/models", timeout=30).status_code == 401
+    assert post(serve_cluster, "/v1/completions", body).status_code == 200
+
+
+def test_replicas_on_both_nodes_report_their_own_counters(serve_cluster):
+    replicas = serve_cluster.replicas()
+    assert len(replicas) == 2 and len({r["node_id"] for r in replicas}) == 2, \
+        f"one engine replica per node expected: {[(r['pid'], r['node_id']) for r in replicas]}"
+
+    async def burst():
+        async with httpx.AsyncClient(timeout=120, headers=AUTH) as client:
+            bodies = [{"model": "fixture", "prompt": p, "max_tokens": 8, "temperature": 0,
+                       "vllm_xargs": {"fuzz_strength": 0.1 * (i % 4)}} for i, p in enumerate(PROMPTS * 5)]
+            return await asyncio.gather(*(client.post(f"{serve_cluster.base_url}/v1/completions", json=b)
+                                          for b in bodies))
+
+    assert all(r.status_code == 200 for r in asyncio.run(burst()))
+    counters = wait_quiet(serve_cluster)
+    assert len(counters) == 2, f"counters of both replicas, one per node: {list(counters)}"
+    assert len({c.node for c in counters.values()}) == 2, "each node's metrics port serves its own replica"
+    for rc in counters.values():
+        assert rc.prompt_tokens > 0 and rc.requests_total > 0, rc
+        assert rc.sum_problems() == [], rc
+        assert sum(rc.violations.values()) == 0, rc.violations
+
+
+def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
+    """SIGKILL one engine replica mid-load: every request ends (success or a clean error), none hangs."""
+    import psutil
+
+    victim = serve_cluster.replicas()[0]
+    victim_tree = [victim["pid"]] + [c.pid for c in psutil.Process(victim["pid"]).children(recursive=True)]
+
+    async def one(client, i):
+        body = {"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 200, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        chunks, done = 0, False
+        try:
+            async with client.stream("POST", f"{serve_cluster.base_url}/v1/completions", json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    return ("http_error", r.status_code)
+                async for line in r.aiter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data: "):
+                        data = json.loads(line[6:])
+                        if "error" in data:
+                            return ("stream_error", data["error"].get("code"))
+                        chunks += 1
+        except httpx.HTTPError as e:
+            return ("transport_error", type(e).__name__)
+        return ("ok", chunks) if done else ("truncated", chunks)
+
+    async def load():
+        async with httpx.AsyncClient(timeout=httpx.Timeout(180), headers=AUTH) as client:
+            tasks = [asyncio.create_task(one(client, i)) for i in range(16)]
+            await asyncio.sleep(3)
+            psutil.Process(victim["pid"]).kill()  # by pid: a replica process of our own cluster
+            return await asyncio.wait_for(asyncio.gather(*tasks), 240)
+
+    results = asyncio.run(load())
+    kinds = [k for k, _ in results]
+    assert "ok" in kinds, results
+    assert "truncated" not in kinds, f"a stream ended without [DONE] and without an error: {results}"
+    assert all(k in ("ok", "http_error", "stream_error") for k in kinds), results
+    assert all(n == 200 for k, n in results if k == "ok")
+
+    # Serve replaces the replica; the killed replica's engine processes are gone, not orphaned.
+    deadline = time.monotonic() + 600
+    while True:
+        now = serve_cluster.replicas()
+        if len(now) == 2 and victim["pid"] not in {r["pid"] for r in now} and serve_cluster._ready():
+            break
+        assert time.monotonic() < deadline, f"replica not replaced: {now}"
+        time.sleep(5)
+    leftover = [p for p in victim_tree if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert not leftover, f"processes of the killed replica still running: {leftover}"
+    assert all(text(complete(serve_cluster, p)) for p in PROMPTS)
+
+
+def test_scaling_down_drains_in_flight_requests(serve_cluster):
+    """A replica stopped by Serve (2 -> 1 replicas) finishes its in-flight requests first."""
+    cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
+    llm = cfg["applications"][0]["args"]["llm_configs"][0]
+    llm["deployment_config"]["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1}
+
+    async def one(client, i):
+        body = {"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 600, "temperature": 0,
+                "ignore_eos": True}
+        r = await client.post(f"{serve_cluster.base_url}/v1/completions", json=body)
+        return r.status_code, (r.json().get("usage") or {}).get("completion_tokens") if r.status_code == 200 else r.text
+
+    async def load():
+        async with httpx.AsyncClient(timeout=httpx.Timeout(300), headers=AUTH) as client:
+            tasks = [asyncio.create_task(one(client, i)) for i in range(12)]
+            # both replicas busy before one is told to stop
+            deadline = time.monotonic() + 60
+            while True:
+                running = await asyncio.to_thread(scrape, serve_cluster.metrics_urls)
+                busy = [r for r in running.values() if r.running > 0]
+                if len(busy) == 2 or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(1)
+            assert len(busy) == 2, f"both replicas should be serving: {running}"
+            await asyncio.to_thread(serve_cluster.cli, "serve", "deploy", _write(serve_cluster, cfg))
+            return await asyncio.gather(*tasks)
+
+    results = asyncio.run(load())
+    assert results == [(200, 600)] * 12, results
+    deadline = time.monotonic() + 120
+    while len(serve_cluster.replicas()) != 1:
+        assert time.monotonic() < deadline, "the scale-down did not happen"
+        time.sleep(3)
+
+
+def _write(cluster, cfg) -> str:
+    import yaml
+
+    path = cluster.log_dir / "serve_config.scaled.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return str(path)
