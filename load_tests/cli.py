@@ -105,27 +105,46 @@ def is_local(url: str) -> bool:
 
 
 class Target:
-    """Where the load goes and what the run may do to it."""
+    """Where the load goes and what the run may do to it.
+
+    With a local cluster it knows each engine replica's ReplicaId and pid,
+    listed through Ray's state API before and after the load (under full
+    load that API can take over a minute to answer). During the load a
+    replica is dead when its pid is gone: a process-table lookup, cheap
+    enough for every scrape.
+    """
 
     def __init__(self, base_url: str, metrics_urls: list[str], api_key: str | None, cluster=None):
         self.base_url, self.metrics_urls, self.api_key, self.cluster = base_url, metrics_urls, api_key, cluster
-        self.alive_ids: frozenset[str] | None = None
-        self.ever_alive: set[str] = set()
+        self.pids: dict[str, int] = {}
+        self.ever_listed: set[str] = set()
         self.killed: set[str] = set()
+        self.unexpected_deaths: list[str] = []
 
-    def refresh_alive(self) -> None:
+    def list_replicas(self) -> dict[str, int] | None:
+        """ReplicaId -> pid of the alive engine replicas (None without a local cluster or if Ray did not answer)."""
         if self.cluster is None:
-            return
+            return None
         try:
-            ids = frozenset(replica_id(a) for a in self.cluster.replicas())
+            listed = {replica_id(a): a["pid"] for a in self.cluster.replicas()}
         except Exception as e:  # a failed state query is not a finding about the replicas
             log.warning("could not list replicas: %s", e)
-            return
-        self.alive_ids = ids
-        self.ever_alive |= ids
+            return None
+        self.pids.update(listed)
+        self.ever_listed |= set(listed)
+        return listed
 
-    def alive(self) -> frozenset[str] | None:
-        return self.alive_ids
+    def dead(self) -> frozenset[str]:
+        import psutil
+
+        return frozenset(k for k, pid in self.pids.items() if not _running(psutil, pid)) | frozenset(self.killed)
+
+
+def _running(psutil, pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def replica_id(actor: dict[str, Any]) -> str:
@@ -144,7 +163,7 @@ async def run_load(target: Target, sc, args, t0: float):
     from .workload import draw
 
     checker = InvariantChecker(sc.expected_violation_kinds)
-    monitor = Monitor(target.metrics_urls, checker, interval=2.0, alive=target.alive)
+    monitor = Monitor(target.metrics_urls, checker, interval=2.0, dead=target.dead)
     results: list[RequestResult] = []
     faults: list[Fault] = []
     stop = asyncio.Event()
@@ -157,24 +176,15 @@ async def run_load(target: Target, sc, args, t0: float):
     task = progress.add_task(f"{sc.name}", total=total or sc.profile.duration_s, status="")
     counts: dict[str, int] = {}
 
-    async def alive_loop():
-        while True:
-            await asyncio.to_thread(target.refresh_alive)
-            await asyncio.sleep(10)
-
-    async def killer():
+    async def killer(victims: dict[str, int]):
         await asyncio.sleep(sc.kill_replica_at_s)
         import psutil
 
-        victims = await asyncio.to_thread(target.cluster.replicas)
-        if not victims:
-            log.error("no replica to kill")
-            return
-        victim = random.Random(args.seed).choice(victims)
-        psutil.Process(victim["pid"]).kill()  # by pid: a replica of the cluster this run started
-        target.killed.add(replica_id(victim))
-        faults.append(Fault("replica_kill", time.monotonic() - t0, {"replica": replica_id(victim), "pid": victim["pid"]}))
-        log.info("killed replica %s (pid %d) at %.0f s", replica_id(victim), victim["pid"], time.monotonic() - t0)
+        rid = random.Random(args.seed).choice(sorted(victims))
+        psutil.Process(victims[rid]).kill()  # by pid: a replica of the cluster this run started
+        target.killed.add(rid)
+        faults.append(Fault("replica_kill", time.monotonic() - t0, {"replica": rid, "pid": victims[rid]}))
+        log.info("killed replica %s (pid %d) at %.0f s", rid, victims[rid], time.monotonic() - t0)
 
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
@@ -186,12 +196,12 @@ async def run_load(target: Target, sc, args, t0: float):
             progress.update(task, completed=len(results) if total else time.monotonic() - t0,
                             status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
 
-        await asyncio.to_thread(target.refresh_alive)
-        side = [asyncio.create_task(alive_loop())]
+        listed = await asyncio.to_thread(target.list_replicas)
+        side = []
         if sc.kill_replica_at_s is not None:
-            if target.cluster is None:
-                raise SystemExit("--kill-replica-at needs a local deployment (no --url)")
-            side.append(asyncio.create_task(killer()))
+            if not listed:
+                raise SystemExit("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
+            side.append(asyncio.create_task(killer(listed)))
         monitor._t0 = t0
         await monitor.baseline()
         monitor.start(t0)
@@ -202,8 +212,12 @@ async def run_load(target: Target, sc, args, t0: float):
             s.cancel()
         await monitor.stop()
         log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
-        await asyncio.to_thread(target.refresh_alive)
         await monitor.quiescent_check()
+        final = await asyncio.to_thread(target.list_replicas)
+        seen = set(checker.final()) | target.ever_listed
+        if final is not None:
+            # every replica that ever served or was listed, and is gone now without the run killing it
+            target.unexpected_deaths = sorted(seen - set(final) - target.killed)
     loop.remove_signal_handler(signal.SIGINT)
     return results, started, checker, monitor, faults, wall
 
@@ -251,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)")
         t0 = time.monotonic()
         results, started, checker, monitor, faults, wall = asyncio.run(run_load(target, sc, args, t0))
-        deaths = sorted(target.ever_alive - (target.alive_ids or set()) - target.killed) if cluster else []
+        deaths = target.unexpected_deaths
         summary = summarize(results, started, checker, faults, wall, sc.slo_obj(), deaths, monitor.scrape_errors)
         summary["scenario"] = sc.model_dump()
         summary["patches_off"] = args.patches_off

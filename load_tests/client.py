@@ -102,7 +102,9 @@ async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec,
     except TimeoutError:
         res.outcome, res.error = "timeout", f"no complete answer within {timeout_s}s"
     except (aiohttp.ClientError, ConnectionError, json.JSONDecodeError) as e:
-        res.outcome, res.error = "transport_error", f"{type(e).__name__}: {e}"[:500]
+        # a 200 stream whose connection broke is a stream cut short: lost, not a mere transport hiccup
+        cut = res.status == 200 and spec.stream
+        res.outcome, res.error = ("truncated" if cut else "transport_error"), f"{type(e).__name__}: {e}"[:500]
     if res.e2e is None:
         res.e2e = time.monotonic() - start
     return res

@@ -1,7 +1,7 @@
 """The counter-invariant monitor: every replica's counters, scraped during a run and checked.
 
 :class:`InvariantChecker` is pure: feed it snapshots (time, ``{replica:
-ReplicaCounters}``, the set of replicas known alive) and it records every
+ReplicaCounters}``, the replicas known dead) and it records every
 violation with its full context. :class:`Monitor` scrapes Ray's metrics
 endpoints of every node on a fixed interval and feeds the checker.
 
@@ -41,6 +41,9 @@ import httpx
 
 from .replica_metrics import ReplicaCounters, replica_counters
 
+# Under full load on 2 cores Ray's metrics agent can take many seconds to answer.
+SCRAPE_TIMEOUT_S = 30.0
+
 
 @dataclass
 class Violation:
@@ -59,7 +62,8 @@ class Violation:
 class Snapshot:
     t: float
     replicas: dict[str, ReplicaCounters]
-    alive: frozenset[str] | None = None
+    dead: frozenset[str] = frozenset()  # replicas known to have died by then
+    scrape_s: float = 0.0  # how long the scrape took (a starved metrics agent shows here)
 
 
 class InvariantChecker:
@@ -82,8 +86,7 @@ class InvariantChecker:
     def observe(self, snap: Snapshot) -> None:
         """Check one scrape against the previous scrape of each replica."""
         self.history.append(snap)
-        if snap.alive is not None:
-            self.stale |= {r for r in snap.replicas if r not in snap.alive}
+        self.stale |= snap.dead
         for key, rc in snap.replicas.items():
             self.first_seen.setdefault(key, snap.t)
             now = rc.counters()
@@ -150,15 +153,18 @@ class InvariantChecker:
 class Monitor:
     """Scrape ``urls`` every ``interval`` seconds in the background and feed an :class:`InvariantChecker`.
 
-    ``alive`` (optional) returns the ReplicaIds currently alive, so dead
-    replicas' series are recognised as stale. A scrape that fails is
+    ``dead`` (optional) returns the ReplicaIds known to have died, so their
+    series are recognised as stale. It must be cheap: it runs at every scrape,
+    when the machine is at its busiest (Ray's state API can take a minute to
+    answer then; a process-table lookup by pid does not). A scrape that fails is
     recorded (a node whose metrics cannot be read is itself a finding), not
     fatal.
     """
 
     def __init__(self, urls: list[str], checker: InvariantChecker, interval: float = 2.0,
-                 alive: Callable[[], frozenset[str] | None] | None = None):
-        self.urls, self.checker, self.interval, self.alive = urls, checker, interval, alive
+                 dead: Callable[[], frozenset[str]] | None = None):
+        self.urls, self.checker, self.interval = urls, checker, interval
+        self.dead = dead or frozenset
         self.scrape_errors: list[dict[str, Any]] = []
         self._task: asyncio.Task | None = None
         self._t0 = time.monotonic()
@@ -176,20 +182,19 @@ class Monitor:
         return merged
 
     async def _loop(self) -> None:
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
             while True:
                 started = time.monotonic()
                 replicas = await self.scrape_once(client)
-                alive = await asyncio.to_thread(self.alive) if self.alive else None
-                self.checker.observe(Snapshot(started - self._t0, replicas, alive))
+                self.checker.observe(Snapshot(started - self._t0, replicas, self.dead(),
+                                              time.monotonic() - started))
                 await asyncio.sleep(max(0.0, self.interval - (time.monotonic() - started)))
 
     async def baseline(self) -> Snapshot:
         """One scrape before the load starts: the counters' starting point."""
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
             replicas = await self.scrape_once(client)
-        alive = await asyncio.to_thread(self.alive) if self.alive else None
-        snap = Snapshot(time.monotonic() - self._t0, replicas, alive)
+        snap = Snapshot(time.monotonic() - self._t0, replicas, self.dead())
         self.checker.observe(snap)
         return snap
 
@@ -214,12 +219,12 @@ class Monitor:
         """
         deadline = time.monotonic() + settle_s
         last = None
-        async with httpx.AsyncClient(timeout=10) as client:
+        async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
             while True:
                 replicas = await self.scrape_once(client)
-                alive = await asyncio.to_thread(self.alive) if self.alive else None
-                snap = Snapshot(time.monotonic() - self._t0, replicas, alive)
-                live = [r for k, r in replicas.items() if alive is None or k in alive]
+                dead = self.dead()
+                snap = Snapshot(time.monotonic() - self._t0, replicas, dead)
+                live = [r for k, r in replicas.items() if k not in dead]
                 idle = all(r.running == 0 and r.waiting == 0 for r in live)
                 values = {k: r.counters() for k, r in replicas.items()}
                 if idle and values == last or time.monotonic() > deadline:

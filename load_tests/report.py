@@ -163,7 +163,8 @@ def markdown(summary: dict[str, Any], title: str, sweep=None, images: list[str] 
                   json.dumps(summary["first_unexpected_errors"][0], indent=1)[:3000], "```", ""]
     inv = summary["invariants"]
     lines += ["## Counter invariants", "",
-              f"{inv['scrapes']} scrapes; violations: {inv['violations']} {inv['by_kind'] or ''}; "
+              f"{inv['scrapes']} scrapes (scrape time p50 {_ms(inv['scrape_seconds']['p50'])} ms, max "
+              f"{_ms(inv['scrape_seconds']['p99'])} ms; failed scrapes {len(inv['scrape_errors'])}); violations: {inv['violations']} {inv['by_kind'] or ''}; "
               f"accounting violations expected from injected faults: {inv['expected_accounting_violations'] or 'none'}", ""]
     if inv["first_violation"]:
         lines += ["First violation, full context:", "", "```json", json.dumps(inv["first_violation"], indent=1)[:4000],

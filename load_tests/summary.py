@@ -169,6 +169,7 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
                        "first_violation": checker.violations[0].to_json() if checker.violations else None,
                        "expected_accounting_violations": checker.expected_violations,
                        "scrapes": len(checker.history), "scrape_errors": scrape_errors[:10],
+                       "scrape_seconds": percentiles([h.scrape_s for h in checker.history[1:-1]]),
                        "first_scrape_t": checker.history[0].t if checker.history else None,
                        "last_scrape_t": checker.history[-1].t if checker.history else None},
         "replicas": {k: {"stale": k in checker.stale, "node": rc.node, "prompt_tokens": rc.prompt_tokens,

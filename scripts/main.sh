@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The main job: set up (first run only), build the fixture model (first run
 # only), start a local Ray cluster, deploy serve_config.yaml (the fuzz router
-# and two patched vLLM replicas), send fuzz requests over HTTP, print the
-# results and the per-replica counters, tear everything down.
-# Extra arguments go to `python -m load_tests.main_job` (try --help).
+# and two patched vLLM replicas), run the stress scenario (256 concurrent
+# fuzz streams for 3 minutes, every replica's counters watched), a fuzz sweep
+# through the router, write the report to out/stress/, tear everything down.
+# Exits non-zero if any invariant broke or any request was lost.
+# Extra arguments go to `python -m load_tests` (try --help), e.g.
+#   scripts/main.sh --scenario chaos
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 python -m fixture_model.build >/dev/null
-exec python -m load_tests.main_job "$@"
+exec python -m load_tests --scenario stress "$@"

@@ -101,7 +101,7 @@ class RayNode:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
-        _gone, alive = psutil.wait_procs(procs, timeout=20)
+        _gone, alive = psutil.wait_procs(procs, timeout=10)
         for p in alive:  # by pid: only processes this node started
             try:
                 log.warning("killing leftover process %d (%s) of Ray node %s", p.pid, p.name(), self.name)

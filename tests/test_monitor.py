@@ -23,12 +23,12 @@ def rc(replica="r1", prompt=100.0, local=60.0, hit=30.0, ext=10.0, cached=40.0, 
                            requests_finished=finished or {"length": 4.0}, violations=violations or {})
 
 
-def run(history, alive=None, quiescent=None, expected=()):
+def run(history, dead=frozenset(), quiescent=None, expected=()):
     checker = InvariantChecker(expected)
     for t, snap in enumerate(history):
-        checker.observe(Snapshot(float(t), snap, alive))
+        checker.observe(Snapshot(float(t), snap, dead))
     if quiescent is not None:
-        checker.check_quiescent(Snapshot(float(len(history)), quiescent, alive))
+        checker.check_quiescent(Snapshot(float(len(history)), quiescent, dead))
     return checker
 
 
@@ -76,7 +76,7 @@ def test_a_restarted_replica_is_a_new_series_not_a_reset():
 def test_stale_series_of_a_dead_replica_is_recognised():
     """r1 died mid-flight: its frozen counters break the identity but it is left out of quiescence checks."""
     mid_flight = rc(prompt=120, local=60)  # parts sum to 100, not 120
-    c = run([{"r1": mid_flight, "r2": rc("r2")}], alive=frozenset({"r2"}),
+    c = run([{"r1": mid_flight, "r2": rc("r2")}], dead=frozenset({"r1"}),
             quiescent={"r1": mid_flight, "r2": rc("r2")})
     assert c.ok and c.stale == {"r1"}
     # the same numbers on a live replica are a violation

@@ -1,0 +1,179 @@
+"""The load generator's own accounting, against a real HTTP peer whose behaviour is known (load_tests/echo_server.py).
+
+Every request the generator starts must end as exactly one result with the
+right outcome (the server counts what it received), streams cut short must
+be caught, cancellations must really drop the connection, and the profiles
+must start what they promise (counts, not timings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from load_tests import echo_server
+from load_tests.client import send
+from load_tests.profiles import Profile, drive
+from load_tests.workload import BAD_REQUESTS, Mix, RequestSpec, draw
+
+
+def spec(i, prompt="count 1 2", stream=True, cancel=None, expect="ok", max_tokens=6, route="/v1/completions"):
+    body = {"model": "fixture", "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+    return RequestSpec(i, route, body, stream=stream, cancel_after_chunks=cancel, expect=expect)
+
+
+async def with_server(fn, itl_ms=0.0):
+    runner, server, port = await echo_server.start(itl_ms=itl_ms)
+    try:
+        async with aiohttp.ClientSession() as session:
+            return await fn(session, f"http://127.0.0.1:{port}", server)
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("prompt, stream, cancel, expect, outcome", [
+    ("count 1 2", True, None, "ok", "ok"),
+    ("count 1 2", False, None, "ok", "ok"),
+    ("count 1 2", True, 2, "ok", "cancelled"),
+    ("!400", False, None, "4xx", "rejected"),
+    ("!400", False, None, "ok", "unexpected_4xx"),
+    ("count", False, None, "4xx", "unexpected_ok"),
+    ("!500", True, None, "ok", "server_error"),
+    ("!truncate", True, None, "ok", "truncated"),
+    ("!drop", True, None, "ok", "truncated"),
+    ("!error-event", True, None, "ok", "stream_error"),
+])
+def test_each_outcome_is_classified(prompt, stream, cancel, expect, outcome):
+    async def go(session, base, server):
+        return await send(session, base, spec(0, prompt, stream, cancel, expect), t0=0.0)
+
+    res = asyncio.run(with_server(go))
+    assert res.outcome == outcome, res
+    if outcome == "ok" and stream:
+        assert res.chunks == 6 and res.ttft is not None and len(res.itl) == 5
+    if outcome == "cancelled":
+        assert res.chunks == 2
+    if outcome == "rejected":
+        assert res.status == 400 and res.error_param == "vllm_xargs.fuzz_strength"
+
+
+def test_a_stalled_server_becomes_a_timeout_not_a_hang():
+    async def go(session, base, server):
+        return await send(session, base, spec(0, "!slow", max_tokens=50), t0=0.0, timeout_s=0.5)
+
+    res = asyncio.run(with_server(go))
+    assert res.outcome == "timeout" and res.chunks < 50
+
+
+def test_a_refused_connection_is_a_transport_error():
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            from serve_app.local_cluster import free_port
+
+            return await send(session, f"http://127.0.0.1:{free_port()}", spec(0), t0=0.0)
+
+    assert asyncio.run(go()).outcome == "transport_error"
+
+
+def test_cancellation_drops_the_connection_server_side():
+    async def go(session, base, server):
+        results = await asyncio.gather(*(send(session, base, spec(i, "!slow", cancel=2, max_tokens=30), t0=0.0)
+                                         for i in range(5)))
+        await asyncio.sleep(0.5)
+        return results, dict(server.stats)
+
+    results, stats = asyncio.run(with_server(go))
+    assert [r.outcome for r in results] == ["cancelled"] * 5
+    assert stats["disconnected"] == 5 and stats["completed"] == 0
+
+
+@pytest.mark.parametrize("profile", [
+    Profile(kind="fixed", concurrency=7, max_requests=60),
+    Profile(kind="ramp", concurrency=5, ramp_s=0.2, max_requests=40),
+    Profile(kind="poisson", rate=400, concurrency=8, max_requests=50),
+])
+def test_every_started_request_ends_as_one_result(profile):
+    mix = Mix(bad=0.2, cancel=0.3, stream=0.6, chat=0.3)
+
+    async def go(session, base, server):
+        results = []
+        flight = {"now": 0, "max": 0}
+
+        async def one(i):
+            flight["now"] += 1
+            flight["max"] = max(flight["max"], flight["now"])
+            s = draw(mix, 3, i)
+            if s.expect == "4xx":  # the echo server knows nothing of our rules: ask it to refuse
+                s = RequestSpec(i, "/v1/completions", {"model": "fixture", "prompt": "!400", "max_tokens": 2},
+                                expect="4xx")
+            results.append(await send(session, base, s, t0=0.0))
+            flight["now"] -= 1
+
+        started = await drive(profile, one, seed=1)
+        await asyncio.sleep(0.2)
+        return started, results, dict(server.stats), flight["max"]
+
+    started, results, stats, max_flight = asyncio.run(with_server(go, itl_ms=1.0))
+    assert started == profile.max_requests == len(results) == stats["received"]
+    assert sorted(r.index for r in results) == list(range(started))
+    assert {r.outcome for r in results} <= {"ok", "cancelled", "rejected"}
+    assert sum(r.outcome == "ok" for r in results) == stats["completed"]
+    # the generator's own in-flight count; the server may briefly see more, as
+    # a cancelled stream's handler only notices the client left at its next write
+    assert max_flight == profile.concurrency if profile.kind != "poisson" else max_flight <= profile.concurrency
+
+
+def test_duration_bounded_run_stops_by_itself_and_early_stop_waits_for_in_flight():
+    async def go(session, base, server):
+        done = []
+
+        async def one(i):
+            done.append(await send(session, base, spec(i, max_tokens=3), t0=0.0))
+
+        started = await drive(Profile(kind="fixed", concurrency=4, duration_s=0.3), one)
+        stop = asyncio.Event()
+        stop.set()
+        none = await drive(Profile(kind="fixed", concurrency=4, duration_s=60), one, stop=stop)
+        return started, none, done
+
+    started, none, done = asyncio.run(with_server(go, itl_ms=1.0))
+    assert started > 0 and none == 0 and len(done) == started
+
+
+def test_profiles_refuse_runs_that_would_never_stop():
+    with pytest.raises(ValueError, match="duration_s or max_requests"):
+        Profile(kind="fixed")
+    with pytest.raises(ValueError, match="rate"):
+        Profile(kind="poisson", max_requests=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(seed=st.integers(0, 2**31), index=st.integers(0, 10**6))
+def test_draw_is_reproducible_and_well_formed(seed, index):
+    mix = Mix(bad=0.2, long_prompt=0.2, cancel=0.5)
+    a, b = draw(mix, seed, index), draw(mix, seed, index)
+    assert a == b
+    if a.expect == "4xx":
+        assert a.expect_status == 400
+    else:
+        body = a.body
+        assert body["max_tokens"] >= 1 and (("prompt" in body) != ("messages" in body))
+        if a.cancel_after_chunks is not None:
+            assert a.stream and 1 <= a.cancel_after_chunks < body["max_tokens"]
+        words = len((body.get("prompt") or body["messages"][0]["content"]).split())
+        assert words + body["max_tokens"] < 1024 - 16, "fits the fixture model's context"
+
+
+def test_the_mix_reaches_every_kind():
+    specs = [draw(Mix(), 0, i) for i in range(2000)]
+    tags = {(s.tags.get("kind"), s.tags.get("prompt"), s.tags.get("fuzz_mode")) for s in specs}
+    assert {t[0] for t in tags} >= {"completion", "chat", "bad"}
+    assert {t[2] for t in tags} >= {"none", "scale", "gaussian"}
+    assert any(t[1] == "long" for t in tags) and any(str(t[1]).startswith("prefix") for t in tags)
+    assert any(s.cancel_after_chunks for s in specs) and any(not s.stream for s in specs)
+    bad = {s.tags.get("bad") for s in specs if s.expect == "4xx"}
+    assert len(bad) == len({p for _c, _s, p in BAD_REQUESTS} | {"malformed_json"}) - 1 or len(bad) >= 8
