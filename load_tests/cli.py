@@ -180,8 +180,16 @@ async def run_load(target: Target, sc, args, t0: float):
         await asyncio.sleep(sc.kill_replica_at_s)
         import psutil
 
-        rid = random.Random(args.seed).choice(sorted(victims))
-        psutil.Process(victims[rid]).kill()  # by pid: a replica of the cluster this run started
+        running = sorted(rid for rid, pid in victims.items() if _running(psutil, pid))
+        if not running:
+            log.error("no replica listed before the load is still running: nothing to kill")
+            return
+        rid = random.Random(args.seed).choice(running)
+        try:
+            psutil.Process(victims[rid]).kill()  # by pid: a replica of the cluster this run started
+        except psutil.NoSuchProcess:
+            log.error("replica %s (pid %d) exited before it could be killed", rid, victims[rid])
+            return
         target.killed.add(rid)
         faults.append(Fault("replica_kill", time.monotonic() - t0, {"replica": rid, "pid": victims[rid]}))
         log.info("killed replica %s (pid %d) at %.0f s", rid, victims[rid], time.monotonic() - t0)

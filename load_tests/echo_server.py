@@ -48,7 +48,11 @@ class EchoServer:
         return web.json_response({"object": "list", "data": [{"id": "fixture", "object": "model"}]})
 
     async def get_stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats)
+        """What the server saw; ``?reset=1`` also restarts the in-flight high-water mark."""
+        out = web.json_response(self.stats)
+        if request.query.get("reset"):
+            self.stats["max_in_flight"] = self.stats["in_flight"]
+        return out
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.stats["received"] += 1

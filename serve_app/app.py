@@ -13,7 +13,9 @@ this builder adds:
   checks run before anything parses the body), configured by ``guard:``;
 * ``routing:`` picks the request router of every engine deployment
   (``power_of_two`` | ``prefix_affinity`` | ``fuzz_affinity``), unless a
-  model's ``deployment_config`` names one itself.
+  model's ``deployment_config`` names one itself;
+* ``ingress: direct`` builds Ray's direct-streaming graph instead, with the
+  guard inside each replica (``serve_app.direct_server``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ class FuzzServeArgs(BaseModel):
     llm_configs: list[dict[str, Any]] = Field(min_length=1, description="ray.serve.llm LLMConfig dicts")
     guard: GuardConfig = Field(default_factory=GuardConfig)
     routing: Literal["power_of_two", "prefix_affinity", "fuzz_affinity"] = "power_of_two"
+    ingress: Literal["router", "direct"] = Field(
+        "router", description="router: a FuzzRouter deployment in front of the replicas; direct: Ray's direct "
+                              "streaming through HAProxy, the checks inside each replica (serve_app/direct_server.py)")
     ingress_deployment_config: dict[str, Any] = Field(default_factory=dict,
                                                       description="Serve options of the router deployment")
 
@@ -73,6 +78,12 @@ def build_app(args: dict[str, Any]):
     llm_configs = [LLMConfig.model_validate(c) for c in resolve_llm_configs(parsed)]
     if len({c.model_id for c in llm_configs}) != len(llm_configs):
         raise ValueError("model ids must be unique across llm_configs")
+    if parsed.ingress == "direct":
+        from .direct_server import build_direct
+
+        if len(llm_configs) != 1 or parsed.ingress_deployment_config:
+            raise ValueError("ingress: direct serves exactly one model and has no router deployment to configure")
+        return build_direct(llm_configs[0], parsed.guard)
 
     app = init()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard)  # added last = runs first

@@ -248,16 +248,28 @@ class LocalCluster:
         return cfg
 
     def deploy(self, config: Path | dict[str, Any] = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
-               http_port: int | None = None, timeout: float = 900) -> dict[str, Any]:
-        """``serve deploy`` the config; wait until every application is RUNNING and ``/ready`` answers."""
+               http_port: int | None = None, timeout: float = 900, wait_ready: bool = True) -> dict[str, Any]:
+        """``serve deploy`` the config; wait until every application is RUNNING and (``wait_ready``) ``/ready`` answers."""
         cfg = self.effective_config(config, args, http_port)
         path = self.log_dir / "serve_config.effective.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self.cli("serve", "deploy", str(path))
         deadline = time.monotonic() + timeout
         self._wait(lambda: self._apps_running(), timeout, "the Serve applications to be RUNNING", interval=3)
-        self._wait(lambda: self._ready(), max(30.0, deadline - time.monotonic()), f"{self.base_url}/ready")
+        if wait_ready:
+            self._wait(lambda: self._ready(), max(30.0, deadline - time.monotonic()), f"{self.base_url}/ready")
         return cfg
+
+    def wait_http(self, route_prefixes: Iterable[str], timeout: float = 300) -> None:
+        """Wait until ``GET <prefix>/v1/models`` answers 200 for every prefix (apps without ``/ready``)."""
+        def up() -> bool:
+            try:
+                return all(httpx.get(f"{self.base_url}{p}/v1/models", timeout=15).status_code == 200
+                           for p in route_prefixes)
+            except httpx.HTTPError:
+                return False
+
+        self._wait(up, timeout, f"/v1/models of {', '.join(route_prefixes)}")
 
     def serve_status(self) -> dict[str, Any]:
         return yaml.safe_load(self.cli("serve", "status", timeout=60)) or {}

@@ -131,3 +131,26 @@ def test_config_is_strict():
         GuardConfig(max_body_bytes=0)
     with pytest.raises(ValueError):
         GuardConfig.model_validate({"api_key": "x"})
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event():
+    import asyncio
+
+    from serve_app.router import error_terminated
+
+    async def dying():
+        yield 'data: {"choices": [{"text": " 4"}]}\n\n'
+        raise RuntimeError("ActorDiedError: the replica died")
+
+    async def healthy():
+        yield "data: 1\n\n"
+        yield "data: [DONE]\n\n"
+
+    async def collect(gen):
+        return [c async for c in error_terminated(gen, "req-1")]
+
+    out = asyncio.run(collect(dying()))
+    assert out[0].startswith('data: {"choices"') and out[-1] == "data: [DONE]\n\n"
+    err = json.loads(out[1][len("data: "):])["error"]
+    assert err["code"] == 500 and "ActorDiedError" in err["message"]
+    assert asyncio.run(collect(healthy())) == ["data: 1\n\n", "data: [DONE]\n\n"]

@@ -1,0 +1,326 @@
+"""What each layer costs: the same workload against every serving stack, interleaved, as ratios to plain vLLM.
+
+    python -m benchmarks.serve_stack [--rounds 3] [--requests 200] [--concurrency 32] [--out docs/benchmarks]
+
+Workload (fixture model): prompts of ``--prompt-tokens`` tokens (128), ``--output-tokens``
+(64) generated with ``ignore_eos``, greedy, fixed concurrency, streamed; a
+``prefix`` variant puts 256 shared tokens (two KV blocks, four groups) in
+front of each prompt. Targets:
+
+====  =====================================================================
+a     vLLM's OpenAI server, patches off (stock vLLM)                 [reference]
+b     stock ``ray.serve.llm`` (``build_openai_app``), 1 replica, patches off
+c0    this project's app, 1 replica, patches off (no offloading: it is a patch on CPU)
+c     this project's app, 1 replica, patches on (offloading on), s = 0
+d     as c, every request fuzzed (the load tests' strength/mode mix)
+e     this project's app, 2 replicas, s = 0
+bd    stock ``ray.serve.llm`` with direct streaming + HAProxy, patches off
+f     this project's app, ``ingress: direct`` (direct streaming + HAProxy,
+      checks inside the replica), patches on, s = 0
+ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
+====  =====================================================================
+
+Phases, each its own Ray cluster (a vLLM server stays up throughout, so
+every phase measures ``a`` too): ``offstack`` (b, c0), ``onstack`` (c, d,
+e), ``direct`` (bd, f; the cluster runs Serve's HAProxy), then the ceiling.
+Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
+each target's numbers are divided by the same round's ``a``, so drift of
+the machine cancels. Results: ``serve_stack.json`` and ``serve_stack.md``
+in ``--out``, with the command line that produced them.
+
+This is a benchmark, not a test: nothing here asserts a target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("fuzzserve.benchmarks")
+
+REPO = Path(__file__).resolve().parents[1]
+ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
+OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
+PHASES = {"offstack": ("b", "c0"), "onstack": ("c", "d", "e"), "direct": ("bd", "f")}
+LABELS = {"a": "vLLM server, patches off", "b": "stock ray.serve.llm, 1 replica", "c0": "fuzzserve 1 replica, patches off",
+          "c": "fuzzserve 1 replica, patches on, s=0", "d": "fuzzserve 1 replica, fuzz mix",
+          "e": "fuzzserve 2 replicas, s=0", "bd": "stock ray.serve.llm, direct streaming + HAProxy",
+          "f": "fuzzserve direct (guard in replica), patches on, s=0", "ceil": "offline LLM.generate"}
+
+
+# ----------------------------------------------------------------------------- workload
+def prompts(n: int, tokens: int, variant: str, seed: int = 0) -> list[str]:
+    """``n`` prompts of ``tokens`` tokens (one fixture-vocabulary word per token, <s> included)."""
+    from fixture_model.tasks import LETTERS, NUMBERS
+
+    rng = random.Random(seed)
+    words = LETTERS + NUMBERS
+    prefixes = [" ".join(rng.choice(words) for _ in range(256)) for _ in range(4)]
+    out = []
+    for i in range(n):
+        body = " ".join(rng.choice(words) for _ in range(tokens - 1))
+        out.append(f"{prefixes[i % 4]} {body}" if variant == "prefix" else body)
+    return out
+
+
+def fuzz_xargs(i: int) -> dict[str, Any]:
+    from load_tests.workload import FUZZ_LEVELS
+
+    rng = random.Random(i)
+    return {"fuzz_strength": rng.choice(FUZZ_LEVELS[1:]), "fuzz_mode": rng.choice(("scale", "gaussian")),
+            "fuzz_seed": rng.randrange(4)}
+
+
+async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: int, fuzz: bool,
+                   api_key: str | None = None) -> dict[str, Any]:
+    """Stream every prompt through ``base_url`` with ``concurrency`` in flight; return throughput and latency."""
+    import aiohttp
+
+    from load_tests.client import send
+    from load_tests.profiles import Profile, drive
+    from load_tests.workload import RequestSpec
+
+    results = []
+    t0 = time.monotonic()
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        async def one(i: int) -> None:
+            body = {"model": "fixture", "prompt": ps[i], "max_tokens": out_tokens, "temperature": 0,
+                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            if fuzz:
+                body["vllm_xargs"] = fuzz_xargs(i)
+            spec = RequestSpec(i, "/v1/completions", body, stream=True)
+            results.append(await send(session, base_url, spec, t0, timeout_s=600, headers=headers))
+
+        await drive(Profile(kind="fixed", concurrency=concurrency, max_requests=len(ps)), one)
+    wall = time.monotonic() - t0
+    ok = [r for r in results if r.outcome == "ok"]
+    if len(ok) != len(ps):
+        bad = [r for r in results if r.outcome != "ok"][:3]
+        raise RuntimeError(f"{base_url}: {len(ps) - len(ok)} of {len(ps)} requests failed: {[r.to_json() for r in bad]}")
+    return _stats(wall, [r.ttft for r in ok], [x for r in ok for x in r.itl],
+                  sum(r.completion_tokens or r.chunks for r in ok), len(ok))
+
+
+def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int) -> dict[str, Any]:
+    import numpy as np
+
+    def pct(xs, p):
+        return float(np.percentile(xs, p)) if xs else None
+
+    return {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall,
+            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99)}
+
+
+# ----------------------------------------------------------------------------- targets
+def start_vllm_server(model: Path, log_dir: Path):
+    from serve_app.local_cluster import free_port
+    from tests.server_process import ServerProcess
+
+    port = free_port()
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", "fixture", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+            "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
+    srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=log_dir / "vllm_server.log",
+                        env={"FUZZSERVE_PATCHES_OFF": "all", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
+    return srv, f"http://127.0.0.1:{port}"
+
+
+def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
+    return {"model_loading_config": {"model_id": "fixture", "model_source": str(model)},
+            "accelerator_config": {"kind": "cpu"},
+            "deployment_config": {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}},
+            "engine_kwargs": {**ENGINE, **(OFFLOAD if offload else {})}}
+
+
+def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
+        direct: bool = False) -> dict[str, Any]:
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if not patches:
+        env["FUZZSERVE_PATCHES_OFF"] = "all"
+    if direct and stock:
+        env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
+    cfg = llm_config(model, replicas, offload=patches)
+    if stock:
+        return {"name": name, "route_prefix": f"/{name}", "import_path": "ray.serve.llm:build_openai_app",
+                "runtime_env": {"env_vars": env}, "args": {"llm_configs": [cfg]}}
+    args: dict[str, Any] = {"llm_configs": [cfg], "guard": {"api_keys_env": None}}
+    if direct:
+        args["ingress"] = "direct"
+    return {"name": name, "route_prefix": f"/{name}", "import_path": "serve_app.app:build_app",
+            "runtime_env": {"env_vars": env}, "args": args}
+
+
+def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """(serve config, target -> route prefix, cluster env) of a phase."""
+    apps = {
+        "offstack": [app("b", model, stock=True, patches=False), app("c0", model, stock=False, patches=False)],
+        "onstack": [app("c", model, stock=False), app("e", model, stock=False, replicas=2)],
+        "direct": [app("bd", model, stock=True, patches=False, direct=True),
+                   app("f", model, stock=False, direct=True)],
+    }[phase]
+    routes = {a["name"]: a["route_prefix"] for a in apps}
+    if phase == "onstack":
+        routes["d"] = routes["c"]
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"} if phase == "direct" else {}
+    cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
+           "applications": apps}
+    return cfg, routes, env
+
+
+def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> dict[str, Any]:
+    """The same prompts through ``LLM.generate`` in a child process (patches off, no HTTP)."""
+    from tests.engine_host import EngineHost
+
+    host = EngineHost(env={"FUZZSERVE_PATCHES_OFF": "all", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+                      model=str(model), **ENGINE)
+    try:
+        params = {"temperature": 0.0, "max_tokens": out_tokens, "ignore_eos": True}
+        host.generate(ps[:8], params)  # warm-up
+        t = time.monotonic()
+        outs = host.generate(ps, params)
+        wall = time.monotonic() - t
+    finally:
+        host.close()
+    return _stats(wall, [], [], sum(len(o["token_ids"]) for o in outs), len(outs))
+
+
+# ----------------------------------------------------------------------------- driver
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=200, help="requests per run")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--variants", default="plain,prefix")
+    ap.add_argument("--phases", default="offstack,onstack,direct,ceiling")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx",):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from rich.progress import Progress
+
+    from fixture_model.build import ensure_model
+    from serve_app.local_cluster import LocalCluster
+
+    model = ensure_model()
+    args.out.mkdir(parents=True, exist_ok=True)
+    variants = args.variants.split(",")
+    phases = args.phases.split(",")
+    work = {v: prompts(args.requests, args.prompt_tokens, v) for v in variants}
+    runs: list[dict[str, Any]] = []
+    log_dir = args.out / "logs"
+    log_dir.mkdir(exist_ok=True)
+
+    srv, base_a = start_vllm_server(model, log_dir)
+    try:
+        for phase in [p for p in phases if p in PHASES]:
+            cfg, routes, env = phase_config(phase, model)
+            targets = ["a", *PHASES[phase]]
+            with LocalCluster(env=env, log_dir=log_dir / phase) as cluster:
+                log.info("phase %s: deploying %s", phase, ", ".join(routes))
+                cluster.deploy(cfg, wait_ready=False)
+                cluster.wait_http(routes.values())
+                bases = {"a": base_a, **{t: cluster.base_url + routes[t] for t in PHASES[phase]}}
+                total = args.rounds * len(variants) * len(targets)
+                with Progress() as progress:
+                    task = progress.add_task(f"phase {phase}", total=total)
+                    for rnd in range(args.rounds):
+                        for variant in variants:
+                            for t in targets:  # interleaved: a b c ... a b c ...
+                                stats = asyncio.run(run_http(bases[t], work[variant], args.output_tokens,
+                                                             args.concurrency, fuzz=(t == "d")))
+                                runs.append({"phase": phase, "round": rnd, "variant": variant, "target": t, **stats})
+                                progress.advance(task)
+        if "ceiling" in phases:
+            for variant in variants:
+                runs.append({"phase": "ceiling", "round": 0, "variant": variant, "target": "ceil",
+                             **offline_ceiling(model, work[variant], args.output_tokens)})
+    finally:
+        srv.close()
+
+    table = ratios(runs)
+    meta = {"command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
+            "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
+                         "concurrency": args.concurrency, "requests_per_run": args.requests, "rounds": args.rounds}}
+    (args.out / "serve_stack.json").write_text(json.dumps({"meta": meta, "runs": runs, "ratios": table}, indent=2))
+    (args.out / "serve_stack.md").write_text(markdown(meta, table))
+    log.info("wrote %s", args.out / "serve_stack.md")
+    return 0
+
+
+def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (variant, target): the median over rounds of value / the same phase-round-variant's ``a``."""
+    keys = ("req_per_s", "tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
+    ref = {(r["phase"], r["round"], r["variant"]): r for r in runs if r["target"] == "a"}
+    a_all = [r for r in runs if r["target"] == "a"]
+    out = []
+    for variant in sorted({r["variant"] for r in runs}):
+        for target in [t for t in LABELS if any(r["target"] == t and r["variant"] == variant for r in runs)]:
+            mine = [r for r in runs if r["target"] == target and r["variant"] == variant]
+            row: dict[str, Any] = {"variant": variant, "target": target, "label": LABELS[target], "runs": len(mine)}
+            for k in keys:
+                vals = [r[k] for r in mine if r.get(k) is not None]
+                row[k] = statistics.median(vals) if vals else None
+                per_round = []
+                for r in mine:
+                    base = ref.get((r["phase"], r["round"], variant))
+                    if base is None:  # the ceiling: against the median of every a run
+                        bs = [x[k] for x in a_all if x["variant"] == variant and x.get(k) is not None]
+                        b = statistics.median(bs) if bs else None
+                    else:
+                        b = base.get(k)
+                    if r.get(k) is not None and b:
+                        per_round.append(r[k] / b)
+                row[f"{k}_x_a"] = statistics.median(per_round) if per_round else None
+            out.append(row)
+    return out
+
+
+def _fmt(v, scale=1.0, unit="", digits=1):
+    return "-" if v is None else f"{v * scale:.{digits}f}{unit}"
+
+
+def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
+    w = meta["workload"]
+    lines = ["# Serving stack benchmark", "",
+             f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
+             f"{w['prompt_tokens']} prompt tokens, {w['output_tokens']} output tokens (ignore_eos), streamed, "
+             f"concurrency {w['concurrency']}, {w['requests_per_run']} requests per run, {w['rounds']} interleaved "
+             "rounds; each number is the median over rounds, each ratio the median of (run / the same round's a).", ""]
+    for variant in sorted({r["variant"] for r in table}):
+        lines += [f"## Workload: {variant}", "",
+                  "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | ITL p50 ms | x a | ITL p99 ms |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in (r for r in table if r["variant"] == variant):
+            lines.append(f"| {r['target']} | {r['label']} | {_fmt(r['req_per_s'])} | {_fmt(r['req_per_s_x_a'], digits=2)} | "
+                         f"{_fmt(r['tok_per_s'], digits=0)} | {_fmt(r['ttft_p50'], 1000, digits=0)} | "
+                         f"{_fmt(r['ttft_p50_x_a'], digits=2)} | {_fmt(r['ttft_p99'], 1000, digits=0)} | "
+                         f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p50_x_a'], digits=2)} | {_fmt(r['itl_p99'], 1000)} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _machine() -> str:
+    import psutil
+
+    return f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} CPUs, " \
+           f"{psutil.virtual_memory().total // (1 << 30)} GiB, Python {platform.python_version()}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The benchmark commands run end to end on tiny sizes and write their result files.
+
+No timing is asserted (benchmarks measure, tests check): only that every
+target answered every request and the ratio table is complete.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+
+def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
+    from benchmarks import loadgen_capacity
+
+    assert loadgen_capacity.main(["--requests", "60", "--concurrency", "20", "--output-tokens", "8",
+                                  "--rounds", "1", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "loadgen_capacity.json").read_text())
+    assert {r["client"] for r in data["runs"]} == {"fuzzserve load_tests", "vllm bench serve"}
+    for r in data["runs"]:
+        assert r["ok"] == 60 and r["server_received"] == 60 and r["req_per_s"] > 0
+        assert 1 <= r["server_max_in_flight"] <= 20
+    assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
+
+
+def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
+    from benchmarks import serve_stack
+
+    assert serve_stack.main(["--phases", "offstack,ceiling", "--rounds", "1", "--requests", "6", "--concurrency", "3",
+                             "--output-tokens", "4", "--variants", "plain,prefix", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "serve_stack.json").read_text())
+    runs = data["runs"]
+    assert {(r["target"], r["variant"]) for r in runs} == {(t, v) for t in ("a", "b", "c0", "ceil")
+                                                          for v in ("plain", "prefix")}
+    assert all(r["requests"] == 6 and r["req_per_s"] > 0 for r in runs)
+    rows = {(r["target"], r["variant"]): r for r in data["ratios"]}
+    assert rows[("a", "plain")]["req_per_s_x_a"] == pytest.approx(1.0)
+    assert rows[("b", "prefix")]["req_per_s_x_a"] > 0 and rows[("ceil", "plain")]["req_per_s_x_a"] > 0
+    md = (tmp_path / "serve_stack.md").read_text()
+    assert "python -m benchmarks.serve_stack --phases offstack,ceiling" in md and "| c0 |" in md
