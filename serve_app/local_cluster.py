@@ -301,6 +301,21 @@ class LocalCluster:
                 log.warning("serve shutdown failed: %s", e)
         for node in reversed(self.nodes):
             node.stop()
+        self._forget_address()
+
+    def _forget_address(self) -> None:
+        """Remove Ray's "current cluster" file if it still names this (now stopped) cluster.
+
+        ``ray start`` writes it and a SIGINT-ed ``ray start --block`` leaves it
+        behind; ``serve run`` and ``ray.init()`` would then wait forever for a
+        GCS that is gone instead of starting a local cluster.
+        """
+        path = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+        try:
+            if self.gcs_port and path.read_text().strip().endswith(f":{self.gcs_port}"):
+                path.unlink()
+        except OSError:
+            pass
 
     def _wait_no_replicas(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -76,8 +76,9 @@ def serve_cluster(fixture_model, tmp_path_factory):
     from serve_app.local_cluster import LocalCluster, free_port
 
     # head: the router, Serve's controller and proxy, one engine replica;
-    # worker: the other replica. Logical CPUs, so each node fits what it hosts.
-    cluster = LocalCluster(workers=1, num_cpus=4, worker_num_cpus=2,
+    # worker: the other replica. An engine replica reserves 1 CPU (its engine
+    # bundle; serve_config.yaml), so one CPU per node places one per node.
+    cluster = LocalCluster(workers=1, num_cpus=1, worker_num_cpus=1,
                            env={"FUZZSERVE_API_KEYS": SERVE_API_KEY},
                            log_dir=tmp_path_factory.mktemp("ray-cluster"))
     try:

@@ -244,38 +244,54 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
 
 
 def test_scaling_down_drains_in_flight_requests(serve_cluster):
-    """A replica stopped by Serve (2 -> 1 replicas) finishes its in-flight requests first."""
+    """Replicas stopped by Serve finish their in-flight requests first.
+
+    12 long streams are all generating (each has its first token) when a
+    config with 1 replica instead of 2 is deployed; Serve's power-of-two
+    router has spread them over both replicas. Changing a ray.serve.llm
+    app's args changes its replicas' constructor arguments, so Serve does a
+    rolling update (seen here: both old replicas stop, one new one starts)
+    rather than stopping one. Either way, every stream on a stopping replica
+    must still end complete, with all its tokens and [DONE].
+    """
     cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
     llm = cfg["applications"][0]["args"]["llm_configs"][0]
     llm["deployment_config"]["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1}
+    n, tokens = 12, 800
+    started = [asyncio.Event() for _ in range(n)]
 
     async def one(client, i):
-        body = {"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 600, "temperature": 0,
-                "ignore_eos": True}
-        r = await client.post(f"{serve_cluster.base_url}/v1/completions", json=body)
-        return r.status_code, (r.json().get("usage") or {}).get("completion_tokens") if r.status_code == 200 else r.text
+        body = {"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "temperature": 0,
+                "ignore_eos": True, "stream": True}
+        chunks, done = 0, False
+        async with client.stream("POST", f"{serve_cluster.base_url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                return r.status_code, await r.aread()
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: ") and json.loads(line[6:]).get("choices"):
+                    chunks += 1
+                    started[i].set()
+        return ("done" if done else "cut"), chunks
 
     async def load():
-        async with httpx.AsyncClient(timeout=httpx.Timeout(300), headers=AUTH) as client:
-            tasks = [asyncio.create_task(one(client, i)) for i in range(12)]
-            # both replicas busy before one is told to stop
-            deadline = time.monotonic() + 60
-            while True:
-                running = await asyncio.to_thread(scrape, serve_cluster.metrics_urls)
-                busy = [r for r in running.values() if r.running > 0]
-                if len(busy) == 2 or time.monotonic() > deadline:
-                    break
-                await asyncio.sleep(1)
-            assert len(busy) == 2, f"both replicas should be serving: {running}"
+        async with httpx.AsyncClient(timeout=httpx.Timeout(600), headers=AUTH) as client:
+            tasks = [asyncio.create_task(one(client, i)) for i in range(n)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 300)
+            assert not any(t.done() for t in tasks), "streams must still be running when the scale-down starts"
             await asyncio.to_thread(serve_cluster.cli, "serve", "deploy", _write(serve_cluster, cfg))
             return await asyncio.gather(*tasks)
 
+    before = {r["pid"] for r in serve_cluster.replicas()}
     results = asyncio.run(load())
-    assert results == [(200, 600)] * 12, results
+    assert [kind for kind, _ in results] == ["done"] * n, results
+    assert all(chunks == tokens for _, chunks in results), results
     deadline = time.monotonic() + 120
-    while len(serve_cluster.replicas()) != 1:
+    while len(now := serve_cluster.replicas()) != 1:
         assert time.monotonic() < deadline, "the scale-down did not happen"
         time.sleep(3)
+    assert before - {r["pid"] for r in now}, "a replica that was serving was stopped"
 
 
 def _write(cluster, cfg) -> str:
