@@ -11,22 +11,28 @@ front of each prompt. Targets:
 a     vLLM's OpenAI server, patches off (stock vLLM)                 [reference]
 b     stock ``ray.serve.llm`` (``build_openai_app``), 1 replica, patches off
 c0    this project's app, 1 replica, patches off (no offloading: it is a patch on CPU)
+c1    this project's app, 1 replica, patches on but offloading off, s = 0
+      (c1 / c0 is what the fuzz and accounting patches cost at s = 0)
 c     this project's app, 1 replica, patches on (offloading on), s = 0
+cb    as c, the engine's OpenMP threads bound to core 0 only (the thread-binding
+      lever: with a KV connector, vLLM's ``auto`` binding takes both cores)
 d     as c, every request fuzzed (the load tests' strength/mode mix)
 e     this project's app, 2 replicas, s = 0
 bd    stock ``ray.serve.llm`` with direct streaming + HAProxy, patches off
+f0    this project's app, ``ingress: direct``, patches off
 f     this project's app, ``ingress: direct`` (direct streaming + HAProxy,
       checks inside the replica), patches on, s = 0
 ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
 Phases, each its own Ray cluster (a vLLM server stays up throughout, so
-every phase measures ``a`` too): ``offstack`` (b, c0), ``onstack`` (c, d,
-e), ``direct`` (bd, f; the cluster runs Serve's HAProxy), then the ceiling.
+every phase measures ``a`` too): ``offstack`` (b, c0, c1), ``onstack`` (c, cb, d,
+e), ``direct`` (bd, f0, f; the cluster runs Serve's HAProxy), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
 the machine cancels. Results: ``serve_stack.json`` and ``serve_stack.md``
-in ``--out``, with the command line that produced them.
+in ``--out``, with the command line that produced them, rewritten after
+every phase; a phase that fails is recorded there and the others still run.
 
 This is a benchmark, not a test: nothing here asserts a target.
 """
@@ -42,6 +48,7 @@ import platform
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -51,11 +58,21 @@ log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
 OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
-PHASES = {"offstack": ("b", "c0"), "onstack": ("c", "d", "e"), "direct": ("bd", "f")}
-LABELS = {"a": "vLLM server, patches off", "b": "stock ray.serve.llm, 1 replica", "c0": "fuzzserve 1 replica, patches off",
-          "c": "fuzzserve 1 replica, patches on, s=0", "d": "fuzzserve 1 replica, fuzz mix",
-          "e": "fuzzserve 2 replicas, s=0", "bd": "stock ray.serve.llm, direct streaming + HAProxy",
-          "f": "fuzzserve direct (guard in replica), patches on, s=0", "ceil": "offline LLM.generate"}
+PHASES = {"offstack": ("b", "c0", "c1"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f")}
+LABELS = {
+    "a": "vLLM server, patches off",
+    "b": "stock ray.serve.llm, 1 replica",
+    "c0": "fuzzserve 1 replica, patches off",
+    "c1": "fuzzserve 1 replica, patches on, offloading off, s=0",
+    "c": "fuzzserve 1 replica, patches on, s=0",
+    "cb": "as c, engine threads bound to core 0",
+    "d": "fuzzserve 1 replica, fuzz mix",
+    "e": "fuzzserve 2 replicas, s=0",
+    "bd": "stock ray.serve.llm, direct streaming + HAProxy",
+    "f0": "fuzzserve direct (guard in replica), patches off",
+    "f": "fuzzserve direct (guard in replica), patches on, s=0",
+    "ceil": "offline LLM.generate",
+}
 
 
 # ----------------------------------------------------------------------------- workload
@@ -108,7 +125,9 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
     if len(ok) != len(ps):
         bad = [r for r in results if r.outcome != "ok"][:3]
         raise RuntimeError(f"{base_url}: {len(ps) - len(ok)} of {len(ps)} requests failed: {[r.to_json() for r in bad]}")
-    return _stats(wall, [r.ttft for r in ok], [x for r in ok for x in r.itl],
+    # A fuzzed stream may carry no visible text at all (ignore_eos on noise-driven
+    # tokens that decode to ""): it has no TTFT, and counts for throughput only.
+    return _stats(wall, [r.ttft for r in ok if r.ttft is not None], [x for r in ok for x in r.itl],
                   sum(r.completion_tokens or r.chunks for r in ok), len(ok))
 
 
@@ -144,13 +163,15 @@ def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
 
 
 def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
-        direct: bool = False) -> dict[str, Any]:
+        direct: bool = False, offload: bool | None = None, omp_bind: str | None = None) -> dict[str, Any]:
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if omp_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
     if not patches:
         env["FUZZSERVE_PATCHES_OFF"] = "all"
     if direct and stock:
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
-    cfg = llm_config(model, replicas, offload=patches)
+    cfg = llm_config(model, replicas, offload=patches if offload is None else offload)
     if stock:
         return {"name": name, "route_prefix": f"/{name}", "import_path": "ray.serve.llm:build_openai_app",
                 "runtime_env": {"env_vars": env}, "args": {"llm_configs": [cfg]}}
@@ -164,9 +185,12 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
 def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
     """(serve config, target -> route prefix, cluster env) of a phase."""
     apps = {
-        "offstack": [app("b", model, stock=True, patches=False), app("c0", model, stock=False, patches=False)],
-        "onstack": [app("c", model, stock=False), app("e", model, stock=False, replicas=2)],
+        "offstack": [app("b", model, stock=True, patches=False), app("c0", model, stock=False, patches=False),
+                     app("c1", model, stock=False, offload=False)],
+        "onstack": [app("c", model, stock=False), app("cb", model, stock=False, omp_bind="0"),
+                    app("e", model, stock=False, replicas=2)],
         "direct": [app("bd", model, stock=True, patches=False, direct=True),
+                   app("f0", model, stock=False, patches=False, direct=True),
                    app("f", model, stock=False, direct=True)],
     }[phase]
     routes = {a["name"]: a["route_prefix"] for a in apps}
@@ -206,15 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="plain,prefix")
     ap.add_argument("--phases", default="offstack,onstack,direct,ceiling")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    ap.add_argument("--update", action="store_true",
+                    help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx",):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from rich.progress import Progress
-
     from fixture_model.build import ensure_model
-    from serve_app.local_cluster import LocalCluster
 
     model = ensure_model()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -222,45 +245,76 @@ def main(argv: list[str] | None = None) -> int:
     phases = args.phases.split(",")
     work = {v: prompts(args.requests, args.prompt_tokens, v) for v in variants}
     runs: list[dict[str, Any]] = []
-    log_dir = args.out / "logs"
-    log_dir.mkdir(exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="fuzzserve-bench-"))  # server and cluster logs, not results
+    log.info("logs in %s", log_dir)
+
+    meta = {"command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
+            "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
+                         "concurrency": args.concurrency, "requests_per_run": args.requests, "rounds": args.rounds},
+            "failed_phases": {}}
+    previous = args.out / "serve_stack.json"
+    if args.update and previous.exists():
+        old = json.loads(previous.read_text())
+        if old["meta"]["workload"] != meta["workload"]:
+            raise SystemExit(f"--update: {previous} was measured with another workload: {old['meta']['workload']}")
+        runs.extend(r for r in old["runs"] if r["phase"] not in phases)
+        meta["command"] = f"{old['meta']['command']}; then {meta['command']}"
+        meta["date"] = f"{old['meta']['date']}; then {meta['date']}"
+        meta["failed_phases"] = {k: v for k, v in old["meta"].get("failed_phases", {}).items() if k not in phases}
+
+    def write() -> None:  # after every phase: a later failure loses nothing measured
+        table = ratios(runs)
+        (args.out / "serve_stack.json").write_text(json.dumps({"meta": meta, "runs": runs, "ratios": table}, indent=2))
+        (args.out / "serve_stack.md").write_text(markdown(meta, table, runs))
 
     srv, base_a = start_vllm_server(model, log_dir)
     try:
         for phase in [p for p in phases if p in PHASES]:
-            cfg, routes, env = phase_config(phase, model)
-            targets = ["a", *PHASES[phase]]
-            with LocalCluster(env=env, log_dir=log_dir / phase) as cluster:
-                log.info("phase %s: deploying %s", phase, ", ".join(routes))
-                cluster.deploy(cfg, wait_ready=False)
-                cluster.wait_http(routes.values())
-                bases = {"a": base_a, **{t: cluster.base_url + routes[t] for t in PHASES[phase]}}
-                total = args.rounds * len(variants) * len(targets)
-                with Progress() as progress:
-                    task = progress.add_task(f"phase {phase}", total=total)
-                    for rnd in range(args.rounds):
-                        for variant in variants:
-                            for t in targets:  # interleaved: a b c ... a b c ...
-                                stats = asyncio.run(run_http(bases[t], work[variant], args.output_tokens,
-                                                             args.concurrency, fuzz=(t == "d")))
-                                runs.append({"phase": phase, "round": rnd, "variant": variant, "target": t, **stats})
-                                progress.advance(task)
-        if "ceiling" in phases:
-            for variant in variants:
-                runs.append({"phase": "ceiling", "round": 0, "variant": variant, "target": "ceil",
-                             **offline_ceiling(model, work[variant], args.output_tokens)})
+            try:
+                run_phase(phase, model, args, work, base_a, runs, log_dir / phase)
+            except Exception as e:  # record it and go on to the next phase
+                log.exception("phase %s failed", phase)
+                meta["failed_phases"][phase] = f"{type(e).__name__}: {str(e)[:1000]}"
+            write()
     finally:
         srv.close()
-
-    table = ratios(runs)
-    meta = {"command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
-            "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
-                         "concurrency": args.concurrency, "requests_per_run": args.requests, "rounds": args.rounds}}
-    (args.out / "serve_stack.json").write_text(json.dumps({"meta": meta, "runs": runs, "ratios": table}, indent=2))
-    (args.out / "serve_stack.md").write_text(markdown(meta, table))
+    if "ceiling" in phases:
+        for variant in variants:
+            runs.append({"phase": "ceiling", "round": 0, "variant": variant, "target": "ceil",
+                         **offline_ceiling(model, work[variant], args.output_tokens)})
+    write()
     log.info("wrote %s", args.out / "serve_stack.md")
-    return 0
+    return 1 if meta["failed_phases"] else 0
+
+
+def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a: str, runs: list, log_dir: Path):
+    """One phase: its own Ray cluster, every target interleaved with ``a`` round by round."""
+    from rich.progress import Progress
+
+    from benchmarks import cpu_accounting
+    from serve_app.local_cluster import LocalCluster
+
+    cfg, routes, env = phase_config(phase, model)
+    targets = ["a", *PHASES[phase]]
+    variants = list(work)
+    with LocalCluster(env=env, log_dir=log_dir) as cluster:
+        log.info("phase %s: deploying %s", phase, ", ".join(routes))
+        cluster.deploy(cfg, wait_ready=False)
+        cluster.wait_http(set(routes.values()))
+        bases = {"a": base_a, **{t: cluster.base_url + routes[t] for t in PHASES[phase]}}
+        with Progress() as progress:
+            task = progress.add_task(f"phase {phase}", total=args.rounds * len(variants) * len(targets))
+            for rnd in range(args.rounds):
+                for variant in variants:
+                    for t in targets:  # interleaved: a b c ... a b c ...
+                        before = cpu_accounting.snapshot()
+                        stats = asyncio.run(run_http(bases[t], work[variant], args.output_tokens,
+                                                     args.concurrency, fuzz=(t == "d")))
+                        cpu = cpu_accounting.delta(before, cpu_accounting.snapshot())
+                        runs.append({"phase": phase, "round": rnd, "variant": variant, "target": t, **stats,
+                                     "cpu_s": cpu_columns(cpu, APP_OF.get(t, t))})
+                        progress.advance(task)
 
 
 def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -295,13 +349,15 @@ def _fmt(v, scale=1.0, unit="", digits=1):
     return "-" if v is None else f"{v * scale:.{digits}f}{unit}"
 
 
-def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
+def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[str, Any]] | None = None) -> str:
     w = meta["workload"]
     lines = ["# Serving stack benchmark", "",
              f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
              f"{w['prompt_tokens']} prompt tokens, {w['output_tokens']} output tokens (ignore_eos), streamed, "
              f"concurrency {w['concurrency']}, {w['requests_per_run']} requests per run, {w['rounds']} interleaved "
              "rounds; each number is the median over rounds, each ratio the median of (run / the same round's a).", ""]
+    for phase, why in meta.get("failed_phases", {}).items():
+        lines += [f"**Phase {phase} failed**: {why}", ""]
     for variant in sorted({r["variant"] for r in table}):
         lines += [f"## Workload: {variant}", "",
                   "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | ITL p50 ms | x a | ITL p99 ms |",
@@ -312,7 +368,62 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
                          f"{_fmt(r['ttft_p50_x_a'], digits=2)} | {_fmt(r['ttft_p99'], 1000, digits=0)} | "
                          f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p50_x_a'], digits=2)} | {_fmt(r['itl_p99'], 1000)} |")
         lines.append("")
+        if runs is not None:
+            lines += cpu_markdown(runs, variant)
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- where the CPU goes
+APP_OF = {"d": "c"}  # d is c's application, driven with fuzz
+CPU_COLUMNS = ("client", "proxy", "ingress", "frontend", "engine", "Ray", "idle targets")
+
+
+def cpu_columns(cpu: dict[str, float], app: str) -> dict[str, float]:
+    """Fold per-role CPU seconds (see ``cpu_accounting``) into the columns of one target's run.
+
+    ``frontend`` is the process that runs vLLM's AsyncLLM: the API server for
+    ``a``, the engine replica (``LLMServer``) for the Serve targets, which in
+    the direct-streaming targets also serves HTTP. ``ingress`` is the router
+    replica (``OpenAiIngress``/``FuzzRouter``). ``engine`` is EngineCore and its
+    worker process (scheduler, model, KV offload copies). ``idle targets`` is what the
+    other targets' processes (up, but not driven) used meanwhile.
+    """
+    out = dict.fromkeys(CPU_COLUMNS, 0.0)
+    for role, sec in cpu.items():
+        if role == "load generator":
+            col = "client"
+        elif role == "Serve proxy":
+            col = "proxy"
+        elif role in ("Serve controller", "Ray system", "Ray worker (other)"):
+            col = "Ray"
+        elif role == "vLLM API server":
+            col = "frontend" if app == "a" else "idle targets"
+        elif role == "EngineCore of vLLM API server":
+            col = "engine" if app == "a" else "idle targets"
+        elif role.startswith(f"replica {app}:"):
+            col = "frontend" if "Server" in role else "ingress"
+        elif role.startswith(f"EngineCore of replica {app}:"):
+            col = "engine"
+        else:
+            col = "idle targets"
+        out[col] += sec
+    return out
+
+
+def cpu_markdown(runs: list[dict[str, Any]], variant: str) -> list[str]:
+    """Median over rounds of CPU milliseconds per request, per column, for each target."""
+    lines = [f"### Where the CPU goes ({variant}): CPU ms per request, median over rounds", "",
+             "| target | " + " | ".join(CPU_COLUMNS) + " | total | cores busy |",
+             "|---|" + "---|" * (len(CPU_COLUMNS) + 2)]
+    for t in LABELS:
+        mine = [r for r in runs if r["target"] == t and r["variant"] == variant and r.get("cpu_s")]
+        if not mine:
+            continue
+        cells = [statistics.median(1000 * r["cpu_s"][c] / r["requests"] for r in mine) for c in CPU_COLUMNS]
+        total = statistics.median(1000 * sum(r["cpu_s"].values()) / r["requests"] for r in mine)
+        busy = statistics.median(sum(r["cpu_s"].values()) / r["wall_s"] for r in mine)
+        lines.append(f"| {t} | " + " | ".join(f"{c:.0f}" for c in cells) + f" | {total:.0f} | {busy:.2f} |")
+    return lines + [""]
 
 
 def _machine() -> str:

@@ -152,7 +152,25 @@ def _fuzzed_forward(self, input_):
     if input_.dim() != 1:  # static shape check, not a value branch
         return out
     n = input_.shape[0]
+    if _running_eagerly(self.fuzz_mult):
+        # Eager fast paths, from what the worker noted when it filled the
+        # buffers: no perturbed token in this step -> the output unchanged;
+        # otherwise noise only for the tokens that get noise. Never taken while
+        # Dynamo traces or a CUDA graph captures (a branch there would be frozen
+        # into the graph): they always get the full, branch-free arithmetic.
+        if not self.fuzz_active:
+            return out
+        if self.fuzz_noise_rows is not None and self.fuzz_noise_rows.numel() < n:
+            return fuzz_math.perturb_sparse(out, self.fuzz_mult[:n], self.fuzz_std[:n], self.fuzz_key[:n],
+                                            self.fuzz_codes, self.fuzz_noise_rows)
     return fuzz_math.perturb(out, self.fuzz_mult[:n], self.fuzz_std[:n], self.fuzz_key[:n], self.fuzz_codes)
+
+
+def _running_eagerly(buffer: torch.Tensor) -> bool:
+    """True unless this forward is being traced by Dynamo or captured into a CUDA graph."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (buffer.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _fuzzed_class(cls: type) -> type:
@@ -234,6 +252,11 @@ class _RunnerFuzzState:
         module.register_buffer("fuzz_std", self.std.gpu, persistent=False)
         module.register_buffer("fuzz_key", self.key.gpu, persistent=False)
         module.register_buffer("fuzz_codes", codes, persistent=False)
+        # What the eager fast paths read: is any token of this step perturbed,
+        # and which tokens get noise (a device tensor of row indices, or None).
+        module.fuzz_active = False
+        module.fuzz_noise_rows = None
+        self.module = module
         module.__class__ = _fuzzed_class(type(module))
 
     def spec_of(self, runner: Any, req_id: str) -> FuzzSpec:
@@ -260,6 +283,8 @@ class _RunnerFuzzState:
         self.stats["steps"] += 1
         self.stats["tokens"] += total
         fuzzed = [i for i, s in enumerate(specs) if not s.is_neutral]
+        self.module.fuzz_active = bool(fuzzed)
+        self.module.fuzz_noise_rows = None
         if not fuzzed:
             if self.dirty_upto:
                 self._neutralize(0, self.dirty_upto)
@@ -278,6 +303,9 @@ class _RunnerFuzzState:
         self.mult.np[:total] = mult_r[req_idx]
         self.std.np[:total] = std_r[req_idx]
         self.key.np[:total] = fuzz_math.token_keys(base_r[req_idx], positions)
+        noise_rows = np.flatnonzero(std_r[req_idx])
+        if len(noise_rows) < total:  # else the full arithmetic is as cheap
+            self.module.fuzz_noise_rows = torch.from_numpy(noise_rows).to(self.mult.gpu.device, non_blocking=True)
         if self.dirty_upto > total:
             self._neutralize(total, self.dirty_upto)
         self._publish(max(total, self.dirty_upto))

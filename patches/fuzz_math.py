@@ -111,3 +111,30 @@ def perturb(
     z = gaussian_noise(keys, codes)
     out = x * mult.unsqueeze(-1) + (std.unsqueeze(-1) * rms) * z
     return out.to(embeds.dtype)
+
+
+def perturb_sparse(
+    embeds: torch.Tensor,
+    mult: torch.Tensor,
+    std: torch.Tensor,
+    keys: torch.Tensor,
+    codes: torch.Tensor,
+    noise_rows: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`perturb` computing the noise only for ``noise_rows`` (the tokens with ``std > 0``).
+
+    Eager mode only (the row list is data-dependent): the noise is ~20
+    elementwise ops per element and most tokens of a step need none (s = 0,
+    or scale mode). Same arithmetic per element as :func:`perturb`, so the
+    result is the same; the caller guarantees ``std`` is 0 outside
+    ``noise_rows``.
+    """
+    x = embeds.to(torch.float32)
+    out = x * mult.unsqueeze(-1)
+    if noise_rows.numel():
+        e = x.index_select(0, noise_rows)
+        rms = torch.sqrt(torch.mean(e * e, dim=-1, keepdim=True))
+        z = gaussian_noise(keys.index_select(0, noise_rows), codes)
+        out.index_add_(0, noise_rows, (std.index_select(0, noise_rows).unsqueeze(-1) * rms) * z)
+    return out.to(embeds.dtype)
+

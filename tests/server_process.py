@@ -25,18 +25,24 @@ class ServerProcess:
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=self._log,
                                      stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_healthy(health_url, start_timeout)
+        except BaseException:  # a timeout, or Ctrl-C while waiting: never leave the server behind
+            self.close()
+            raise
+
+    def _wait_healthy(self, health_url: str, start_timeout: float) -> None:
         deadline = time.monotonic() + start_timeout
         while True:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} before answering; log: {log_path}")
+                raise RuntimeError(f"server exited with {self.proc.returncode} before answering; log: {self.log_path}")
             try:
                 if httpx.get(health_url, timeout=5).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                self.close()
-                raise TimeoutError(f"server did not answer {health_url} in {start_timeout}s; log: {log_path}")
+                raise TimeoutError(f"server did not answer {health_url} in {start_timeout}s; log: {self.log_path}")
             time.sleep(1)
 
     def alive(self) -> bool:

@@ -95,3 +95,16 @@ def test_compiled_graph_reads_buffers_updated_in_place():
         mod.key[:16] = torch.arange(16) * 7919
         out = compiled(ids)
         assert torch.allclose(out, mod(ids), atol=1e-5) and not torch.allclose(out[:8], ref[:8]) and torch.equal(out[8:], ref[8:])
+
+
+def test_sparse_noise_equals_the_full_arithmetic():
+    torch.manual_seed(1)
+    e = torch.randn(32, H)
+    mult, std, key = _buffers(32)
+    key[:] = torch.arange(32) * 104729
+    rows = torch.tensor([3, 4, 20, 31])
+    std[rows] = torch.tensor([0.1, 1.0, 5.0, 1000.0])
+    mult[[0, 7]] = torch.tensor([0.0, 0.25])
+    assert torch.equal(fm.perturb_sparse(e, mult, std, key, fm.dim_codes(H), rows),
+                       fm.perturb(e, mult, std, key, fm.dim_codes(H)))
+    assert torch.equal(fm.perturb_sparse(e, *_buffers(32), fm.dim_codes(H), torch.tensor([], dtype=torch.long)), e)

@@ -1,0 +1,188 @@
+"""What the patches cost inside the engine: stock vLLM vs patched, same prompts, interleaved.
+
+    python -m benchmarks.patch_overhead [--rounds 5] [--requests 200] [--out docs/benchmarks]
+
+The serving-stack benchmark measures the patches through Ray Serve, where run
+to run noise on 2 cores (+-20 %) hides a few percent. This one removes
+everything but the engine: offline ``LLM.generate`` in child processes, one
+engine per configuration kept up for the whole run, rounds interleaved
+(off, on, on+offload, off, on, ...), each patched run divided by the same
+round's stock run.
+
+Engines: ``off`` (``FUZZSERVE_PATCHES_OFF=all``: stock vLLM), ``on`` (fuzz,
+accounting; offloading off), ``on+offload`` (every patch, native KV
+offloading to a 0.25 GiB host pool). Workloads: ``decode`` (``--prompt-tokens``
+128 in, 64 out with ``ignore_eos``: request throughput), ``prefill`` (the same
+prompts, 1 token out: time to first token of a full batch), each at s = 0,
+and on the patched engines a ``fuzz`` variant of both (every request fuzzed,
+the load tests' strength/mode mix). Every (round, workload) gets fresh
+prompts, the same for every engine of that round: no engine can answer from
+its prefix cache or offload tier what an earlier run computed.
+
+Thread binding is pinned (``--omp-bind``, default core 0 for every engine):
+left to ``auto`` on 2 cores, vLLM gives an engine *without* a KV connector one
+OpenMP thread and reserves the other core, but an engine *with* one (as
+offloading is) both cores, which doubles its prefill speed and would be
+mistaken for a property of the patches.
+
+Results: ``patch_overhead.json`` and ``patch_overhead.md`` in ``--out``.
+This is a benchmark, not a test: nothing here asserts a target.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.serve_stack import ENGINE, OFFLOAD, REPO, _machine, fuzz_xargs, prompts
+
+log = logging.getLogger("fuzzserve.benchmarks")
+
+ENGINES = {
+    "off": ({"FUZZSERVE_PATCHES_OFF": "all"}, {}),
+    "on": ({}, {}),
+    "on+offload": ({}, OFFLOAD),
+}
+
+
+def workloads(ps: list[str], out_tokens: int) -> dict[str, list[dict[str, Any]]]:
+    """Per workload, one ``SamplingParams`` dict per prompt."""
+    base = {"temperature": 0.0, "ignore_eos": True}
+    out = {}
+    for name, n_out in (("decode", out_tokens), ("prefill", 1)):
+        out[name] = [{**base, "max_tokens": n_out} for _ in ps]
+        out[f"{name}+fuzz"] = [{**base, "max_tokens": n_out, "extra_args": fuzz_xargs(i)} for i in range(len(ps))]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--omp-bind", default="0", help="VLLM_CPU_OMP_THREADS_BIND for every engine")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from rich.progress import Progress
+
+    from fixture_model.build import ensure_model
+    from tests.engine_host import EngineHost
+
+    model = ensure_model()
+    names = list(workloads([], 0))
+    fresh = {(rnd, w): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
+             for rnd in range(args.rounds) for i, w in enumerate(names)}
+    warm = prompts(8, args.prompt_tokens, "plain", seed=0)
+    env0 = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": args.omp_bind}
+    hosts: dict[str, EngineHost] = {}
+    runs: list[dict[str, Any]] = []
+    try:
+        for name, (env, extra) in ENGINES.items():
+            log.info("starting engine %s", name)
+            hosts[name] = EngineHost(env={**env0, **env}, model=str(model), **ENGINE, **extra)
+            hosts[name].generate(warm, workloads(warm, args.output_tokens)["decode+fuzz"])  # warm-up
+        plan = [(rnd, w, e) for rnd in range(args.rounds) for w in names for e in ENGINES
+                if not (e == "off" and w.endswith("+fuzz"))]
+        with Progress() as progress:
+            task = progress.add_task("patch overhead", total=len(plan))
+            for rnd, w, e in plan:
+                ps = fresh[(rnd, w)]
+                cpu0 = _tree_cpu(hosts[e].pid)
+                t0 = time.perf_counter()
+                outs = hosts[e].generate(ps, workloads(ps, args.output_tokens)[w])
+                wall = time.perf_counter() - t0
+                cpu = _tree_cpu(hosts[e].pid) - cpu0
+                tokens = sum(len(o["token_ids"]) for o in outs)
+                runs.append({"round": rnd, "workload": w, "engine": e, "wall_s": wall, "cpu_s": cpu,
+                             "req_per_s": len(outs) / wall, "tok_per_s": tokens / wall,
+                             "cpu_ms_per_req": 1000 * cpu / len(outs)})
+                progress.advance(task)
+    finally:
+        for h in hosts.values():
+            h.close()
+
+    table = summarize(runs)
+    meta = {"command": "python -m benchmarks.patch_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
+            "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
+                         "output_tokens": args.output_tokens, "rounds": args.rounds, "omp_bind": args.omp_bind}}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "patch_overhead.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
+    (args.out / "patch_overhead.md").write_text(markdown(meta, table))
+    log.info("wrote %s", args.out / "patch_overhead.md")
+    return 0
+
+
+def _tree_cpu(pid: int) -> float:
+    """User+system CPU seconds of a process and its descendants (the engine host, EngineCore, worker)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (workload, engine): median req/s and the median, min and max of run / same round's stock run.
+
+    A fuzzed workload is compared with the stock engine's unfuzzed run of
+    the same kind (stock vLLM cannot fuzz), so ``decode+fuzz`` on ``on`` says
+    what fuzzing costs on top of the patches being present.
+    """
+    ref = {(r["round"], r["workload"]): r for r in runs if r["engine"] == "off"}
+    out = []
+    for w in dict.fromkeys(r["workload"] for r in runs):
+        for e in ENGINES:
+            mine = [r for r in runs if r["workload"] == w and r["engine"] == e]
+            if not mine:
+                continue
+            base = [ref[(r["round"], w.removesuffix("+fuzz"))] for r in mine]
+            x = [r["req_per_s"] / b["req_per_s"] for r, b in zip(mine, base)]
+            cpu_x = [r["cpu_ms_per_req"] / b["cpu_ms_per_req"] for r, b in zip(mine, base)]
+            out.append({"workload": w, "engine": e, "runs": len(mine),
+                        "req_per_s": statistics.median(r["req_per_s"] for r in mine),
+                        "tok_per_s": statistics.median(r["tok_per_s"] for r in mine),
+                        "x_off": statistics.median(x), "x_off_min": min(x), "x_off_max": max(x),
+                        "cpu_ms_per_req": statistics.median(r["cpu_ms_per_req"] for r in mine),
+                        "cpu_x_off": statistics.median(cpu_x), "cpu_x_off_min": min(cpu_x),
+                        "cpu_x_off_max": max(cpu_x)})
+    return out
+
+
+def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
+    w = meta["workload"]
+    lines = ["# Patch overhead inside the engine", "",
+             f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
+             f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens per run; "
+             f"`decode`: {w['output_tokens']} tokens out (ignore_eos); `prefill`: 1 token out. "
+             f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, "
+             f"`VLLM_CPU_OMP_THREADS_BIND={w['omp_bind']}` for every engine; `x off` is the median (min-max) over rounds of run / the same "
+             "round's stock run of the same unfuzzed workload. `CPU ms/req` is the CPU time of the engine's "
+             "processes (frontend, EngineCore, worker) per request: less sensitive than wall time to where the "
+             "scheduler puts processes on 2 shared cores; `x off` likewise.", "",
+             "| workload | engine | req/s | x off | min | max | CPU ms/req | x off | min | max |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table:
+        lines.append(f"| {r['workload']} | {r['engine']} | {r['req_per_s']:.1f} | {r['x_off']:.3f} | "
+                     f"{r['x_off_min']:.3f} | {r['x_off_max']:.3f} | {r['cpu_ms_per_req']:.1f} | "
+                     f"{r['cpu_x_off']:.3f} | {r['cpu_x_off_min']:.3f} | {r['cpu_x_off_max']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
