@@ -262,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         meta["command"] = f"{old['meta']['command']}; then {meta['command']}"
         meta["date"] = f"{old['meta']['date']}; then {meta['date']}"
         meta["failed_phases"] = {k: v for k, v in old["meta"].get("failed_phases", {}).items() if k not in phases}
+        if old["meta"].get("notes"):
+            meta["notes"] = old["meta"]["notes"]
 
     def write() -> None:  # after every phase: a later failure loses nothing measured
         table = ratios(runs)
@@ -298,7 +300,10 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
     cfg, routes, env = phase_config(phase, model)
     targets = ["a", *PHASES[phase]]
     variants = list(work)
-    with LocalCluster(env=env, log_dir=log_dir) as cluster:
+    # Logical CPUs (Ray's scheduling units, not cores) enough to place every
+    # target of a phase at once: four engine replicas plus their ingresses
+    # overflow the default 8 and a router would wait forever to be scheduled.
+    with LocalCluster(env=env, log_dir=log_dir, num_cpus=32) as cluster:
         log.info("phase %s: deploying %s", phase, ", ".join(routes))
         cluster.deploy(cfg, wait_ready=False)
         cluster.wait_http(set(routes.values()))
@@ -358,6 +363,8 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[
              "rounds; each number is the median over rounds, each ratio the median of (run / the same round's a).", ""]
     for phase, why in meta.get("failed_phases", {}).items():
         lines += [f"**Phase {phase} failed**: {why}", ""]
+    if meta.get("notes"):
+        lines += [f"Note: {meta['notes']}", ""]
     for variant in sorted({r["variant"] for r in table}):
         lines += [f"## Workload: {variant}", "",
                   "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | ITL p50 ms | x a | ITL p99 ms |",

@@ -17,7 +17,8 @@ What it changes
       persistent buffers (fixed address; see ``fuzz_math``).
     * Worker (``GPUModelRunner._prepare_inputs``): refills those buffers in
       place each step, one value per scheduled token (prompt and generated
-      tokens alike) from the token's request.
+      tokens alike) from the token's request, and notes for the eager fast
+      paths whether any token is perturbed and which need noise.
 
 Why
     The seed notes (shared/seeds/004_*) found that passing a fresh tensor per
