@@ -1,6 +1,6 @@
 """Is the load generator ever the bottleneck? Its capacity against vLLM's benchmark client, side by side.
 
-    python -m benchmarks.loadgen_capacity [--requests 4000] [--concurrency 1000] [--rounds 2]
+    python -m benchmarks.loadgen_capacity [--requests 4000] [--concurrency 1000] [--rounds 2] [--itl-ms 10]
 
 Both clients drive the same target, ``load_tests/echo_server.py`` (a minimal
 OpenAI-compatible streaming server, no model) in its own process on
@@ -80,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=1000)
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--itl-ms", type=float, default=10.0,
+                    help="the server's delay between streamed tokens; with 0 it writes each stream whole without "
+                         "yielding, so it serves one stream at a time and no concurrency is measured")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = ensure_model()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "load_tests.echo_server", "--port", str(port)],
+    server = subprocess.Popen([sys.executable, "-m", "load_tests.echo_server", "--port", str(port),
+                               "--itl-ms", str(args.itl_ms)],
                               start_new_session=True, cwd=REPO)
     runs = []
     try:
@@ -118,15 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     summary = {}
     for client in {r["client"] for r in runs}:
         mine = [r for r in runs if r["client"] == client]
-        summary[client] = {k: statistics.median(r[k] for r in mine) for k in ("req_per_s", "tok_per_s")}
+        summary[client] = {k: statistics.median(r[k] for r in mine)
+                           for k in ("req_per_s", "tok_per_s", "server_max_in_flight")}
     cmd = "python -m benchmarks.loadgen_capacity " + " ".join(argv if argv is not None else sys.argv[1:])
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "loadgen_capacity.json").write_text(json.dumps({"command": cmd, "runs": runs, "median": summary}, indent=2))
     lines = ["# Load generator capacity", "", f"`{cmd}`, {time.strftime('%Y-%m-%d', time.gmtime())}; target: "
              f"load_tests/echo_server.py on loopback; {args.requests} streamed requests of {args.output_tokens} "
-             f"tokens, {args.concurrency} in flight, {args.rounds} interleaved rounds (medians).", "",
-             "| client | req/s | streamed tokens/s |", "|---|---|---|"]
-    lines += [f"| {c} | {v['req_per_s']:.0f} | {v['tok_per_s']:.0f} |" for c, v in sorted(summary.items())]
+             f"tokens {args.itl_ms:g} ms apart, {args.concurrency} in flight, {args.rounds} interleaved rounds (medians).",
+             "", "| client | req/s | streamed tokens/s | most concurrent streams at the server |", "|---|---|---|---|"]
+    lines += [f"| {c} | {v['req_per_s']:.0f} | {v['tok_per_s']:.0f} | {v['server_max_in_flight']:.0f} |"
+              for c, v in sorted(summary.items())]
     lines += ["", "Most concurrent streams the server saw: "
               + ", ".join(f"{r['client']} round {r['round']}: {r['server_max_in_flight']}" for r in runs)]
     (args.out / "loadgen_capacity.md").write_text("\n".join(lines) + "\n")

@@ -22,12 +22,13 @@ bd    stock ``ray.serve.llm`` with direct streaming + HAProxy, patches off
 f0    this project's app, ``ingress: direct``, patches off
 f     this project's app, ``ingress: direct`` (direct streaming + HAProxy,
       checks inside the replica), patches on, s = 0
+fb    as f, the engine's OpenMP threads bound to core 0 only
 ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
 Phases, each its own Ray cluster (a vLLM server stays up throughout, so
 every phase measures ``a`` too): ``offstack`` (b, c0, c1), ``onstack`` (c, cb, d,
-e), ``direct`` (bd, f0, f; the cluster runs Serve's HAProxy), then the ceiling.
+e), ``direct`` (bd, f0, f, fb; the cluster runs Serve's HAProxy), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
 the machine cancels. Results: ``serve_stack.json`` and ``serve_stack.md``
@@ -58,7 +59,7 @@ log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
 OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
-PHASES = {"offstack": ("b", "c0", "c1"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f")}
+PHASES = {"offstack": ("b", "c0", "c1"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb")}
 LABELS = {
     "a": "vLLM server, patches off",
     "b": "stock ray.serve.llm, 1 replica",
@@ -71,6 +72,7 @@ LABELS = {
     "bd": "stock ray.serve.llm, direct streaming + HAProxy",
     "f0": "fuzzserve direct (guard in replica), patches off",
     "f": "fuzzserve direct (guard in replica), patches on, s=0",
+    "fb": "as f, engine threads bound to core 0",
     "ceil": "offline LLM.generate",
 }
 
@@ -191,7 +193,8 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
                     app("e", model, stock=False, replicas=2)],
         "direct": [app("bd", model, stock=True, patches=False, direct=True),
                    app("f0", model, stock=False, patches=False, direct=True),
-                   app("f", model, stock=False, direct=True)],
+                   app("f", model, stock=False, direct=True),
+                   app("fb", model, stock=False, direct=True, omp_bind="0")],
     }[phase]
     routes = {a["name"]: a["route_prefix"] for a in apps}
     if phase == "onstack":

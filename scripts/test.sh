@@ -3,4 +3,5 @@
 # (e.g. `scripts/test.sh -m "not engine"` for the fast unit tests only).
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-exec python -m pytest "$@"
+# --durations: CI logs name the slowest tests (the 90-minute budget on 2 cores).
+exec python -m pytest --durations=25 "$@"

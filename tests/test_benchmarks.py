@@ -22,7 +22,7 @@ def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     assert {r["client"] for r in data["runs"]} == {"fuzzserve load_tests", "vllm bench serve"}
     for r in data["runs"]:
         assert r["ok"] == 60 and r["server_received"] == 60 and r["req_per_s"] > 0
-        assert 1 <= r["server_max_in_flight"] <= 20
+        assert 2 <= r["server_max_in_flight"] <= 20  # streams overlap (the echo server paces its tokens)
     assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
 
 
