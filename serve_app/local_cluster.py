@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,17 +38,13 @@ import httpx
 import psutil
 import yaml
 
+from serve_app.ports import free_port  # noqa: F401  (re-exported: tests and benchmarks import it from here)
+
 log = logging.getLogger("fuzzserve.local_cluster")
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "serve_config.yaml"
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class ClusterError(RuntimeError):
@@ -83,6 +78,24 @@ class RayNode:
             return psutil.Process(self.proc.pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The end of this node's ``ray start`` output: when a Ray subprocess dies,
+        ``ray start --block`` writes which one, its exit code and its own log's tail there."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 64 * 1024))
+                text = f.read().decode(errors="replace")
+        except OSError as e:
+            return f"(log unreadable: {e})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def metrics_up(self) -> bool:
+        try:
+            return httpx.get(self.metrics_url, timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     @property
     def metrics_url(self) -> str:
@@ -161,6 +174,10 @@ class LocalCluster:
                 self._add_node(f"worker{i + 1}", ["--address", f"127.0.0.1:{self.gcs_port}",
                                                   "--num-cpus", str(self.worker_num_cpus)])
             self._wait(lambda: len(self.alive_nodes()) == 1 + self.workers, timeout, f"{1 + self.workers} alive nodes")
+            # A node counts as ALIVE as soon as its raylet registers; its agents
+            # (which serve the metrics port) may still fail to start and take
+            # the node down. Fail here, not minutes later in a deploy.
+            self._wait(lambda: all(n.metrics_up() for n in self.nodes), timeout, "every node's metrics endpoint")
         except BaseException:
             self.close()
             raise
@@ -182,7 +199,8 @@ class LocalCluster:
         while not ready():
             for node in self.nodes:
                 if not node.alive():
-                    raise ClusterError(f"Ray node {node.name} exited while waiting for {what}; log: {node.log_path}")
+                    raise ClusterError(f"Ray node {node.name} exited (code {node.proc.returncode}) while waiting for "
+                                       f"{what}; log: {node.log_path}; its end:\n{node.log_tail()}")
             if time.monotonic() > deadline:
                 raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.log_dir}")
             time.sleep(interval)

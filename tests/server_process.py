@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 
+from serve_app.ports import free_port  # noqa: F401  (re-exported for the tests)
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+
 
 
 class ServerProcess:
