@@ -54,8 +54,8 @@ def _own_role(p: psutil.Process, loadgen_pid: int) -> str | None:
     return None
 
 
-def snapshot(loadgen_pid: int | None = None) -> Snapshot:
-    """pid -> (role, cpu seconds so far) for every process we can read."""
+def _roles(loadgen_pid: int | None) -> tuple[dict[int, psutil.Process], dict[int, str | None], dict[int, str | None]]:
+    """(pid -> process, pid -> role its own title names, pid -> resolved role) for every process."""
     loadgen_pid = os.getpid() if loadgen_pid is None else loadgen_pid
     procs = {p.pid: p for p in psutil.process_iter()}
     own = {pid: _own_role(p, loadgen_pid) for pid, p in procs.items()}
@@ -65,7 +65,18 @@ def snapshot(loadgen_pid: int | None = None) -> Snapshot:
             parent[pid] = p.ppid()
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             parent[pid] = 0
-    roles = resolve_roles(own, parent)
+    return procs, own, resolve_roles(own, parent)
+
+
+def titled_processes(loadgen_pid: int | None = None) -> dict[int, str]:
+    """pid -> resolved role, only for processes whose own title names a role (the ones worth profiling)."""
+    _procs, own, roles = _roles(loadgen_pid)
+    return {pid: roles[pid] for pid, r in own.items() if r is not None and roles.get(pid)}
+
+
+def snapshot(loadgen_pid: int | None = None) -> Snapshot:
+    """pid -> (role, cpu seconds so far) for every process we can read."""
+    procs, _own, roles = _roles(loadgen_pid)
     out: Snapshot = {}
     for pid, p in procs.items():
         role = roles.get(pid)

@@ -23,12 +23,14 @@ f0    this project's app, ``ingress: direct``, patches off
 f     this project's app, ``ingress: direct`` (direct streaming + HAProxy,
       checks inside the replica), patches on, s = 0
 fb    as f, the engine's OpenMP threads bound to core 0 only
+fbs   as fb with the ``shm_wait`` patch off: EngineCore and its worker spin
+      (upstream) instead of napping while they wait for each other
 ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
 Phases, each its own Ray cluster (a vLLM server stays up throughout, so
 every phase measures ``a`` too): ``offstack`` (b, c0, c1), ``onstack`` (c, cb, d,
-e), ``direct`` (bd, f0, f, fb; the cluster runs Serve's HAProxy), then the ceiling.
+e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
 the machine cancels. Results: ``serve_stack.json`` and ``serve_stack.md``
@@ -59,7 +61,7 @@ log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
 OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
-PHASES = {"offstack": ("b", "c0", "c1"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb")}
+PHASES = {"offstack": ("b", "c0", "c1"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs")}
 LABELS = {
     "a": "vLLM server, patches off",
     "b": "stock ray.serve.llm, 1 replica",
@@ -73,6 +75,7 @@ LABELS = {
     "f0": "fuzzserve direct (guard in replica), patches off",
     "f": "fuzzserve direct (guard in replica), patches on, s=0",
     "fb": "as f, engine threads bound to core 0",
+    "fbs": "as fb, shm_wait patch off (upstream spin)",
     "ceil": "offline LLM.generate",
 }
 
@@ -165,12 +168,15 @@ def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
 
 
 def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
-        direct: bool = False, offload: bool | None = None, omp_bind: str | None = None) -> dict[str, Any]:
+        direct: bool = False, offload: bool | None = None, omp_bind: str | None = None,
+        patches_off: str | None = None) -> dict[str, Any]:
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if omp_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
     if not patches:
         env["FUZZSERVE_PATCHES_OFF"] = "all"
+    elif patches_off:
+        env["FUZZSERVE_PATCHES_OFF"] = patches_off
     if direct and stock:
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
     cfg = llm_config(model, replicas, offload=patches if offload is None else offload)
@@ -194,7 +200,8 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
         "direct": [app("bd", model, stock=True, patches=False, direct=True),
                    app("f0", model, stock=False, patches=False, direct=True),
                    app("f", model, stock=False, direct=True),
-                   app("fb", model, stock=False, direct=True, omp_bind="0")],
+                   app("fb", model, stock=False, direct=True, omp_bind="0"),
+                   app("fbs", model, stock=False, direct=True, omp_bind="0", patches_off="shm_wait")],
     }[phase]
     routes = {a["name"]: a["route_prefix"] for a in apps}
     if phase == "onstack":

@@ -12,6 +12,7 @@ issue/PR, the versions it was verified on and when it can be removed.
 | cpu_offload | patches.cpu_offload | vLLM's native KV offloading on the CPU platform |
 | kv_faults | patches.kv_faults | seeded KV load failures, delays, lying connector (off unless configured) |
 | accounting | patches.accounting | prompt-token accounting that never goes negative |
+| shm_wait | patches.shm_wait | on CPU, EngineCore and worker sleep instead of spinning while waiting for each other |
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ PATCH_MODULES: dict[str, str] = {
     "cpu_offload": "patches.cpu_offload",
     "kv_faults": "patches.kv_faults",
     "accounting": "patches.accounting",
+    "shm_wait": "patches.shm_wait",
 }
 
 _applied: set[str] = set()

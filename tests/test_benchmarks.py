@@ -55,3 +55,68 @@ def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     rows = {(r["workload"], r["engine"]): r for r in data["table"]}
     assert rows[("decode", "off")]["x_off"] == pytest.approx(1.0)
     assert "| prefill+fuzz | on+offload |" in (tmp_path / "patch_overhead.md").read_text()
+
+
+def test_profile_stack_folds_stacks_into_categories():
+    """Pure parsing of py-spy's collapsed stacks (no profiler run)."""
+    from benchmarks import profile_stack as ps
+
+    raw = "\n".join([
+        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);step (/x/site-packages/vllm/v1/core/sched/scheduler.py:5) 7',
+        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);'
+        'execute (/x/site-packages/vllm/v1/worker/cpu_model_runner.py:3);'
+        'forward (/x/site-packages/vllm/model_executor/models/llama.py:9);'
+        'linear (/x/site-packages/torch/nn/modules/linear.py:1) 20',
+        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);'
+        'update (/repo/patches/accounting.py:4) 3',
+        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:11) 2',
+        'thread (0x7f2);mystery (/x/elsewhere.py:1) 1',
+        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);'
+        'collective_rpc (/x/site-packages/vllm/v1/executor/multiproc_executor.py:7);'
+        'acquire_read (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:8);'
+        'sched_yield (/x/site-packages/vllm/distributed/utils.py:46) 6',
+        ' 4',
+    ])
+    stacks = ps.read_collapsed(raw)
+    assert sum(stacks.values()) == 43
+    cats = ps.by_category(stacks)
+    assert cats == {"model forward": 20, "scheduler / KV cache manager": 7, "fuzzserve patches": 3,
+                    "shm ring buffer wait (spin or nap)": 6, "engine core loop": 2, "other": 5}
+    top = dict(ps.top_functions(stacks, 10))
+    assert top["linear (torch/nn/modules/linear.py)"] == 20 and top["run (vllm/v1/engine/core.py)"] == 2
+    inclusive = dict(ps.top_functions(stacks, 10, inclusive=True))
+    assert inclusive["run (vllm/v1/engine/core.py)"] == 38  # once per stack, both lines of run
+
+
+def test_engine_steps_reads_vllm_and_ray_histograms():
+    from benchmarks.profile_stack import engine_steps
+
+    plain = ('# TYPE vllm:iteration_tokens_total histogram\n'
+             'vllm:iteration_tokens_total_count{engine="0",model_name="fixture"} 10.0\n'
+             'vllm:iteration_tokens_total_sum{engine="0",model_name="fixture"} 250.0\n')
+    assert engine_steps(plain, None) == (10.0, 250.0)
+    ray = ('# TYPE ray_vllm_iteration_tokens_total histogram\n'
+           'ray_vllm_iteration_tokens_total_count{ReplicaId="x1",engine="0"} 4.0\n'
+           'ray_vllm_iteration_tokens_total_sum{ReplicaId="x1",engine="0"} 40.0\n'
+           'ray_vllm_iteration_tokens_total_count{ReplicaId="y1",engine="0"} 100.0\n'
+           'ray_vllm_iteration_tokens_total_sum{ReplicaId="y1",engine="0"} 900.0\n')
+    assert engine_steps(ray, {"x1"}) == (4.0, 40.0)  # only the profiled target's replica
+    assert engine_steps(ray, {"x1", "y1"}) == (104.0, 940.0)
+    assert engine_steps(ray, set()) == (0.0, 0.0)
+
+
+def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
+    """End to end on the cheapest target: py-spy attaches to the vLLM server's two processes and samples them."""
+    from benchmarks import profile_stack
+
+    assert profile_stack.main(["--targets", "a", "--requests", "64", "--concurrency", "8", "--output-tokens", "16",
+                               "--rate", "100", "--metrics-settle-s", "0", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "profile_stack.json").read_text())
+    [a] = data["results"]
+    assert a["requests"] == 64 and set(a["processes"]) == {"frontend", "engine", "worker"}
+    assert a["engine_steps"] > 0 and a["tokens_per_step"] > 0
+    for proc in a["processes"].values():  # every process was sampled, and every sample has a category
+        assert proc["samples"] > 0 and proc["top_self"]
+        assert sum(proc["categories_ms_per_request"].values()) == pytest.approx(proc["sampled_ms_per_request"])
+    assert "## a engine" in (tmp_path / "profile_stack.md").read_text()
+    assert (tmp_path / "profile_stack.png").stat().st_size > 0

@@ -78,7 +78,7 @@ print("applied", patches.applied(), getattr(w, "__fuzzserve_patched__", False),
 def test_register_applies_once_and_switches_off():
     on = _run(PROBE, {fw.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
-    assert "applied ['accounting', 'cpu_offload', 'fuzz', 'kv_faults'] True False True" in on.stdout
+    assert "applied ['accounting', 'cpu_offload', 'fuzz', 'kv_faults', 'shm_wait'] True False True" in on.stdout
     off = _run(PROBE, {fw.OFF_ENV: "all"})
     assert off.returncode == 0, off.stderr
     assert "applied [] False False False" in off.stdout
@@ -115,3 +115,48 @@ def test_patch_is_part_of_the_compile_cache_key(fixture_model):
 
     patched, stock = factors(""), factors("all")
     assert patched[:-1] == stock and patched[-1].startswith("fuzzserve-fuzz:")
+
+
+NAP_PROBE = """
+import time, zmq, patches
+patches.register()
+from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+reader = SpinCondition(True, zmq.Context(), "ipc:///tmp/fuzzserve-nap-probe")
+reader.record_read()  # inside the busy window
+t = time.perf_counter()
+for _ in range(50):
+    reader.wait()
+print("WAIT_MS", (time.perf_counter() - t) * 1000 / 50)
+"""
+
+
+def _wait_ms(env: dict[str, str]) -> float:
+    r = _run(NAP_PROBE, {fw.OFF_ENV: "", "FUZZSERVE_SHM_NAP_S": "", **env})
+    assert r.returncode == 0, r.stderr[-2000:]
+    return float(r.stdout.split("WAIT_MS", 1)[1])
+
+
+def test_shm_wait_naps_instead_of_spinning():
+    """One turn of a busy reader's wait: a nap when patched, an immediate sched_yield when not."""
+    assert _wait_ms({"FUZZSERVE_SHM_NAP_S": "0.004"}) >= 3.5
+    assert _wait_ms({}) >= 0.15  # the default nap, 200 us
+    assert _wait_ms({fw.OFF_ENV: "shm_wait", "FUZZSERVE_SHM_NAP_S": "0.004"}) < 0.15  # upstream: sched_yield
+
+
+def test_shm_wait_refuses_a_bad_nap():
+    from patches.shm_wait import DEFAULT_NAP_S, nap_seconds
+
+    assert nap_seconds({}) == DEFAULT_NAP_S and nap_seconds({"FUZZSERVE_SHM_NAP_S": "0.001"}) == 0.001
+    for bad in ("-1", "soon", "nan", "1"):
+        with pytest.raises(ValueError, match="FUZZSERVE_SHM_NAP_S"):
+            nap_seconds({"FUZZSERVE_SHM_NAP_S": bad})
+
+
+def test_shm_wait_is_applied_in_the_worker(patched_engine, stock_engine):
+    """The plugin reaches the worker process, where the model runs on CPU; stock vLLM keeps its spin."""
+    from patches.shm_wait import DEFAULT_NAP_S, patch_state
+
+    [worker] = patched_engine.rpc(patch_state)
+    assert worker["patched"] and worker["nap_s"] == DEFAULT_NAP_S and worker["pid"] != patched_engine.pid
+    [stock] = stock_engine.rpc(patch_state)
+    assert not stock["patched"]
