@@ -13,6 +13,7 @@ b     stock ``ray.serve.llm`` (``build_openai_app``), 1 replica, patches off
 c0    this project's app, 1 replica, patches off (no offloading: it is a patch on CPU)
 c1    this project's app, 1 replica, patches on but offloading off, s = 0
       (c1 / c0 is what the fuzz and accounting patches cost at s = 0)
+c1s   as c1 with the ``shm_wait`` patch off (c1s / c0: the other patches alone)
 c     this project's app, 1 replica, patches on (offloading on), s = 0
 cb    as c, the engine's OpenMP threads bound to core 0 only (the thread-binding
       lever: with a KV connector, vLLM's ``auto`` binding takes both cores)
@@ -29,7 +30,7 @@ ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
 Phases, each its own Ray cluster (a vLLM server stays up throughout, so
-every phase measures ``a`` too): ``offstack`` (b, c0, c1), ``onstack`` (c, cb, d,
+every phase measures ``a`` too): ``offstack`` (b, c0, c1, c1s), ``onstack`` (c, cb, d,
 e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
@@ -61,12 +62,13 @@ log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
 OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
-PHASES = {"offstack": ("b", "c0", "c1"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs")}
+PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs")}
 LABELS = {
     "a": "vLLM server, patches off",
     "b": "stock ray.serve.llm, 1 replica",
     "c0": "fuzzserve 1 replica, patches off",
     "c1": "fuzzserve 1 replica, patches on, offloading off, s=0",
+    "c1s": "as c1, shm_wait patch off (upstream spin)",
     "c": "fuzzserve 1 replica, patches on, s=0",
     "cb": "as c, engine threads bound to core 0",
     "d": "fuzzserve 1 replica, fuzz mix",
@@ -194,7 +196,8 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
     """(serve config, target -> route prefix, cluster env) of a phase."""
     apps = {
         "offstack": [app("b", model, stock=True, patches=False), app("c0", model, stock=False, patches=False),
-                     app("c1", model, stock=False, offload=False)],
+                     app("c1", model, stock=False, offload=False),
+                     app("c1s", model, stock=False, offload=False, patches_off="shm_wait")],
         "onstack": [app("c", model, stock=False), app("cb", model, stock=False, omp_bind="0"),
                     app("e", model, stock=False, replicas=2)],
         "direct": [app("bd", model, stock=True, patches=False, direct=True),

@@ -33,7 +33,7 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
                              "--output-tokens", "4", "--variants", "plain,prefix", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "serve_stack.json").read_text())
     runs = data["runs"]
-    assert {(r["target"], r["variant"]) for r in runs} == {(t, v) for t in ("a", "b", "c0", "c1", "ceil")
+    assert {(r["target"], r["variant"]) for r in runs} == {(t, v) for t in ("a", "b", "c0", "c1", "c1s", "ceil")
                                                           for v in ("plain", "prefix")}
     assert all(r["requests"] == 6 and r["req_per_s"] > 0 for r in runs)
     rows = {(r["target"], r["variant"]): r for r in data["ratios"]}
