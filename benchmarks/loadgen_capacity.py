@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from fixture_model.build import ensure_model
-    from serve_app.local_cluster import free_port
+    from serve_app.ports import free_port
 
     tokenizer = ensure_model()
     port = free_port()

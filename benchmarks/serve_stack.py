@@ -150,7 +150,7 @@ def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int
 
 # ----------------------------------------------------------------------------- targets
 def start_vllm_server(model: Path, log_dir: Path):
-    from serve_app.local_cluster import free_port
+    from serve_app.ports import free_port
     from tests.server_process import ServerProcess
 
     port = free_port()

@@ -38,7 +38,7 @@ import httpx
 import psutil
 import yaml
 
-from serve_app.ports import free_port  # noqa: F401  (re-exported: tests and benchmarks import it from here)
+from serve_app.ports import free_port
 
 log = logging.getLogger("fuzzserve.local_cluster")
 

@@ -73,7 +73,8 @@ SERVE_API_KEY = "test-key-fuzzserve"
 
 @pytest.fixture(scope="session")
 def serve_cluster(fixture_model, tmp_path_factory):
-    from serve_app.local_cluster import LocalCluster, free_port
+    from serve_app.local_cluster import LocalCluster
+    from serve_app.ports import free_port
 
     # head: the router, Serve's controller and proxy, one engine replica;
     # worker: the other replica. An engine replica reserves 1 CPU (its engine

@@ -10,10 +10,6 @@ from pathlib import Path
 
 import httpx
 
-from serve_app.ports import free_port  # noqa: F401  (re-exported for the tests)
-
-
-
 
 class ServerProcess:
     def __init__(self, argv: list[str], health_url: str, env: dict[str, str] | None = None,

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.engine
 
 @pytest.fixture(scope="module")
 def smoke_run(fixture_model, tmp_path_factory):
-    from serve_app.local_cluster import free_port
+    from serve_app.ports import free_port
 
     out = tmp_path_factory.mktemp("smoke")
     proc = subprocess.run([sys.executable, "-m", "load_tests", "--scenario", "smoke", "--out", str(out),

@@ -7,7 +7,8 @@ import sys
 import httpx
 import pytest
 
-from tests.server_process import ServerProcess, free_port
+from serve_app.ports import free_port
+from tests.server_process import ServerProcess
 from tests.test_fuzz_engine import PROMPTS
 
 pytestmark = pytest.mark.engine
