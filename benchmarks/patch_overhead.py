@@ -14,16 +14,31 @@ accounting; offloading off), ``on+offload`` (every patch, native KV
 offloading to a 0.25 GiB host pool). Workloads: ``decode`` (``--prompt-tokens``
 128 in, 64 out with ``ignore_eos``: request throughput), ``prefill`` (the same
 prompts, 1 token out: time to first token of a full batch), each at s = 0,
-and on the patched engines a ``fuzz`` variant of both (every request fuzzed,
-the load tests' strength/mode mix). Every (round, workload) gets fresh
-prompts, the same for every engine of that round: no engine can answer from
-its prefix cache or offload tier what an earlier run computed.
+and on the patched engines two fuzzed variants of both:
 
-Thread binding is pinned (``--omp-bind``, default core 0 for every engine):
-left to ``auto`` on 2 cores, vLLM gives an engine *without* a KV connector one
-OpenMP thread and reserves the other core, but an engine *with* one (as
-offloading is) both cores, which doubles its prefill speed and would be
-mistaken for a property of the patches.
+* ``+fuzz``: every request fuzzed with the load tests' strength/mode mix;
+* ``+noise``: every request gaussian at s = 1e-4. The whole noise path runs
+  for every token (more than the mix, where half the requests scale), but
+  the generated text stays the unfuzzed one (the run records how many
+  outputs are identical). This separates what the fuzz *machinery* costs
+  from what *different text* costs: the fixture model's unfuzzed greedy
+  output is repetitive (~8 distinct tokens in 64), fuzzed output is not,
+  and vLLM's incremental detokenizer costs more per token on varied text.
+
+Every (round, workload kind) gets fresh prompts, the same for every engine
+and every fuzz variant of that round: no run can answer from the prefix
+cache or offload tier what an earlier run computed (fuzzed requests carry
+their own cache salt, so they share nothing with the unfuzzed run either).
+
+Placement is pinned. The worker's compute threads (``--omp-bind``, default
+core 0 for every engine): left to ``auto`` on 2 cores, vLLM gives an engine
+*without* a KV connector one OpenMP thread and reserves the other core, but
+an engine *with* one (as offloading is) both cores, which doubles its
+prefill speed and would be mistaken for a property of the patches. And the
+engine's other processes, ``LLM``'s frontend and EngineCore
+(``--host-cores``, default core 1): left to float, they sometimes share the
+worker's core and sometimes not, which scattered single runs of the same
+engine by 0.5x-1.4x.
 
 Results: ``patch_overhead.json`` and ``patch_overhead.md`` in ``--out``.
 This is a benchmark, not a test: nothing here asserts a target.
@@ -34,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import sys
 import time
@@ -58,7 +74,16 @@ def workloads(ps: list[str], out_tokens: int) -> dict[str, list[dict[str, Any]]]
     for name, n_out in (("decode", out_tokens), ("prefill", 1)):
         out[name] = [{**base, "max_tokens": n_out} for _ in ps]
         out[f"{name}+fuzz"] = [{**base, "max_tokens": n_out, "extra_args": fuzz_xargs(i)} for i in range(len(ps))]
+        out[f"{name}+noise"] = [{**base, "max_tokens": n_out, "extra_args": {
+            "fuzz_strength": NOISE_ONLY, "fuzz_mode": "gaussian", "fuzz_seed": i % 4}} for i in range(len(ps))]
     return out
+
+
+NOISE_ONLY = 1e-4  # noise of 1e-4 x the embedding's RMS: computed for every token, too small to change the text
+
+
+def base_workload(w: str) -> str:
+    return w.split("+")[0]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--omp-bind", default="0", help="VLLM_CPU_OMP_THREADS_BIND for every engine")
+    ap.add_argument("--host-cores", default="1" if len(os.sched_getaffinity(0)) > 1 else "",
+                    help="comma-separated cores for each engine's frontend and EngineCore ('' = not pinned)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -79,32 +106,46 @@ def main(argv: list[str] | None = None) -> int:
 
     model = ensure_model()
     names = list(workloads([], 0))
-    fresh = {(rnd, w): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
-             for rnd in range(args.rounds) for i, w in enumerate(names)}
+    kinds = list(dict.fromkeys(base_workload(w) for w in names))
+    fresh = {(rnd, k): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
+             for rnd in range(args.rounds) for i, k in enumerate(kinds)}
     warm = prompts(8, args.prompt_tokens, "plain", seed=0)
     env0 = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": args.omp_bind}
+    host_cores = [int(c) for c in args.host_cores.split(",")] if args.host_cores else None
     hosts: dict[str, EngineHost] = {}
     runs: list[dict[str, Any]] = []
     try:
         for name, (env, extra) in ENGINES.items():
             log.info("starting engine %s", name)
-            hosts[name] = EngineHost(env={**env0, **env}, model=str(model), **ENGINE, **extra)
+            hosts[name] = EngineHost(env={**env0, **env}, model=str(model), cpus=host_cores, **ENGINE, **extra)
             hosts[name].generate(warm, workloads(warm, args.output_tokens)["decode+fuzz"])  # warm-up
         plan = [(rnd, w, e) for rnd in range(args.rounds) for w in names for e in ENGINES
-                if not (e == "off" and w.endswith("+fuzz"))]
+                if not (e == "off" and "+" in w)]
+        unfuzzed_outputs: dict[tuple[int, str, str], list[list[int]]] = {}
         with Progress() as progress:
             task = progress.add_task("patch overhead", total=len(plan))
             for rnd, w, e in plan:
-                ps = fresh[(rnd, w)]
-                cpu0 = _tree_cpu(hosts[e].pid)
+                ps = fresh[(rnd, base_workload(w))]
+                front0, engine0 = _tree_cpu(hosts[e].pid)
                 t0 = time.perf_counter()
                 outs = hosts[e].generate(ps, workloads(ps, args.output_tokens)[w])
                 wall = time.perf_counter() - t0
-                cpu = _tree_cpu(hosts[e].pid) - cpu0
+                front1, engine1 = _tree_cpu(hosts[e].pid)
+                cpu = front1 + engine1 - front0 - engine0
                 tokens = sum(len(o["token_ids"]) for o in outs)
-                runs.append({"round": rnd, "workload": w, "engine": e, "wall_s": wall, "cpu_s": cpu,
-                             "req_per_s": len(outs) / wall, "tok_per_s": tokens / wall,
-                             "cpu_ms_per_req": 1000 * cpu / len(outs)})
+                texts = [o["token_ids"] for o in outs]
+                run = {"round": rnd, "workload": w, "engine": e, "wall_s": wall, "cpu_s": cpu,
+                       "req_per_s": len(outs) / wall, "tok_per_s": tokens / wall,
+                       "cpu_ms_per_req": 1000 * cpu / len(outs),
+                       "frontend_cpu_ms_per_req": 1000 * (front1 - front0) / len(outs),
+                       "engine_cpu_ms_per_req": 1000 * (engine1 - engine0) / len(outs),
+                       "distinct_tokens_per_req": statistics.mean(len(set(t)) for t in texts)}
+                if "+" in w:  # the same prompts ran unfuzzed earlier this round on this engine
+                    ref = unfuzzed_outputs[(rnd, base_workload(w), e)]
+                    run["same_text_as_unfuzzed"] = sum(a == b for a, b in zip(texts, ref)) / len(texts)
+                else:
+                    unfuzzed_outputs[(rnd, w, e)] = texts
+                runs.append(run)
                 progress.advance(task)
     finally:
         for h in hosts.values():
@@ -114,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"command": "python -m benchmarks.patch_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
             "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
-                         "output_tokens": args.output_tokens, "rounds": args.rounds, "omp_bind": args.omp_bind}}
+                         "output_tokens": args.output_tokens, "rounds": args.rounds, "omp_bind": args.omp_bind,
+                         "host_cores": args.host_cores}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "patch_overhead.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
     (args.out / "patch_overhead.md").write_text(markdown(meta, table))
@@ -122,45 +164,59 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _tree_cpu(pid: int) -> float:
-    """User+system CPU seconds of a process and its descendants (the engine host, EngineCore, worker)."""
+def _tree_cpu(pid: int) -> tuple[float, float]:
+    """User+system CPU seconds of (the engine host, i.e. ``LLM``'s frontend; its descendants: EngineCore, worker)."""
     import psutil
 
     root = psutil.Process(pid)
-    total = 0.0
-    for p in [root, *root.children(recursive=True)]:
+    totals = [0.0, 0.0]
+    for i, p in enumerate([root, *root.children(recursive=True)]):
         try:
             t = p.cpu_times()
-            total += t.user + t.system
+            totals[min(i, 1)] += t.user + t.system
         except psutil.NoSuchProcess:
             pass
-    return total
+    return totals[0], totals[1]
 
 
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (workload, engine): median req/s and the median, min and max of run / same round's stock run.
 
     A fuzzed workload is compared with the stock engine's unfuzzed run of
-    the same kind (stock vLLM cannot fuzz), so ``decode+fuzz`` on ``on`` says
-    what fuzzing costs on top of the patches being present.
+    the same kind (stock vLLM cannot fuzz), and (``x unfuzzed``) with the
+    same engine's unfuzzed run of the same round and prompts: what fuzzing
+    costs on top of the patches being present.
     """
     ref = {(r["round"], r["workload"]): r for r in runs if r["engine"] == "off"}
+    same = {(r["round"], r["workload"], r["engine"]): r for r in runs if "+" not in r["workload"]}
     out = []
     for w in dict.fromkeys(r["workload"] for r in runs):
         for e in ENGINES:
             mine = [r for r in runs if r["workload"] == w and r["engine"] == e]
             if not mine:
                 continue
-            base = [ref[(r["round"], w.removesuffix("+fuzz"))] for r in mine]
+            base = [ref[(r["round"], base_workload(w))] for r in mine]
             x = [r["req_per_s"] / b["req_per_s"] for r, b in zip(mine, base)]
             cpu_x = [r["cpu_ms_per_req"] / b["cpu_ms_per_req"] for r, b in zip(mine, base)]
-            out.append({"workload": w, "engine": e, "runs": len(mine),
+            row: dict[str, Any] = {}
+            if "+" in w:
+                unf = [same[(r["round"], base_workload(w), e)] for r in mine]
+                row = {"x_unfuzzed": statistics.median(r["req_per_s"] / b["req_per_s"] for r, b in zip(mine, unf)),
+                       "cpu_x_unfuzzed": statistics.median(r["cpu_ms_per_req"] / b["cpu_ms_per_req"]
+                                                           for r, b in zip(mine, unf)),
+                       "engine_cpu_x_unfuzzed": statistics.median(
+                           r["engine_cpu_ms_per_req"] / b["engine_cpu_ms_per_req"] for r, b in zip(mine, unf)),
+                       "same_text_as_unfuzzed": statistics.median(r["same_text_as_unfuzzed"] for r in mine)}
+            out.append({"workload": w, "engine": e, "runs": len(mine), **row,
                         "req_per_s": statistics.median(r["req_per_s"] for r in mine),
                         "tok_per_s": statistics.median(r["tok_per_s"] for r in mine),
                         "x_off": statistics.median(x), "x_off_min": min(x), "x_off_max": max(x),
                         "cpu_ms_per_req": statistics.median(r["cpu_ms_per_req"] for r in mine),
                         "cpu_x_off": statistics.median(cpu_x), "cpu_x_off_min": min(cpu_x),
-                        "cpu_x_off_max": max(cpu_x)})
+                        "cpu_x_off_max": max(cpu_x),
+                        "frontend_cpu_ms_per_req": statistics.median(r["frontend_cpu_ms_per_req"] for r in mine),
+                        "engine_cpu_ms_per_req": statistics.median(r["engine_cpu_ms_per_req"] for r in mine),
+                        "distinct_tokens_per_req": statistics.median(r["distinct_tokens_per_req"] for r in mine)})
     return out
 
 
@@ -171,7 +227,8 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
              f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens per run; "
              f"`decode`: {w['output_tokens']} tokens out (ignore_eos); `prefill`: 1 token out. "
              f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, "
-             f"`VLLM_CPU_OMP_THREADS_BIND={w['omp_bind']}` for every engine; `x off` is the median (min-max) over rounds of run / the same "
+             f"`VLLM_CPU_OMP_THREADS_BIND={w['omp_bind']}` for every engine's worker, its frontend and EngineCore "
+             f"on cores `{w.get('host_cores') or 'any'}`; `x off` is the median (min-max) over rounds of run / the same "
              "round's stock run of the same unfuzzed workload. `CPU ms/req` is the CPU time of the engine's "
              "processes (frontend, EngineCore, worker) per request: less sensitive than wall time to where the "
              "scheduler puts processes on 2 shared cores; `x off` likewise.", "",
@@ -181,6 +238,25 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
         lines.append(f"| {r['workload']} | {r['engine']} | {r['req_per_s']:.1f} | {r['x_off']:.3f} | "
                      f"{r['x_off_min']:.3f} | {r['x_off_max']:.3f} | {r['cpu_ms_per_req']:.1f} | "
                      f"{r['cpu_x_off']:.3f} | {r['cpu_x_off_min']:.3f} | {r['cpu_x_off_max']:.3f} |")
+    lines += ["", "## Fuzzed runs against the same engine's unfuzzed run (same round, same prompts)", "",
+              "`x unfuzzed`: median over rounds of fuzzed run / unfuzzed run. CPU is split into the frontend "
+              "(`LLM`'s process: tokenizing, detokenizing) and the engine (EngineCore and worker: scheduling, "
+              "the model, the perturbation). `same text`: share of requests whose output tokens equal the "
+              "unfuzzed run's. `distinct tokens`: distinct token ids per output (the fixture model's unfuzzed "
+              "greedy text repeats itself).", "",
+              "| workload | engine | req/s x unfuzzed | CPU x unfuzzed | engine CPU x unfuzzed | frontend CPU ms/req "
+              "| engine CPU ms/req | same text | distinct tokens |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    unf = {(r["workload"], r["engine"]): r for r in table if "+" not in r["workload"]}
+    for r in table:
+        if "+" not in r["workload"]:
+            continue
+        u = unf[(base_workload(r["workload"]), r["engine"])]
+        lines.append(f"| {r['workload']} | {r['engine']} | {r['x_unfuzzed']:.3f} | {r['cpu_x_unfuzzed']:.3f} | "
+                     f"{r['engine_cpu_x_unfuzzed']:.3f} | {r['frontend_cpu_ms_per_req']:.2f} "
+                     f"(unfuzzed {u['frontend_cpu_ms_per_req']:.2f}) | {r['engine_cpu_ms_per_req']:.2f} "
+                     f"(unfuzzed {u['engine_cpu_ms_per_req']:.2f}) | {r['same_text_as_unfuzzed']:.0%} | "
+                     f"{r['distinct_tokens_per_req']:.1f} (unfuzzed {u['distinct_tokens_per_req']:.1f}) |")
     return "\n".join(lines) + "\n"
 
 

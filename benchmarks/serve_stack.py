@@ -26,12 +26,16 @@ f     this project's app, ``ingress: direct`` (direct streaming + HAProxy,
 fb    as f, the engine's OpenMP threads bound to core 0 only
 fbs   as fb with the ``shm_wait`` patch off: EngineCore and its worker spin
       (upstream) instead of napping while they wait for each other
+c0b   as c0, the engine's OpenMP threads bound to core 0 \  the patches A/B with
+c1b   as c1, the engine's OpenMP threads bound to core 0 /   the engine's core fixed
+eb    as e, each replica's engine on its own core (``engine_cores_per_replica: 1``)
 ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
 Phases, each its own Ray cluster (a vLLM server stays up throughout, so
 every phase measures ``a`` too): ``offstack`` (b, c0, c1, c1s), ``onstack`` (c, cb, d,
-e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), then the ceiling.
+e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), ``bound``
+(c0b, c1b, eb), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
 the machine cancels. Results: ``serve_stack.json`` and ``serve_stack.md``
@@ -62,7 +66,8 @@ log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
 OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
-PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs")}
+PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs"),
+          "bound": ("c0b", "c1b", "eb")}
 LABELS = {
     "a": "vLLM server, patches off",
     "b": "stock ray.serve.llm, 1 replica",
@@ -78,6 +83,9 @@ LABELS = {
     "f": "fuzzserve direct (guard in replica), patches on, s=0",
     "fb": "as f, engine threads bound to core 0",
     "fbs": "as fb, shm_wait patch off (upstream spin)",
+    "c0b": "as c0, engine threads bound to core 0",
+    "c1b": "as c1, engine threads bound to core 0",
+    "eb": "as e, each replica's engine on its own core",
     "ceil": "offline LLM.generate",
 }
 
@@ -171,7 +179,7 @@ def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
 
 def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
         direct: bool = False, offload: bool | None = None, omp_bind: str | None = None,
-        patches_off: str | None = None) -> dict[str, Any]:
+        patches_off: str | None = None, cores_per_replica: int | None = None) -> dict[str, Any]:
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if omp_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
@@ -188,6 +196,8 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
     args: dict[str, Any] = {"llm_configs": [cfg], "guard": {"api_keys_env": None}}
     if direct:
         args["ingress"] = "direct"
+    if cores_per_replica is not None:
+        args["engine_cores_per_replica"] = cores_per_replica
     return {"name": name, "route_prefix": f"/{name}", "import_path": "serve_app.app:build_app",
             "runtime_env": {"env_vars": env}, "args": args}
 
@@ -205,6 +215,9 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
                    app("f", model, stock=False, direct=True),
                    app("fb", model, stock=False, direct=True, omp_bind="0"),
                    app("fbs", model, stock=False, direct=True, omp_bind="0", patches_off="shm_wait")],
+        "bound": [app("c0b", model, stock=False, patches=False, omp_bind="0"),
+                  app("c1b", model, stock=False, offload=False, omp_bind="0"),
+                  app("eb", model, stock=False, replicas=2, cores_per_replica=1)],
     }[phase]
     routes = {a["name"]: a["route_prefix"] for a in apps}
     if phase == "onstack":
@@ -241,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--variants", default="plain,prefix")
-    ap.add_argument("--phases", default="offstack,onstack,direct,ceiling")
+    ap.add_argument("--phases", default="offstack,onstack,direct,bound,ceiling")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     ap.add_argument("--update", action="store_true",
                     help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out")

@@ -12,7 +12,11 @@ and the embedding output ``e`` of every token becomes::
     e * mult + std * rms(e) * z(key)
 
 with ``z`` standard normal noise computed *inside the graph* from ``key`` by
-an integer hash and Box-Muller. There is no branch on any value: a neutral
+an integer hash and Box-Muller. Box-Muller turns two uniforms into two
+independent normals; both are used (the first half of the hidden dims gets
+the cosine one, the second half the sine one), so each pair of dims costs
+two hashes, one log and one square root: the hashing is most of the cost.
+There is no branch on any value: a neutral
 token (mult 1, std 0) goes through the same arithmetic and comes out
 bit-identical (x * 1 + 0 * finite == x).
 
@@ -55,11 +59,16 @@ def mix32_np(x: np.ndarray) -> np.ndarray:
 
 def mix32_torch(x: torch.Tensor) -> torch.Tensor:
     """Same hash as :func:`mix32_np` on int64 tensors holding values in [0, 2**32)."""
-    x = x ^ (x >> 16)
-    x = (x * _C1) & M32
-    x = x ^ (x >> 15)
-    x = (x * _C2) & M32
-    x = x ^ (x >> 16)
+    return _mix32_(x.clone())
+
+
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """:func:`mix32_torch` in place on ``x`` (a fresh intermediate): no new tensor per step of the hash."""
+    x ^= x >> 16
+    x.mul_(_C1).bitwise_and_(M32)
+    x ^= x >> 15
+    x.mul_(_C2).bitwise_and_(M32)
+    x ^= x >> 16
     return x
 
 
@@ -82,20 +91,26 @@ def token_keys(bases: np.ndarray, positions: np.ndarray) -> np.ndarray:
 
 
 def dim_codes(hidden_size: int) -> torch.Tensor:
-    """Fixed per-dimension codes [2, hidden] (int64) that decorrelate the hidden dims."""
-    idx = np.arange(2 * hidden_size, dtype=np.uint64)
+    """Fixed codes [2, ceil(hidden / 2)] (int64), one pair per Box-Muller pair of hidden dims."""
+    pairs = (hidden_size + 1) // 2
+    idx = np.arange(2 * pairs, dtype=np.uint64)
     codes = mix32_np(mix32_np(idx * np.uint64(2654435761) + np.uint64(12345)))
-    return torch.from_numpy(codes.astype(np.int64).reshape(2, hidden_size))
+    return torch.from_numpy(codes.astype(np.int64).reshape(2, pairs))
 
 
-def gaussian_noise(keys: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """Standard normal noise [n, hidden] (float32), a pure function of ``keys`` [n]."""
+def gaussian_noise(keys: torch.Tensor, codes: torch.Tensor, hidden_size: int | None = None) -> torch.Tensor:
+    """Standard normal noise [n, hidden] (float32), a pure function of ``keys`` [n].
+
+    ``hidden_size`` defaults to ``2 * codes.shape[1]`` (pass it for an odd size).
+    """
+    hidden = 2 * codes.shape[1] if hidden_size is None else hidden_size
     k = keys.unsqueeze(-1)
-    a = mix32_torch(k ^ codes[0])
-    b = mix32_torch(k ^ codes[1])
-    u1 = (a.to(torch.float32) + 1.0) * _INV_2_32  # in (0, 1]: log is finite
-    u2 = b.to(torch.float32) * _INV_2_32
-    return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(_TWO_PI * u2)
+    a = _mix32_(k ^ codes[0])
+    b = _mix32_(k ^ codes[1])
+    r = torch.sqrt(-2.0 * torch.log((a.to(torch.float32) + 1.0) * _INV_2_32))  # u1 in (0, 1]: log is finite
+    theta = b.to(torch.float32) * (_TWO_PI * _INV_2_32)
+    z = torch.cat([r * torch.cos(theta), r * torch.sin(theta)], dim=-1)
+    return z if z.shape[-1] == hidden else z[:, :hidden]
 
 
 def perturb(
@@ -108,7 +123,7 @@ def perturb(
     """Apply the per-token perturbation to ``embeds`` [n, hidden]; see module doc."""
     x = embeds.to(torch.float32)
     rms = torch.sqrt(torch.mean(x * x, dim=-1, keepdim=True))
-    z = gaussian_noise(keys, codes)
+    z = gaussian_noise(keys, codes, x.shape[-1])
     out = x * mult.unsqueeze(-1) + (std.unsqueeze(-1) * rms) * z
     return out.to(embeds.dtype)
 
@@ -134,7 +149,7 @@ def perturb_sparse(
     if noise_rows.numel():
         e = x.index_select(0, noise_rows)
         rms = torch.sqrt(torch.mean(e * e, dim=-1, keepdim=True))
-        z = gaussian_noise(keys.index_select(0, noise_rows), codes)
+        z = gaussian_noise(keys.index_select(0, noise_rows), codes, x.shape[-1])
         out.index_add_(0, noise_rows, (std.index_select(0, noise_rows).unsqueeze(-1) * rms) * z)
     return out.to(embeds.dtype)
 

@@ -15,7 +15,9 @@ this builder adds:
   (``power_of_two`` | ``prefix_affinity`` | ``fuzz_affinity``), unless a
   model's ``deployment_config`` names one itself;
 * ``ingress: direct`` builds Ray's direct-streaming graph instead, with the
-  guard inside each replica (``serve_app.direct_server``).
+  guard inside each replica (``serve_app.direct_server``);
+* ``engine_cores_per_replica`` gives each engine replica on a CPU node its
+  own cores (``serve_app.core_binding``).
 """
 
 from __future__ import annotations
@@ -42,6 +44,9 @@ class FuzzServeArgs(BaseModel):
                               "streaming through HAProxy, the checks inside each replica (serve_app/direct_server.py)")
     ingress_deployment_config: dict[str, Any] = Field(default_factory=dict,
                                                       description="Serve options of the router deployment")
+    engine_cores_per_replica: int | None = Field(
+        None, ge=1, description="CPU hosts: bind each engine replica's OpenMP threads to its own this many cores "
+                                "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding")
 
 
 def resolve_llm_configs(args: FuzzServeArgs) -> list[dict[str, Any]]:
@@ -69,9 +74,10 @@ def build_app(args: dict[str, Any]):
     from ray.llm._internal.serve.core.server.builder import build_llm_deployment
     from ray.serve.llm import LLMConfig
 
-    from .guard import RequestGuard
     from starlette.exceptions import HTTPException
 
+    from .core_binding import EngineServer
+    from .guard import RequestGuard
     from .router import ENDPOINTS, FuzzRouter, openai_http_error
 
     parsed = FuzzServeArgs.model_validate(args)
@@ -83,7 +89,7 @@ def build_app(args: dict[str, Any]):
 
         if len(llm_configs) != 1 or parsed.ingress_deployment_config:
             raise ValueError("ingress: direct serves exactly one model and has no router deployment to configure")
-        return build_direct(llm_configs[0], parsed.guard)
+        return build_direct(llm_configs[0], parsed.guard, parsed.engine_cores_per_replica)
 
     app = init()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard)  # added last = runs first
@@ -92,7 +98,10 @@ def build_app(args: dict[str, Any]):
     options = maybe_apply_llm_deployment_config_defaults(FuzzRouter.get_deployment_options(llm_configs),
                                                          parsed.ingress_deployment_config)
     return serve.deployment(ingress_cls, **options).bind(
-        llm_deployments={c.model_id: build_llm_deployment(c) for c in llm_configs},
+        # name_prefix keeps Serve's deployment name ("LLMServer:<model>") that dashboards and the monitor know
+        llm_deployments={c.model_id: build_llm_deployment(
+            c, deployment_cls=EngineServer, name_prefix="LLMServer:",
+            bind_kwargs={"engine_cores_per_replica": parsed.engine_cores_per_replica}) for c in llm_configs},
         model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},
         lora_paths={c.model_id: c.lora_config.dynamic_lora_loading_path for c in llm_configs
                     if c.lora_config is not None},

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ray.llm._internal.serve.core.server.llm_server import LLMServer, _add_middleware_to_built_app
+from ray.llm._internal.serve.core.server.llm_server import _add_middleware_to_built_app
 
+from .core_binding import EngineServer
 from .guard import GuardConfig, RequestGuard
 
 
-class FuzzServer(LLMServer):
+class FuzzServer(EngineServer):
     async def __init__(self, llm_config, *, guard: dict[str, Any] | None = None, **kwargs):
         self._guard_config = GuardConfig.model_validate(guard or {})
         await super().__init__(llm_config, **kwargs)
@@ -39,7 +40,7 @@ class FuzzServer(LLMServer):
         return app
 
 
-def build_direct(llm_config, guard: GuardConfig):
+def build_direct(llm_config, guard: GuardConfig, engine_cores_per_replica: int | None = None):
     """The direct-streaming application graph: FuzzServer as the ingress, LLMRouter picking replicas."""
     from ray.llm._internal.serve.core.ingress.builder import (
         _build_direct_streaming_llm_deployment,
@@ -47,6 +48,7 @@ def build_direct(llm_config, guard: GuardConfig):
     )
 
     server = _build_direct_streaming_llm_deployment(llm_config, deployment_cls=FuzzServer,
-                                                    bind_kwargs={"guard": guard.model_dump()})
+                                                    bind_kwargs={"guard": guard.model_dump(),
+                                                                 "engine_cores_per_replica": engine_cores_per_replica})
     return server._with_ingress_request_router(
         _build_openai_ingress_request_router(server=server, llm_config=llm_config))

@@ -28,9 +28,11 @@ class EngineError(Exception):
         self.tb = tb
 
 
-def _serve(conn, env: dict[str, str], llm_kwargs: dict[str, Any]) -> None:
+def _serve(conn, env: dict[str, str], llm_kwargs: dict[str, Any], cpus: list[int] | None = None) -> None:
     os.setsid()  # own process group: the parent kills the engine and its children together
     os.environ.update(env)
+    if cpus is not None:  # before the engine starts: EngineCore and the worker inherit it
+        os.sched_setaffinity(0, cpus)
     try:
         from vllm import LLM, SamplingParams
 
@@ -72,10 +74,13 @@ def _serve(conn, env: dict[str, str], llm_kwargs: dict[str, Any]) -> None:
 class EngineHost:
     """Start with ``EngineHost(env, **llm_kwargs)``; call :meth:`close` when done."""
 
-    def __init__(self, env: dict[str, str] | None = None, start_timeout: float = 600, **llm_kwargs: Any):
+    def __init__(self, env: dict[str, str] | None = None, start_timeout: float = 600,
+                 cpus: list[int] | None = None, **llm_kwargs: Any):
+        """``cpus``: the cores the host (``LLM``'s frontend) and, by inheritance, its engine processes may use
+        (vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` in ``env`` still moves the worker's compute threads)."""
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, dict(env or {}), llm_kwargs), daemon=False)
+        self.proc = ctx.Process(target=_serve, args=(child, dict(env or {}), llm_kwargs, cpus), daemon=False)
         self.proc.start()
         child.close()
         if not self._conn.poll(start_timeout):

@@ -50,11 +50,15 @@ def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     data = json.loads((tmp_path / "patch_overhead.json").read_text())
     seen = {(r["workload"], r["engine"]) for r in data["runs"]}
     assert seen == {(w, e) for w in ("decode", "prefill") for e in ("off", "on", "on+offload")} | {
-        (f"{w}+fuzz", e) for w in ("decode", "prefill") for e in ("on", "on+offload")}
+        (f"{w}+{f}", e) for w in ("decode", "prefill") for f in ("fuzz", "noise") for e in ("on", "on+offload")}
     assert all(r["req_per_s"] > 0 for r in data["runs"])
     rows = {(r["workload"], r["engine"]): r for r in data["table"]}
     assert rows[("decode", "off")]["x_off"] == pytest.approx(1.0)
-    assert "| prefill+fuzz | on+offload |" in (tmp_path / "patch_overhead.md").read_text()
+    # the noise-only control must keep the unfuzzed text, or it would not isolate the machinery's cost
+    assert rows[("decode+noise", "on")]["same_text_as_unfuzzed"] >= 0.75
+    assert 0 < rows[("decode+fuzz", "on")]["x_unfuzzed"] and rows[("decode+noise", "on")]["engine_cpu_ms_per_req"] > 0
+    md = (tmp_path / "patch_overhead.md").read_text()
+    assert "| prefill+fuzz | on+offload |" in md and "| decode+noise | on |" in md
 
 
 def test_profile_stack_folds_stacks_into_categories():

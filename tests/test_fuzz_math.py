@@ -44,6 +44,31 @@ def test_gaussian_noise_is_standard_normal_and_relative_to_rms():
     assert abs(ratio.mean().item() - 2.0) < 0.05
 
 
+def test_paired_dims_are_independent_and_odd_sizes_work():
+    """Box-Muller's cosine and sine normals fill the two halves of the hidden dims: they must not correlate."""
+    n = 8192
+    keys = torch.from_numpy(fm.token_keys(np.full(n, fm.seed_base(3), dtype=np.uint64), np.arange(n)))
+    z = fm.gaussian_noise(keys, fm.dim_codes(H))
+    half = H // 2
+    corr = ((z[:, :half] * z[:, half:]).mean(0))  # per pair of dims: E[cos-normal * sin-normal] = 0
+    assert corr.abs().max().item() < 0.05 and abs(corr.mean().item()) < 0.01
+    dims = torch.corrcoef(z[:, :8].T)  # and distinct pairs do not correlate either
+    assert (dims - torch.eye(8)).abs().max().item() < 0.05
+    odd = fm.gaussian_noise(keys[:16], fm.dim_codes(7), 7)
+    assert odd.shape == (16, 7) and torch.isfinite(odd).all()
+    e = torch.randn(16, 7)
+    mult, std, _ = _buffers(16)
+    std[:] = 1.0
+    assert fm.perturb(e, mult, std, keys[:16], fm.dim_codes(7)).shape == (16, 7)
+
+
+def test_torch_hash_matches_numpy_and_leaves_its_input_alone():
+    x = torch.randint(0, 2**32, (1000,), dtype=torch.int64)
+    before = x.clone()
+    assert np.array_equal(fm.mix32_torch(x).numpy(), fm.mix32_np(x.numpy().astype(np.uint64)).astype(np.int64))
+    assert torch.equal(x, before)
+
+
 def test_noise_depends_only_on_seed_and_position():
     base = np.uint64(fm.seed_base(99))
     pos = np.arange(10, 20)

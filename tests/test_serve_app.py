@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 
 import httpx
@@ -186,6 +187,30 @@ def test_replicas_on_both_nodes_report_their_own_counters(serve_cluster):
         assert rc.prompt_tokens > 0 and rc.requests_total > 0, rc
         assert rc.sum_problems() == [], rc
         assert sum(rc.violations.values()) == 0, rc.violations
+
+
+def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
+    """serve_config.yaml's engine_cores_per_replica: 1 reaches each replica's engine worker.
+
+    One replica per node here, so each is local rank 0 of its node and gets
+    the first core its process may use; vLLM's ``auto`` would have given the
+    worker both cores. Only the engine's compute process is bound: the
+    replica's own asyncio process keeps every core.
+    """
+    import psutil
+
+    from serve_app.core_binding import replica_cores
+
+    replicas = serve_cluster.replicas()
+    assert len({r["node_id"] for r in replicas}) == len(replicas) == 2
+    for r in replicas:
+        replica = psutil.Process(r["pid"])
+        workers = [p for p in replica.children(recursive=True) if p.name().startswith("VLLM::Worker")]
+        assert len(workers) == 1, f"one engine worker per replica: {replica.children(recursive=True)}"
+        allowed = replica.cpu_affinity()
+        expected, _ = replica_cores(0, 1, allowed)
+        assert workers[0].cpu_affinity() == expected, (r["pid"], allowed, workers[0].cpu_affinity())
+        assert set(allowed) == os.sched_getaffinity(0), "the replica process itself must not be bound"
 
 
 def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):

@@ -85,6 +85,9 @@ def test_builder_args_are_strict():
         FuzzServeArgs.model_validate({"llm_configs": [{}], "gaurd": {}})
     with pytest.raises(ValueError):
         FuzzServeArgs.model_validate({"llm_configs": []})
+    with pytest.raises(ValueError, match="engine_cores_per_replica"):
+        FuzzServeArgs.model_validate({"llm_configs": [{}], "engine_cores_per_replica": 0})
+    assert FuzzServeArgs.model_validate({"llm_configs": [{}]}).engine_cores_per_replica is None  # vLLM's auto
 
 
 def test_fuzz_affinity_key():

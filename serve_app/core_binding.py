@@ -1,0 +1,84 @@
+"""Per-replica CPU cores for the engines' OpenMP threads (builder argument ``engine_cores_per_replica``).
+
+Why: on a CPU host vLLM pins each engine's OpenMP (model compute) threads
+to the cores named by ``VLLM_CPU_OMP_THREADS_BIND`` in the environment of
+its worker process. Every replica of a deployment gets the same
+environment (the app's ``runtime_env``), so with vLLM's default ``auto``
+all replicas on a node compute on the same cores and contend for them,
+and a fixed list in ``runtime_env`` would pin them all to the same cores
+too (FACTS.md). Binding each replica to its own cores needs a value per
+replica, which only the replica knows: Serve gives each replica a rank
+on its node (``ReplicaRank.local_rank``, 0, 1, ... per deployment and
+node, a freed rank reused by the next replica started).
+
+What: with ``engine_cores_per_replica: k`` the replica with local rank
+``r`` sets ``VLLM_CPU_OMP_THREADS_BIND`` to the ``k`` cores of slot
+``r mod (n // k)`` of the ``n`` cores its process may run on, before its
+engine starts (the engine's processes inherit the environment). Ranks
+beyond the number of slots wrap around and share cores, with a warning:
+a replica never fails to start over a performance setting. Unset, vLLM's
+own ``auto`` applies, unchanged.
+
+Limits: ranks are per deployment, so two models' deployments on one node
+start at the same cores; a replica keeps the cores it started with if
+Serve later renumbers it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ray.llm._internal.serve.core.server.llm_server import LLMServer
+
+log = logging.getLogger("ray.serve")
+
+BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def replica_cores(local_rank: int, cores_per_replica: int, allowed: Sequence[int]) -> tuple[list[int], bool]:
+    """The cores of the replica with ``local_rank``, and whether it shares them (more ranks than slots)."""
+    if cores_per_replica < 1:
+        raise ValueError(f"engine_cores_per_replica must be >= 1, got {cores_per_replica}")
+    if local_rank < 0:
+        raise ValueError(f"local rank must be >= 0, got {local_rank}")
+    cores = sorted(set(allowed))
+    if cores_per_replica > len(cores):
+        raise ValueError(f"engine_cores_per_replica={cores_per_replica} but this process may use only "
+                         f"{len(cores)} cores ({cores})")
+    slots = len(cores) // cores_per_replica
+    slot = local_rank % slots
+    return cores[slot * cores_per_replica:(slot + 1) * cores_per_replica], local_rank >= slots
+
+
+def bind_engine_threads(cores_per_replica: int, local_rank: int | None,
+                        environ: dict[str, str] | Any = os.environ) -> str | None:
+    """Set ``VLLM_CPU_OMP_THREADS_BIND`` in ``environ`` for this replica; the value set, or None."""
+    if local_rank is None:  # Serve always passes a rank to a replica it starts; do not guess
+        log.warning("engine_cores_per_replica=%d: this replica has no rank; vLLM's %s=%s applies",
+                    cores_per_replica, BIND_ENV, environ.get(BIND_ENV, "auto"))
+        return None
+    cores, shared = replica_cores(local_rank, cores_per_replica, sorted(os.sched_getaffinity(0)))
+    value = ",".join(map(str, cores))
+    if shared:
+        log.warning("replica local rank %d: more replicas than %d-core slots on this node; sharing cores %s",
+                    local_rank, cores_per_replica, value)
+    if environ.get(BIND_ENV) not in (None, value):
+        log.warning("engine_cores_per_replica overrides %s=%s from the environment", BIND_ENV, environ[BIND_ENV])
+    environ[BIND_ENV] = value
+    log.info("replica local rank %d: engine OpenMP threads bound to cores %s", local_rank, value)
+    return value
+
+
+class EngineServer(LLMServer):
+    """``LLMServer`` whose engine binds to this replica's own cores when ``engine_cores_per_replica`` is set."""
+
+    async def __init__(self, llm_config, *, engine_cores_per_replica: int | None = None, **kwargs):
+        if engine_cores_per_replica is not None:
+            from ray import serve
+
+            rank = serve.get_replica_context().rank
+            bind_engine_threads(engine_cores_per_replica, None if rank is None else rank.local_rank)
+        await super().__init__(llm_config, **kwargs)

@@ -1,0 +1,65 @@
+"""Which cores each engine replica gets (serve_app.core_binding): pure logic.
+
+That a deployed replica's engine really runs on those cores is checked on a
+real cluster in tests/test_serve_app.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from serve_app.core_binding import BIND_ENV, bind_engine_threads, replica_cores
+
+
+def test_two_cores_one_per_replica_and_a_third_replica_shares():
+    assert replica_cores(0, 1, [0, 1]) == ([0], False)
+    assert replica_cores(1, 1, [1, 0]) == ([1], False)
+    assert replica_cores(2, 1, [0, 1]) == ([0], True)
+
+
+def test_slots_follow_the_allowed_cores_not_their_numbers():
+    allowed = [9, 2, 7, 5]
+    assert replica_cores(0, 2, allowed) == ([2, 5], False)
+    assert replica_cores(1, 2, allowed) == ([7, 9], False)
+    assert replica_cores(0, 3, allowed) == ([2, 5, 7], False)  # one slot; the fourth core is left over
+    assert replica_cores(1, 3, allowed) == ([2, 5, 7], True)
+
+
+@pytest.mark.parametrize("k,rank,msg", [(0, 0, "must be >= 1"), (3, 0, "only 2 cores"), (1, -1, "local rank")])
+def test_impossible_requests_are_refused(k, rank, msg):
+    with pytest.raises(ValueError, match=msg):
+        replica_cores(rank, k, [0, 1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(allowed=st.sets(st.integers(0, 255), min_size=1, max_size=64), data=st.data())
+def test_replicas_within_the_slots_get_disjoint_cores_of_their_own(allowed, data):
+    k = data.draw(st.integers(1, len(allowed)))
+    slots = len(allowed) // k
+    got = [replica_cores(r, k, sorted(allowed)) for r in range(slots)]
+    assert not any(shared for _, shared in got)
+    cores = [c for cs, _ in got for c in cs]
+    assert all(len(cs) == k for cs, _ in got)
+    assert len(set(cores)) == len(cores) and set(cores) <= allowed
+    beyond = replica_cores(slots, k, sorted(allowed))  # the first rank past the slots wraps to slot 0
+    assert beyond == (got[0][0], True)
+
+
+def test_binding_sets_vllms_variable_and_says_so(caplog, monkeypatch):
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
+    env = {"VLLM_CPU_OMP_THREADS_BIND": "auto"}
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        assert bind_engine_threads(1, 1, env) == "1"
+    assert env[BIND_ENV] == "1"
+    assert "overrides VLLM_CPU_OMP_THREADS_BIND=auto" in caplog.text and "bound to cores 1" in caplog.text
+
+
+def test_a_replica_without_a_rank_keeps_vllms_binding(caplog):
+    env: dict[str, str] = {}
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        assert bind_engine_threads(1, None, env) is None
+    assert env == {} and "has no rank" in caplog.text
