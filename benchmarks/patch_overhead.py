@@ -40,6 +40,13 @@ engine's other processes, ``LLM``'s frontend and EngineCore
 worker's core and sometimes not, which scattered single runs of the same
 engine by 0.5x-1.4x.
 
+Runs are also kept apart (``--settle-s``, 1.5 s): after its last step a
+stock engine's EngineCore and worker keep spinning for 1 s (upstream's busy
+window), so without the pause the first second of every run competed with
+the previous engine's spin, and which engine ran after a stock one decided
+which one looked slower (found 2026-11-23: patched engines measured 0.77x
+of stock in runs that followed a stock run, 1.03x in runs that did not).
+
 Results: ``patch_overhead.json`` and ``patch_overhead.md`` in ``--out``.
 This is a benchmark, not a test: nothing here asserts a target.
 """
@@ -56,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_stack import ENGINE, OFFLOAD, REPO, _machine, fuzz_xargs, prompts
+from benchmarks.serve_stack import ENGINE, OFFLOAD, REPO, SETTLE_S, _machine, fuzz_xargs, prompts
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
@@ -95,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--omp-bind", default="0", help="VLLM_CPU_OMP_THREADS_BIND for every engine")
     ap.add_argument("--host-cores", default="1" if len(os.sched_getaffinity(0)) > 1 else "",
                     help="comma-separated cores for each engine's frontend and EngineCore ('' = not pinned)")
+    ap.add_argument("--settle-s", type=float, default=SETTLE_S,
+                    help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -126,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             task = progress.add_task("patch overhead", total=len(plan))
             for rnd, w, e in plan:
                 ps = fresh[(rnd, base_workload(w))]
+                time.sleep(args.settle_s)  # the previous run's engine stops spinning (see --settle-s)
                 front0, engine0 = _tree_cpu(hosts[e].pid)
                 t0 = time.perf_counter()
                 outs = hosts[e].generate(ps, workloads(ps, args.output_tokens)[w])
@@ -156,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
             "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
                          "output_tokens": args.output_tokens, "rounds": args.rounds, "omp_bind": args.omp_bind,
+                         "settle_s": args.settle_s,
                          "host_cores": args.host_cores}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "patch_overhead.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
@@ -226,7 +237,8 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
              f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
              f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens per run; "
              f"`decode`: {w['output_tokens']} tokens out (ignore_eos); `prefill`: 1 token out. "
-             f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, "
+             f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, runs "
+             f"{w.get('settle_s', 0)} s apart, "
              f"`VLLM_CPU_OMP_THREADS_BIND={w['omp_bind']}` for every engine's worker, its frontend and EngineCore "
              f"on cores `{w.get('host_cores') or 'any'}`; `x off` is the median (min-max) over rounds of run / the same "
              "round's stock run of the same unfuzzed workload. `CPU ms/req` is the CPU time of the engine's "

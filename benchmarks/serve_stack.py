@@ -38,7 +38,10 @@ e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), ``bound``
 (c0b, c1b, eb), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
-the machine cancels. Results: ``serve_stack.json`` and ``serve_stack.md``
+the machine cancels, and runs are kept ``--settle-s`` (1.5 s) apart so
+that no run starts while the previous target's stock engine still spins
+(upstream spins for 1 s after the last step; runs before 2026-11-23 17:10
+had no pause). Results: ``serve_stack.json`` and ``serve_stack.md``
 in ``--out``, with the command line that produced them, rewritten after
 every phase; a phase that fails is recorded there and the others still run.
 
@@ -66,6 +69,10 @@ log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
 OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
+# Pause before each run: a stock vLLM engine (EngineCore and worker) keeps
+# spinning for 1 s after its last step (upstream's busy window), which would
+# otherwise compete with the first second of the next run.
+SETTLE_S = 1.5
 PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs"),
           "bound": ("c0b", "c1b", "eb")}
 LABELS = {
@@ -255,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--variants", default="plain,prefix")
     ap.add_argument("--phases", default="offstack,onstack,direct,bound,ceiling")
+    ap.add_argument("--settle-s", type=float, default=SETTLE_S,
+                    help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     ap.add_argument("--update", action="store_true",
                     help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out")
@@ -339,6 +348,7 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
             for rnd in range(args.rounds):
                 for variant in variants:
                     for t in targets:  # interleaved: a b c ... a b c ...
+                        time.sleep(args.settle_s)  # the previous target's engine stops spinning
                         before = cpu_accounting.snapshot()
                         stats = asyncio.run(run_http(bases[t], work[variant], args.output_tokens,
                                                      args.concurrency, fuzz=(t == "d")))

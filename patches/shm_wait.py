@@ -41,6 +41,14 @@ Verified on
 Remove when
     upstream stops spinning on CPU, or makes the wait configurable.
 
+Cost
+    Each wait ends up to one nap after the message is written (a 200 us nap
+    sleeps ~285 us on the project's VM), at most twice per engine step. On
+    a host where EngineCore and the worker each have a core to themselves
+    the spin is free and this is pure latency: offline, pinned that way,
+    decode measured 0.91x of stock (0.77-1.06 per round; docs/benchmarks.md),
+    with a third less CPU. Switch it off there.
+
 Switches
     ``FUZZSERVE_PATCHES_OFF=shm_wait`` restores upstream's spin;
     ``FUZZSERVE_SHM_NAP_S=<seconds>`` sets the nap (``0`` gives the
