@@ -65,18 +65,32 @@ def resolve_llm_configs(args: FuzzServeArgs) -> list[dict[str, Any]]:
     return configs
 
 
+def engine_deployment(llm_config, engine_cores_per_replica: int | None):
+    """One model's engine deployment: :class:`EngineServer`, or the ``server_cls`` the model's config names."""
+    from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+
+    from .core_binding import EngineServer
+
+    if llm_config.server_cls is not None:  # the user's own server class, as build_openai_app would use it
+        if engine_cores_per_replica is not None:
+            raise ValueError(f"model {llm_config.model_id!r} names server_cls {llm_config.server_cls!r}; "
+                             "engine_cores_per_replica needs the default server class")
+        return build_llm_deployment(llm_config)
+    # name_prefix keeps Serve's deployment name ("LLMServer:<model>") that dashboards and the monitor know
+    return build_llm_deployment(llm_config, deployment_cls=EngineServer, name_prefix="LLMServer:",
+                                bind_kwargs={"engine_cores_per_replica": engine_cores_per_replica})
+
+
 def build_app(args: dict[str, Any]):
     """Build the Serve application graph: FuzzRouter (guarded) -> one LLMServer deployment per model."""
     from ray import serve
     from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
     from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
     from ray.llm._internal.serve.core.ingress.ingress import init, make_fastapi_ingress
-    from ray.llm._internal.serve.core.server.builder import build_llm_deployment
     from ray.serve.llm import LLMConfig
 
     from starlette.exceptions import HTTPException
 
-    from .core_binding import EngineServer
     from .guard import RequestGuard
     from .router import ENDPOINTS, FuzzRouter, openai_http_error
 
@@ -98,10 +112,7 @@ def build_app(args: dict[str, Any]):
     options = maybe_apply_llm_deployment_config_defaults(FuzzRouter.get_deployment_options(llm_configs),
                                                          parsed.ingress_deployment_config)
     return serve.deployment(ingress_cls, **options).bind(
-        # name_prefix keeps Serve's deployment name ("LLMServer:<model>") that dashboards and the monitor know
-        llm_deployments={c.model_id: build_llm_deployment(
-            c, deployment_cls=EngineServer, name_prefix="LLMServer:",
-            bind_kwargs={"engine_cores_per_replica": parsed.engine_cores_per_replica}) for c in llm_configs},
+        llm_deployments={c.model_id: engine_deployment(c, parsed.engine_cores_per_replica) for c in llm_configs},
         model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},
         lora_paths={c.model_id: c.lora_config.dynamic_lora_loading_path for c in llm_configs
                     if c.lora_config is not None},

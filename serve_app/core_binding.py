@@ -60,7 +60,7 @@ def bind_engine_threads(cores_per_replica: int, local_rank: int | None,
         log.warning("engine_cores_per_replica=%d: this replica has no rank; vLLM's %s=%s applies",
                     cores_per_replica, BIND_ENV, environ.get(BIND_ENV, "auto"))
         return None
-    cores, shared = replica_cores(local_rank, cores_per_replica, sorted(os.sched_getaffinity(0)))
+    cores, shared = replica_cores(local_rank, cores_per_replica, os.sched_getaffinity(0))
     value = ",".join(map(str, cores))
     if shared:
         log.warning("replica local rank %d: more replicas than %d-core slots on this node; sharing cores %s",

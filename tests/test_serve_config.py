@@ -102,3 +102,42 @@ def test_fuzz_affinity_key():
     assert affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 1}) != \
         affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 2})
     assert affinity_key("abc", {"fuzz_strength": -1}) == "abc", "invalid settings never reach routing; no crash"
+
+
+from ray.llm._internal.serve.core.server.llm_server import LLMServer  # noqa: E402
+
+
+class _OwnServer(LLMServer):  # stands in for a user's own server class (LLMConfig.server_cls)
+    pass
+
+
+@pytest.mark.parametrize("server_cls, cores, expected", [
+    (None, 1, "EngineServer"),
+    (None, None, "EngineServer"),
+    ("tests.test_serve_config:_OwnServer", None, "_OwnServer"),
+])
+def test_engine_deployment_class(server_cls, cores, expected):
+    """The router path uses EngineServer (deployment still named LLMServer:<model>), or the model's own server_cls."""
+    from ray.serve.llm import LLMConfig
+
+    from serve_app.app import engine_deployment
+
+    cfg = {"model_loading_config": {"model_id": "m", "model_source": "/m"}, "accelerator_config": {"kind": "cpu"}}
+    if server_cls:
+        cfg["server_cls"] = server_cls
+    deployment = engine_deployment(LLMConfig.model_validate(cfg), cores)._bound_deployment
+    assert deployment.func_or_class.__name__ == expected
+    if server_cls is None:
+        assert deployment.name == "LLMServer:m"
+
+
+def test_core_binding_with_the_models_own_server_class_is_refused():
+    from ray.serve.llm import LLMConfig
+
+    from serve_app.app import engine_deployment
+
+    cfg = LLMConfig.model_validate({"model_loading_config": {"model_id": "m", "model_source": "/m"},
+                                    "accelerator_config": {"kind": "cpu"},
+                                    "server_cls": "tests.test_serve_config:_OwnServer"})
+    with pytest.raises(ValueError, match="engine_cores_per_replica needs the default server class"):
+        engine_deployment(cfg, 1)
