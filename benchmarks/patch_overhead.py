@@ -212,11 +212,12 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             row: dict[str, Any] = {}
             if "+" in w:
                 unf = [same[(r["round"], base_workload(w), e)] for r in mine]
-                row = {"x_unfuzzed": statistics.median(r["req_per_s"] / b["req_per_s"] for r, b in zip(mine, unf)),
-                       "cpu_x_unfuzzed": statistics.median(r["cpu_ms_per_req"] / b["cpu_ms_per_req"]
-                                                           for r, b in zip(mine, unf)),
-                       "engine_cpu_x_unfuzzed": statistics.median(
-                           r["engine_cpu_ms_per_req"] / b["engine_cpu_ms_per_req"] for r, b in zip(mine, unf)),
+
+                def x_unf(key: str) -> float:
+                    return statistics.median(r[key] / b[key] for r, b in zip(mine, unf))
+
+                row = {"x_unfuzzed": x_unf("req_per_s"), "cpu_x_unfuzzed": x_unf("cpu_ms_per_req"),
+                       "engine_cpu_x_unfuzzed": x_unf("engine_cpu_ms_per_req"),
                        "same_text_as_unfuzzed": statistics.median(r["same_text_as_unfuzzed"] for r in mine)}
             out.append({"workload": w, "engine": e, "runs": len(mine), **row,
                         "req_per_s": statistics.median(r["req_per_s"] for r in mine),
