@@ -1,4 +1,4 @@
-"""What each layer costs: the same workload against every serving stack, interleaved, as ratios to plain vLLM.
+r"""What each layer costs: the same workload against every serving stack, interleaved, as ratios to plain vLLM.
 
     python -m benchmarks.serve_stack [--rounds 3] [--requests 200] [--concurrency 32] [--out docs/benchmarks]
 
@@ -29,13 +29,27 @@ fbs   as fb with the ``shm_wait`` patch off: EngineCore and its worker spin
 c0b   as c0, the engine's OpenMP threads bound to core 0 \  the patches A/B with
 c1b   as c1, the engine's OpenMP threads bound to core 0 /   the engine's core fixed
 eb    as e, each replica's engine on its own core (``engine_cores_per_replica: 1``)
+fbr   as fb, deployed beside fbt, fbq, fbn and fbc (the levers phase's control)
+fbt   as fb, Serve runs the replica's user code on its main event loop
+      (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``: no cross-thread hand-off
+      per request and per streamed message)
+fbq   as fbt, Serve's per-request access log off (``logging_config``)
+fbn   as fb, ``shm_wait`` naps 50 us instead of 200 us
+fbc   as f with ``engine_cores_per_replica: 1``: the engine's OpenMP threads on
+      core 0 as in fb, and EngineCore pinned there too (it takes turns with the
+      worker), leaving core 1 to the replica's HTTP process and Serve
+fb1   as fbc, the only application in its cluster (every other phase deploys
+      its targets side by side, and the idle ones cost CPU too): the best
+      stack measured, as one would deploy it
 ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
 Phases, each its own Ray cluster (a vLLM server stays up throughout, so
 every phase measures ``a`` too): ``offstack`` (b, c0, c1, c1s), ``onstack`` (c, cb, d,
 e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), ``bound``
-(c0b, c1b, eb), then the ceiling.
+(c0b, c1b, eb), ``levers`` (fbr, fbt, fbq, fbn, fbc: Ray Serve's replica-side
+levers, the nap and EngineCore's placement on the best stack; HAProxy), ``alone``
+(fb1; HAProxy), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
 the machine cancels, and runs are kept ``--settle-s`` (1.5 s) apart so
@@ -74,7 +88,8 @@ OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
 # otherwise compete with the first second of the next run.
 SETTLE_S = 1.5
 PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs"),
-          "bound": ("c0b", "c1b", "eb")}
+          "bound": ("c0b", "c1b", "eb"), "levers": ("fbr", "fbt", "fbq", "fbn", "fbc"),
+          "alone": ("fb1",)}
 LABELS = {
     "a": "vLLM server, patches off",
     "b": "stock ray.serve.llm, 1 replica",
@@ -93,6 +108,12 @@ LABELS = {
     "c0b": "as c0, engine threads bound to core 0",
     "c1b": "as c1, engine threads bound to core 0",
     "eb": "as e, each replica's engine on its own core",
+    "fbr": "as fb (the levers phase's control)",
+    "fbt": "as fb, user code on the replica's main event loop",
+    "fbq": "as fbt, access log off",
+    "fbn": "as fb, shm_wait nap 50 us",
+    "fbc": "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
+    "fb1": "as fbc, the only application in its cluster",
     "ceil": "offline LLM.generate",
 }
 
@@ -186,8 +207,13 @@ def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
 
 def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
         direct: bool = False, offload: bool | None = None, omp_bind: str | None = None,
-        patches_off: str | None = None, cores_per_replica: int | None = None) -> dict[str, Any]:
+        patches_off: str | None = None, cores_per_replica: int | None = None,
+        user_code_thread: bool = True, access_log: bool = True, nap_s: float | None = None) -> dict[str, Any]:
     env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if nap_s is not None:
+        env["FUZZSERVE_SHM_NAP_S"] = str(nap_s)
+    if not user_code_thread:
+        env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] = "0"
     if omp_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
     if not patches:
@@ -205,8 +231,11 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
         args["ingress"] = "direct"
     if cores_per_replica is not None:
         args["engine_cores_per_replica"] = cores_per_replica
-    return {"name": name, "route_prefix": f"/{name}", "import_path": "serve_app.app:build_app",
-            "runtime_env": {"env_vars": env}, "args": args}
+    out = {"name": name, "route_prefix": f"/{name}", "import_path": "serve_app.app:build_app",
+           "runtime_env": {"env_vars": env}, "args": args}
+    if not access_log:
+        out["logging_config"] = {"enable_access_log": False}
+    return out
 
 
 def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
@@ -225,11 +254,18 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
         "bound": [app("c0b", model, stock=False, patches=False, omp_bind="0"),
                   app("c1b", model, stock=False, offload=False, omp_bind="0"),
                   app("eb", model, stock=False, replicas=2, cores_per_replica=1)],
+        "levers": [app("fbr", model, stock=False, direct=True, omp_bind="0"),
+                   app("fbt", model, stock=False, direct=True, omp_bind="0", user_code_thread=False),
+                   app("fbq", model, stock=False, direct=True, omp_bind="0", user_code_thread=False,
+                       access_log=False),
+                   app("fbn", model, stock=False, direct=True, omp_bind="0", nap_s=0.00005),
+                   app("fbc", model, stock=False, direct=True, cores_per_replica=1)],
+        "alone": [app("fb1", model, stock=False, direct=True, cores_per_replica=1)],
     }[phase]
     routes = {a["name"]: a["route_prefix"] for a in apps}
     if phase == "onstack":
         routes["d"] = routes["c"]
-    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"} if phase == "direct" else {}
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"} if phase in ("direct", "levers", "alone") else {}
     cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
            "applications": apps}
     return cfg, routes, env

@@ -19,6 +19,17 @@ beyond the number of slots wrap around and share cores, with a warning:
 a replica never fails to start over a performance setting. Unset, vLLM's
 own ``auto`` applies, unchanged.
 
+The replica also pins its engine's EngineCore process (every thread of it)
+to the same cores once the engine has started. On CPU vLLM runs the engine
+step by step and synchronously (it turns async scheduling off there):
+EngineCore schedules, hands the step to the worker through shared memory,
+and waits for the result, so the two take turns and never compute at the
+same time. Sharing the engine's cores costs them nothing, and keeps the
+other cores for the replica's own process (HTTP, tokenizing, streaming)
+and for Serve; left floating, EngineCore lands on those cores and competes
+with them (docs/benchmarks.md measures both). The replica's own process is
+never pinned.
+
 Limits: ranks are per deployment, so two models' deployments on one node
 start at the same cores; a replica keeps the cores it started with if
 Serve later renumbers it.
@@ -28,14 +39,19 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
+import psutil
 from ray.llm._internal.serve.core.server.llm_server import LLMServer
 
 log = logging.getLogger("ray.serve")
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
+# vLLM titles its engine process "VLLM::EngineCore" ("VLLM::EngineCore_DP<n>"
+# with data parallelism) through setproctitle; the kernel keeps 15 characters of
+# it (comm), psutil's name() the whole title where it can read it.
+ENGINE_CORE_NAME = "VLLM::EngineCore"[:15]
 
 
 def replica_cores(local_rank: int, cores_per_replica: int, allowed: Sequence[int]) -> tuple[list[int], bool]:
@@ -72,13 +88,43 @@ def bind_engine_threads(cores_per_replica: int, local_rank: int | None,
     return value
 
 
+def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None) -> list[int]:
+    """Pin every thread of each EngineCore child of ``parent_pid`` (this process) to ``cores``; their pids.
+
+    Per thread, because the kernel keeps one CPU mask per thread and a
+    process's threads already run when the engine has started; threads it
+    starts later inherit the mask of the thread that starts them.
+    """
+    pinned = []
+    for child in psutil.Process(parent_pid).children():
+        try:
+            if not child.name().startswith(ENGINE_CORE_NAME):
+                continue
+            for thread in child.threads():
+                try:
+                    os.sched_setaffinity(thread.id, cores)
+                except ProcessLookupError:  # the thread ended meanwhile
+                    pass
+        except psutil.NoSuchProcess:
+            continue
+        pinned.append(child.pid)
+    return pinned
+
+
 class EngineServer(LLMServer):
     """``LLMServer`` whose engine binds to this replica's own cores when ``engine_cores_per_replica`` is set."""
 
     async def __init__(self, llm_config, *, engine_cores_per_replica: int | None = None, **kwargs):
+        value = None
         if engine_cores_per_replica is not None:
             from ray import serve
 
             rank = serve.get_replica_context().rank
-            bind_engine_threads(engine_cores_per_replica, None if rank is None else rank.local_rank)
+            value = bind_engine_threads(engine_cores_per_replica, None if rank is None else rank.local_rank)
         await super().__init__(llm_config, **kwargs)
+        if value is not None:
+            pids = pin_engine_cores({int(c) for c in value.split(",")})
+            if pids:
+                log.info("EngineCore %s pinned to cores %s", pids, value)
+            else:  # vLLM renamed or moved its engine process: the binding still holds for the model threads
+                log.warning("no %s child process found; EngineCore not pinned to cores %s", ENGINE_CORE_NAME, value)

@@ -124,3 +124,36 @@ def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
         assert sum(proc["categories_ms_per_request"].values()) == pytest.approx(proc["sampled_ms_per_request"])
     assert "## a engine" in (tmp_path / "profile_stack.md").read_text()
     assert (tmp_path / "profile_stack.png").stat().st_size > 0
+
+
+def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_named(tmp_path):
+    """Every phase's config passes Serve's own schema, routes every target, and each lever sits on its target only.
+
+    The lever phases compare deployments that differ in one setting; a lever
+    that leaked into the control, or never reached its target, would make the
+    comparison measure nothing. Pure config (no cluster).
+    """
+    from ray.serve.schema import ServeDeploySchema
+
+    from benchmarks import serve_stack as ss
+
+    for phase, targets in ss.PHASES.items():
+        cfg, routes, env = ss.phase_config(phase, tmp_path)
+        ServeDeploySchema.model_validate(cfg)
+        assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
+        assert (env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1") == (phase in ("direct", "levers", "alone"))
+    cfg, _, _ = ss.phase_config("levers", tmp_path)
+    apps = {a["name"]: a for a in cfg["applications"]}
+    env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
+    assert [n for n, e in env_of.items() if e.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD") == "0"] == ["fbt", "fbq"]
+    assert [n for n, a in apps.items() if a.get("logging_config", {}).get("enable_access_log") is False] == ["fbq"]
+    assert [n for n, e in env_of.items() if "FUZZSERVE_SHM_NAP_S" in e] == ["fbn"]
+    assert env_of["fbn"]["FUZZSERVE_SHM_NAP_S"] == "5e-05"
+    # fbc binds through the builder (engine_cores_per_replica), every other target through vLLM's variable
+    assert [n for n, a in apps.items() if "engine_cores_per_replica" in a["args"]] == ["fbc"]
+    assert apps["fbc"]["args"]["engine_cores_per_replica"] == 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env_of["fbc"]
+    assert all(e["VLLM_CPU_OMP_THREADS_BIND"] == "0" for n, e in env_of.items() if n != "fbc")
+    assert all("FUZZSERVE_PATCHES_OFF" not in e for e in env_of.values())
+    assert all(a["args"]["ingress"] == "direct" for a in apps.values())
+    [alone] = ss.phase_config("alone", tmp_path)[0]["applications"]
+    assert alone["runtime_env"] == apps["fbc"]["runtime_env"] and alone["args"] == apps["fbc"]["args"]

@@ -63,3 +63,48 @@ def test_a_replica_without_a_rank_keeps_vllms_binding(caplog):
     with caplog.at_level(logging.WARNING, logger="ray.serve"):
         assert bind_engine_threads(1, None, env) is None
     assert env == {} and "has no rank" in caplog.text
+
+
+_CHILD = """
+import sys, threading, time
+import setproctitle
+setproctitle.setproctitle(sys.argv[1])
+for _ in range(3):
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_engine_core_children_are_pinned_thread_by_thread_and_nothing_else(request):
+    """Real child processes: an "EngineCore" with four threads, and a sibling with another title.
+
+    Every thread of the EngineCore child ends up on the given core (pinning
+    only the process's main thread would leave its other threads floating);
+    the sibling and this process keep every core.
+    """
+    import os
+    import subprocess
+    import sys
+
+    import psutil
+
+    from serve_app.core_binding import pin_engine_cores
+
+    allowed = sorted(os.sched_getaffinity(0))
+    children = [subprocess.Popen([sys.executable, "-c", _CHILD, title], stdout=subprocess.PIPE, text=True)
+                for title in ("VLLM::EngineCore", "VLLM::Worker")]
+    for c in children:
+        request.addfinalizer(c.wait)
+        request.addfinalizer(c.kill)
+    for c in children:
+        assert c.stdout.readline().strip() == "ready"
+    engine, sibling = (psutil.Process(c.pid) for c in children)
+    assert len(engine.threads()) == 4
+
+    assert pin_engine_cores({allowed[0]}) == [engine.pid]
+    assert {t.id: os.sched_getaffinity(t.id) for t in engine.threads()} == {
+        t.id: {allowed[0]} for t in engine.threads()}
+    assert all(os.sched_getaffinity(t.id) == set(allowed) for t in sibling.threads())
+    assert os.sched_getaffinity(0) == set(allowed)
+    assert pin_engine_cores({allowed[0]}, parent_pid=sibling.pid) == []  # no EngineCore below it

@@ -194,8 +194,9 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
 
     One replica per node here, so each is local rank 0 of its node and gets
     the first core its process may use; vLLM's ``auto`` would have given the
-    worker both cores. Only the engine's compute process is bound: the
-    replica's own asyncio process keeps every core.
+    worker both cores. The engine's processes are bound (the worker, and
+    every thread of EngineCore, which takes turns with it); the replica's own
+    asyncio process keeps every core.
     """
     import psutil
 
@@ -210,6 +211,9 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
         allowed = replica.cpu_affinity()
         expected, _ = replica_cores(0, 1, allowed)
         assert workers[0].cpu_affinity() == expected, (r["pid"], allowed, workers[0].cpu_affinity())
+        [engine_core] = [p for p in replica.children() if p.name().startswith("VLLM::EngineCor")]
+        masks = {t.id: sorted(os.sched_getaffinity(t.id)) for t in engine_core.threads()}
+        assert len(masks) > 1 and all(m == expected for m in masks.values()), (engine_core.pid, masks)
         assert set(allowed) == os.sched_getaffinity(0), "the replica process itself must not be bound"
 
 
