@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--variants", default="plain,prefix")
-    ap.add_argument("--phases", default="offstack,onstack,direct,bound,ceiling")
+    ap.add_argument("--phases", default="offstack,onstack,direct,bound,levers,alone,ceiling")
     ap.add_argument("--settle-s", type=float, default=SETTLE_S,
                     help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
