@@ -90,6 +90,7 @@ SETTLE_S = 1.5
 PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs"),
           "bound": ("c0b", "c1b", "eb"), "levers": ("fbr", "fbt", "fbq", "fbn", "fbc"),
           "alone": ("fb1",)}
+HAPROXY_PHASES = ("direct", "levers", "alone")  # clusters that run Serve's HAProxy (direct streaming)
 LABELS = {
     "a": "vLLM server, patches off",
     "b": "stock ray.serve.llm, 1 replica",
@@ -265,7 +266,7 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
     routes = {a["name"]: a["route_prefix"] for a in apps}
     if phase == "onstack":
         routes["d"] = routes["c"]
-    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"} if phase in ("direct", "levers", "alone") else {}
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"} if phase in HAPROXY_PHASES else {}
     cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
            "applications": apps}
     return cfg, routes, env
