@@ -200,7 +200,7 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
     """
     import psutil
 
-    from serve_app.core_binding import replica_cores
+    from serve_app.core_binding import ENGINE_CORE_NAME, replica_cores
 
     replicas = serve_cluster.replicas()
     assert len({r["node_id"] for r in replicas}) == len(replicas) == 2
@@ -211,7 +211,7 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
         allowed = replica.cpu_affinity()
         expected, _ = replica_cores(0, 1, allowed)
         assert workers[0].cpu_affinity() == expected, (r["pid"], allowed, workers[0].cpu_affinity())
-        [engine_core] = [p for p in replica.children() if p.name().startswith("VLLM::EngineCor")]
+        [engine_core] = [p for p in replica.children() if p.name().startswith(ENGINE_CORE_NAME)]
         masks = {t.id: sorted(os.sched_getaffinity(t.id)) for t in engine_core.threads()}
         assert len(masks) > 1 and all(m == expected for m in masks.values()), (engine_core.pid, masks)
         assert set(allowed) == os.sched_getaffinity(0), "the replica process itself must not be bound"
