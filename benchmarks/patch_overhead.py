@@ -63,7 +63,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_stack import ENGINE, OFFLOAD, REPO, SETTLE_S, _machine, fuzz_xargs, prompts
+from benchmarks.serve_stack import ENGINE, OFFLOAD, REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
@@ -190,13 +190,27 @@ def _tree_cpu(pid: int) -> tuple[float, float]:
     return totals[0], totals[1]
 
 
+def ratio_stats(pairs: list[tuple[float, float]]) -> tuple[float | None, float | None, float | None]:
+    """Median, min and max of ``a / b`` over the pairs whose ``b`` is positive; ``None`` if there are none.
+
+    CPU times come from the OS in clock ticks (10 ms here), so a tiny run
+    (the smoke test's 4 requests of 4 tokens) can measure 0 ms of engine CPU:
+    that run has no ratio, rather than a division by zero.
+    """
+    xs = [a / b for a, b in pairs if b > 0]
+    if not xs:
+        return None, None, None
+    return statistics.median(xs), min(xs), max(xs)
+
+
 def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (workload, engine): median req/s and the median, min and max of run / same round's stock run.
 
     A fuzzed workload is compared with the stock engine's unfuzzed run of
     the same kind (stock vLLM cannot fuzz), and (``x unfuzzed``) with the
     same engine's unfuzzed run of the same round and prompts: what fuzzing
-    costs on top of the patches being present.
+    costs on top of the patches being present. A ratio whose every
+    denominator measured 0 is ``None`` (see ``ratio_stats``).
     """
     ref = {(r["round"], r["workload"]): r for r in runs if r["engine"] == "off"}
     same = {(r["round"], r["workload"], r["engine"]): r for r in runs if "+" not in r["workload"]}
@@ -207,14 +221,15 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not mine:
                 continue
             base = [ref[(r["round"], base_workload(w))] for r in mine]
-            x = [r["req_per_s"] / b["req_per_s"] for r, b in zip(mine, base)]
-            cpu_x = [r["cpu_ms_per_req"] / b["cpu_ms_per_req"] for r, b in zip(mine, base)]
+            x_off, x_off_min, x_off_max = ratio_stats([(r["req_per_s"], b["req_per_s"]) for r, b in zip(mine, base)])
+            cpu_x, cpu_x_min, cpu_x_max = ratio_stats(
+                [(r["cpu_ms_per_req"], b["cpu_ms_per_req"]) for r, b in zip(mine, base)])
             row: dict[str, Any] = {}
             if "+" in w:
                 unf = [same[(r["round"], base_workload(w), e)] for r in mine]
 
-                def x_unf(key: str) -> float:
-                    return statistics.median(r[key] / b[key] for r, b in zip(mine, unf))
+                def x_unf(key: str) -> float | None:
+                    return ratio_stats([(r[key], b[key]) for r, b in zip(mine, unf)])[0]
 
                 row = {"x_unfuzzed": x_unf("req_per_s"), "cpu_x_unfuzzed": x_unf("cpu_ms_per_req"),
                        "engine_cpu_x_unfuzzed": x_unf("engine_cpu_ms_per_req"),
@@ -222,10 +237,9 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             out.append({"workload": w, "engine": e, "runs": len(mine), **row,
                         "req_per_s": statistics.median(r["req_per_s"] for r in mine),
                         "tok_per_s": statistics.median(r["tok_per_s"] for r in mine),
-                        "x_off": statistics.median(x), "x_off_min": min(x), "x_off_max": max(x),
+                        "x_off": x_off, "x_off_min": x_off_min, "x_off_max": x_off_max,
                         "cpu_ms_per_req": statistics.median(r["cpu_ms_per_req"] for r in mine),
-                        "cpu_x_off": statistics.median(cpu_x), "cpu_x_off_min": min(cpu_x),
-                        "cpu_x_off_max": max(cpu_x),
+                        "cpu_x_off": cpu_x, "cpu_x_off_min": cpu_x_min, "cpu_x_off_max": cpu_x_max,
                         "frontend_cpu_ms_per_req": statistics.median(r["frontend_cpu_ms_per_req"] for r in mine),
                         "engine_cpu_ms_per_req": statistics.median(r["engine_cpu_ms_per_req"] for r in mine),
                         "distinct_tokens_per_req": statistics.median(r["distinct_tokens_per_req"] for r in mine)})
@@ -248,9 +262,10 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
              "| workload | engine | req/s | x off | min | max | CPU ms/req | x off | min | max |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in table:
-        lines.append(f"| {r['workload']} | {r['engine']} | {r['req_per_s']:.1f} | {r['x_off']:.3f} | "
-                     f"{r['x_off_min']:.3f} | {r['x_off_max']:.3f} | {r['cpu_ms_per_req']:.1f} | "
-                     f"{r['cpu_x_off']:.3f} | {r['cpu_x_off_min']:.3f} | {r['cpu_x_off_max']:.3f} |")
+        lines.append(f"| {r['workload']} | {r['engine']} | {r['req_per_s']:.1f} | {_fmt(r['x_off'], digits=3)} | "
+                     f"{_fmt(r['x_off_min'], digits=3)} | {_fmt(r['x_off_max'], digits=3)} | "
+                     f"{r['cpu_ms_per_req']:.1f} | {_fmt(r['cpu_x_off'], digits=3)} | "
+                     f"{_fmt(r['cpu_x_off_min'], digits=3)} | {_fmt(r['cpu_x_off_max'], digits=3)} |")
     lines += ["", "## Fuzzed runs against the same engine's unfuzzed run (same round, same prompts)", "",
               "`x unfuzzed`: median over rounds of fuzzed run / unfuzzed run. CPU is split into the frontend "
               "(`LLM`'s process: tokenizing, detokenizing) and the engine (EngineCore and worker: scheduling, "
@@ -265,8 +280,9 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
         if "+" not in r["workload"]:
             continue
         u = unf[(base_workload(r["workload"]), r["engine"])]
-        lines.append(f"| {r['workload']} | {r['engine']} | {r['x_unfuzzed']:.3f} | {r['cpu_x_unfuzzed']:.3f} | "
-                     f"{r['engine_cpu_x_unfuzzed']:.3f} | {r['frontend_cpu_ms_per_req']:.2f} "
+        lines.append(f"| {r['workload']} | {r['engine']} | {_fmt(r['x_unfuzzed'], digits=3)} | "
+                     f"{_fmt(r['cpu_x_unfuzzed'], digits=3)} | {_fmt(r['engine_cpu_x_unfuzzed'], digits=3)} | "
+                     f"{r['frontend_cpu_ms_per_req']:.2f} "
                      f"(unfuzzed {u['frontend_cpu_ms_per_req']:.2f}) | {r['engine_cpu_ms_per_req']:.2f} "
                      f"(unfuzzed {u['engine_cpu_ms_per_req']:.2f}) | {r['same_text_as_unfuzzed']:.0%} | "
                      f"{r['distinct_tokens_per_req']:.1f} (unfuzzed {u['distinct_tokens_per_req']:.1f}) |")

@@ -56,9 +56,37 @@ def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     assert rows[("decode", "off")]["x_off"] == pytest.approx(1.0)
     # the noise-only control must keep the unfuzzed text, or it would not isolate the machinery's cost
     assert rows[("decode+noise", "on")]["same_text_as_unfuzzed"] >= 0.75
-    assert 0 < rows[("decode+fuzz", "on")]["x_unfuzzed"] and rows[("decode+noise", "on")]["engine_cpu_ms_per_req"] > 0
+    # CPU is counted in 10 ms clock ticks: a run this small may measure 0 ms, so only its presence is checked
+    assert 0 < rows[("decode+fuzz", "on")]["x_unfuzzed"] and rows[("decode+noise", "on")]["engine_cpu_ms_per_req"] >= 0
     md = (tmp_path / "patch_overhead.md").read_text()
     assert "| prefill+fuzz | on+offload |" in md and "| decode+noise | on |" in md
+
+
+def test_patch_overhead_summary_survives_runs_with_no_measured_cpu():
+    """A run can measure 0 ms of CPU (clock ticks): its ratios are None, the others still computed (CI hit this)."""
+    from benchmarks import patch_overhead as po
+
+    def run(rnd, w, e, req_per_s, cpu, engine_cpu):
+        return {"round": rnd, "workload": w, "engine": e, "req_per_s": req_per_s, "tok_per_s": 4 * req_per_s,
+                "cpu_ms_per_req": cpu, "frontend_cpu_ms_per_req": cpu - engine_cpu,
+                "engine_cpu_ms_per_req": engine_cpu, "distinct_tokens_per_req": 3.0,
+                **({"same_text_as_unfuzzed": 1.0} if "+" in w else {})}
+
+    runs = [run(0, "decode", "off", 10.0, 0.0, 0.0), run(0, "decode", "on", 12.0, 5.0, 0.0),
+            run(0, "decode+noise", "on", 6.0, 10.0, 2.5),
+            run(1, "decode", "off", 10.0, 4.0, 2.0), run(1, "decode", "on", 8.0, 2.0, 1.0),
+            run(1, "decode+noise", "on", 4.0, 4.0, 2.0)]
+    rows = {(r["workload"], r["engine"]): r for r in po.summarize(runs)}
+    on = rows[("decode", "on")]
+    assert (on["x_off"], on["x_off_min"], on["x_off_max"]) == (1.0, 0.8, 1.2)
+    assert on["cpu_x_off"] == on["cpu_x_off_min"] == 0.5  # round 0 has no stock CPU to divide by
+    noise = rows[("decode+noise", "on")]
+    assert noise["x_unfuzzed"] == pytest.approx(0.5) and noise["engine_cpu_x_unfuzzed"] == 2.0  # round 1 only
+    assert po.ratio_stats([(1.0, 0.0)]) == (None, None, None)
+    md = po.markdown({"command": "x", "machine": "m", "date": "d",
+                      "workload": {"requests": 1, "prompt_tokens": 1, "output_tokens": 1, "rounds": 2,
+                                   "omp_bind": "0"}}, po.summarize(runs[:3]))
+    assert "| decode | on | 12.0 | 1.200 |" in md and "| - |" in md
 
 
 def test_profile_stack_folds_stacks_into_categories():
