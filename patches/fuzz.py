@@ -229,6 +229,20 @@ def find_input_embedding(model: torch.nn.Module, device: torch.device) -> tuple[
     return candidates[id(unique[0])], unique[0]
 
 
+class _BatchRows:
+    """Per-request fuzz values of one batch composition (request ids in row order)."""
+
+    def __init__(self, req_ids: list[str], specs: list[FuzzSpec]):
+        self.req_ids = req_ids
+        self.mult = np.array([s.scale_multiplier for s in specs], dtype=np.float32)
+        self.std = np.array([s.noise_std for s in specs], dtype=np.float32)
+        self.base = np.array([fuzz_math.seed_base(s.seed) if s.noise_std else 0 for s in specs], dtype=np.uint32)
+        self.noisy = self.std != 0
+        self.fuzzed = np.array([not s.is_neutral for s in specs], dtype=bool)
+        self.any_fuzzed = bool(self.fuzzed.any())
+        self.any_noise = bool(self.noisy.any())
+
+
 class _RunnerFuzzState:
     """Per-runner state: the buffers, a spec cache, and counters for tests."""
 
@@ -246,6 +260,9 @@ class _RunnerFuzzState:
         self.module_name = module_name
         self.dirty_upto = 0  # tokens [0, dirty_upto) may hold non-neutral values
         self.specs: dict[str, FuzzSpec] = {}
+        self.rows: _BatchRows | None = None
+        self.arange = np.arange(max(n, runner.max_num_reqs), dtype=np.int64)
+        self.no_rows = torch.zeros(0, dtype=torch.int64, device=runner.device)  # scale-only steps: no noise
         self.warned: set[str] = set()
         self.stats = {"steps": 0, "steps_fuzzed": 0, "tokens": 0, "tokens_fuzzed": 0}
         codes = fuzz_math.dim_codes(hidden_size).to(runner.device)
@@ -275,44 +292,55 @@ class _RunnerFuzzState:
             self.specs[req_id] = spec
         return spec
 
+    def batch_rows(self, runner: Any, req_ids: list[str]) -> _BatchRows:
+        """The per-request values of the batch ``req_ids`` (recomputed only when the batch changed).
+
+        Most steps schedule the same requests in the same rows as the step
+        before (decode), so the per-request Python work (spec lookups, one
+        array per value) runs once per batch change instead of every step.
+        """
+        rows = self.rows
+        if rows is None or rows.req_ids != req_ids:
+            rows = self.rows = _BatchRows(req_ids, [self.spec_of(runner, rid) for rid in req_ids])
+        return rows
+
     def fill(self, runner: Any, num_scheduled_tokens: np.ndarray) -> None:
         """Write this step's per-token values into the buffers, in place."""
         batch = runner.input_batch
         num_reqs = batch.num_reqs
-        total = int(num_scheduled_tokens[:num_reqs].sum())
-        specs = [self.spec_of(runner, rid) for rid in batch.req_ids[:num_reqs]]
+        counts = num_scheduled_tokens[:num_reqs]
+        total = int(counts.sum())
+        rows = self.batch_rows(runner, batch.req_ids[:num_reqs])
         self.stats["steps"] += 1
         self.stats["tokens"] += total
-        fuzzed = [i for i, s in enumerate(specs) if not s.is_neutral]
-        self.module.fuzz_active = bool(fuzzed)
-        self.module.fuzz_noise_rows = None
-        if not fuzzed:
+        module = vars(self.module)  # plain attributes: skip nn.Module.__setattr__ every step
+        module["fuzz_active"] = rows.any_fuzzed
+        module["fuzz_noise_rows"] = None
+        if not rows.any_fuzzed:
             if self.dirty_upto:
                 self._neutralize(0, self.dirty_upto)
                 self._publish(self.dirty_upto)
                 self.dirty_upto = 0
             return
 
-        counts = num_scheduled_tokens[:num_reqs].astype(np.int64)
-        req_idx = np.repeat(np.arange(num_reqs), counts)
+        req_idx = np.repeat(self.arange[:num_reqs], counts)
         starts = np.cumsum(counts) - counts
-        positions = batch.num_computed_tokens_cpu[req_idx] + (np.arange(total) - starts[req_idx])
-        mult_r = np.array([s.scale_multiplier for s in specs], dtype=np.float32)
-        std_r = np.array([s.noise_std for s in specs], dtype=np.float32)
-        base_r = np.array([fuzz_math.seed_base(s.seed) if s.noise_std else 0 for s in specs], dtype=np.uint64)
-
-        self.mult.np[:total] = mult_r[req_idx]
-        self.std.np[:total] = std_r[req_idx]
-        self.key.np[:total] = fuzz_math.token_keys(base_r[req_idx], positions)
-        noise_rows = np.flatnonzero(std_r[req_idx])
-        if len(noise_rows) < total:  # else the full arithmetic is as cheap
-            self.module.fuzz_noise_rows = torch.from_numpy(noise_rows).to(self.mult.gpu.device, non_blocking=True)
+        positions = batch.num_computed_tokens_cpu[req_idx] + (self.arange[:total] - starts[req_idx])
+        np.take(rows.mult, req_idx, out=self.mult.np[:total])
+        np.take(rows.std, req_idx, out=self.std.np[:total])
+        self.key.np[:total] = fuzz_math.token_keys(rows.base[req_idx], positions)
+        if rows.any_noise:
+            noise_rows = np.flatnonzero(rows.noisy[req_idx])
+            if len(noise_rows) < total:  # else the full arithmetic is as cheap
+                module["fuzz_noise_rows"] = torch.from_numpy(noise_rows).to(self.mult.gpu.device, non_blocking=True)
+        else:
+            module["fuzz_noise_rows"] = self.no_rows
         if self.dirty_upto > total:
             self._neutralize(total, self.dirty_upto)
         self._publish(max(total, self.dirty_upto))
         self.dirty_upto = total
         self.stats["steps_fuzzed"] += 1
-        self.stats["tokens_fuzzed"] += int(counts[fuzzed].sum())
+        self.stats["tokens_fuzzed"] += int(counts[rows.fuzzed].sum())
 
     def _neutralize(self, start: int, stop: int) -> None:
         self.mult.np[start:stop] = 1.0

@@ -44,16 +44,27 @@ _C1 = 0x7FEB352D
 _C2 = 0x2C1B3C6D
 _TWO_PI = 2.0 * np.pi
 _INV_2_32 = 1.0 / 4294967297.0  # 1 / (2**32 + 1): maps [0, 2**32) + 1 into (0, 1)
+_U_C1, _U_C2, _U15, _U16 = np.uint32(_C1), np.uint32(_C2), np.uint32(15), np.uint32(16)
+_U_GOLDEN = np.uint32(0x9E3779B9)
 
 
 def mix32_np(x: np.ndarray) -> np.ndarray:
     """32-bit integer hash (xorshift-multiply) on uint64 arrays holding 32-bit values."""
-    x = x.astype(np.uint64) & np.uint64(M32)
-    x ^= x >> np.uint64(16)
-    x = (x * np.uint64(_C1)) & np.uint64(M32)
-    x ^= x >> np.uint64(15)
-    x = (x * np.uint64(_C2)) & np.uint64(M32)
-    x ^= x >> np.uint64(16)
+    return mix32_u32_(x.astype(np.uint32)).astype(np.uint64)
+
+
+def mix32_u32_(x: np.ndarray) -> np.ndarray:
+    """:func:`mix32_np` in place on a uint32 array (returned).
+
+    uint32 arithmetic wraps modulo 2**32 by definition, which is exactly the
+    masking the int64 torch version spells out, so this is the same hash with
+    no mask and no widening: the worker runs it every step.
+    """
+    x ^= x >> _U16
+    x *= _U_C1
+    x ^= x >> _U15
+    x *= _U_C2
+    x ^= x >> _U16
     return x
 
 
@@ -85,9 +96,15 @@ def seed_base(seed: int) -> int:
 
 
 def token_keys(bases: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Per-token keys from per-token request bases and absolute positions (int64 out)."""
-    pos = positions.astype(np.uint64) & np.uint64(M32)
-    return mix32_np(bases.astype(np.uint64) ^ mix32_np(pos + np.uint64(0x9E3779B9))).astype(np.int64)
+    """Per-token keys from per-token request bases and absolute positions (int64 out).
+
+    ``key = bases ^ mix32(pos + 0x9E3779B9)``, then mixed again, all modulo 2**32.
+    """
+    h = positions.astype(np.uint32)  # positions < 2**31: the cast keeps them
+    h += _U_GOLDEN
+    mix32_u32_(h)
+    h ^= bases.astype(np.uint32)
+    return mix32_u32_(h).astype(np.int64)
 
 
 def dim_codes(hidden_size: int) -> torch.Tensor:
@@ -103,13 +120,16 @@ def gaussian_noise(keys: torch.Tensor, codes: torch.Tensor, hidden_size: int | N
 
     ``hidden_size`` defaults to ``2 * codes.shape[1]`` (pass it for an odd size).
     """
-    hidden = 2 * codes.shape[1] if hidden_size is None else hidden_size
-    k = keys.unsqueeze(-1)
-    a = _mix32_(k ^ codes[0])
-    b = _mix32_(k ^ codes[1])
-    r = torch.sqrt(-2.0 * torch.log((a.to(torch.float32) + 1.0) * _INV_2_32))  # u1 in (0, 1]: log is finite
-    theta = b.to(torch.float32) * (_TWO_PI * _INV_2_32)
-    z = torch.cat([r * torch.cos(theta), r * torch.sin(theta)], dim=-1)
+    pairs = codes.shape[1]
+    hidden = 2 * pairs if hidden_size is None else hidden_size
+    n = keys.shape[0]
+    # One hash over both code rows at once (half the op launches of hashing
+    # each row; eager mode on CPU pays per op), then the Box-Muller arithmetic
+    # in place on the two halves of the float copy.
+    h = _mix32_(keys.unsqueeze(-1) ^ codes.reshape(1, 2 * pairs)).to(torch.float32)
+    r = h[:, :pairs].add_(1.0).mul_(_INV_2_32).log_().mul_(-2.0).sqrt_()  # u1 in (0, 1]: log is finite
+    theta = h[:, pairs:].mul_(_TWO_PI * _INV_2_32)
+    z = (torch.cat([torch.cos(theta), torch.sin(theta)], dim=-1).view(n, 2, pairs) * r.unsqueeze(1)).view(n, 2 * pairs)
     return z if z.shape[-1] == hidden else z[:, :hidden]
 
 
