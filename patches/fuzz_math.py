@@ -126,7 +126,7 @@ def gaussian_noise(keys: torch.Tensor, codes: torch.Tensor, hidden_size: int | N
     # One hash over both code rows at once (half the op launches of hashing
     # each row; eager mode on CPU pays per op), then the Box-Muller arithmetic
     # in place on the two halves of the float copy.
-    h = _mix32_(keys.unsqueeze(-1) ^ codes.reshape(1, 2 * pairs)).to(torch.float32)
+    h = _mix32_(torch.bitwise_xor(keys.unsqueeze(-1), codes.reshape(1, 2 * pairs))).to(torch.float32)
     r = h[:, :pairs].add_(1.0).mul_(_INV_2_32).log_().mul_(-2.0).sqrt_()  # u1 in (0, 1]: log is finite
     theta = h[:, pairs:].mul_(_TWO_PI * _INV_2_32)
     z = (torch.cat([torch.cos(theta), torch.sin(theta)], dim=-1).view(n, 2, pairs) * r.unsqueeze(1)).view(n, 2 * pairs)
