@@ -104,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated cores for each engine's frontend and EngineCore ('' = not pinned)")
     ap.add_argument("--settle-s", type=float, default=SETTLE_S,
                     help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
+    ap.add_argument("--arch", default=None, metavar="HIDDENxLAYERS",
+                    help="run on an untrained model of this width and depth (fixture_model.sizing) instead of "
+                         "the fixture model: what the patches cost next to a model's compute (e.g. 1024x4)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -111,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     from rich.progress import Progress
 
     from fixture_model.build import ensure_model
+    from fixture_model.sizing import ensure_sizing_model, parse_arch
     from tests.engine_host import EngineHost
 
-    model = ensure_model()
+    model = ensure_sizing_model(*parse_arch(args.arch)) if args.arch else ensure_model()
     names = list(workloads([], 0))
     kinds = list(dict.fromkeys(base_workload(w) for w in names))
     fresh = {(rnd, k): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
@@ -164,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(runs)
     meta = {"command": "python -m benchmarks.patch_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
+            "model": (f"untrained {args.arch} (fixture_model.sizing)" if args.arch
+                      else "fixture (hidden 128 x 2 layers)"),
             "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
                          "output_tokens": args.output_tokens, "rounds": args.rounds, "omp_bind": args.omp_bind,
                          "settle_s": args.settle_s,
@@ -249,7 +255,8 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
     w = meta["workload"]
     lines = ["# Patch overhead inside the engine", "",
-             f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
+             f"`{meta['command']}` on {meta['machine']}, {meta['date']}. "
+             f"Model: {meta.get('model', 'fixture (hidden 128 x 2 layers)')}.", "",
              f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens per run; "
              f"`decode`: {w['output_tokens']} tokens out (ignore_eos); `prefill`: 1 token out. "
              f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, runs "

@@ -41,6 +41,10 @@ fbc   as f with ``engine_cores_per_replica: 1``: the engine's OpenMP threads on
 fb1   as fbc, the only application in its cluster (every other phase deploys
       its targets side by side, and the idle ones cost CPU too): the best
       stack measured, as one would deploy it
+fb1s  as fb1 with the ``shm_wait`` patch off, alone in its cluster: with
+      EngineCore and its worker on one core, does upstream's spin (which
+      yields the core to the other) beat the nap (which can leave it idle)?
+fb1n  as fb1 with a 50 us ``shm_wait`` nap, alone in its cluster
 ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
@@ -49,7 +53,8 @@ every phase measures ``a`` too): ``offstack`` (b, c0, c1, c1s), ``onstack`` (c, 
 e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), ``bound``
 (c0b, c1b, eb), ``levers`` (fbr, fbt, fbq, fbn, fbc: Ray Serve's replica-side
 levers, the nap and EngineCore's placement on the best stack; HAProxy), ``alone``
-(fb1; HAProxy), then the ceiling.
+(fb1; HAProxy), ``alonespin`` (fb1s; HAProxy), ``alonenap`` (fb1n; HAProxy), then
+the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
 the machine cancels, and runs are kept ``--settle-s`` (1.5 s) apart so
@@ -89,8 +94,8 @@ OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
 SETTLE_S = 1.5
 PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs"),
           "bound": ("c0b", "c1b", "eb"), "levers": ("fbr", "fbt", "fbq", "fbn", "fbc"),
-          "alone": ("fb1",)}
-HAPROXY_PHASES = ("direct", "levers", "alone")  # clusters that run Serve's HAProxy (direct streaming)
+          "alone": ("fb1",), "alonespin": ("fb1s",), "alonenap": ("fb1n",)}
+HAPROXY_PHASES = ("direct", "levers", "alone", "alonespin", "alonenap")  # clusters running Serve's HAProxy
 LABELS = {
     "a": "vLLM server, patches off",
     "b": "stock ray.serve.llm, 1 replica",
@@ -115,6 +120,8 @@ LABELS = {
     "fbn": "as fb, shm_wait nap 50 us",
     "fbc": "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
     "fb1": "as fbc, the only application in its cluster",
+    "fb1s": "as fb1 with shm_wait off (upstream spin), alone",
+    "fb1n": "as fb1 with a 50 us shm_wait nap, alone",
     "ceil": "offline LLM.generate",
 }
 
@@ -262,6 +269,8 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
                    app("fbn", model, stock=False, direct=True, omp_bind="0", nap_s=0.00005),
                    app("fbc", model, stock=False, direct=True, cores_per_replica=1)],
         "alone": [app("fb1", model, stock=False, direct=True, cores_per_replica=1)],
+        "alonespin": [app("fb1s", model, stock=False, direct=True, cores_per_replica=1, patches_off="shm_wait")],
+        "alonenap": [app("fb1n", model, stock=False, direct=True, cores_per_replica=1, nap_s=0.00005)],
     }[phase]
     routes = {a["name"]: a["route_prefix"] for a in apps}
     if phase == "onstack":

@@ -169,7 +169,8 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
         cfg, routes, env = ss.phase_config(phase, tmp_path)
         ServeDeploySchema.model_validate(cfg)
         assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
-        assert (env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1") == (phase in ("direct", "levers", "alone"))
+        assert (env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1") == (
+            phase in ("direct", "levers", "alone", "alonespin", "alonenap"))
     cfg, _, _ = ss.phase_config("levers", tmp_path)
     apps = {a["name"]: a for a in cfg["applications"]}
     env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
@@ -185,3 +186,9 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     assert all(a["args"]["ingress"] == "direct" for a in apps.values())
     [alone] = ss.phase_config("alone", tmp_path)[0]["applications"]
     assert alone["runtime_env"] == apps["fbc"]["runtime_env"] and alone["args"] == apps["fbc"]["args"]
+    # the alone A/Bs differ from fb1 in exactly the one setting they name
+    [spin] = ss.phase_config("alonespin", tmp_path)[0]["applications"]
+    [nap] = ss.phase_config("alonenap", tmp_path)[0]["applications"]
+    assert spin["args"] == nap["args"] == alone["args"]
+    assert spin["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "shm_wait"}
+    assert nap["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], "FUZZSERVE_SHM_NAP_S": "5e-05"}
