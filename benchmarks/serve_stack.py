@@ -127,6 +127,9 @@ LABELS = {
 
 
 # ----------------------------------------------------------------------------- workload
+WARMUP_SEED = 7_777_777  # the warm-up's prompts (the measured runs use seed 0)
+
+
 def prompts(n: int, tokens: int, variant: str, seed: int = 0) -> list[str]:
     """``n`` prompts of ``tokens`` tokens (one fixture-vocabulary word per token, <s> included)."""
     from fixture_model.tasks import LETTERS, NUMBERS
@@ -310,6 +313,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--phases", default="offstack,onstack,direct,bound,levers,alone,ceiling")
     ap.add_argument("--settle-s", type=float, default=SETTLE_S,
                     help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
+    ap.add_argument("--warmup-requests", type=int, default=64,
+                    help="unmeasured requests per target and variant before a phase's first round (0 = none)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     ap.add_argument("--update", action="store_true",
                     help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out")
@@ -389,6 +394,7 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
         cluster.deploy(cfg, wait_ready=False)
         cluster.wait_http(set(routes.values()))
         bases = {"a": base_a, **{t: cluster.base_url + routes[t] for t in PHASES[phase]}}
+        warm_up(bases, args, variants)
         with Progress() as progress:
             task = progress.add_task(f"phase {phase}", total=args.rounds * len(variants) * len(targets))
             for rnd in range(args.rounds):
@@ -400,8 +406,30 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
                                                      args.concurrency, fuzz=(t == "d")))
                         cpu = cpu_accounting.delta(before, cpu_accounting.snapshot())
                         runs.append({"phase": phase, "round": rnd, "variant": variant, "target": t, **stats,
-                                     "cpu_s": cpu_columns(cpu, APP_OF.get(t, t))})
+                                     "cpu_s": cpu_columns(cpu, APP_OF.get(t, t)),
+                                     "warmup_requests": args.warmup_requests})
                         progress.advance(task)
+
+
+def warm_up(bases: dict[str, str], args, variants: list[str]) -> None:
+    """Send every target of a phase ``--warmup-requests`` unmeasured requests per variant.
+
+    Each phase deploys its targets fresh, while the vLLM server (a) stays up
+    for the whole benchmark and is warm after the first phase: without this,
+    every target's first round paid its cold start (first requests through
+    a new replica, HTTP connections, the engine's first large batches) and
+    ``a``'s did not. Found 2026-11-24: over every phase then on record, the
+    median of target / same round's ``a`` was 0.45 in round 0 against 0.57
+    and 0.61 in rounds 1 and 2. Other prompts than the measured ones (their
+    own seed), so that the warm-up leaves nothing in a prefix cache that the
+    measured runs could hit.
+    """
+    if args.warmup_requests <= 0:
+        return
+    for variant in variants:
+        ps = prompts(args.warmup_requests, args.prompt_tokens, variant, seed=WARMUP_SEED)
+        for t, base in bases.items():
+            asyncio.run(run_http(base, ps, args.output_tokens, args.concurrency, fuzz=(t == "d")))
 
 
 def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -447,6 +475,12 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[
         lines += [f"**Phase {phase} failed**: {why}", ""]
     if meta.get("notes"):
         lines += [f"Note: {meta['notes']}", ""]
+    if runs is not None:
+        warmed = sorted({r["phase"] for r in runs if r.get("warmup_requests")})
+        cold = sorted({r["phase"] for r in runs if not r.get("warmup_requests") and r["phase"] != "ceiling"})
+        if cold:
+            lines += [f"Warm-up before the first round: {', '.join(warmed) or 'no phase'}; measured without it "
+                      f"(every target's first round paid its cold start, `a`'s did not): {', '.join(cold)}.", ""]
     for variant in sorted({r["variant"] for r in table}):
         lines += [f"## Workload: {variant}", "",
                   "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | ITL p50 ms | x a | ITL p99 ms |",

@@ -30,9 +30,11 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import serve_stack
 
     assert serve_stack.main(["--phases", "offstack,ceiling", "--rounds", "1", "--requests", "6", "--concurrency", "3",
-                             "--output-tokens", "4", "--variants", "plain,prefix", "--out", str(tmp_path)]) == 0
+                             "--output-tokens", "4", "--variants", "plain,prefix", "--warmup-requests", "3",
+                             "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "serve_stack.json").read_text())
     runs = data["runs"]
+    assert all(r["warmup_requests"] == 3 for r in runs if r["phase"] == "offstack")
     assert {(r["target"], r["variant"]) for r in runs} == {(t, v) for t in ("a", "b", "c0", "c1", "c1s", "ceil")
                                                           for v in ("plain", "prefix")}
     assert all(r["requests"] == 6 and r["req_per_s"] > 0 for r in runs)
