@@ -45,6 +45,9 @@ fb1s  as fb1 with the ``shm_wait`` patch off, alone in its cluster: with
       EngineCore and its worker on one core, does upstream's spin (which
       yields the core to the other) beat the nap (which can leave it idle)?
 fb1n  as fb1 with a 50 us ``shm_wait`` nap, alone in its cluster
+e1    as eb (two replicas, each engine and its EngineCore on a core of its own:
+      the shipped serve_config.yaml), the only application in its cluster
+e1s   as e1 with the ``shm_wait`` patch off, alone in its cluster
 ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
 ====  =====================================================================
 
@@ -53,8 +56,8 @@ every phase measures ``a`` too): ``offstack`` (b, c0, c1, c1s), ``onstack`` (c, 
 e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), ``bound``
 (c0b, c1b, eb), ``levers`` (fbr, fbt, fbq, fbn, fbc: Ray Serve's replica-side
 levers, the nap and EngineCore's placement on the best stack; HAProxy), ``alone``
-(fb1; HAProxy), ``alonespin`` (fb1s; HAProxy), ``alonenap`` (fb1n; HAProxy), then
-the ceiling.
+(fb1; HAProxy), ``alonespin`` (fb1s; HAProxy), ``alonenap`` (fb1n; HAProxy),
+``two`` (e1), ``twospin`` (e1s), then the ceiling.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
 the machine cancels, and runs are kept ``--settle-s`` (1.5 s) apart so
@@ -94,7 +97,7 @@ OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
 SETTLE_S = 1.5
 PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs"),
           "bound": ("c0b", "c1b", "eb"), "levers": ("fbr", "fbt", "fbq", "fbn", "fbc"),
-          "alone": ("fb1",), "alonespin": ("fb1s",), "alonenap": ("fb1n",)}
+          "alone": ("fb1",), "alonespin": ("fb1s",), "alonenap": ("fb1n",), "two": ("e1",), "twospin": ("e1s",)}
 HAPROXY_PHASES = ("direct", "levers", "alone", "alonespin", "alonenap")  # clusters running Serve's HAProxy
 LABELS = {
     "a": "vLLM server, patches off",
@@ -122,6 +125,8 @@ LABELS = {
     "fb1": "as fbc, the only application in its cluster",
     "fb1s": "as fb1 with shm_wait off (upstream spin), alone",
     "fb1n": "as fb1 with a 50 us shm_wait nap, alone",
+    "e1": "as eb (the shipped config), alone",
+    "e1s": "as e1 with shm_wait off (upstream spin), alone",
     "ceil": "offline LLM.generate",
 }
 
@@ -274,6 +279,8 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
         "alone": [app("fb1", model, stock=False, direct=True, cores_per_replica=1)],
         "alonespin": [app("fb1s", model, stock=False, direct=True, cores_per_replica=1, patches_off="shm_wait")],
         "alonenap": [app("fb1n", model, stock=False, direct=True, cores_per_replica=1, nap_s=0.00005)],
+        "two": [app("e1", model, stock=False, replicas=2, cores_per_replica=1)],
+        "twospin": [app("e1s", model, stock=False, replicas=2, cores_per_replica=1, patches_off="shm_wait")],
     }[phase]
     routes = {a["name"]: a["route_prefix"] for a in apps}
     if phase == "onstack":

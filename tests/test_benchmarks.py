@@ -194,3 +194,8 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     assert spin["args"] == nap["args"] == alone["args"]
     assert spin["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "shm_wait"}
     assert nap["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], "FUZZSERVE_SHM_NAP_S": "5e-05"}
+    bound = {a["name"]: a for a in ss.phase_config("bound", tmp_path)[0]["applications"]}
+    [two] = ss.phase_config("two", tmp_path)[0]["applications"]
+    [twospin] = ss.phase_config("twospin", tmp_path)[0]["applications"]
+    assert two["args"] == twospin["args"] == bound["eb"]["args"] and two["runtime_env"] == bound["eb"]["runtime_env"]
+    assert twospin["runtime_env"]["env_vars"] == {**two["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "shm_wait"}
