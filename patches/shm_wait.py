@@ -46,8 +46,15 @@ Cost
     sleeps ~285 us on the project's VM), at most twice per engine step. On
     a host where EngineCore and the worker each have a core to themselves
     the spin is free and this is pure latency: offline, pinned that way,
-    decode measured 0.91x of stock (0.77-1.06 per round; docs/benchmarks.md),
-    with a third less CPU. Switch it off there.
+    decode measured 0.91-0.97x of stock on the fixture model (single rounds
+    0.77-1.06) and 1.006x on a 1024-wide 4-layer model (docs/benchmarks.md),
+    with a third less CPU. Switch it off there. Likewise where the two share
+    one core with nothing else pinned to it (one replica per host with
+    ``engine_cores_per_replica``): ``sched_yield`` hands the core straight
+    to the other, a nap can leave it idle (serve_stack fb1s against fb1,
+    docs/benchmarks.md item 11). Keep it where other busy processes float
+    over the engine's cores (two replicas on two cores, the shipped
+    config).
 
 Switches
     ``FUZZSERVE_PATCHES_OFF=shm_wait`` restores upstream's spin;
