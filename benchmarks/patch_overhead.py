@@ -67,6 +67,8 @@ from benchmarks.serve_stack import ENGINE, OFFLOAD, REPO, SETTLE_S, _fmt, _machi
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
+FIXTURE_LABEL = "fixture (hidden 128 x 2 layers)"  # the model named in results when --arch is not given
+
 ENGINES = {
     "off": ({"FUZZSERVE_PATCHES_OFF": "all"}, {}),
     "on": ({}, {}),
@@ -168,8 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     table = summarize(runs)
     meta = {"command": "python -m benchmarks.patch_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
-            "model": (f"untrained {args.arch} (fixture_model.sizing)" if args.arch
-                      else "fixture (hidden 128 x 2 layers)"),
+            "model": f"untrained {args.arch} (fixture_model.sizing)" if args.arch else FIXTURE_LABEL,
             "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
                          "output_tokens": args.output_tokens, "rounds": args.rounds, "omp_bind": args.omp_bind,
                          "settle_s": args.settle_s,
@@ -256,7 +257,7 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
     w = meta["workload"]
     lines = ["# Patch overhead inside the engine", "",
              f"`{meta['command']}` on {meta['machine']}, {meta['date']}. "
-             f"Model: {meta.get('model', 'fixture (hidden 128 x 2 layers)')}.", "",
+             f"Model: {meta.get('model', FIXTURE_LABEL)}.", "",
              f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens per run; "
              f"`decode`: {w['output_tokens']} tokens out (ignore_eos); `prefill`: 1 token out. "
              f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, runs "
