@@ -13,24 +13,34 @@ the salt is the one the engine will use (``FuzzSpec.cache_salt``): requests
 match only where the engine could reuse the KV. Everything else (load
 balancing fallback, eviction, locality) is Ray's.
 
-Selected with ``routing: fuzz_affinity`` in the app's arguments;
-``prefix_affinity`` selects Ray's router unchanged, ``power_of_two`` (the
-default) Serve's default router.
+Selected with ``routing: fuzz_affinity`` in the app's arguments (what
+``serve_config.yaml`` ships); ``prefix_affinity`` selects Ray's router
+unchanged, ``power_of_two`` (the default) Serve's default router,
+``round_robin`` Ray's direct-streaming default. On the direct path the
+engine deployment's request router is asked by ``LLMRouter`` with the
+request body (``RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1``), as a
+namespace whose attributes are the body's fields; on the router path with
+the parsed request. Both expose ``prompt`` / ``messages`` and ``vllm_xargs``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
 from patches.fuzz_params import parse_or_neutral
 
-ROUTERS = {
-    "power_of_two": None,  # Serve's default
-    "prefix_affinity": "ray.serve.llm.request_router.PrefixCacheAffinityRouter",
-    "fuzz_affinity": "serve_app.routing.FuzzAffinityRouter",
+Routing = Literal["power_of_two", "round_robin", "prefix_affinity", "fuzz_affinity"]
+# routing name -> the engine deployment's request_router_config
+ROUTERS: dict[str, dict[str, str]] = {
+    "power_of_two": {},  # Serve's default RequestRouterConfig
+    "round_robin": {"request_router_class": "ray.serve.experimental.round_robin_router.RoundRobinRouter"},
+    "prefix_affinity": {"request_router_class": "ray.serve.llm.request_router.PrefixCacheAffinityRouter"},
+    "fuzz_affinity": {"request_router_class": "serve_app.routing.FuzzAffinityRouter"},
 }
+# Routers that decide on the request body (on the direct path they need it forwarded).
+BODY_AWARE = frozenset({"prefix_affinity", "fuzz_affinity"})
 
 
 def affinity_key(text: str, vllm_xargs: Any) -> str:
