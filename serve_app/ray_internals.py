@@ -33,6 +33,10 @@ symbol                                      why it is needed
                                             ``__serve_build_asgi_app__`` (vLLM builds its
                                             middleware stack eagerly, so Starlette's
                                             ``add_middleware`` refuses afterwards).
+``RequestRouter._probe_queue_lens``         the replicas' in-flight request counts, asked for
+                                            by ``FuzzAffinityRouter`` (the public request-router
+                                            API exposes only a cache that nothing refreshes on
+                                            the direct path).
 ==========================================  =====================================================
 """
 
@@ -42,6 +46,7 @@ import importlib
 
 import ray
 from ray.serve.deployment import Application
+from ray.serve.request_router import RequestRouter
 
 VERIFIED_RAY = "2.60.0"
 
@@ -70,6 +75,17 @@ add_middleware_to_built_app = _load("ray.llm._internal.serve.core.server.llm_ser
 if not hasattr(Application, "_with_ingress_request_router"):
     raise RayInternalsMoved(f"Ray {ray.__version__}: Application._with_ingress_request_router is gone; "
                             f"the direct path was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)")
+
+
+_probe = getattr(RequestRouter, "_probe_queue_lens", None)
+if _probe is None:
+    raise RayInternalsMoved(f"Ray {ray.__version__}: RequestRouter._probe_queue_lens is gone; fuzz_affinity "
+                            f"routing was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)")
+
+
+async def probe_queue_lens(router, replicas: list) -> list[tuple]:
+    """[(replica, in-flight requests or None if it did not answer in time)] for ``replicas``, asked now."""
+    return await _probe(router, replicas, 0)
 
 
 def with_ingress_request_router(ingress, router):

@@ -114,20 +114,6 @@ def test_builder_args_are_strict():
     assert FuzzServeArgs.model_validate({"llm_configs": [{}]}).engine_cores_per_replica is None  # vLLM's auto
 
 
-def test_fuzz_affinity_key():
-    from serve_app.routing import affinity_key
-
-    assert affinity_key("abc", None) == "abc"
-    assert affinity_key("abc", {"fuzz_strength": 0}) == "abc", "s = 0 shares KV with unfuzzed requests"
-    a = affinity_key("abc", {"fuzz_strength": 0.5})
-    assert a.endswith("abc") and a != "abc"
-    assert affinity_key("abc", {"fuzz_strength": 1.0}) == affinity_key("abc", {"fuzz_strength": 7.0}), \
-        "scale s >= 1 all zero the embeddings: one salt"
-    assert affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 1}) != \
-        affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 2})
-    assert affinity_key("abc", {"fuzz_strength": -1}) == "abc", "invalid settings never reach routing; no crash"
-
-
 from ray.serve.llm import LLMServer  # noqa: E402
 
 
