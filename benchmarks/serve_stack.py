@@ -106,17 +106,20 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
     # A fuzzed stream may carry no visible text at all (ignore_eos on noise-driven
     # tokens that decode to ""): it has no TTFT, and counts for throughput only.
     return _stats(wall, [r.ttft for r in ok if r.ttft is not None], [x for r in ok for x in r.itl],
-                  sum(r.completion_tokens or r.chunks for r in ok), len(ok))
+                  sum(r.completion_tokens or r.chunks for r in ok), len(ok),
+                  [r.tpot for r in ok if r.tpot is not None])
 
 
-def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int) -> dict[str, Any]:
+def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int,
+           tpot: list[float] = ()) -> dict[str, Any]:
     import numpy as np
 
     def pct(xs, p):
         return float(np.percentile(xs, p)) if xs else None
 
     return {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall,
-            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99)}
+            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
+            "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99)}
 
 
 # ----------------------------------------------------------------------------- targets
@@ -288,7 +291,7 @@ def warm_up(bases: dict[str, str], args, variants: list[str]) -> None:
 
 def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (variant, target): the median over rounds of value / the same phase-round-variant's ``a``."""
-    keys = ("req_per_s", "tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
+    keys = ("req_per_s", "tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50", "tpot_p99")
     ref = {(r["phase"], r["round"], r["variant"]): r for r in runs if r["target"] == "a"}
     a_all = [r for r in runs if r["target"] == "a"]
     out = []
@@ -337,13 +340,16 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[
                       f"(every target's first round paid its cold start, `a`'s did not): {', '.join(cold)}.", ""]
     for variant in sorted({r["variant"] for r in table}):
         lines += [f"## Workload: {variant}", "",
-                  "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | ITL p50 ms | x a | ITL p99 ms |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | x a | TPOT p50 ms | x a | "
+                  "TPOT p99 ms | ITL p50 ms | ITL p99 ms |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in table if r["variant"] == variant):
             lines.append(f"| {r['target']} | {r['label']} | {_fmt(r['req_per_s'])} | {_fmt(r['req_per_s_x_a'], digits=2)} | "
                          f"{_fmt(r['tok_per_s'], digits=0)} | {_fmt(r['ttft_p50'], 1000, digits=0)} | "
                          f"{_fmt(r['ttft_p50_x_a'], digits=2)} | {_fmt(r['ttft_p99'], 1000, digits=0)} | "
-                         f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p50_x_a'], digits=2)} | {_fmt(r['itl_p99'], 1000)} |")
+                         f"{_fmt(r['ttft_p99_x_a'], digits=2)} | {_fmt(r.get('tpot_p50'), 1000)} | "
+                         f"{_fmt(r.get('tpot_p50_x_a'), digits=2)} | {_fmt(r.get('tpot_p99'), 1000)} | "
+                         f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p99'], 1000)} |")
         lines.append("")
         if runs is not None:
             lines += cpu_markdown(runs, variant)
