@@ -256,7 +256,16 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
 
 
 def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
-    """SIGKILL one engine replica mid-load: every request ends (success or a clean error), none hangs."""
+    """SIGKILL one engine replica mid-load: every request ends (success or an error the client sees), none hangs,
+    none looks complete when it is not.
+
+    On the direct path the killed replica's process held its clients' HTTP
+    connections (HAProxy forwards them to it), so its streams end with the
+    connection cut inside a chunked body: the client's HTTP library raises
+    (httpx: RemoteProtocolError, "incomplete chunked read"), as with a plain
+    vLLM server killed mid-stream. What must never happen is a stream that
+    ends cleanly without ``[DONE]`` (``truncated``).
+    """
     import psutil
 
     victim = serve_cluster.replicas()[0]
@@ -294,7 +303,8 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
     kinds = [k for k, _ in results]
     assert "ok" in kinds, results
     assert "truncated" not in kinds, f"a stream ended without [DONE] and without an error: {results}"
-    assert all(k in ("ok", "http_error", "stream_error") for k in kinds), results
+    assert all(k in ("ok", "http_error", "stream_error") or (k, detail) == ("transport_error", "RemoteProtocolError")
+               for k, detail in results), results
     assert all(n == 200 for k, n in results if k == "ok"), results
 
     # Serve replaces the replica; the killed replica's engine processes are gone, not orphaned.
