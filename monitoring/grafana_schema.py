@@ -81,15 +81,15 @@ def _round_trip(given: Any, kept: Any, path: str, problems: list[str]) -> None:
 
 def _check_types(obj: Any, path: str, problems: list[str]) -> None:
     """Each attribute of an SDK model object against its declared type, recursively."""
-    if isinstance(obj, UnknownDataquery):
-        problems.append(f"{path}: a query of no known data-source type (set the panel's or query's datasource type)")
-        return
     hints = typing.get_type_hints(type(obj))
     for attr, hint in hints.items():
         _check_value(getattr(obj, attr, None), hint, f"{path}.{attr}", problems)
 
 
 def _check_value(value: Any, hint: Any, path: str, problems: list[str]) -> None:
+    if isinstance(value, UnknownDataquery):
+        problems.append(f"{path}: a query of no known data-source type (set the panel's or query's datasource type)")
+        return
     if not _conforms(value, hint):
         problems.append(f"{path}: {value!r} is not a {_name(hint)}")
         return
