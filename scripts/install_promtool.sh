@@ -19,6 +19,11 @@ if [[ -x "$BIN/promtool" && -x "$BIN/prometheus" ]] && "$BIN/promtool" --version
     exit 0
 fi
 
+if ! command -v apt-get >/dev/null || ! command -v dpkg >/dev/null; then
+    echo "install_promtool: needs Debian's apt-get and dpkg; elsewhere install promtool and prometheus (2.42 or" \
+         "newer) yourself and set FUZZSERVE_PROMTOOL / FUZZSERVE_PROMETHEUS to them" >&2
+    exit 1
+fi
 echo "install_promtool: fetching Debian's prometheus package into $TOOLS" >&2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
