@@ -14,13 +14,16 @@ without it these tests fail, never skip.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from load_tests.scenarios import LYING_CONNECTOR_KINDS
-from monitoring.fixtures import fixture_samples, series_selector
+from monitoring.e2e import e2e_config
+from monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_selector
 from monitoring.promtool import AlertCase, Firing, alerting_rules, promtool, run_rule_tests
 from monitoring.tools import RULES_FILE, SCRAPE_CONFIG
 from patches.accounting import VIOLATION_KINDS
@@ -250,3 +253,36 @@ def test_a_wrong_rule_fails_its_unit_tests(tmp_path: Path, wrong: str, right: st
     bad.write_text(text.replace(wrong, right))
     r = run_rule_tests(CASES, rules_file=bad)
     assert not r.ok and "FAILED" in r.output, r.output
+
+
+def discovered(config: dict, tmp_path: Path) -> list[dict]:
+    """What promtool's service discovery (and relabelling) makes of ``config``'s job "ray"."""
+    path = tmp_path / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    # promtool waits the whole timeout for more results; a file is read at once
+    r = promtool("check", "service-discovery", "--timeout=3s", str(path), "ray")
+    assert r.ok, r.output
+    return json.JSONDecoder().raw_decode(r.output[r.output.index("["):])[0]
+
+
+def test_scrape_config_finds_every_target_of_rays_discovery_file(tmp_path: Path):
+    """The shipped config, its discovery file swapped for one a real cluster wrote: every listed endpoint is a
+    target of job "ray"."""
+    sd_file = FIXTURE_DIR / "prom_metrics_service_discovery.json"
+    cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
+    cfg.pop("rule_files")
+    (sd,) = cfg["scrape_configs"][0]["file_sd_configs"]
+    assert sd["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]
+    sd["files"] = [str(sd_file)]
+    targets = discovered(cfg, tmp_path)
+    listed = [t for g in json.loads(sd_file.read_text()) for t in g["targets"]]
+    assert sorted(t["labels"]["instance"] for t in targets) == sorted(listed)
+    assert {t["labels"]["job"] for t in targets} == {"ray"}
+
+
+def test_e2e_config_is_the_shipped_one_on_loopback(tmp_path: Path):
+    cfg = e2e_config(RULES_FILE, 5)
+    cfg["scrape_configs"][0]["file_sd_configs"][0]["files"] = [str(FIXTURE_DIR / "prom_metrics_service_discovery.json")]
+    cfg.pop("rule_files")
+    targets = discovered(cfg, tmp_path)
+    assert targets and all(t["labels"]["__address__"].startswith("127.0.0.1:") for t in targets)
