@@ -55,6 +55,9 @@ def parts(local_compute: str, local_cache_hit: str, external_kv_transfer: str) -
             sel(BY_SOURCE, source="external_kv_transfer"): external_kv_transfer}
 
 
+R2_PROMPT = series_selector(PROMPT, {**LABELS, "ReplicaId": "r2", "WorkerId": "w2"})
+
+
 def deployment_counters(errors: str, requests: str) -> dict[str, str]:
     lab = {"application": "fuzzserve", "deployment": "LLMServer:fixture", "replica": "r1", "instance": "127.0.0.1:8089",
            "job": "ray"}
@@ -62,10 +65,10 @@ def deployment_counters(errors: str, requests: str) -> dict[str, str]:
             series_selector("ray_serve_deployment_request_counter_total", lab): requests}
 
 
-def healthy(*replicas: tuple[str, int]) -> dict[str, str]:
+def healthy(**replicas: str) -> dict[str, str]:
     return {series_selector(HEALTHY, {"application": "fuzzserve", "deployment": "LLMServer:fixture", "replica": r,
-                                      "instance": "127.0.0.1:8089", "job": "ray"}): f"{v}x40"
-            for r, v in replicas}
+                                      "instance": "127.0.0.1:8089", "job": "ray"}): values
+            for r, values in replicas.items()}
 
 
 CASES = [
@@ -132,15 +135,16 @@ CASES = [
                sel(SUCCESS, finished_reason="length"): "0+10x160"}, "30m",
               {"FuzzserveAccountingCorrectionsHigh": []}),
     # --- a replica Serve no longer reports healthy, whose series Ray still exports
-    AlertCase("a dead replica's frozen series fire",
-              {sel(PROMPT): "500x40",
-               series_selector(PROMPT, {**LABELS, "ReplicaId": "r2", "WorkerId": "w2"}): "700x40",
-               **healthy(("r1", 1), ("r2", 0))}, "5m", {
+    AlertCase("a replica that died 3 minutes ago, its series frozen, fires",
+              {sel(PROMPT): "500x40", R2_PROMPT: "700x40", **healthy(r1="1x40", r2="1x8 0x32")}, "6m", {
                   "FuzzserveReplicaSeriesStale": [Firing({"ReplicaId": "r2"},
                       "replica r2 is not healthy in Serve, but its vLLM counters are still exported")]}),
     AlertCase("healthy replicas are silent",
-              {sel(PROMPT): "500x40", series_selector(PROMPT, {**LABELS, "ReplicaId": "r2", "WorkerId": "w2"}): "700x40",
-               **healthy(("r1", 1), ("r2", 1))}, "5m", {"FuzzserveReplicaSeriesStale": []}),
+              {sel(PROMPT): "500x40", R2_PROMPT: "700x40", **healthy(r1="1x40", r2="1x40")}, "5m",
+              {"FuzzserveReplicaSeriesStale": []}),
+    AlertCase("a replica that died over 30 minutes ago (a redeploy an hour back) is silent again",
+              {sel(PROMPT): "500x200", R2_PROMPT: "700x200", **healthy(r1="1x200", r2="1x8 0x192")}, "45m",
+              {"FuzzserveReplicaSeriesStale": []}),
     AlertCase("no Serve health series: silent (a scrape gap is not a dead replica)",
               {sel(PROMPT): "500x40"}, "5m", {"FuzzserveReplicaSeriesStale": []}),
     # --- a deployment whose requests keep failing (stock accounting: EngineCore dies, replacements too)
@@ -243,6 +247,7 @@ def test_the_real_export_with_a_broken_sum_fires_on_that_replica():
     ("or 0 * ray_vllm_prompt_tokens_total", "or ray_vllm_prompt_tokens_total"),
     ("> 0.2", "> 0.7"),
     ("> 0.1", "> 0.95"),
+    ("[30m]) == 1", "[30m]) >= 0"),
     ('ray_serve_deployment_replica_healthy == 1, "ReplicaId"', 'ray_serve_deployment_replica_healthy >= 0, "ReplicaId"'),
 ])
 def test_a_wrong_rule_fails_its_unit_tests(tmp_path: Path, wrong: str, right: str):
