@@ -29,7 +29,9 @@ class ToolMissing(RuntimeError):
 def tool(name: str) -> Path:
     """The path of ``promtool`` or ``prometheus``; :class:`ToolMissing` (never a skip) when it is not installed."""
     override = os.environ.get(f"FUZZSERVE_{name.upper()}")
-    for candidate in (override, TOOLS_BIN / name, shutil.which(name)):
+    candidates = [override] if override else [TOOLS_BIN / name, shutil.which(name)]
+    for candidate in candidates:
         if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
             return Path(candidate)
-    raise ToolMissing(f"{name} not found in {TOOLS_BIN} or on PATH: {INSTALL_HINT}")
+    where = f"FUZZSERVE_{name.upper()}={override}" if override else f"{TOOLS_BIN} or on PATH"
+    raise ToolMissing(f"{name} not found ({where}): {INSTALL_HINT}")

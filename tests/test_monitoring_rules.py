@@ -164,6 +164,15 @@ def test_promtool_is_installed_by_the_project():
     assert r.ok and "promtool, version" in r.output, r.output
 
 
+def test_a_missing_promtool_is_an_error_not_a_skip(monkeypatch, tmp_path: Path):
+    from monitoring import tools
+
+    monkeypatch.setattr(tools, "TOOLS_BIN", tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(tools.ToolMissing, match="install_promtool.sh"):
+        promtool("--version")
+
+
 def test_rules_and_scrape_config_pass_promtool_checks():
     r = promtool("check", "rules", "--lint=all", "--lint-fatal", str(RULES_FILE))
     assert r.ok, r.output
