@@ -149,7 +149,7 @@ class AlertRecorder(threading.Thread):
                 rec["first_firing_wall"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
                 rec["value_when_firing"] = a.get("value")
                 log.info("alert firing: %s %s = %s", rec["alertname"],
-                         {k: v for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "__name__")},
+                         {k: v for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "counter", "deployment")},
                          a.get("value"))
 
     def run(self) -> None:
@@ -219,7 +219,7 @@ def summary_md(result: dict[str, Any]) -> str:
              "| alert | labels | pending at (s) | firing at (s) | value when firing | last state |",
              "|---|---|---|---|---|---|"]
     for a in result["alerts"]:
-        labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "__name__"))
+        labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "counter", "deployment"))
         lines.append(f"| {a['alertname']} | {labels} | {a.get('first_pending_s', '-')} | "
                      f"{a.get('first_firing_s', '-')} | {a.get('value_when_firing', '-')} | {a.get('last_state')} |")
     lines.append("")
