@@ -1,12 +1,13 @@
 """The Grafana dashboard: up to date with its generator, valid in Grafana's schema, and every query real.
 
-"Real" twice over: every PromQL expression parses in promtool (as a recording
-rule of a throwaway rules file: promtool has no other way to check a bare
-expression), and every expression returns data when promtool evaluates it over
-the series a real deployment exported (tests/fixtures/monitoring/, ramped so
-that rates see traffic), next to the project's recording rules. A query that
-names a series nobody exports comes back empty and fails. Each checker is fed
-a bad case first.
+"Real" three times over: every PromQL expression parses in promtool (as a
+recording rule of a throwaway rules file: promtool has no other way to check a
+bare expression); every expression returns data when promtool evaluates it
+over the series a real deployment exported (tests/fixtures/monitoring/, ramped
+so that rates see traffic), next to the project's recording rules; and every
+series name in it is one that export or a recording rule defines (a wrong
+name on the losing side of an ``or`` still returns data). Each checker is fed
+a bad case too.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from monitoring import dashboard as dashboard_mod
 from monitoring.fixtures import fixture_samples, ramped_series
 from monitoring.grafana_schema import schema_problems
 from monitoring.promtool import ExprCase, promtool, run_rule_tests
-from monitoring.tools import DASHBOARD_FILE
+from monitoring.tools import DASHBOARD_FILE, RULES_FILE
 
 # Grafana's variables, replaced by what PromQL can evaluate: every replica, and a rate window
 # longer than two of the fixture's 15 s steps.
 VARIABLES = {"$replica": ".*", "$__rate_interval": "1m"}
 LABEL_VALUES = re.compile(r"^label_values\((?P<metric>[^,]+),\s*\w+\)$")
+# Every series name the dashboard may use starts so: Ray's export (ray_*) or the project's recording rules.
+SERIES_NAME = re.compile(r'(?<![\w:"])((?:ray_|fuzzserve:)[A-Za-z0-9_:]*)')
 
 
 def committed() -> dict:
@@ -60,6 +63,15 @@ def parse_check(exprs: list[str], tmp_path: Path):
     path = tmp_path / "dashboard_exprs.yml"
     path.write_text(yaml.safe_dump(rules))
     return promtool("check", "rules", str(path))
+
+
+def unknown_series(exprs: list[str]) -> set[str]:
+    """Series names in ``exprs`` that neither the captured export nor a recording rule defines.
+
+    The data check alone cannot see a wrong name on the losing side of an ``or``; this one can."""
+    known = {name for name, _labels in fixture_samples()}
+    known |= {r["record"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"] if "record" in r}
+    return {name for e in exprs for name in SERIES_NAME.findall(e)} - known
 
 
 def data_check(exprs: list[str]):
@@ -109,6 +121,19 @@ def test_the_parse_check_catches_a_broken_query(tmp_path: Path):
 def test_every_query_returns_data_from_a_real_deployments_series():
     r = data_check(expressions(committed()))
     assert r.ok, r.output
+
+
+def test_every_series_a_query_names_is_exported_or_recorded():
+    exprs = expressions(committed())
+    assert unknown_series(exprs) == set()
+    assert {"ray_vllm_prompt_tokens_by_source_total", "fuzzserve:prompt_tokens_unaccounted"} <= {
+        n for e in exprs for n in SERIES_NAME.findall(e)}
+
+
+def test_the_name_check_catches_a_wrong_name_the_data_check_misses():
+    masked = "sum(ray_vllm_prompt_tokens_total) or sum(ray_vllm_prompt_tokenz_total)"
+    assert data_check([masked]).ok
+    assert unknown_series([masked]) == {"ray_vllm_prompt_tokenz_total"}
 
 
 def test_the_data_check_catches_a_query_of_a_series_nobody_exports():
