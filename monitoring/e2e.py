@@ -39,6 +39,7 @@ import logging
 import subprocess
 import threading
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ import yaml
 from serve_app.ports import free_port
 
 from .chaos_deployment import chaos_scenario, deploy
-from .tools import PROMETHEUS_DIR, tool
+from .tools import RULES_FILE, SCRAPE_CONFIG, tool
 
 log = logging.getLogger("fuzzserve.monitoring")
 
@@ -63,7 +64,7 @@ JUDGED_ALERTS = ("FuzzserveCounterNegative", "FuzzserveCounterWentBackwards", "F
 
 def e2e_config(rules: Path, interval_s: int) -> dict[str, Any]:
     """The shipped scrape config with a shorter interval, absolute rule paths and loopback targets."""
-    cfg = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
     cfg["global"] = {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"}
     cfg["rule_files"] = [str(rules)]
     for job in cfg["scrape_configs"]:
@@ -165,7 +166,7 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
     sc = chaos_scenario(duration_s, concurrency, kill_at_s)
     started = time.monotonic()
     cluster = deploy(sc, out / "cluster", patches_off="accounting" if patches == "off" else None)
-    prom = PrometheusServer(e2e_config((PROMETHEUS_DIR / "fuzzserve-rules.yml").resolve(), interval_s), out)
+    prom = PrometheusServer(e2e_config(RULES_FILE.resolve(), interval_s), out)
     recorder = None
     try:
         prom.start()
@@ -205,10 +206,7 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
 
 
 def _outcomes(results) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for r in results:
-        counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    return counts
+    return dict(Counter(r.outcome for r in results))
 
 
 def summary_md(result: dict[str, Any]) -> str:
