@@ -14,8 +14,10 @@ its key is the salt plus the first ``prefix_chars`` characters of the prompt
 * no shared state: any number of routers (or a restarted one) agree on every
   key, and when a replica goes, only its keys move;
 * load: when the preferred replica has more than ``imbalanced_threshold``
-  requests in flight beyond the least-loaded one (replica queue lengths,
-  probed per request), the least-loaded replica takes the request instead.
+  requests in flight beyond the least-loaded one, the least-loaded replica
+  takes the request instead. The in-flight counts are the replicas' own
+  (one RPC to each, at most every ``probe_interval_s``; between probes the
+  router adds what it routed itself, so a burst spreads).
   ``imbalanced_threshold: null`` routes on affinity alone, without probing.
 
 Why not Ray's ``PrefixCacheAffinityRouter``: on the direct-streaming path
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from typing import Any, Literal
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
@@ -64,6 +67,9 @@ BODY_AWARE = frozenset({"prefix_affinity", "fuzz_affinity"})
 # About one 128-token KV block of the CPU platform at ~2-4 characters per token.
 DEFAULT_PREFIX_CHARS = 512
 DEFAULT_IMBALANCED_THRESHOLD = 8
+# Probing every replica on every request would cost every replica an RPC per
+# request; ten probes a second keep the counts fresh at any request rate.
+DEFAULT_PROBE_INTERVAL_S = 0.1
 
 
 def affinity_key(text: str, vllm_xargs: Any) -> str:
@@ -126,11 +132,27 @@ def choose(preferred: str, queue_lens: dict[str, int | None], threshold: float) 
 
 class FuzzAffinityRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, prefix_chars: int = DEFAULT_PREFIX_CHARS,
-                         imbalanced_threshold: float | None = DEFAULT_IMBALANCED_THRESHOLD, **kwargs):
+                         imbalanced_threshold: float | None = DEFAULT_IMBALANCED_THRESHOLD,
+                         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S, **kwargs):
         if prefix_chars < 1:
             raise ValueError(f"prefix_chars must be >= 1, got {prefix_chars}")
+        if probe_interval_s < 0:
+            raise ValueError(f"probe_interval_s must be >= 0, got {probe_interval_s}")
         self._prefix_chars = prefix_chars
         self._imbalanced_threshold = math.inf if imbalanced_threshold is None else float(imbalanced_threshold)
+        self._probe_interval_s = probe_interval_s
+        self._lens: dict[str, int | None] = {}
+        self._lens_at = -math.inf
+
+    async def _queue_lens(self, replicas: list[RunningReplica]) -> dict[str, int | None]:
+        """In-flight requests per replica: probed when the last probe is older than the interval or missed one."""
+        ids = [r.replica_id.to_full_id_str() for r in replicas]
+        now = time.monotonic()
+        if now - self._lens_at >= self._probe_interval_s or any(i not in self._lens for i in ids):
+            probed = await probe_queue_lens(self, replicas)
+            self._lens = {r.replica_id.to_full_id_str(): n for r, n in probed}
+            self._lens_at = now
+        return {i: self._lens.get(i) for i in ids}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
@@ -141,7 +163,8 @@ class FuzzAffinityRouter(FIFOMixin, RequestRouter):
         # no prompt (a GET through HAProxy, a body without one): load alone decides, from any start
         preferred = rendezvous(key if key is not None else "", sorted(by_id))
         if len(by_id) > 1 and (key is None or math.isfinite(self._imbalanced_threshold)):
-            probed = await probe_queue_lens(self, candidate_replicas)
-            lens = {r.replica_id.to_full_id_str(): n for r, n in probed}
+            lens = await self._queue_lens(candidate_replicas)
             preferred = choose(preferred, lens, 0 if key is None else self._imbalanced_threshold)
+            if self._lens.get(preferred) is not None:  # counted until the next probe says otherwise
+                self._lens[preferred] += 1
         return [[by_id[preferred]]]

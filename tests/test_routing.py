@@ -103,9 +103,10 @@ def queue_lens(monkeypatch) -> dict[str, int | None]:
     return current
 
 
-def route(request, **state) -> str:
-    router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
-    router.initialize_state(**state)
+def route(request, router=None, **state) -> str:
+    if router is None:
+        router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
+        router.initialize_state(**state)
     [[chosen]] = asyncio.run(router.choose_replicas(REPLICAS, request))
     return chosen.replica_id.to_full_id_str()
 
@@ -136,9 +137,36 @@ def test_router_falls_back_to_the_least_loaded_and_balances_keyless_requests(que
         assert route(types.SimpleNamespace(args=[])) == light
 
 
+def test_between_probes_the_router_counts_what_it_routed(queue_lens, monkeypatch):
+    """Probes are rationed (probe_interval_s); meanwhile each request routed counts on its replica, so a
+    burst for one key spreads once the preferred replica runs the threshold ahead, and a new probe resets."""
+    import serve_app.routing as routing
+
+    clock = [100.0]
+    monkeypatch.setattr(routing.time, "monotonic", lambda: clock[0])
+    probes = []
+    real = routing.probe_queue_lens
+
+    async def counted(router, replicas):
+        probes.append(clock[0])
+        return await real(router, replicas)
+
+    monkeypatch.setattr(routing, "probe_queue_lens", counted)
+    queue_lens.update({"A": 0, "B": 0})
+    router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
+    router.initialize_state(imbalanced_threshold=2, probe_interval_s=0.1)
+    burst = [route(REQ, router) for _ in range(6)]
+    assert probes == [100.0], "one probe for the whole burst"
+    assert burst[:3] == [PREFERRED] * 3 and OTHER in burst[3:], burst
+    clock[0] += 0.2
+    assert route(REQ, router) == PREFERRED and probes == [100.0, 100.2], "a fresh probe: both at 0 again"
+
+
 def test_router_refuses_nonsense_and_handles_no_replicas():
     router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
     router.initialize_state()
     assert asyncio.run(router.choose_replicas([], REQ)) == []
     with pytest.raises(ValueError, match="prefix_chars"):
         router.initialize_state(prefix_chars=0)
+    with pytest.raises(ValueError, match="probe_interval_s"):
+        router.initialize_state(probe_interval_s=-1)
