@@ -89,6 +89,11 @@ TARGETS: tuple[Target, ...] = (
     Target("Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}),
     Target("Sr", "shippedrouter", "as S on the router path (ingress: router), alone",
            shipped={"args": {"ingress": "router"}}),
+    Target("St", "shippedthread", "as S, Serve runs the replicas' user code on their main event loop, alone",
+           shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}),
+    Target("Sq", "shippedquiet", "as St with Serve's access log off, alone",
+           shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
+                    "logging_config": {"enable_access_log": False}}),
     Target("b2", "stock2", "stock ray.serve.llm, 2 replicas, default path, alone",
            {"stock": True, "patches": False, "replicas": 2}),
     Target("bd2", "stockdirect2", "stock ray.serve.llm, 2 replicas, direct streaming + HAProxy, alone",
@@ -145,11 +150,15 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
 
 
 def shipped_app(name: str, args: dict[str, Any] | None = None, engine_kwargs: dict[str, Any] | None = None,
+                env: dict[str, str] | None = None, logging_config: dict[str, Any] | None = None,
                 config: Path = SHIPPED_CONFIG) -> dict[str, Any]:
     """serve_config.yaml's application as shipped, at route ``/<name>``, with only the named overrides."""
     [application] = copy.deepcopy(yaml.safe_load(config.read_text())["applications"])
     application.update(name=name, route_prefix=f"/{name}")
     application["args"].update(args or {})
+    application.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(env or {})
+    if logging_config:
+        application["logging_config"] = logging_config
     for llm in application["args"]["llm_configs"]:
         llm["engine_kwargs"].update(engine_kwargs or {})
     return application

@@ -173,10 +173,10 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
         assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
         assert (env["RAY_SERVE_ENABLE_HA_PROXY"] == "1") == (phase in (
             "direct", "levers", "alone", "alonespin", "alonenap", "shipped", "shippedcompiled", "shippedspin",
-            "stockdirect2")), phase
+            "shippedthread", "shippedquiet", "stockdirect2")), phase
         for a in cfg["applications"]:  # no router-path target slipped onto the (now default) direct path
             assert ss.is_direct(a) == (a["name"] in ("bd", "f0", "f", "fb", "fbs", "fbr", "fbt", "fbq", "fbn", "fbc",
-                                                     "fb1", "fb1s", "fb1n", "S", "Sc", "Ss", "bd2")), a["name"]
+                                                     "fb1", "fb1s", "fb1n", "S", "Sc", "Ss", "St", "Sq", "bd2")), a["name"]
     cfg, _, _ = ss.phase_config("levers", tmp_path)
     apps = {a["name"]: a for a in cfg["applications"]}
     env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
@@ -227,6 +227,11 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
     assert {**compiled["args"], "llm_configs": None} == {**s["args"], "llm_configs": None}
     assert only("shippedspin")["args"] == {**s["args"], "shm_wait": False}
     assert only("shippedrouter")["args"] == {**s["args"], "ingress": "router"}
+    thread, quiet = only("shippedthread"), only("shippedquiet")
+    assert thread["args"] == quiet["args"] == s["args"] and "logging_config" not in thread
+    assert thread["runtime_env"]["env_vars"] == quiet["runtime_env"]["env_vars"] == {
+        **s["runtime_env"]["env_vars"], "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+    assert quiet["logging_config"] == {"enable_access_log": False}
     b2, bd2 = only("stock2"), only("stockdirect2")
     assert b2["args"] == bd2["args"] and b2["args"]["llm_configs"][0]["deployment_config"]["autoscaling_config"] == \
         {"min_replicas": 2, "max_replicas": 2}
