@@ -150,11 +150,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster.wait_http({f"/{t}" for t in TARGETS})
         for name in TARGETS:
             replicas = {a["name"].rsplit("#", 1)[-1] for a in cluster.actors(f"ServeReplica:{name}:LLMServer")}
-            before = settled(cluster, scrape)
+            before = scrape(cluster.metrics_urls)
             t = time.monotonic()
             failed = asyncio.run(drive(f"{cluster.base_url}/{name}", bodies, args.concurrency))
             wall = time.monotonic() - t
-            after = settled(cluster, scrape)
+            after = counted(cluster, scrape, before, replicas, len(bodies) - failed)
             results[name] = {"label": TARGETS[name][0], "replicas": len(replicas), "failed": failed, "wall_s": wall,
                              **hit_rate(before, after, replicas)}
             log.info("%s: hit rate %s, requests per replica %s", name, results[name]["hit_rate"],
@@ -169,17 +169,25 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if any(r["failed"] for r in results.values()) else 0
 
 
-def settled(cluster, scrape, export_period_s: float = 6.0, timeout_s: float = 120.0) -> dict:
-    """A scrape once the counters stopped moving (Ray exports every few seconds)."""
+def counted(cluster, scrape, before: dict, replicas: set[str], expected: int, timeout_s: float = 180.0) -> dict:
+    """A scrape in which ``replicas`` have finished ``expected`` more requests than in ``before``.
+
+    Ray's metrics agent exports each replica's counters every few seconds,
+    and a replica's series appear only at their first increment, so "two
+    equal scrapes" can come before the last export; the number of requests
+    sent cannot.
+    """
     deadline = time.monotonic() + timeout_s
-    last = None
     while True:
         now = scrape(cluster.metrics_urls)
-        values = {k: rc.counters() for k, rc in now.items()}
-        if values == last or time.monotonic() > deadline:
+        done = sum(now[k].requests_total - (before[k].requests_total if k in before else 0.0)
+                   for k in replicas if k in now)
+        if done >= expected:
             return now
-        last = values
-        time.sleep(export_period_s)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"replicas {sorted(replicas)} counted {done:g} of {expected} requests after "
+                               f"{timeout_s:.0f} s")
+        time.sleep(2.0)
 
 
 def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
