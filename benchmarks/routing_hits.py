@@ -1,6 +1,6 @@
 r"""Does fuzz-aware routing keep the KV-cache hits a single replica would have? Prefix-cache + offload hit rates.
 
-    python -m benchmarks.routing_hits [--requests 240] [--concurrency 8] [--kv-blocks 96] [--out docs/benchmarks]
+    python -m benchmarks.routing_hits [--requests 240] [--concurrency 8] [--kv-blocks 48] [--out docs/benchmarks]
 
 Workload, the same prompts for every target: ``--groups`` shared prefixes
 (``--prefix-tokens`` tokens each, several 128-token KV blocks) times
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--salts", type=int, default=len(SALTS), choices=range(1, len(SALTS) + 1))
     ap.add_argument("--prefix-tokens", type=int, default=384)
     ap.add_argument("--suffix-tokens", type=int, default=64)
-    ap.add_argument("--kv-blocks", type=int, default=96, help="KV pool per replica in blocks (0 = vLLM's sizing)")
+    ap.add_argument("--kv-blocks", type=int, default=48, help="KV pool per replica in blocks (0 = vLLM's sizing)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
