@@ -61,7 +61,7 @@ def test_plain_vllm_server_is_one_replica():
 
 
 @pytest.mark.parametrize("bad, needle", [
-    (ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 6, "local_cache_hit": -1}), "< 0"),
+    (ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 6, "local_cache_hit": -1}), "= -1"),
     (ReplicaCounters("r", prompt_tokens=5, prompt_tokens_cached=6, by_source={"local_compute": 5}), "cached"),
     (ReplicaCounters("r", prompt_tokens=float("nan")), "nan"),
 ])
