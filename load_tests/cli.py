@@ -72,6 +72,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mon.add_argument("--scrape-interval", type=float, default=2.0, help="seconds between scrapes during the load")
     mon.add_argument("--settle-interval", type=float, default=6.0,
                      help="seconds between the idle scrapes that must agree at quiescence (Ray exports every few s)")
+    mon.add_argument("--settle-timeout", type=float, default=90.0,
+                     help="seconds to wait for quiescence before the final checks run anyway (not_quiescent)")
     out = ap.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="report directory (default: out/<scenario>)")
     out.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
@@ -251,7 +253,7 @@ async def run_load(target: Target, sc, args, t0: float):
         wall = time.monotonic() - t0
         await monitor.stop()
         log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
-        await monitor.quiescent_check()
+        await monitor.quiescent_check(args.settle_timeout)
         final = await asyncio.to_thread(target.list_replicas)
         if final is not None:
             # every replica Ray listed during the run and no longer lists, whether or not the data saw it die

@@ -18,16 +18,16 @@ in one process on one node, so two endpoints reporting it means two series
 are being mixed up).
 
 Whether a replica is alive is read from the same data, so it works against
-any deployment (``--url`` included): Ray's metrics agent keeps a dead
-replica's *counters* forever (ray issue #65892) but drops a *gauge* series
-that its process stopped refreshing after two export intervals, and Serve's
-controller sets ``serve_deployment_replica_healthy{replica}`` to 0 when it
-stops a replica. So a replica is alive in a scrape when its vLLM gauges are
-there and the controller does not say 0 (:attr:`ReplicaCounters.alive`).
-
-Also a CLI printing a per-replica table from a live cluster::
-
-    python -m load_tests.replica_metrics [--metrics-url URL ...] [--json]
+any deployment (``--url`` included). Under Serve the controller exports
+``serve_deployment_replica_healthy{replica}`` (1 healthy, 0 once it is
+unhealthy or stopping; seen here: 0 about 10 s after a SIGKILL), and that is
+the answer. Without it (a plain vLLM server, the echo server's pretend
+replicas, or a scrape that missed the head node) a replica is alive while
+its vLLM gauges are exported. That fallback is only sound where gauges are
+kept while idle (prometheus_client keeps them); Ray's agent drops a gauge
+series ~20 s after its last update, idle or dead, while it keeps a dead
+replica's *counters* forever (ray issue #65892). So against Ray, scrape
+every node, the head included (the discovery file lists them all).
 """
 
 from __future__ import annotations
@@ -87,13 +87,13 @@ class ReplicaCounters:
     violations: dict[str, float] = field(default_factory=dict)
     corrections: dict[str, float] = field(default_factory=dict)
     injections: dict[str, float] = field(default_factory=dict)
-    gauges: bool = False  # the replica's vLLM gauges were in this scrape (its process is refreshing them)
+    gauges: bool = False  # the replica's vLLM gauges were in this scrape
     healthy: float | None = None  # Serve's health gauge for it, when the controller's node was scraped
 
     @property
     def alive(self) -> bool:
-        """Its process is exporting (gauges present) and Serve has not marked it unhealthy or stopped."""
-        return self.gauges and self.healthy != 0
+        """Serve's health gauge says healthy; without one, its vLLM gauges are exported (see the module doc)."""
+        return self.healthy > 0 if self.healthy is not None else self.gauges
 
     def counters(self) -> dict[str, float]:
         """Every cumulative counter, flattened to ``name{label}`` -> value (for monotonicity checks)."""

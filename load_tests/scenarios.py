@@ -122,9 +122,12 @@ SCENARIOS: dict[str, Scenario] = {
                     "preemption storm) at 24 concurrent requests for 60 s, no replica kill; passes with the "
                     "patches, fails with --patches-off accounting",
         profile=Profile(kind="fixed", concurrency=24, duration_s=60),
+        # More of the load on more shared prefixes than the pool holds (8 x ~5 blocks > 32), and longer
+        # answers: a minute is enough for reloads from the offload tier (where loads fail) and preemptions.
+        mix=Mix(shared_prefix=0.7, n_prefixes=8, max_tokens=(16, 96)),
         slo={"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None},
         faults=CHAOS_FAULTS,
-        kv_blocks=40,
+        kv_blocks=32,
         max_num_seqs=16,
         preemption_storm=True,
     ),

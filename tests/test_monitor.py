@@ -162,6 +162,14 @@ def test_a_replica_that_dies_mid_run_is_seen_in_the_data(gone):
     assert unexpected_deaths(c, [Fault("replica_kill", 1.5, {"replica": "r2"})]) == [], "a planned kill is not"
 
 
+def test_an_idle_ray_replica_is_alive_while_serve_says_healthy():
+    """Ray's agent drops an idle replica's gauges after ~20 s; Serve's health gauge is what tells."""
+    busy = {"r1": rc(healthy=1.0)}
+    idle = {"r1": rc(healthy=1.0, alive=False)}
+    c = run([busy, idle, idle, idle], quiescent=idle)
+    assert not c.deaths and not c.stale and c.ok
+
+
 def test_a_single_missed_export_is_not_a_death():
     alive = {"r1": rc(), "r2": rc("r2")}
     c = run([alive, {"r1": rc(), "r2": rc("r2", alive=False)}, alive, alive])
