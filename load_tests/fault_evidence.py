@@ -38,8 +38,9 @@ PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption
 # (patches/accounting.py VIOLATION_KINDS).
 LYING_CONNECTOR_KINDS = ("connector_negative", "connector_exceeds_prompt", "connector_invalid",
                          "connector_async_without_tokens", "prefill_stats_inconsistent")
-# Lies the accounting patch must clamp (a "changing" lie reports a possible count).
-IMPOSSIBLE_LIES = ("lie_negative", "lie_exceeds_prompt")
+# Lies the accounting patch must clamp, and the violation each is counted as (a "changing" lie reports a
+# possible count: nothing to clamp).
+IMPOSSIBLE_LIES = {"lie_negative": "connector_negative", "lie_exceeds_prompt": "connector_exceeds_prompt"}
 
 
 @dataclass
@@ -94,9 +95,7 @@ def check_planned_faults(planned: tuple[str, ...] | list[str], checker: Invarian
             check = _injected(fault, "lie_*", ("lie_negative", "lie_exceeds_prompt", "lie_changing"), final, baseline)
             checks.append(check)
             if accounting_on:
-                impossible = _grown(final, baseline, "injections", IMPOSSIBLE_LIES)
-                _handled(check, {k: final[k] for k in impossible}, baseline, live, "violations",
-                         LYING_CONNECTOR_KINDS, "impossible counts reported by the connector but no violation clamped")
+                _every_lie_clamped(check, final, baseline, live)
         elif fault == "preemption_storm":
             grown = {}
             for key, rc in final.items():
@@ -131,6 +130,22 @@ def _handled(check: FaultCheck, injected_on: dict[str, ReplicaCounters], baselin
             check.per_replica[key]["note"] = "dead: its last export may lag, not checked"
         elif key not in handled:
             check.problems.append(f"replica {key}: {problem}")
+
+
+def _every_lie_clamped(check: FaultCheck, final, baseline, live: set[str]) -> None:
+    """Each impossible lie is one violation of its kind (the accounting patch checks every report the
+    scheduler gets, and both counts leave EngineCore in the same SchedulerStats), so on a live replica the
+    violations of a kind are at least the lies of that kind."""
+    for lie, kind in IMPOSSIBLE_LIES.items():
+        told = _grown(final, baseline, "injections", (lie,))
+        clamped = _grown(final, baseline, "violations", (kind,))
+        for key, n in told.items():
+            check.per_replica.setdefault(key, {})[kind] = clamped.get(key, 0.0)
+            if key not in live:
+                check.per_replica[key]["note"] = "dead: its last export may lag, not checked"
+            elif clamped.get(key, 0.0) < n:
+                check.problems.append(f"replica {key}: the connector told {n:g} x {lie} but only "
+                                      f"{clamped.get(key, 0.0):g} x {kind} were clamped")
 
 
 def _replica_kill(checker: InvariantChecker, faults: list[Any], final, baseline) -> FaultCheck:

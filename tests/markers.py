@@ -20,7 +20,8 @@ names what it started and the marker it lacks:
   the model build is caught where it trains (``fixture_model.build.train``,
   in this process). This catches what no fixture says: a CLI run, a
   benchmark's ``main()``, a subprocess. A process started by a fixture is
-  charged to the first test that requested the fixture.
+  charged to the first test that requested the fixture; one started under
+  a nested pytest run (a test of this check) is that run's business.
 
 Tests that carry both markers are not watched (nothing left to catch).
 """
@@ -67,6 +68,16 @@ def classify(cmdline: list[str], name: str, pid: int | None = None) -> str | Non
     return None
 
 
+def _under_nested_pytest(p: psutil.Process, me: psutil.Process) -> bool:
+    """A descendant of another pytest run (a test that runs pytest): that run's own check answers for it."""
+    for parent in p.parents():
+        if parent.pid == me.pid:
+            return False
+        if any("pytest" in part for part in parent.cmdline()):
+            return True
+    return False
+
+
 class Watcher:
     """Polls this process's descendants in a thread; remembers what each new one was."""
 
@@ -94,6 +105,9 @@ class Watcher:
                 continue
             try:
                 cmdline, name = p.cmdline(), p.name()
+                if _under_nested_pytest(p, me):
+                    self._seen.add(p.pid)
+                    continue
             except psutil.Error:
                 continue  # gone already, or a zombie
             kind = classify(cmdline, name, p.pid)

@@ -305,8 +305,8 @@ def fault_run(end: dict[str, ReplicaCounters], start: dict[str, ReplicaCounters]
 FIRED = {
     "load_failures": dict(injections={"load_failure": 5.0}, corrections={"after_load_failure": 3.0}),
     "load_delays": dict(injections={"load_delay": 40.0}),
-    "lying_connector": dict(injections={"lie_negative": 2.0, "lie_changing": 1.0},
-                            violations={"connector_negative": 2.0}),
+    "lying_connector": dict(injections={"lie_negative": 2.0, "lie_exceeds_prompt": 1.0, "lie_changing": 1.0},
+                            violations={"connector_negative": 2.0, "connector_exceeds_prompt": 1.0}),
     "preemption_storm": dict(preemptions=7.0),
 }
 
@@ -341,6 +341,12 @@ def test_a_fault_that_fired_must_be_handled_on_each_replica_that_had_it(fault, h
     assert check.fired and not check.ok and check.problems[0].startswith("replica r2:"), check
     [off] = check_planned_faults((fault,), one_short, [], accounting_on=False)
     assert off.ok and "accounting patch off" in off.evidence, "stock accounting has no counter to show it"
+
+
+def test_every_impossible_lie_must_be_clamped():
+    one_missed = fault_run({"r1": rc(injections={"lie_negative": 3.0}, violations={"connector_negative": 2.0})})
+    [check] = check_planned_faults(("lying_connector",), one_missed, [], accounting_on=True)
+    assert not check.ok and "told 3 x lie_negative but only 2 x connector_negative" in check.problems[0]
 
 
 def test_changing_lies_need_no_clamp():

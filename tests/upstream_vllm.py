@@ -9,6 +9,14 @@ Optional (not part of CI): it fetches the ``vllm==0.32.0`` sdist with pip
 cached in ``.cache/upstream/``) and runs each area's tests in a pytest
 subprocess rooted in the unpacked tree, so upstream's conftests apply.
 
+No model hub is reachable here, and most of these tests build a
+``VllmConfig`` of ``facebook/opt-125m`` (only its config: the scheduler
+needs the shapes, not the weights), so the runner gives them an offline
+Hugging Face cache holding a stand-in ``config.json`` with that model's
+shapes (:data:`STAND_IN_CONFIGS`); a test that needs more (weights, a
+tokenizer, another model) fails the same way both ways and is reported as
+not applicable.
+
 Why it is needed: upstream's tests build schedulers, connectors and stat
 loggers directly, often with ``MagicMock`` configs, which is exactly where a
 patch that assumes a real engine can break vLLM for everyone else (it did:
@@ -46,6 +54,11 @@ VERSION = "0.32.0"
 SDIST = CACHE / f"vllm-{VERSION}.tar.gz"
 TREE = CACHE / f"vllm-{VERSION}"
 PLUGIN_DIR = REPO / "tests" / "upstream_plugin"
+HF_HOME = CACHE / "hf_home"
+# Models upstream's unit tests build configs from (shapes only, no weights): a local stand-in in a Hugging Face
+# cache, since no hub is reachable. facebook/opt-125m: transformers' OPTConfig defaults are its shapes
+# (768 hidden, 12 layers, 12 heads, vocab 50272, 2048 positions).
+STAND_IN_CONFIGS = {"facebook/opt-125m": ("OPTConfig", "OPTForCausalLM")}
 
 # The patched areas: metrics stats (accounting), invalid blocks and load-failure recovery (accounting,
 # kv_faults), the offloading connector (kv_faults, cpu_offload), the CPU offload spec (cpu_offload),
@@ -87,17 +100,38 @@ def ensure_tree() -> Path:
             subprocess.run([sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps",
                             "--no-binary", "vllm", "-d", str(CACHE)], check=True, env=env)
         with tarfile.open(SDIST) as tar:
-            members = [m for m in tar.getmembers() if m.name.startswith(f"vllm-{VERSION}/tests/")]
+            members = [m for m in tar.getmembers()
+                       if m.name.startswith(f"vllm-{VERSION}/tests/") or m.name == f"vllm-{VERSION}/pyproject.toml"]
             tar.extractall(CACHE, members=members, filter="data")
     return TREE
 
 
+def ensure_stand_in_configs() -> Path:
+    """An offline Hugging Face cache holding only the config.json of each model in STAND_IN_CONFIGS."""
+    import json
+
+    import transformers
+
+    for repo, (config_cls, arch) in STAND_IN_CONFIGS.items():
+        hub = HF_HOME / "hub" / f"models--{repo.replace('/', '--')}"
+        snapshot = hub / "snapshots" / ("0" * 40)
+        if (snapshot / "config.json").exists():
+            continue
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (hub / "refs").mkdir(exist_ok=True)
+        (hub / "refs" / "main").write_text("0" * 40)
+        config = getattr(transformers, config_cls)().to_dict() | {"architectures": [arch], "torch_dtype": "float16"}
+        (snapshot / "config.json").write_text(json.dumps(config, indent=1))
+    return HF_HOME
+
+
 def run_once(tree: Path, paths: list[str], off: str, junit: Path, timeout: float) -> dict[str, tuple[str, str]]:
     """Run ``paths`` in a pytest subprocess with FUZZSERVE_PATCHES_OFF=``off``; test id -> (outcome, message)."""
-    env = {**os.environ, "FUZZSERVE_PATCHES_OFF": off, "HF_HUB_OFFLINE": "1",
+    env = {**os.environ, "FUZZSERVE_PATCHES_OFF": off, "HF_HUB_OFFLINE": "1", "HF_HOME": str(HF_HOME),
            "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)])}
-    cmd = [sys.executable, "-m", "pytest", *paths, "-p", "fuzzserve_upstream", "-p", "no:cacheprovider",
-           "-q", "--timeout", "300", f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    cmd = [sys.executable, "-m", "pytest", *paths, "--rootdir", str(tree), "-c", str(tree / "pyproject.toml"),
+           "-p", "fuzzserve_upstream", "-p", "no:cacheprovider", "-q", "--timeout", "300",
+           f"--junitxml={junit}", "-o", "junit_family=xunit1"]
     try:
         subprocess.run(cmd, cwd=tree, env=env, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
@@ -173,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         print("upstream's tests/conftest.py needs tblib: pip install tblib (in the `test` extra)", file=sys.stderr)
         return 2
     tree = ensure_tree()
+    ensure_stand_in_configs()
     rows = []
     for area in areas:
         results = {}
