@@ -87,11 +87,25 @@ class Scenario(BaseModel):
 
 
 CHAOS_FAULTS = {"seed": 7, "load_failure_rate": 0.1, "load_delay_ms": 3, "lying_rate": 0.1}
+LOADED_SLO = {"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None}  # 256 streams on 2 cores
+
+CHAOS = Scenario(
+    name="chaos",
+    description="stress plus KV load failures and delays, a lying connector, a KV pool small enough for "
+                "a preemption storm, and one replica SIGKILLed a minute in",
+    profile=Profile(kind="fixed", concurrency=256, duration_s=180),
+    slo=LOADED_SLO,
+    faults=CHAOS_FAULTS,
+    kv_blocks=40,
+    max_num_seqs=32,
+    kill_replica_at_s=60,
+    preemption_storm=True,
+)
 
 SCENARIOS: dict[str, Scenario] = {
     "smoke": Scenario(
         name="smoke",
-        description="CI: 16 concurrent requests for 40 s, the full request mix, a KV pool small enough that "
+        description="16 concurrent requests for 40 s, the full request mix, a KV pool small enough that "
                     "shared prefixes go to the offload tier and back, every invariant checked",
         profile=Profile(kind="fixed", concurrency=16, duration_s=40),
         kv_blocks=48,
@@ -102,21 +116,10 @@ SCENARIOS: dict[str, Scenario] = {
                     "spills shared prefixes to the offload tier",
         profile=Profile(kind="fixed", concurrency=256, duration_s=180),
         kv_blocks=96,
-        slo={"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None},
+        slo=LOADED_SLO,
     ),
-    "chaos": Scenario(
-        name="chaos",
-        description="stress plus KV load failures and delays, a lying connector, a KV pool small enough for "
-                    "a preemption storm, and one replica SIGKILLed a minute in",
-        profile=Profile(kind="fixed", concurrency=256, duration_s=180),
-        slo={"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None},
-        faults=CHAOS_FAULTS,
-        kv_blocks=40,
-        max_num_seqs=32,
-        kill_replica_at_s=60,
-        preemption_storm=True,
-    ),
-    "chaos-lite": Scenario(
+    "chaos": CHAOS,
+    "chaos-lite": CHAOS.model_copy(update=dict(
         name="chaos-lite",
         description="CI's A/B through Serve: the chaos faults (load failures and delays, a lying connector, a "
                     "preemption storm) at 24 concurrent requests for 60 s, no replica kill; passes with the "
@@ -125,24 +128,17 @@ SCENARIOS: dict[str, Scenario] = {
         # More of the load on more shared prefixes than the pool holds (8 x ~5 blocks > 32), and longer
         # answers: a minute is enough for reloads from the offload tier (where loads fail) and preemptions.
         mix=Mix(shared_prefix=0.7, n_prefixes=8, max_tokens=(16, 96)),
-        slo={"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None},
-        faults=CHAOS_FAULTS,
         kv_blocks=32,
         max_num_seqs=16,
-        preemption_storm=True,
-    ),
-    "soak": Scenario(
+        kill_replica_at_s=None,
+    )),
+    "soak": CHAOS.model_copy(update=dict(
         name="soak",
         description="chaos for 10 minutes at 256 concurrent streams, with a greedy probe set sent under the "
                     "faults and compared with a fault-free deployment (docs/load_tests.md, the soak figure)",
         profile=Profile(kind="fixed", concurrency=256, duration_s=600),
         mix=Mix(stream=1.0),
-        slo={"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None},
-        faults=CHAOS_FAULTS,
-        kv_blocks=40,
-        max_num_seqs=32,
         kill_replica_at_s=120,
-        preemption_storm=True,
         probes=True,
-    ),
+    )),
 }
