@@ -111,6 +111,11 @@ def check_planned_faults(planned: tuple[str, ...] | list[str], checker: Invarian
         for c in checks:
             if c.fault in ("load_failures", "lying_connector"):
                 c.evidence += " (accounting patch off: how it was handled is not checked)"
+    if checker.deaths:
+        for c in checks:
+            if not c.fired and c.fault != "replica_kill":
+                c.evidence += (f" ({len(checker.deaths)} replica(s) died during the run: a replica that dies in "
+                               f"the step that injects a fault never exports its count)")
     return checks
 
 

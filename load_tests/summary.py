@@ -143,8 +143,9 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
 
 
 def error_signature(r: RequestResult) -> str:
-    """An error message with its numbers blanked: requests that failed the same way share it."""
-    return re.sub(r"\d+", "N", f"{r.outcome}: {r.error or r.status}")[:160]
+    """An error message with every word holding a digit (numbers, request ids) blanked: requests that failed the
+    same way share it."""
+    return re.sub(r"[\w-]*\d[\w-]*", "N", f"{r.outcome}: {r.error or r.status}")[:160]
 
 
 def unexpected_deaths(checker: InvariantChecker, faults: list[Fault], listed_dead: list[str] = ()) -> list[str]:
@@ -223,9 +224,9 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
         reasons.append(f"{lost_n} lost request(s) (truncated / timed out / never finished, not explained by a "
                        f"planned fault)")
     if unexplained:
-        top, n = next(iter(Counter(error_signature(r) for r in unexplained).most_common(1)))
-        reasons.append(f"{len(unexplained)} unexpected error(s): {summary['errors_by_kind']}; most common "
-                       f"({n}x): {top}")
+        common = Counter(error_signature(r) for r in unexplained).most_common(3)
+        reasons.append(f"{len(unexplained)} unexpected error(s): {summary['errors_by_kind']}; most common: "
+                       + "; ".join(f"({n}x) {sig}" for sig, n in common))
     if bad:
         reasons.append(f"{len(bad)} bad request(s) refused without naming the field")
     if cross["problems"]:

@@ -234,9 +234,13 @@ def test_verdict_fails_on_lost_and_unexpected_requests():
     assert not summary_of(ok, started=4)["passed"], "a request started but never finished is lost"
     truncated = summary_of(ok + [result(3, "truncated")])
     assert not truncated["passed"] and "lost" in truncated["failures"][0]
-    err = summary_of(ok + [result(3, "server_error", start=5.0, error="EngineDeadError: EngineCore died 12 s ago")])
-    assert not err["passed"] and err["errors_by_kind"] == {"server_error": 1}
-    assert any("EngineDeadError: EngineCore died N s ago" in f for f in err["failures"]), "the error is named"
+    err = summary_of(ok + [result(3 + i, "server_error", start=5.0, error=f"Internal Server Error (Request ID: {rid})")
+                           for i, rid in enumerate(("0b2c-e4f1", "9a7d-03bc"))]
+                     + [result(9, "stream_error", start=5.0, error="EngineCore encountered an issue.")])
+    assert not err["passed"] and err["errors_by_kind"] == {"server_error": 2, "stream_error": 1}
+    line = next(f for f in err["failures"] if "unexpected error" in f)
+    assert "(2x) server_error: Internal Server Error (Request ID: N)" in line, "ids blanked: one kind of error"
+    assert "(1x) stream_error: EngineCore encountered an issue." in line, "the engine death is named"
 
 
 def test_errors_around_a_replica_kill_are_explained():
@@ -318,9 +322,16 @@ def test_a_planned_fault_must_show_in_the_data(fault):
     assert check.fired and check.ok, check
     quiet = fault_run({"r1": rc()})
     [check] = check_planned_faults((fault,), quiet, [], accounting_on=True)
-    assert not check.fired and not check.ok
+    assert not check.fired and not check.ok and "died" not in check.evidence
     s = summary_of([result(0, "ok")], checker=run([{}, {"r1": rc(finished={"length": 1.0})}]), fault_checks=[check])
     assert not s["passed"] and any(f"planned fault {fault} did not fire" in f for f in s["failures"])
+
+
+def test_a_fault_that_could_not_show_because_its_replica_died_says_so():
+    alive = {"r1": rc(healthy=1.0)}
+    dead = {"r1": rc(healthy=0.0)}
+    [check] = check_planned_faults(("lying_connector",), run([alive, dead, dead]), [], accounting_on=False)
+    assert not check.fired and "1 replica(s) died during the run" in check.evidence
 
 
 def test_a_fault_injected_before_the_run_does_not_count():
