@@ -68,6 +68,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
                       help="greedy probes under the load vs a fault-free deployment (local only; default: the "
                            "scenario's, on for soak)")
+    load.add_argument("--probe-every", type=float, default=60.0, help="seconds between probe rounds under the load")
     mon = ap.add_argument_group("monitor")
     mon.add_argument("--scrape-interval", type=float, default=2.0, help="seconds between scrapes during the load")
     mon.add_argument("--settle-interval", type=float, default=6.0,
@@ -241,7 +242,7 @@ async def run_load(target: Target, sc, args, t0: float):
                 raise SystemExit("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
             side.append(asyncio.create_task(killer(listed)))
         if sc.probes:
-            side.append(asyncio.create_task(prober()))
+            side.append(asyncio.create_task(prober(args.probe_every)))
         await monitor.baseline()
         monitor.start()
         with progress:
