@@ -54,3 +54,10 @@ def test_a_difference_fails_unless_listed_as_deliberate(monkeypatch):
 def test_every_area_names_existing_upstream_paths(areas):
     paths = [p for a in areas for p in up.AREAS[a]]
     assert paths and all(p.startswith("tests/v1/") for p in paths)
+
+
+def test_junit_names_map_back_to_node_ids(tmp_path):
+    (tmp_path / "tests" / "v1").mkdir(parents=True)
+    (tmp_path / "tests" / "v1" / "test_m.py").write_text("")
+    assert up.node_id(tmp_path, "tests.v1.test_m::test_x[a-b]") == "tests/v1/test_m.py::test_x[a-b]"
+    assert up.node_id(tmp_path, "tests.v1.test_m.TestC::test_y") == "tests/v1/test_m.py::TestC::test_y"
