@@ -51,7 +51,7 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CACHE = REPO / ".cache" / "upstream"
+CACHE = (REPO / ".cache" / "upstream").resolve()  # real path: pytest's test ids are relative to it
 VERSION = "0.32.0"
 SDIST = CACHE / f"vllm-{VERSION}.tar.gz"
 TREE = CACHE / f"vllm-{VERSION}"
@@ -83,7 +83,8 @@ HOST_REASONS = [
     (re.compile(r"CUDA|is_cuda|torch\.cuda|cuda:\d|NVIDIA|nvml|GPU", re.S), "needs a GPU"),
     (re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'"), "needs the package {0}"),
     (re.compile(r"(LocalEntryNotFoundError|OfflineModeIsEnabled|HF_HUB_OFFLINE|huggingface\.co|"
-                r"Repo id must|does not appear to have a file|is not a local folder)", re.S),
+                r"Repo id must|does not appear to have a file|is not a local folder|"
+                r"Invalid repository ID or local directory)", re.S),
      "needs a model from the Hugging Face hub (offline here)"),
     (re.compile(r"Unsupported CPU attention|not supported on CPU|CPU platform|current_platform", re.S),
      "not supported on the CPU platform"),
