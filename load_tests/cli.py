@@ -167,6 +167,11 @@ def replica_id(actor: dict[str, Any]) -> str:
 
 
 async def run_load(target: Target, sc, args, t0: float):
+    """Drive the load, watch it, wait for quiescence: (results, started, checker, monitor, faults, wall).
+
+    ``args`` needs ``seed``, ``timeout`` and ``no_progress``; the monitor's and the probes' settings default
+    to the CLI's (monitoring/e2e.py calls this with only the first three).
+    """
     import aiohttp
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -178,8 +183,8 @@ async def run_load(target: Target, sc, args, t0: float):
     from .workload import draw
 
     checker = InvariantChecker(sc.expected_violation_kinds)
-    monitor = Monitor(target.metrics_urls, checker, interval=args.scrape_interval, dead=target.dead,
-                      settle_interval=args.settle_interval, t0=t0)
+    monitor = Monitor(target.metrics_urls, checker, interval=getattr(args, "scrape_interval", 2.0), dead=target.dead,
+                      settle_interval=getattr(args, "settle_interval", 6.0), t0=t0)
     results: list[RequestResult] = []
     faults: list[Fault] = []
     stop = asyncio.Event()
@@ -242,7 +247,7 @@ async def run_load(target: Target, sc, args, t0: float):
                 raise SystemExit("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
             side.append(asyncio.create_task(killer(listed)))
         if sc.probes:
-            side.append(asyncio.create_task(prober(args.probe_every)))
+            side.append(asyncio.create_task(prober(getattr(args, "probe_every", 60.0))))
         await monitor.baseline()
         monitor.start()
         with progress:
@@ -254,13 +259,13 @@ async def run_load(target: Target, sc, args, t0: float):
         wall = time.monotonic() - t0
         await monitor.stop()
         log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
-        await monitor.quiescent_check(args.settle_timeout)
+        await monitor.quiescent_check(getattr(args, "settle_timeout", 90.0))
         final = await asyncio.to_thread(target.list_replicas)
         if final is not None:
             # every replica Ray listed during the run and no longer lists, whether or not the data saw it die
             target.listed_dead = sorted(target.ever_listed - set(final))
     loop.remove_signal_handler(signal.SIGINT)
-    return results, started + extra, checker, faults, wall
+    return results, started + extra, checker, monitor, faults, wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -310,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
                       f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)")
         t0 = time.monotonic()
-        results, started, checker, faults, wall = asyncio.run(run_load(target, sc, args, t0))
+        results, started, checker, _monitor, faults, wall = asyncio.run(run_load(target, sc, args, t0))
         fault_checks = check_planned_faults(sc.planned_faults, checker, faults, accounting_on(args.patches_off))
         deaths = unexpected_deaths(checker, faults, target.listed_dead)
         summary = summarize(results, started, checker, faults, wall, sc.slo_obj(), deaths, fault_checks)
