@@ -26,7 +26,8 @@ PROBE_INDEX_BASE = 1_000_000  # probe i of round k has index 1e6 (k + 1) + i: ne
 
 
 def probe_bodies(mix: Mix | None = None, n: int = 12) -> list[dict[str, Any]]:
-    """``n`` greedy completion bodies: half on the shared prefixes, a third fuzzed (gaussian, fixed seed)."""
+    """Greedy completion bodies, ``n`` held-out examples of each fixture task (36 with the default): half on the
+    shared prefixes, a third fuzzed (gaussian, fixed seed)."""
     mix = mix or Mix()
     prefixes = shared_prefixes(mix.n_prefixes, mix.prefix_tokens)
     tails = held_out_examples(n, seed=9090)
