@@ -92,13 +92,14 @@ LOADED_SLO = {"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None}  # 256 streams on 2 
 CHAOS = Scenario(
     name="chaos",
     description="stress plus KV load failures and delays, a lying connector, a KV pool small enough for "
-                "a preemption storm, and one replica SIGKILLed a minute in",
+                "a preemption storm, and one replica SIGKILLed 30 s in (its replacement must come up and serve "
+                "before the load ends: ~90 s under load here)",
     profile=Profile(kind="fixed", concurrency=256, duration_s=180),
     slo=LOADED_SLO,
     faults=CHAOS_FAULTS,
     kv_blocks=40,
     max_num_seqs=32,
-    kill_replica_at_s=60,
+    kill_replica_at_s=30,
     preemption_storm=True,
 )
 
