@@ -175,7 +175,7 @@ def profiled_processes(target: str) -> dict[str, int]:
     import psutil
 
     from benchmarks import cpu_accounting
-    from benchmarks.serve_stack import APP_OF
+    from benchmarks.targets import APP_OF
 
     app = APP_OF.get(target, target)
     out: dict[str, int] = {}
@@ -258,9 +258,10 @@ def _scrape(urls: list[str]) -> str:
 def profile_target(target: str, base_url: str, metrics_urls: list[str], replicas: set[str] | None, ps: list[str],
                    args, spy_dir: Path) -> dict[str, Any]:
     from benchmarks import cpu_accounting
-    from benchmarks.serve_stack import APP_OF, cpu_columns, run_http
+    from benchmarks.serve_stack import cpu_columns, run_http
+    from benchmarks.targets import APP_OF, BY_NAME
 
-    fuzz = target == "d"
+    fuzz = BY_NAME[target].fuzz
     asyncio.run(run_http(base_url, ps[: 2 * args.concurrency], args.output_tokens, args.concurrency, fuzz))  # warm-up
     procs = profiled_processes(target)
     log.info("target %s: profiling %s", target, procs)
@@ -313,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if not PY_SPY.exists():
         raise SystemExit(f"py-spy not found at {PY_SPY} (it is installed with ray[serve]; run scripts/bootstrap.sh)")
-    from benchmarks.serve_stack import APP_OF, PHASES, _machine, phase_config, prompts, start_vllm_server
+    from benchmarks.serve_stack import _machine, prompts, start_vllm_server
+    from benchmarks.targets import APP_OF, PHASES, phase_config
     from fixture_model.build import ensure_model
     from serve_app.local_cluster import LocalCluster
 

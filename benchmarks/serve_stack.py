@@ -5,67 +5,20 @@ r"""What each layer costs: the same workload against every serving stack, interl
 Workload (fixture model): prompts of ``--prompt-tokens`` tokens (128), ``--output-tokens``
 (64) generated with ``ignore_eos``, greedy, fixed concurrency, streamed; a
 ``prefix`` variant puts 256 shared tokens (two KV blocks, four groups) in
-front of each prompt. Targets:
+front of each prompt. The targets, the phase each is measured in and what
+each changes are one table, :data:`benchmarks.targets.TARGETS` (``--list``
+prints it); ``S`` is ``serve_config.yaml`` itself, what users deploy.
 
-====  =====================================================================
-a     vLLM's OpenAI server, patches off (stock vLLM)                 [reference]
-b     stock ``ray.serve.llm`` (``build_openai_app``), 1 replica, patches off
-c0    this project's app, 1 replica, patches off (no offloading: it is a patch on CPU)
-c1    this project's app, 1 replica, patches on but offloading off, s = 0
-      (c1 / c0 is what the fuzz and accounting patches cost at s = 0)
-c1s   as c1 with the ``shm_wait`` patch off (c1s / c0: the other patches alone)
-c     this project's app, 1 replica, patches on (offloading on), s = 0
-cb    as c, the engine's OpenMP threads bound to core 0 only (the thread-binding
-      lever: with a KV connector, vLLM's ``auto`` binding takes both cores)
-d     as c, every request fuzzed (the load tests' strength/mode mix)
-e     this project's app, 2 replicas, s = 0
-bd    stock ``ray.serve.llm`` with direct streaming + HAProxy, patches off
-f0    this project's app, ``ingress: direct``, patches off
-f     this project's app, ``ingress: direct`` (direct streaming + HAProxy,
-      checks inside the replica), patches on, s = 0
-fb    as f, the engine's OpenMP threads bound to core 0 only
-fbs   as fb with the ``shm_wait`` patch off: EngineCore and its worker spin
-      (upstream) instead of napping while they wait for each other
-c0b   as c0, the engine's OpenMP threads bound to core 0 \  the patches A/B with
-c1b   as c1, the engine's OpenMP threads bound to core 0 /   the engine's core fixed
-eb    as e, each replica's engine on its own core (``engine_cores_per_replica: 1``)
-fbr   as fb, deployed beside fbt, fbq, fbn and fbc (the levers phase's control)
-fbt   as fb, Serve runs the replica's user code on its main event loop
-      (``RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``: no cross-thread hand-off
-      per request and per streamed message)
-fbq   as fbt, Serve's per-request access log off (``logging_config``)
-fbn   as fb, ``shm_wait`` naps 50 us instead of 200 us
-fbc   as f with ``engine_cores_per_replica: 1``: the engine's OpenMP threads on
-      core 0 as in fb, and EngineCore pinned there too (it takes turns with the
-      worker), leaving core 1 to the replica's HTTP process and Serve
-fb1   as fbc, the only application in its cluster (every other phase deploys
-      its targets side by side, and the idle ones cost CPU too): the best
-      stack measured, as one would deploy it
-fb1s  as fb1 with the ``shm_wait`` patch off, alone in its cluster: with
-      EngineCore and its worker on one core, does upstream's spin (which
-      yields the core to the other) beat the nap (which can leave it idle)?
-fb1n  as fb1 with a 50 us ``shm_wait`` nap, alone in its cluster
-e1    as eb (two replicas, each engine and its EngineCore on a core of its own:
-      the shipped serve_config.yaml), the only application in its cluster
-e1s   as e1 with the ``shm_wait`` patch off, alone in its cluster
-ceil  offline ``LLM.generate`` on the same prompts (no HTTP at all)
-====  =====================================================================
-
-Phases, each its own Ray cluster (a vLLM server stays up throughout, so
-every phase measures ``a`` too): ``offstack`` (b, c0, c1, c1s), ``onstack`` (c, cb, d,
-e), ``direct`` (bd, f0, f, fb, fbs; the cluster runs Serve's HAProxy), ``bound``
-(c0b, c1b, eb), ``levers`` (fbr, fbt, fbq, fbn, fbc: Ray Serve's replica-side
-levers, the nap and EngineCore's placement on the best stack; HAProxy), ``alone``
-(fb1; HAProxy), ``alonespin`` (fb1s; HAProxy), ``alonenap`` (fb1n; HAProxy),
-``two`` (e1), ``twospin`` (e1s), then the ceiling.
+Each phase is its own Ray cluster; a vLLM server stays up throughout, so
+every phase measures ``a`` too, and the ceiling runs last.
 Within a phase runs are interleaved round by round (a b c0 a b c0 ...), and
 each target's numbers are divided by the same round's ``a``, so drift of
-the machine cancels, and runs are kept ``--settle-s`` (1.5 s) apart so
-that no run starts while the previous target's stock engine still spins
-(upstream spins for 1 s after the last step; runs before 2026-11-23 17:10
-had no pause). Results: ``serve_stack.json`` and ``serve_stack.md``
-in ``--out``, with the command line that produced them, rewritten after
-every phase; a phase that fails is recorded there and the others still run.
+the machine cancels; every target is warmed up before the first round, and
+runs are kept ``--settle-s`` (1.5 s) apart so that no run starts while the
+previous target's stock engine still spins (upstream spins for 1 s after its
+last step). Results: ``serve_stack.json`` and ``serve_stack.md`` in
+``--out``, with the command line that produced them, rewritten after every
+phase; a phase that fails is recorded there and the others still run.
 
 This is a benchmark, not a test: nothing here asserts a target.
 """
@@ -88,47 +41,13 @@ from typing import Any
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
+from benchmarks.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_config, table_markdown
+
 REPO = Path(__file__).resolve().parents[1]
-ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
-OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
 # Pause before each run: a stock vLLM engine (EngineCore and worker) keeps
 # spinning for 1 s after its last step (upstream's busy window), which would
 # otherwise compete with the first second of the next run.
 SETTLE_S = 1.5
-PHASES = {"offstack": ("b", "c0", "c1", "c1s"), "onstack": ("c", "cb", "d", "e"), "direct": ("bd", "f0", "f", "fb", "fbs"),
-          "bound": ("c0b", "c1b", "eb"), "levers": ("fbr", "fbt", "fbq", "fbn", "fbc"),
-          "alone": ("fb1",), "alonespin": ("fb1s",), "alonenap": ("fb1n",), "two": ("e1",), "twospin": ("e1s",)}
-HAPROXY_PHASES = ("direct", "levers", "alone", "alonespin", "alonenap")  # clusters running Serve's HAProxy
-LABELS = {
-    "a": "vLLM server, patches off",
-    "b": "stock ray.serve.llm, 1 replica",
-    "c0": "fuzzserve 1 replica, patches off",
-    "c1": "fuzzserve 1 replica, patches on, offloading off, s=0",
-    "c1s": "as c1, shm_wait patch off (upstream spin)",
-    "c": "fuzzserve 1 replica, patches on, s=0",
-    "cb": "as c, engine threads bound to core 0",
-    "d": "fuzzserve 1 replica, fuzz mix",
-    "e": "fuzzserve 2 replicas, s=0",
-    "bd": "stock ray.serve.llm, direct streaming + HAProxy",
-    "f0": "fuzzserve direct (guard in replica), patches off",
-    "f": "fuzzserve direct (guard in replica), patches on, s=0",
-    "fb": "as f, engine threads bound to core 0",
-    "fbs": "as fb, shm_wait patch off (upstream spin)",
-    "c0b": "as c0, engine threads bound to core 0",
-    "c1b": "as c1, engine threads bound to core 0",
-    "eb": "as e, each replica's engine on its own core",
-    "fbr": "as fb (the levers phase's control)",
-    "fbt": "as fb, user code on the replica's main event loop",
-    "fbq": "as fbt, access log off",
-    "fbn": "as fb, shm_wait nap 50 us",
-    "fbc": "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
-    "fb1": "as fbc, the only application in its cluster",
-    "fb1s": "as fb1 with shm_wait off (upstream spin), alone",
-    "fb1n": "as fb1 with a 50 us shm_wait nap, alone",
-    "e1": "as eb (the shipped config), alone",
-    "e1s": "as e1 with shm_wait off (upstream spin), alone",
-    "ceil": "offline LLM.generate",
-}
 
 
 # ----------------------------------------------------------------------------- workload
@@ -187,17 +106,20 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
     # A fuzzed stream may carry no visible text at all (ignore_eos on noise-driven
     # tokens that decode to ""): it has no TTFT, and counts for throughput only.
     return _stats(wall, [r.ttft for r in ok if r.ttft is not None], [x for r in ok for x in r.itl],
-                  sum(r.completion_tokens or r.chunks for r in ok), len(ok))
+                  sum(r.completion_tokens or r.chunks for r in ok), len(ok),
+                  [r.tpot for r in ok if r.tpot is not None])
 
 
-def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int) -> dict[str, Any]:
+def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int,
+           tpot: list[float] = ()) -> dict[str, Any]:
     import numpy as np
 
     def pct(xs, p):
         return float(np.percentile(xs, p)) if xs else None
 
     return {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall,
-            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99)}
+            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
+            "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99)}
 
 
 # ----------------------------------------------------------------------------- targets
@@ -212,83 +134,6 @@ def start_vllm_server(model: Path, log_dir: Path):
     srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=log_dir / "vllm_server.log",
                         env={"FUZZSERVE_PATCHES_OFF": "all", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
     return srv, f"http://127.0.0.1:{port}"
-
-
-def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
-    return {"model_loading_config": {"model_id": "fixture", "model_source": str(model)},
-            "accelerator_config": {"kind": "cpu"},
-            "deployment_config": {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}},
-            "engine_kwargs": {**ENGINE, **(OFFLOAD if offload else {})}}
-
-
-def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
-        direct: bool = False, offload: bool | None = None, omp_bind: str | None = None,
-        patches_off: str | None = None, cores_per_replica: int | None = None,
-        user_code_thread: bool = True, access_log: bool = True, nap_s: float | None = None) -> dict[str, Any]:
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    if nap_s is not None:
-        env["FUZZSERVE_SHM_NAP_S"] = str(nap_s)
-    if not user_code_thread:
-        env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] = "0"
-    if omp_bind is not None:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
-    if not patches:
-        env["FUZZSERVE_PATCHES_OFF"] = "all"
-    elif patches_off:
-        env["FUZZSERVE_PATCHES_OFF"] = patches_off
-    if direct and stock:
-        env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
-    cfg = llm_config(model, replicas, offload=patches if offload is None else offload)
-    if stock:
-        return {"name": name, "route_prefix": f"/{name}", "import_path": "ray.serve.llm:build_openai_app",
-                "runtime_env": {"env_vars": env}, "args": {"llm_configs": [cfg]}}
-    args: dict[str, Any] = {"llm_configs": [cfg], "guard": {"api_keys_env": None}}
-    if direct:
-        args["ingress"] = "direct"
-    if cores_per_replica is not None:
-        args["engine_cores_per_replica"] = cores_per_replica
-    out = {"name": name, "route_prefix": f"/{name}", "import_path": "serve_app.app:build_app",
-           "runtime_env": {"env_vars": env}, "args": args}
-    if not access_log:
-        out["logging_config"] = {"enable_access_log": False}
-    return out
-
-
-def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
-    """(serve config, target -> route prefix, cluster env) of a phase."""
-    apps = {
-        "offstack": [app("b", model, stock=True, patches=False), app("c0", model, stock=False, patches=False),
-                     app("c1", model, stock=False, offload=False),
-                     app("c1s", model, stock=False, offload=False, patches_off="shm_wait")],
-        "onstack": [app("c", model, stock=False), app("cb", model, stock=False, omp_bind="0"),
-                    app("e", model, stock=False, replicas=2)],
-        "direct": [app("bd", model, stock=True, patches=False, direct=True),
-                   app("f0", model, stock=False, patches=False, direct=True),
-                   app("f", model, stock=False, direct=True),
-                   app("fb", model, stock=False, direct=True, omp_bind="0"),
-                   app("fbs", model, stock=False, direct=True, omp_bind="0", patches_off="shm_wait")],
-        "bound": [app("c0b", model, stock=False, patches=False, omp_bind="0"),
-                  app("c1b", model, stock=False, offload=False, omp_bind="0"),
-                  app("eb", model, stock=False, replicas=2, cores_per_replica=1)],
-        "levers": [app("fbr", model, stock=False, direct=True, omp_bind="0"),
-                   app("fbt", model, stock=False, direct=True, omp_bind="0", user_code_thread=False),
-                   app("fbq", model, stock=False, direct=True, omp_bind="0", user_code_thread=False,
-                       access_log=False),
-                   app("fbn", model, stock=False, direct=True, omp_bind="0", nap_s=0.00005),
-                   app("fbc", model, stock=False, direct=True, cores_per_replica=1)],
-        "alone": [app("fb1", model, stock=False, direct=True, cores_per_replica=1)],
-        "alonespin": [app("fb1s", model, stock=False, direct=True, cores_per_replica=1, patches_off="shm_wait")],
-        "alonenap": [app("fb1n", model, stock=False, direct=True, cores_per_replica=1, nap_s=0.00005)],
-        "two": [app("e1", model, stock=False, replicas=2, cores_per_replica=1)],
-        "twospin": [app("e1s", model, stock=False, replicas=2, cores_per_replica=1, patches_off="shm_wait")],
-    }[phase]
-    routes = {a["name"]: a["route_prefix"] for a in apps}
-    if phase == "onstack":
-        routes["d"] = routes["c"]
-    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"} if phase in HAPROXY_PHASES else {}
-    cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
-           "applications": apps}
-    return cfg, routes, env
 
 
 def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> dict[str, Any]:
@@ -317,7 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--variants", default="plain,prefix")
-    ap.add_argument("--phases", default="offstack,onstack,direct,bound,levers,alone,ceiling")
+    ap.add_argument("--phases", default="shipped,shippedcompiled,stock2,stockdirect2,shippedrouter,ceiling",
+                    help=f"comma-separated, of: {', '.join(PHASES)}, ceiling")
+    ap.add_argument("--list", action="store_true", help="print the targets and their phases, and exit")
     ap.add_argument("--settle-s", type=float, default=SETTLE_S,
                     help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
     ap.add_argument("--warmup-requests", type=int, default=64,
@@ -326,6 +173,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update", action="store_true",
                     help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out")
     args = ap.parse_args(argv)
+    if args.list:
+        print(table_markdown())
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx",):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -410,7 +260,7 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
                         time.sleep(args.settle_s)  # the previous target's engine stops spinning
                         before = cpu_accounting.snapshot()
                         stats = asyncio.run(run_http(bases[t], work[variant], args.output_tokens,
-                                                     args.concurrency, fuzz=(t == "d")))
+                                                     args.concurrency, fuzz=BY_NAME[t].fuzz))
                         cpu = cpu_accounting.delta(before, cpu_accounting.snapshot())
                         runs.append({"phase": phase, "round": rnd, "variant": variant, "target": t, **stats,
                                      "cpu_s": cpu_columns(cpu, APP_OF.get(t, t)),
@@ -436,12 +286,12 @@ def warm_up(bases: dict[str, str], args, variants: list[str]) -> None:
     for variant in variants:
         ps = prompts(args.warmup_requests, args.prompt_tokens, variant, seed=WARMUP_SEED)
         for t, base in bases.items():
-            asyncio.run(run_http(base, ps, args.output_tokens, args.concurrency, fuzz=(t == "d")))
+            asyncio.run(run_http(base, ps, args.output_tokens, args.concurrency, fuzz=BY_NAME[t].fuzz))
 
 
 def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (variant, target): the median over rounds of value / the same phase-round-variant's ``a``."""
-    keys = ("req_per_s", "tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99")
+    keys = ("req_per_s", "tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50", "tpot_p99")
     ref = {(r["phase"], r["round"], r["variant"]): r for r in runs if r["target"] == "a"}
     a_all = [r for r in runs if r["target"] == "a"]
     out = []
@@ -490,13 +340,16 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[
                       f"(every target's first round paid its cold start, `a`'s did not): {', '.join(cold)}.", ""]
     for variant in sorted({r["variant"] for r in table}):
         lines += [f"## Workload: {variant}", "",
-                  "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | ITL p50 ms | x a | ITL p99 ms |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | x a | TPOT p50 ms | x a | "
+                  "TPOT p99 ms | ITL p50 ms | ITL p99 ms |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in (r for r in table if r["variant"] == variant):
             lines.append(f"| {r['target']} | {r['label']} | {_fmt(r['req_per_s'])} | {_fmt(r['req_per_s_x_a'], digits=2)} | "
                          f"{_fmt(r['tok_per_s'], digits=0)} | {_fmt(r['ttft_p50'], 1000, digits=0)} | "
                          f"{_fmt(r['ttft_p50_x_a'], digits=2)} | {_fmt(r['ttft_p99'], 1000, digits=0)} | "
-                         f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p50_x_a'], digits=2)} | {_fmt(r['itl_p99'], 1000)} |")
+                         f"{_fmt(r['ttft_p99_x_a'], digits=2)} | {_fmt(r.get('tpot_p50'), 1000)} | "
+                         f"{_fmt(r.get('tpot_p50_x_a'), digits=2)} | {_fmt(r.get('tpot_p99'), 1000)} | "
+                         f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p99'], 1000)} |")
         lines.append("")
         if runs is not None:
             lines += cpu_markdown(runs, variant)
@@ -504,7 +357,6 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[
 
 
 # ----------------------------------------------------------------------------- where the CPU goes
-APP_OF = {"d": "c"}  # d is c's application, driven with fuzz
 CPU_COLUMNS = ("client", "proxy", "ingress", "frontend", "engine", "Ray", "idle targets")
 
 

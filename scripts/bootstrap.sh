@@ -16,6 +16,9 @@ if [[ "$build" == auto ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then build=cuda; else build=cpu; fi
 fi
 
+# promtool + prometheus for the monitoring rules' tests, project-local (.cache/tools); fast when already there.
+"$ROOT/scripts/install_promtool.sh"
+
 stamp_want=$( (cat pyproject.toml scripts/bootstrap.sh; echo "$build") | sha256sum | cut -d' ' -f1)
 stamp_file="$VENV/.fuzzserve-bootstrap"
 if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then

@@ -3,32 +3,36 @@
 Mirrors ``ray.serve.llm.build_openai_app``: the arguments are validated by a
 pydantic model (:class:`FuzzServeArgs`, a superset of ``LLMServingArgs``),
 the engine replicas are ``ray.serve.llm``'s ``LLMServer`` deployments built by
-``build_llm_deployment``, the ingress is an ``OpenAiIngress`` subclass. What
-this builder adds:
+``build_llm_deployment``. What this builder adds:
 
 * ``model_source: fixture`` resolves to the locally built fixture model
   (no model hub is reachable);
-* the ingress is :class:`serve_app.router.FuzzRouter`, with
-  :class:`serve_app.guard.RequestGuard` outermost on its FastAPI app (so the
-  checks run before anything parses the body), configured by ``guard:``;
-* ``routing:`` picks the request router of every engine deployment
-  (``power_of_two`` | ``prefix_affinity`` | ``fuzz_affinity``), unless a
+* ``ingress:`` picks the HTTP path. ``direct`` (the default, what
+  ``serve_config.yaml`` ships): Ray's direct streaming through HAProxy, the
+  checks and probes inside each engine replica
+  (:mod:`serve_app.direct_server`). ``router``: Serve's default path, a
+  :class:`serve_app.router.FuzzRouter` deployment (an ``OpenAiIngress``) in
+  front of the replicas, costlier per request (docs/serve.md);
+* :class:`serve_app.guard.RequestGuard` outermost on whichever app answers
+  HTTP, configured by ``guard:``;
+* ``routing:`` picks the request router of every engine deployment, unless a
   model's ``deployment_config`` names one itself;
-* ``ingress: direct`` builds Ray's direct-streaming graph instead, with the
-  guard inside each replica (``serve_app.direct_server``);
 * ``engine_cores_per_replica`` gives each engine replica on a CPU node its
   own cores (``serve_app.core_binding``).
+
+Every private Ray symbol used here comes from :mod:`serve_app.ray_internals`.
 """
 
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .guard import GuardConfig
-from .routing import ROUTERS
+from .routing import BODY_AWARE, ROUTERS, Routing
 
 
 class FuzzServeArgs(BaseModel):
@@ -38,21 +42,29 @@ class FuzzServeArgs(BaseModel):
 
     llm_configs: list[dict[str, Any]] = Field(min_length=1, description="ray.serve.llm LLMConfig dicts")
     guard: GuardConfig = Field(default_factory=GuardConfig)
-    routing: Literal["power_of_two", "prefix_affinity", "fuzz_affinity"] = "power_of_two"
-    ingress: Literal["router", "direct"] = Field(
-        "router", description="router: a FuzzRouter deployment in front of the replicas; direct: Ray's direct "
-                              "streaming through HAProxy, the checks inside each replica (serve_app/direct_server.py)")
+    routing: Routing = "power_of_two"
+    ingress: Literal["direct", "router"] = Field(
+        "direct", description="direct: Ray's direct streaming through HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1 for "
+                              "`ray start`), the checks inside each replica (serve_app/direct_server.py); router: "
+                              "a FuzzRouter deployment in front of the replicas (Serve's default path)")
     ingress_deployment_config: dict[str, Any] = Field(default_factory=dict,
                                                       description="Serve options of the router deployment")
     engine_cores_per_replica: int | None = Field(
         None, ge=1, description="CPU hosts: bind each engine replica's OpenMP threads to its own this many cores "
                                 "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding")
+    shm_wait: bool = Field(
+        True, description="the shm_wait patch in this app's engines (EngineCore and its worker nap instead of "
+                          "spinning while they wait for each other); false where they have a core to themselves")
+
+    def server_kwargs(self) -> dict[str, Any]:
+        """What every engine replica of this app is bound with (serve_app.core_binding.EngineServer)."""
+        return {"engine_cores_per_replica": self.engine_cores_per_replica, "shm_wait": self.shm_wait}
 
 
 def resolve_llm_configs(args: FuzzServeArgs) -> list[dict[str, Any]]:
     """The LLMConfig dicts with the fixture model resolved and the request router set."""
     configs = copy.deepcopy(args.llm_configs)
-    router_cls = ROUTERS[args.routing]
+    router_config = ROUTERS[args.routing]
     for cfg in configs:
         loading = cfg.setdefault("model_loading_config", {})
         if loading.get("model_source") == "fixture":
@@ -60,39 +72,41 @@ def resolve_llm_configs(args: FuzzServeArgs) -> list[dict[str, Any]]:
 
             loading["model_source"] = str(ensure_model())
         deployment = cfg.setdefault("deployment_config", {})
-        if router_cls and "request_router_config" not in deployment:
-            deployment["request_router_config"] = {"request_router_class": router_cls}
+        # Always explicit: the direct path's default would otherwise be Ray's round robin.
+        deployment.setdefault("request_router_config", copy.deepcopy(router_config))
     return configs
 
 
-def engine_deployment(llm_config, engine_cores_per_replica: int | None):
+def engine_deployment(llm_config, server_kwargs: dict[str, Any]):
     """One model's engine deployment: :class:`EngineServer`, or the ``server_cls`` the model's config names."""
-    from ray.llm._internal.serve.core.server.builder import build_llm_deployment
+    from ray.serve.llm import build_llm_deployment
 
     from .core_binding import EngineServer
 
     if llm_config.server_cls is not None:  # the user's own server class, as build_openai_app would use it
-        if engine_cores_per_replica is not None:
+        changed = sorted(k for k, v in server_kwargs.items() if v != FuzzServeArgs.model_fields[k].default)
+        if changed:
             raise ValueError(f"model {llm_config.model_id!r} names server_cls {llm_config.server_cls!r}; "
-                             "engine_cores_per_replica needs the default server class")
+                             f"{', '.join(changed)} need the default server class")
         return build_llm_deployment(llm_config)
     # name_prefix keeps Serve's deployment name ("LLMServer:<model>") that dashboards and the monitor know
     return build_llm_deployment(llm_config, deployment_cls=EngineServer, name_prefix="LLMServer:",
-                                bind_kwargs={"engine_cores_per_replica": engine_cores_per_replica})
+                                bind_kwargs=server_kwargs)
+
+
+def deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Merge ``new`` into ``base`` in place, dicts recursively (as Serve merges deployment options); ``base``."""
+    for k, v in new.items():
+        if isinstance(v, dict) and isinstance(base.get(k), dict):
+            deep_update(base[k], v)
+        else:
+            base[k] = copy.deepcopy(v)
+    return base
 
 
 def build_app(args: dict[str, Any]):
-    """Build the Serve application graph: FuzzRouter (guarded) -> one LLMServer deployment per model."""
-    from ray import serve
-    from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
-    from ray.llm._internal.serve.core.configs.openai_api_models import to_model_metadata
-    from ray.llm._internal.serve.core.ingress.ingress import init, make_fastapi_ingress
+    """Build the Serve application graph of ``args`` (see :class:`FuzzServeArgs`)."""
     from ray.serve.llm import LLMConfig
-
-    from starlette.exceptions import HTTPException
-
-    from .guard import RequestGuard
-    from .router import ENDPOINTS, FuzzRouter, openai_http_error
 
     parsed = FuzzServeArgs.model_validate(args)
     llm_configs = [LLMConfig.model_validate(c) for c in resolve_llm_configs(parsed)]
@@ -102,17 +116,57 @@ def build_app(args: dict[str, Any]):
         from .direct_server import build_direct
 
         if len(llm_configs) != 1 or parsed.ingress_deployment_config:
-            raise ValueError("ingress: direct serves exactly one model and has no router deployment to configure")
-        return build_direct(llm_configs[0], parsed.guard, parsed.engine_cores_per_replica)
+            raise ValueError("ingress: direct serves exactly one model and has no router deployment to configure "
+                             "(ingress_deployment_config); use ingress: router for several models")
+        require_haproxy(body_aware_routing=parsed.routing in BODY_AWARE)
+        return build_direct(llm_configs[0], parsed.guard, parsed.server_kwargs())
+    return build_router(parsed, llm_configs)
 
-    app = init()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
+
+def require_haproxy(body_aware_routing: bool, environ: dict[str, str] | None = None) -> None:
+    """Refuse ``ingress: direct`` on a cluster without Serve's HAProxy (and, for body-aware routing,
+    without the body forwarded to the ingress request router), naming the setting.
+
+    Without HAProxy, Serve ignores the ingress request router and its Python
+    proxy sends every request to whichever replica it likes; without the
+    body, a prefix-aware router silently degrades to load balancing. Failing
+    the deploy with the fix beats a silently different deployment. The
+    builder runs on the cluster with ``ray start``'s environment, which is
+    where the switches must be set.
+    """
+    env = os.environ if environ is None else environ
+    missing = [k for k in HAPROXY_ENV[:2 if body_aware_routing else 1] if env.get(k) != "1"]
+    if missing:
+        raise ValueError(f"ingress: direct needs {', '.join(f'{k}=1' for k in missing)} in the environment of "
+                         "`ray start` (scripts/env.sh sets it: `source scripts/env.sh` before `ray start` or "
+                         "`serve run`); or deploy with ingress: router")
+
+
+# Serve's HAProxy, and the body forwarded to the ingress request router (so
+# body-aware routing, e.g. fuzz_affinity, sees the prompt and the fuzz settings).
+HAPROXY_ENV = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY")
+
+
+def build_router(parsed: FuzzServeArgs, llm_configs: list):
+    """Serve's default path: FuzzRouter (guarded) -> one LLMServer deployment per model."""
+    from ray import serve
+    from ray.serve.llm.ingress import make_fastapi_ingress
+    from starlette.exceptions import HTTPException
+
+    from .guard import RequestGuard
+    from .ray_internals import init_ingress_app, to_model_metadata
+    from .router import ENDPOINTS, FuzzRouter, openai_http_error
+
+    app = init_ingress_app()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard)  # added last = runs first
     app.add_exception_handler(HTTPException, openai_http_error)
     ingress_cls = make_fastapi_ingress(FuzzRouter, endpoint_map=ENDPOINTS, app=app)
-    options = maybe_apply_llm_deployment_config_defaults(FuzzRouter.get_deployment_options(llm_configs),
-                                                         parsed.ingress_deployment_config)
+    options = FuzzRouter.get_deployment_options(llm_configs)
+    if "num_replicas" in parsed.ingress_deployment_config:  # Serve refuses both
+        options.pop("autoscaling_config", None)
+    deep_update(options, parsed.ingress_deployment_config)
     return serve.deployment(ingress_cls, **options).bind(
-        llm_deployments={c.model_id: engine_deployment(c, parsed.engine_cores_per_replica) for c in llm_configs},
+        llm_deployments={c.model_id: engine_deployment(c, parsed.server_kwargs()) for c in llm_configs},
         model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},
         lora_paths={c.model_id: c.lora_config.dynamic_lora_loading_path for c in llm_configs
                     if c.lora_config is not None},

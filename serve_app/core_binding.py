@@ -43,7 +43,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import psutil
-from ray.llm._internal.serve.core.server.llm_server import LLMServer
+from ray.serve.llm import LLMServer
 
 log = logging.getLogger("ray.serve")
 
@@ -111,10 +111,25 @@ def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None) -> l
     return pinned
 
 
-class EngineServer(LLMServer):
-    """``LLMServer`` whose engine binds to this replica's own cores when ``engine_cores_per_replica`` is set."""
+def switch_patch_off(name: str, environ: dict[str, str] | Any = os.environ) -> str:
+    """Add patch ``name`` to ``FUZZSERVE_PATCHES_OFF`` in ``environ`` (kept as is when it says ``all``); the value."""
+    from patches._framework import OFF_ENV
 
-    async def __init__(self, llm_config, *, engine_cores_per_replica: int | None = None, **kwargs):
+    names = [n.strip() for n in environ.get(OFF_ENV, "").split(",") if n.strip()]
+    if "all" not in (n.lower() for n in names) and name not in names:
+        names.append(name)
+    environ[OFF_ENV] = ",".join(names)
+    return environ[OFF_ENV]
+
+
+class EngineServer(LLMServer):
+    """``LLMServer`` whose engine binds to this replica's own cores when ``engine_cores_per_replica`` is set,
+    and whose engine processes spin instead of nap while waiting for each other when ``shm_wait`` is False."""
+
+    async def __init__(self, llm_config, *, engine_cores_per_replica: int | None = None, shm_wait: bool = True,
+                       **kwargs):
+        if not shm_wait:  # before the engine starts: its processes inherit this environment
+            log.info("shm_wait: false; this replica's engine runs with %s", switch_patch_off("shm_wait"))
         value = None
         if engine_cores_per_replica is not None:
             from ray import serve

@@ -1,32 +1,49 @@
-"""The fast path: Ray's direct streaming, with the fuzz router's checks inside each engine replica.
+"""The shipped path: Ray's direct streaming, the router's checks inside each engine replica.
 
-With ``ingress: direct`` (builder argument) the app has no separate router
-deployment. Ray Serve's HAProxy asks ``ray.serve.llm``'s ``LLMRouter`` which
-replica should take a request (through the engine deployment's request
-router), then forwards the HTTP connection straight to that replica, where
-vLLM's own FastAPI app answers. That removes a hop and a Python ingress from
-every request and every streamed chunk: the lever FACTS.md measured at 3.5x
-the default path's throughput on this machine.
+With ``ingress: direct`` (the builder's default, what ``serve_config.yaml``
+deploys) the app has no separate router deployment on the request path:
 
-What would be lost, the router's checks, moves into the replica:
-:class:`FuzzServer` is ``LLMServer`` with :class:`serve_app.guard.RequestGuard`
-installed outermost on the vLLM app it builds, so API keys, body limits and
-the ``vllm_xargs`` policy are enforced on the replica's port, which
-HAProxy mode binds on all interfaces.
+1. Serve's HAProxy (on when ``ray start`` runs with
+   ``RAY_SERVE_ENABLE_HA_PROXY=1``; ``scripts/env.sh`` and ``LocalCluster``
+   set it) takes the client's connection;
+2. it asks the app's *ingress request router* (``ray.serve.llm``'s
+   ``LLMRouter``, ``POST /internal/route``) which replica should serve the
+   request; ``LLMRouter`` asks the engine deployment's request router
+   (``routing:``; with ``RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1`` it
+   sees the body, so ``fuzz_affinity`` can key on fuzz salt + prompt);
+3. HAProxy forwards the HTTP connection straight to that replica, where
+   :class:`FuzzServer` answers: vLLM's own OpenAI app with the guard outermost.
 
-Requirements: the cluster runs Serve's HAProxy (``RAY_SERVE_ENABLE_HA_PROXY=1``
-in the environment of ``ray start``), one model per app (Ray's limit).
-The router's ``/ready`` does not exist here; vLLM's ``/health`` does.
+That takes the router replica and Serve's Python proxy off every request and
+every streamed chunk (docs/benchmarks.md measures what they cost). What the
+router did moves into the replica:
+
+* :class:`serve_app.guard.RequestGuard` outermost on vLLM's app: API keys,
+  body limit, ``vllm_xargs`` policy, reserved keys, 4xx naming the field,
+  before vLLM parses the body;
+* ``GET /ready``: this replica's engine answers its health check (HAProxy only
+  forwards to replicas Serve considers healthy, so a 200 means the model has a
+  serving replica); 503 naming the model otherwise;
+* ``GET /health``: ``{"status": "ok"}`` while this replica's engine is alive
+  (vLLM's own ``/health`` answers with an empty body), 503 otherwise.
+
+One model per app (Ray's limit for direct streaming). A replica killed
+mid-stream cuts its clients' connections: there is no router left to end
+their streams with an error event, so clients see a transport error
+(docs/serve.md).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ray.llm._internal.serve.core.server.llm_server import _add_middleware_to_built_app
+from fastapi import Request
+from fastapi.responses import JSONResponse
 
+from . import probes
 from .core_binding import EngineServer
 from .guard import GuardConfig, RequestGuard
+from .ray_internals import LLMRouter, add_middleware_to_built_app, with_ingress_request_router
 
 
 class FuzzServer(EngineServer):
@@ -34,21 +51,37 @@ class FuzzServer(EngineServer):
         self._guard_config = GuardConfig.model_validate(guard or {})
         await super().__init__(llm_config, **kwargs)
 
+    async def ready(self, request: Request) -> JSONResponse:
+        model = self._llm_config.model_id
+        error = await probes.failure(self.check_health())
+        return probes.not_ready({model: error}) if error else probes.ready([model])
+
+    async def health(self, request: Request) -> JSONResponse:
+        error = await probes.failure(self.check_health())
+        return probes.alive() if not error else JSONResponse(status_code=503,
+                                                             content={"status": "unhealthy", "error": error})
+
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
-        _add_middleware_to_built_app(app, RequestGuard, config=self._guard_config)
+        # vLLM's /health (empty body) gives way to the router path's JSON answer.
+        app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
+        app.add_api_route("/health", self.health, methods=["GET"])
+        app.add_api_route("/ready", self.ready, methods=["GET"])
+        add_middleware_to_built_app(app, RequestGuard, config=self._guard_config)  # outermost: runs first
         return app
 
 
-def build_direct(llm_config, guard: GuardConfig, engine_cores_per_replica: int | None = None):
-    """The direct-streaming application graph: FuzzServer as the ingress, LLMRouter picking replicas."""
-    from ray.llm._internal.serve.core.ingress.builder import (
-        _build_direct_streaming_llm_deployment,
-        _build_openai_ingress_request_router,
-    )
+def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any]):
+    """The direct-streaming graph: FuzzServer deployment as the ingress, ``LLMRouter`` picking its replicas."""
+    from ray import serve
+    from ray.serve.llm import build_llm_deployment
 
-    server = _build_direct_streaming_llm_deployment(llm_config, deployment_cls=FuzzServer,
-                                                    bind_kwargs={"guard": guard.model_dump(),
-                                                                 "engine_cores_per_replica": engine_cores_per_replica})
-    return server._with_ingress_request_router(
-        _build_openai_ingress_request_router(server=server, llm_config=llm_config))
+    server = build_llm_deployment(
+        llm_config, deployment_cls=serve.ingress()(FuzzServer),
+        # the deployment name dashboards, the monitor and LocalCluster know ("LLMServer:<model>")
+        name_prefix="LLMServer:",
+        bind_kwargs={"guard": guard.model_dump(), **server_kwargs})
+    # As Ray's own direct-streaming builder: no CPU reserved (it only answers
+    # routing calls) and a high concurrency limit (it is on every request's path).
+    router = serve.deployment(LLMRouter, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+    return with_ingress_request_router(server, router.bind(server=server))

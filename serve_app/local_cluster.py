@@ -38,6 +38,7 @@ import httpx
 import psutil
 import yaml
 
+from serve_app.app import HAPROXY_ENV, deep_update
 from serve_app.ports import free_port
 
 log = logging.getLogger("fuzzserve.local_cluster")
@@ -157,6 +158,11 @@ class LocalCluster:
         # The CLI and the cluster must agree on token auth (Ray 2.60 enables
         # it for a new cluster only when a token file exists already).
         env.setdefault("RAY_AUTH_MODE", "token")
+        # Serve's HAProxy and body-aware ingress routing: the shipped config's
+        # direct path needs them in the environment of `ray start` (as
+        # scripts/env.sh sets them); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out.
+        for key in HAPROXY_ENV:
+            env.setdefault(key, "1")
         env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
         return env
 
@@ -262,7 +268,7 @@ class LocalCluster:
             cfg["proxy_location"] = "HeadOnly"
         if args:
             for app in cfg["applications"]:
-                _deep_update(app.setdefault("args", {}), args)
+                deep_update(app.setdefault("args", {}), args)
         return cfg
 
     def deploy(self, config: Path | dict[str, Any] = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
@@ -371,14 +377,6 @@ def _json_list(out: str) -> list[dict[str, Any]]:
     """``ray list --format json`` output; Ray prints a sentence instead of ``[]`` when nothing matches."""
     out = out.strip()
     return json.loads(out) if out.startswith("[") else []
-
-
-def _deep_update(base: dict[str, Any], new: dict[str, Any]) -> None:
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            _deep_update(base[k], v)
-        else:
-            base[k] = v
 
 
 def pids_alive(pids: Iterable[int]) -> list[int]:

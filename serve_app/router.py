@@ -1,4 +1,9 @@
-"""The fuzz router: the HTTP ingress deployment, ``ray.serve.llm``'s ``OpenAiIngress`` plus probes.
+"""The router path (``ingress: router``): an HTTP ingress deployment, ``ray.serve.llm``'s ``OpenAiIngress`` plus probes.
+
+Not what ``serve_config.yaml`` ships: the direct path (``serve_app.direct_server``)
+serves the same API with the same checks at several times less CPU per
+request on a small host (docs/benchmarks.md). This path stays for several
+models per app, for clusters without Serve's HAProxy, and as a baseline.
 
 Everything OpenAI-shaped (``/v1/completions``, ``/v1/chat/completions``,
 streaming, ``/v1/models``, request timeouts, error format) is
@@ -26,10 +31,12 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from ray.llm._internal.serve.core.ingress.ingress import DEFAULT_ENDPOINTS, OpenAiIngress
+from ray.serve.llm.ingress import OpenAiIngress
 from starlette.exceptions import HTTPException
 
-READY_TIMEOUT_S = 10.0
+from . import probes
+from .ray_internals import DEFAULT_ENDPOINTS
+
 log = logging.getLogger("ray.serve.fuzzserve.router")
 
 
@@ -62,24 +69,14 @@ class FuzzRouter(OpenAiIngress):
         return response
 
     async def health(self) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        return probes.alive()
 
     async def ready(self) -> JSONResponse:
-        async def probe(model_id: str) -> str | None:
-            try:
-                await asyncio.wait_for(self._default_serve_handles[model_id].check_health.remote(), READY_TIMEOUT_S)
-            except Exception as e:  # any failure means "not ready"; the body says which and why
-                return f"{type(e).__name__}: {e}"[:500]
-            return None
-
         models = sorted(self._default_serve_handles)
-        errors = dict(zip(models, await asyncio.gather(*(probe(m) for m in models))))
-        failed = {m: err for m, err in errors.items() if err}
-        if failed:
-            return JSONResponse(status_code=503, content={"error": {
-                "message": f"not ready: {', '.join(failed)} has no healthy replica",
-                "type": "service_unavailable", "param": None, "code": 503, "models": failed}})
-        return JSONResponse({"status": "ready", "models": models})
+        errors = await asyncio.gather(*(probes.failure(self._default_serve_handles[m].check_health.remote())
+                                        for m in models))
+        failed = {m: err for m, err in zip(models, errors) if err}
+        return probes.not_ready(failed) if failed else probes.ready(models)
 
 
 async def openai_http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -166,14 +166,18 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     """
     from ray.serve.schema import ServeDeploySchema
 
-    from benchmarks import serve_stack as ss
+    from benchmarks import targets as ss
 
     for phase, targets in ss.PHASES.items():
         cfg, routes, env = ss.phase_config(phase, tmp_path)
         ServeDeploySchema.model_validate(cfg)
         assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
-        assert (env.get("RAY_SERVE_ENABLE_HA_PROXY") == "1") == (
-            phase in ("direct", "levers", "alone", "alonespin", "alonenap"))
+        assert (env["RAY_SERVE_ENABLE_HA_PROXY"] == "1") == (phase in (
+            "direct", "levers", "alone", "alonespin", "alonenap", "shipped", "shippedcompiled", "shippedspin",
+            "shippedthread", "shippedquiet", "stockdirect2")), phase
+        for a in cfg["applications"]:  # no router-path target slipped onto the (now default) direct path
+            assert ss.is_direct(a) == (a["name"] in ("bd", "f0", "f", "fb", "fbs", "fbr", "fbt", "fbq", "fbn", "fbc",
+                                                     "fb1", "fb1s", "fb1n", "S", "Sc", "Ss", "St", "Sq", "bd2")), a["name"]
     cfg, _, _ = ss.phase_config("levers", tmp_path)
     apps = {a["name"]: a for a in cfg["applications"]}
     env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
@@ -200,3 +204,37 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     [twospin] = ss.phase_config("twospin", tmp_path)[0]["applications"]
     assert two["args"] == twospin["args"] == bound["eb"]["args"] and two["runtime_env"] == bound["eb"]["runtime_env"]
     assert twospin["runtime_env"]["env_vars"] == {**two["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "shm_wait"}
+
+
+def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
+    """S is serve_config.yaml itself (what users deploy); each S variant changes the one setting it names,
+    and the stock targets it is compared with differ from each other only in the path."""
+    import yaml
+
+    from benchmarks import targets as ss
+
+    [shipped] = yaml.safe_load(ss.SHIPPED_CONFIG.read_text())["applications"]
+
+    def only(phase):
+        [a] = ss.phase_config(phase, tmp_path)[0]["applications"]
+        return a
+
+    s = only("shipped")
+    assert {k: v for k, v in s.items() if k not in ("name", "route_prefix")} == \
+        {k: v for k, v in shipped.items() if k not in ("name", "route_prefix")}
+    compiled = only("shippedcompiled")
+    assert compiled["args"]["llm_configs"][0]["engine_kwargs"] == {
+        **s["args"]["llm_configs"][0]["engine_kwargs"], "enforce_eager": False}
+    assert {**compiled["args"], "llm_configs": None} == {**s["args"], "llm_configs": None}
+    assert only("shippedspin")["args"] == {**s["args"], "shm_wait": False}
+    assert only("shippedrouter")["args"] == {**s["args"], "ingress": "router"}
+    thread, quiet = only("shippedthread"), only("shippedquiet")
+    assert thread["args"] == quiet["args"] == s["args"] and "logging_config" not in thread
+    assert thread["runtime_env"]["env_vars"] == quiet["runtime_env"]["env_vars"] == {
+        **s["runtime_env"]["env_vars"], "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+    assert quiet["logging_config"] == {"enable_access_log": False}
+    b2, bd2 = only("stock2"), only("stockdirect2")
+    assert b2["args"] == bd2["args"] and b2["args"]["llm_configs"][0]["deployment_config"]["autoscaling_config"] == \
+        {"min_replicas": 2, "max_replicas": 2}
+    assert bd2["runtime_env"]["env_vars"] == {**b2["runtime_env"]["env_vars"],
+                                              "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"}

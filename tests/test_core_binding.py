@@ -108,3 +108,25 @@ def test_engine_core_children_are_pinned_thread_by_thread_and_nothing_else(reque
     assert all(os.sched_getaffinity(t.id) == set(allowed) for t in sibling.threads())
     assert os.sched_getaffinity(0) == set(allowed)
     assert pin_engine_cores({allowed[0]}, parent_pid=sibling.pid) == []  # no EngineCore below it
+
+
+@pytest.mark.parametrize("before, after", [
+    (None, "shm_wait"),
+    ("", "shm_wait"),
+    ("accounting", "accounting,shm_wait"),
+    ("accounting, shm_wait", "accounting,shm_wait"),
+    ("all", "all"),
+    ("ALL", "ALL"),
+])
+def test_shm_wait_false_switches_only_that_patch_off_in_the_replicas_environment(before, after):
+    """``shm_wait: false`` adds the patch to FUZZSERVE_PATCHES_OFF (what the engine's processes inherit),
+    keeping what the cluster already switched off; the patches' own parser reads the result."""
+    from patches import PATCH_MODULES
+    from patches._framework import OFF_ENV, disabled_patches
+    from serve_app.core_binding import switch_patch_off
+
+    env = {} if before is None else {OFF_ENV: before}
+    assert switch_patch_off("shm_wait", env) == after == env[OFF_ENV]
+    off = disabled_patches(list(PATCH_MODULES), env)
+    assert "shm_wait" in off and off >= disabled_patches(list(PATCH_MODULES), {} if before is None else
+                                                         {OFF_ENV: before})

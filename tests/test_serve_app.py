@@ -11,6 +11,7 @@ import asyncio
 import json
 import os
 import time
+import types
 
 import httpx
 import pytest
@@ -182,6 +183,43 @@ def test_replicas_on_both_nodes_report_their_own_counters(serve_cluster):
         assert sum(rc.violations.values()) == 0, rc.violations
 
 
+def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_predicts(serve_cluster):
+    """serve_config.yaml's routing (fuzz_affinity) through the direct path: every request of one
+    (fuzz setting, prompt prefix) lands on the one replica the router's rendezvous hash names for that
+    key, and keys spread over both replicas.
+
+    The expected replica is computed with the router's own key and hash
+    (serve_app.routing), so what this checks is the deployment: HAProxy
+    forwards the body to Ray's ingress request router, which asks our policy
+    with it, and sends the request where the policy said.
+    """
+    from fixture_model.tasks import LETTERS, NUMBERS
+    from serve_app.routing import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
+
+    replicas = {r["name"]: r["name"].rsplit("#", 1)[-1] for r in serve_cluster.replicas()}
+    assert len(replicas) == 2
+    prefix = " ".join((LETTERS + NUMBERS)[i % 30] for i in range(400))
+    assert len(prefix) > DEFAULT_PREFIX_CHARS
+    settings = [None, {"fuzz_strength": 0.5}, {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 3},
+                *({"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": s} for s in range(20))]
+
+    def home(xargs) -> str:
+        key = routing_key(types.SimpleNamespace(args=[types.SimpleNamespace(prompt=prefix, vllm_xargs=xargs)]),
+                          DEFAULT_PREFIX_CHARS)
+        return replicas[rendezvous(key, sorted(replicas))]
+
+    # the first settings up to one whose key lives on the other replica than the first's
+    first = home(settings[0])
+    groups = settings[:next(i for i, x in enumerate(settings) if home(x) != first) + 1]
+    for xargs in groups:
+        before = wait_quiet(serve_cluster)
+        for i in range(4):
+            assert text(complete(serve_cluster, f"{prefix} {i}", xargs)) is not None
+        after = wait_quiet(serve_cluster)
+        served = {k: after[k].requests_total - (before[k].requests_total if k in before else 0.0) for k in after}
+        assert {k: v for k, v in served.items() if v} == {home(xargs): 4}, (xargs, served)
+
+
 def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
     """serve_config.yaml's engine_cores_per_replica: 1 reaches each replica's engine worker.
 
@@ -211,7 +249,16 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
 
 
 def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
-    """SIGKILL one engine replica mid-load: every request ends (success or a clean error), none hangs."""
+    """SIGKILL one engine replica mid-load: every request ends (success or an error the client sees), none hangs,
+    none looks complete when it is not.
+
+    On the direct path the killed replica's process held its clients' HTTP
+    connections (HAProxy forwards them to it), so its streams end with the
+    connection cut inside a chunked body: the client's HTTP library raises
+    (httpx: RemoteProtocolError, "incomplete chunked read"), as with a plain
+    vLLM server killed mid-stream. What must never happen is a stream that
+    ends cleanly without ``[DONE]`` (``truncated``).
+    """
     import psutil
 
     victim = serve_cluster.replicas()[0]
@@ -249,7 +296,8 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
     kinds = [k for k, _ in results]
     assert "ok" in kinds, results
     assert "truncated" not in kinds, f"a stream ended without [DONE] and without an error: {results}"
-    assert all(k in ("ok", "http_error", "stream_error") for k in kinds), results
+    assert all(k in ("ok", "http_error", "stream_error") or (k, detail) == ("transport_error", "RemoteProtocolError")
+               for k, detail in results), results
     assert all(n == 200 for k, n in results if k == "ok"), results
 
     # Serve replaces the replica; the killed replica's engine processes are gone, not orphaned.

@@ -15,6 +15,17 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def no_ray_instance(monkeypatch):
+    """Building a deployment reads the driver's runtime_env through ray.get_runtime_context(), which
+    would start (or join) a Ray instance: these graph and schema checks need an empty one, not a cluster."""
+    import types
+
+    import ray
+
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(runtime_env={}))
+
+
 def load(name: str):
     from ray.serve.schema import ServeDeploySchema
 
@@ -40,7 +51,20 @@ def test_config_parses_at_every_layer(name, kind, monkeypatch):
         assert llm.engine_kwargs["enable_prefix_caching"] is True
         assert llm.engine_kwargs["kv_offloading_backend"] == "native" and llm.engine_kwargs["kv_offloading_size"] > 0
         assert llm.deployment_config["autoscaling_config"]["min_replicas"] == 2
+    # what both configs ship: the direct path, fuzz-aware routing
+    assert (args.ingress, args.routing) == ("direct", "fuzz_affinity")
     assert app_module is not None
+
+
+def test_shipped_cpu_config_is_the_fast_stack():
+    """serve_config.yaml is the stack docs/benchmarks.md measures as the shipped config: two replicas on
+    the direct path, each engine (and its EngineCore) on a core of its own, the shm_wait nap on."""
+    from serve_app.app import FuzzServeArgs
+
+    [application] = load("serve_config.yaml").applications
+    args = FuzzServeArgs.model_validate(application.args)
+    assert args.server_kwargs() == {"engine_cores_per_replica": 1, "shm_wait": True}
+    assert not args.ingress_deployment_config, "the direct path has no router deployment to configure"
 
 
 def test_cpu_config_resolves_the_fixture_model(monkeypatch):
@@ -54,9 +78,10 @@ def test_cpu_config_resolves_the_fixture_model(monkeypatch):
 
 
 @pytest.mark.parametrize("routing, cls", [
-    ("power_of_two", None),
-    ("prefix_affinity", "ray.serve.llm.request_router.PrefixCacheAffinityRouter"),
-    ("fuzz_affinity", "serve_app.routing.FuzzAffinityRouter"),
+    ("power_of_two", "PowerOfTwoChoicesRequestRouter"),
+    ("round_robin", "RoundRobinRouter"),
+    ("prefix_affinity", "PrefixCacheAffinityRouter"),
+    ("fuzz_affinity", "FuzzAffinityRouter"),
 ])
 def test_routing_choice_sets_the_request_router(routing, cls):
     from ray.serve.config import RequestRouterConfig
@@ -65,10 +90,9 @@ def test_routing_choice_sets_the_request_router(routing, cls):
 
     args = FuzzServeArgs(llm_configs=[{"model_loading_config": {"model_id": "m", "model_source": "/m"}}], routing=routing)
     [cfg] = resolve_llm_configs(args)
-    got = cfg["deployment_config"].get("request_router_config")
-    assert (got or {}).get("request_router_class") == cls
-    if cls:  # Serve can import it
-        RequestRouterConfig(**got).get_request_router_class()
+    # always explicit (the direct path's default would be round robin), and Serve can import it
+    got = cfg["deployment_config"]["request_router_config"]
+    assert RequestRouterConfig(**got).get_request_router_class().__name__ == cls
     # a router named by the model's own deployment_config wins
     own = {"request_router_config": {"request_router_class": "x.Y"}}
     args = FuzzServeArgs(llm_configs=[{"model_loading_config": {"model_id": "m"}, "deployment_config": own}],
@@ -90,21 +114,7 @@ def test_builder_args_are_strict():
     assert FuzzServeArgs.model_validate({"llm_configs": [{}]}).engine_cores_per_replica is None  # vLLM's auto
 
 
-def test_fuzz_affinity_key():
-    from serve_app.routing import affinity_key
-
-    assert affinity_key("abc", None) == "abc"
-    assert affinity_key("abc", {"fuzz_strength": 0}) == "abc", "s = 0 shares KV with unfuzzed requests"
-    a = affinity_key("abc", {"fuzz_strength": 0.5})
-    assert a.endswith("abc") and a != "abc"
-    assert affinity_key("abc", {"fuzz_strength": 1.0}) == affinity_key("abc", {"fuzz_strength": 7.0}), \
-        "scale s >= 1 all zero the embeddings: one salt"
-    assert affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 1}) != \
-        affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 2})
-    assert affinity_key("abc", {"fuzz_strength": -1}) == "abc", "invalid settings never reach routing; no crash"
-
-
-from ray.llm._internal.serve.core.server.llm_server import LLMServer  # noqa: E402
+from ray.serve.llm import LLMServer  # noqa: E402
 
 
 class _OwnServer(LLMServer):  # stands in for a user's own server class (LLMConfig.server_cls)
@@ -125,7 +135,8 @@ def test_engine_deployment_class(server_cls, cores, expected):
     cfg = {"model_loading_config": {"model_id": "m", "model_source": "/m"}, "accelerator_config": {"kind": "cpu"}}
     if server_cls:
         cfg["server_cls"] = server_cls
-    deployment = engine_deployment(LLMConfig.model_validate(cfg), cores)._bound_deployment
+    kwargs = {"engine_cores_per_replica": cores, "shm_wait": True}
+    deployment = engine_deployment(LLMConfig.model_validate(cfg), kwargs)._bound_deployment
     assert deployment.func_or_class.__name__ == expected
     if server_cls is None:
         assert deployment.name == "LLMServer:m"
@@ -139,5 +150,68 @@ def test_core_binding_with_the_models_own_server_class_is_refused():
     cfg = LLMConfig.model_validate({"model_loading_config": {"model_id": "m", "model_source": "/m"},
                                     "accelerator_config": {"kind": "cpu"},
                                     "server_cls": "tests.test_serve_config:_OwnServer"})
-    with pytest.raises(ValueError, match="engine_cores_per_replica needs the default server class"):
-        engine_deployment(cfg, 1)
+    with pytest.raises(ValueError, match="engine_cores_per_replica, shm_wait need the default server class"):
+        engine_deployment(cfg, {"engine_cores_per_replica": 1, "shm_wait": False})
+    with pytest.raises(ValueError, match="_OwnServer.>; shm_wait need the default server class"):
+        engine_deployment(cfg, {"engine_cores_per_replica": None, "shm_wait": False})
+
+
+HAPROXY_ON = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1"}
+
+
+@pytest.mark.parametrize("env, body_aware, missing", [
+    ({}, False, ["RAY_SERVE_ENABLE_HA_PROXY=1"]),
+    ({}, True, ["RAY_SERVE_ENABLE_HA_PROXY=1", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1"]),
+    ({"RAY_SERVE_ENABLE_HA_PROXY": "1"}, True, ["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1"]),
+    ({"RAY_SERVE_ENABLE_HA_PROXY": "true"}, False, ["RAY_SERVE_ENABLE_HA_PROXY=1"]),  # Serve reads only "1"
+    ({"RAY_SERVE_ENABLE_HA_PROXY": "1"}, False, []),
+    (HAPROXY_ON, True, []),
+])
+def test_direct_path_refuses_a_cluster_without_haproxy(env, body_aware, missing):
+    from serve_app.app import require_haproxy
+
+    if not missing:
+        require_haproxy(body_aware, env)
+        return
+    with pytest.raises(ValueError) as e:
+        require_haproxy(body_aware, env)
+    assert all(m in str(e.value) for m in missing) and "scripts/env.sh" in str(e.value)
+    assert "FORWARD_BODY" in str(e.value) or not body_aware
+
+
+def test_direct_graph(monkeypatch):
+    """ingress: direct builds FuzzServer (guard and probes inside) as the ingress deployment, named as the
+    monitor knows it, with Ray's LLMRouter as its ingress request router: what HAProxy asks for a replica."""
+    from serve_app.app import build_app
+
+    for k, v in HAPROXY_ON.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
+    [application] = load("serve_config.yaml").applications
+    graph = build_app(application.args)
+    server = graph._bound_deployment
+    assert server.name == "LLMServer:fixture"
+    assert "FuzzServer" in server.func_or_class.__name__
+    assert server.init_kwargs["guard"]["xargs"]["reserved"] == "refuse"
+    assert server.init_kwargs["engine_cores_per_replica"] == 1 and server.init_kwargs["shm_wait"] is True
+    router = graph._ingress_request_router._bound_deployment
+    assert router.func_or_class.__name__ == "LLMRouter"
+    assert router.init_kwargs["server"] is graph, "the router picks among this deployment's replicas"
+    assert server._deployment_config.request_router_config.request_router_class.endswith("FuzzAffinityRouter")
+    with pytest.raises(ValueError, match="exactly one model"):
+        second = {**application.args["llm_configs"][0], "model_loading_config": {"model_id": "other",
+                                                                                   "model_source": "/other"}}
+        build_app({**application.args, "llm_configs": [*application.args["llm_configs"], second]})
+
+
+def test_router_path_graph(monkeypatch):
+    """ingress: router keeps Serve's default path: a FuzzRouter deployment in front of EngineServer replicas."""
+    from serve_app.app import build_app
+
+    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
+    [application] = load("serve_config.yaml").applications
+    graph = build_app({**application.args, "ingress": "router", "ingress_deployment_config": {"num_replicas": 1}})
+    ingress = graph._bound_deployment
+    assert "FuzzRouter" in ingress.func_or_class.__name__ and ingress.num_replicas == 1
+    engine = ingress.init_kwargs["llm_deployments"]["fixture"]._bound_deployment
+    assert engine.name == "LLMServer:fixture" and engine.func_or_class.__name__ == "EngineServer"

@@ -1,0 +1,195 @@
+"""The serving stacks ``serve_stack`` measures: one table, from which phases, labels and Serve configs derive.
+
+Each :class:`Target` names the phase (its own Ray cluster) it is measured in,
+a label, and the application arguments that make it what it is, so a
+comparison between two targets is a comparison between two rows that differ
+in the settings they name (tests/test_benchmarks.py checks the A/B pairs).
+``a`` (vLLM's own server, patches off) is the reference every target is
+divided by, round by round; ``ceil`` is offline ``LLM.generate``.
+
+``python -m benchmarks.serve_stack --list`` prints the table.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SHIPPED_CONFIG = REPO / "serve_config.yaml"
+ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
+OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    phase: str
+    label: str
+    app: dict[str, Any] | None = field(default=None, hash=False)  # keyword arguments of app(); None: no Serve app
+    shipped: dict[str, Any] | None = field(default=None, hash=False)  # shipped_app() overrides: serve_config.yaml
+    drives: str | None = None  # the target whose application this one drives (d drives c's app with fuzz)
+    fuzz: bool = False  # every request carries the load tests' fuzz mix
+
+    @property
+    def app_name(self) -> str:
+        return self.drives or self.name
+
+
+_DIRECT = {"direct": True, "stock": False}
+TARGETS: tuple[Target, ...] = (
+    Target("a", "-", "vLLM server, patches off"),
+    # Serve's default path (a router deployment in front of the replicas)
+    Target("b", "offstack", "stock ray.serve.llm, 1 replica", {"stock": True, "patches": False}),
+    Target("c0", "offstack", "fuzzserve 1 replica, patches off", {"stock": False, "patches": False}),
+    Target("c1", "offstack", "fuzzserve 1 replica, patches on, offloading off, s=0", {"stock": False, "offload": False}),
+    Target("c1s", "offstack", "as c1, shm_wait patch off (upstream spin)",
+           {"stock": False, "offload": False, "patches_off": "shm_wait"}),
+    Target("c", "onstack", "fuzzserve 1 replica, patches on, s=0", {"stock": False}),
+    Target("cb", "onstack", "as c, engine threads bound to core 0", {"stock": False, "omp_bind": "0"}),
+    Target("d", "onstack", "fuzzserve 1 replica, fuzz mix", drives="c", fuzz=True),
+    Target("e", "onstack", "fuzzserve 2 replicas, s=0", {"stock": False, "replicas": 2}),
+    Target("c0b", "bound", "as c0, engine threads bound to core 0", {"stock": False, "patches": False, "omp_bind": "0"}),
+    Target("c1b", "bound", "as c1, engine threads bound to core 0", {"stock": False, "offload": False, "omp_bind": "0"}),
+    Target("eb", "bound", "as e, each replica's engine on its own core",
+           {"stock": False, "replicas": 2, "cores_per_replica": 1}),
+    Target("e1", "two", "as eb (the shipped config until 2026-11-25), alone",
+           {"stock": False, "replicas": 2, "cores_per_replica": 1}),
+    Target("e1s", "twospin", "as e1 with shm_wait off (upstream spin), alone",
+           {"stock": False, "replicas": 2, "cores_per_replica": 1, "patches_off": "shm_wait"}),
+    # Ray's direct streaming (HAProxy forwards each request straight to a replica)
+    Target("bd", "direct", "stock ray.serve.llm, direct streaming + HAProxy", {"stock": True, "patches": False,
+                                                                              "direct": True}),
+    Target("f0", "direct", "fuzzserve direct (guard in replica), patches off", {**_DIRECT, "patches": False}),
+    Target("f", "direct", "fuzzserve direct (guard in replica), patches on, s=0", _DIRECT),
+    Target("fb", "direct", "as f, engine threads bound to core 0", {**_DIRECT, "omp_bind": "0"}),
+    Target("fbs", "direct", "as fb, shm_wait patch off (upstream spin)",
+           {**_DIRECT, "omp_bind": "0", "patches_off": "shm_wait"}),
+    Target("fbr", "levers", "as fb (the levers phase's control)", {**_DIRECT, "omp_bind": "0"}),
+    Target("fbt", "levers", "as fb, user code on the replica's main event loop",
+           {**_DIRECT, "omp_bind": "0", "user_code_thread": False}),
+    Target("fbq", "levers", "as fbt, access log off",
+           {**_DIRECT, "omp_bind": "0", "user_code_thread": False, "access_log": False}),
+    Target("fbn", "levers", "as fb, shm_wait nap 50 us", {**_DIRECT, "omp_bind": "0", "nap_s": 0.00005}),
+    Target("fbc", "levers", "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
+           {**_DIRECT, "cores_per_replica": 1}),
+    Target("fb1", "alone", "as fbc, the only application in its cluster", {**_DIRECT, "cores_per_replica": 1}),
+    Target("fb1s", "alonespin", "as fb1 with shm_wait off (upstream spin), alone",
+           {**_DIRECT, "cores_per_replica": 1, "patches_off": "shm_wait"}),
+    Target("fb1n", "alonenap", "as fb1 with a 50 us shm_wait nap, alone",
+           {**_DIRECT, "cores_per_replica": 1, "nap_s": 0.00005}),
+    # what users deploy: serve_config.yaml itself, alone in its cluster, and the stacks it must beat
+    Target("S", "shipped", "serve_config.yaml as shipped (2 replicas, direct, fuzz_affinity), alone", shipped={}),
+    Target("Sc", "shippedcompiled", "as S, compiled (enforce_eager: false), alone",
+           shipped={"engine_kwargs": {"enforce_eager": False}}),
+    Target("Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}),
+    Target("Sr", "shippedrouter", "as S on the router path (ingress: router), alone",
+           shipped={"args": {"ingress": "router"}}),
+    Target("St", "shippedthread", "as S, Serve runs the replicas' user code on their main event loop, alone",
+           shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}),
+    Target("Sq", "shippedquiet", "as St with Serve's access log off, alone",
+           shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
+                    "logging_config": {"enable_access_log": False}}),
+    Target("b2", "stock2", "stock ray.serve.llm, 2 replicas, default path, alone",
+           {"stock": True, "patches": False, "replicas": 2}),
+    Target("bd2", "stockdirect2", "stock ray.serve.llm, 2 replicas, direct streaming + HAProxy, alone",
+           {"stock": True, "patches": False, "replicas": 2, "direct": True}),
+    Target("ceil", "ceiling", "offline LLM.generate"),
+)
+BY_NAME = {t.name: t for t in TARGETS}
+LABELS = {t.name: t.label for t in TARGETS}
+APP_OF = {t.name: t.app_name for t in TARGETS if t.drives}
+PHASES: dict[str, tuple[str, ...]] = {}
+for _t in TARGETS:
+    if _t.app is not None or _t.shipped is not None or _t.drives:
+        PHASES[_t.phase] = (*PHASES.get(_t.phase, ()), _t.name)
+
+
+def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
+    return {"model_loading_config": {"model_id": "fixture", "model_source": str(model)},
+            "accelerator_config": {"kind": "cpu"},
+            "deployment_config": {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}},
+            "engine_kwargs": {**ENGINE, **(OFFLOAD if offload else {})}}
+
+
+def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
+        direct: bool = False, offload: bool | None = None, omp_bind: str | None = None,
+        patches_off: str | None = None, cores_per_replica: int | None = None,
+        user_code_thread: bool = True, access_log: bool = True, nap_s: float | None = None) -> dict[str, Any]:
+    """One Serve application of a phase, at route ``/<name>``."""
+    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    if nap_s is not None:
+        env["FUZZSERVE_SHM_NAP_S"] = str(nap_s)
+    if not user_code_thread:
+        env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] = "0"
+    if omp_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
+    if not patches:
+        env["FUZZSERVE_PATCHES_OFF"] = "all"
+    elif patches_off:
+        env["FUZZSERVE_PATCHES_OFF"] = patches_off
+    if direct and stock:
+        env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
+    cfg = llm_config(model, replicas, offload=patches if offload is None else offload)
+    if stock:
+        return {"name": name, "route_prefix": f"/{name}", "import_path": "ray.serve.llm:build_openai_app",
+                "runtime_env": {"env_vars": env}, "args": {"llm_configs": [cfg]}}
+    args: dict[str, Any] = {"llm_configs": [cfg], "guard": {"api_keys_env": None},
+                            "ingress": "direct" if direct else "router"}
+    if cores_per_replica is not None:
+        args["engine_cores_per_replica"] = cores_per_replica
+    out = {"name": name, "route_prefix": f"/{name}", "import_path": "serve_app.app:build_app",
+           "runtime_env": {"env_vars": env}, "args": args}
+    if not access_log:
+        out["logging_config"] = {"enable_access_log": False}
+    return out
+
+
+def shipped_app(name: str, args: dict[str, Any] | None = None, engine_kwargs: dict[str, Any] | None = None,
+                env: dict[str, str] | None = None, logging_config: dict[str, Any] | None = None,
+                config: Path = SHIPPED_CONFIG) -> dict[str, Any]:
+    """serve_config.yaml's application as shipped, at route ``/<name>``, with only the named overrides."""
+    [application] = copy.deepcopy(yaml.safe_load(config.read_text())["applications"])
+    application.update(name=name, route_prefix=f"/{name}")
+    application["args"].update(args or {})
+    application.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(env or {})
+    if logging_config:
+        application["logging_config"] = logging_config
+    for llm in application["args"]["llm_configs"]:
+        llm["engine_kwargs"].update(engine_kwargs or {})
+    return application
+
+
+def is_direct(application: dict[str, Any]) -> bool:
+    env = application.get("runtime_env", {}).get("env_vars", {})
+    return application["args"].get("ingress", "direct") == "direct" if application["import_path"].startswith(
+        "serve_app") else env.get("RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING") == "1"
+
+
+def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """(serve config, target -> route prefix, cluster env) of a phase.
+
+    The cluster runs Serve's HAProxy exactly when one of the phase's
+    applications is on the direct path (phases measured before direct
+    streaming was shipped ran their router-path targets without it).
+    """
+    mine = [BY_NAME[n] for n in PHASES[phase]]
+    apps = [app(t.name, model, **t.app) if t.app is not None else shipped_app(t.name, **t.shipped)
+            for t in mine if not t.drives]
+    routes = {a["name"]: a["route_prefix"] for a in apps}
+    routes.update({t.name: routes[t.drives] for t in mine if t.drives})
+    direct = any(is_direct(a) for a in apps)
+    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1" if direct else "0"}
+    cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
+           "applications": apps}
+    return cfg, routes, env
+
+
+def table_markdown() -> str:
+    lines = ["| target | phase | what |", "|---|---|---|"]
+    lines += [f"| {t.name} | {t.phase} | {t.label} |" for t in TARGETS]
+    return "\n".join(lines)

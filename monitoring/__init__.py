@@ -1,0 +1,1 @@
+"""Production monitoring of the load tests' invariants: Prometheus rules, scrape config, Grafana dashboard."""

@@ -1,0 +1,48 @@
+"""A local deployment under the chaos scenario's engine settings, for the monitoring fixtures and the end-to-end run.
+
+Both need what a real deployment exports (series names, labels, Ray's
+service-discovery file) and the chaos scenario's faults, so that the
+accounting patch's violation and correction counters exist. The deploy itself
+is the load-test CLI's (:func:`load_tests.cli.deploy`): same config, same
+engine overrides, same ``FUZZSERVE_PATCHES_OFF`` plumbing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+log = logging.getLogger("fuzzserve.monitoring")
+
+
+def chaos_scenario(duration_s: float, concurrency: int, kill_at_s: float | None):
+    """The chaos scenario with a shorter load (the faults and the KV pool unchanged)."""
+    from load_tests.scenarios import SCENARIOS
+
+    sc = SCENARIOS["chaos"].model_copy(deep=True)
+    sc.profile = type(sc.profile).model_validate({**sc.profile.model_dump(), "duration_s": duration_s,
+                                                  "concurrency": concurrency})
+    sc.kill_replica_at_s = kill_at_s
+    return sc
+
+
+def deploy(sc, out: Path, patches_off: str | None):
+    """Start a local cluster and deploy serve_config.yaml with ``sc``'s engine settings (the CLI's own deploy)."""
+    from rich.console import Console
+
+    from load_tests.cli import deploy as cli_deploy
+
+    args = argparse.Namespace(config=None, routing=None, patches_off=patches_off, http_port=None)
+    return cli_deploy(sc, args, out, Console(stderr=True))
+
+
+def smoke_load(base_url: str, metrics_urls: list[str], out: Path, duration_s: float, concurrency: int) -> int:
+    """Drive the smoke mix at a running deployment with the load-test CLI; return its exit code."""
+    argv = [sys.executable, "-m", "load_tests", "--url", base_url, "--scenario", "smoke",
+            "--duration", str(duration_s), "--concurrency", str(concurrency), "--no-sweep", "--no-progress",
+            "--out", str(out), *[a for u in metrics_urls for a in ("--metrics-url", u)]]
+    log.info("load: %s", " ".join(argv))
+    return subprocess.run(argv, check=False).returncode

@@ -1,0 +1,93 @@
+"""Every private Ray symbol this project uses, in one place, each with why no public API serves.
+
+The rest of ``serve_app`` uses ``ray.serve.llm``'s public API (``LLMConfig``,
+``LLMServer``, ``build_llm_deployment``, ``OpenAiIngress``,
+``make_fastapi_ingress``, ``PrefixCacheAffinityRouter``) and Serve's
+(``serve.deployment``, ``serve.ingress``). What it cannot do with them is
+listed here, verified on Ray :data:`VERIFIED_RAY`. If a later Ray moves or
+renames one, importing this module fails at once with :class:`RayInternalsMoved`,
+naming the symbol, the Ray version found and the one verified, instead of an
+``ImportError`` deep inside a replica's start-up.
+
+==========================================  =====================================================
+symbol                                      why it is needed
+==========================================  =====================================================
+``ingress.init``                            the FastAPI app ``build_openai_app`` gives
+                                            ``OpenAiIngress`` (error handling, CORS, HTTP
+                                            metrics, request ids); the router path installs the
+                                            guard on it before ``make_fastapi_ingress`` binds the
+                                            routes. Public builders build it internally only.
+``ingress.DEFAULT_ENDPOINTS``               ``OpenAiIngress``'s route table, extended by the
+                                            router path with ``/health`` and ``/ready``.
+``configs.openai_api_models                 the model cards ``OpenAiIngress`` lists at
+.to_model_metadata``                        ``/v1/models``, built as ``build_openai_app`` does.
+``router.LLMRouter``                        the direct path's ingress request router: HAProxy
+                                            asks it (``POST /internal/route``) which replica
+                                            takes a request; it asks the engine deployment's
+                                            request router. Ray builds it only inside
+                                            ``build_openai_app``.
+``Application._with_ingress_request_router``  attaches that router to the direct ingress
+                                            (Serve calls it an "internal-only, unstable hook for
+                                            the Serve LLM direct-ingress stack").
+``llm_server._add_middleware_to_built_app`` adds the guard to the vLLM app a replica builds in
+                                            ``__serve_build_asgi_app__`` (vLLM builds its
+                                            middleware stack eagerly, so Starlette's
+                                            ``add_middleware`` refuses afterwards).
+``RequestRouter._probe_queue_lens``         the replicas' in-flight request counts, asked for
+                                            by ``FuzzAffinityRouter`` (the public request-router
+                                            API exposes only a cache that nothing refreshes on
+                                            the direct path).
+==========================================  =====================================================
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import ray
+from ray.serve.deployment import Application
+from ray.serve.request_router import RequestRouter
+
+VERIFIED_RAY = "2.60.0"
+
+
+class RayInternalsMoved(ImportError):
+    pass
+
+
+def _load(module: str, name: str):
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise RayInternalsMoved(
+            f"Ray {ray.__version__}: {module}.{name} is gone or moved ({type(e).__name__}: {e}); serve_app uses "
+            f"it as verified on Ray {VERIFIED_RAY} (see serve_app/ray_internals.py for why). Pin ray=={VERIFIED_RAY} "
+            "or port serve_app/ray_internals.py to this Ray.") from e
+
+
+_INGRESS = "ray.llm._internal.serve.core.ingress.ingress"
+init_ingress_app = _load(_INGRESS, "init")
+DEFAULT_ENDPOINTS = _load(_INGRESS, "DEFAULT_ENDPOINTS")
+to_model_metadata = _load("ray.llm._internal.serve.core.configs.openai_api_models", "to_model_metadata")
+LLMRouter = _load("ray.llm._internal.serve.core.ingress.router", "LLMRouter")
+add_middleware_to_built_app = _load("ray.llm._internal.serve.core.server.llm_server",
+                                    "_add_middleware_to_built_app")
+if not hasattr(Application, "_with_ingress_request_router"):
+    raise RayInternalsMoved(f"Ray {ray.__version__}: Application._with_ingress_request_router is gone; "
+                            f"the direct path was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)")
+
+
+_probe = getattr(RequestRouter, "_probe_queue_lens", None)
+if _probe is None:
+    raise RayInternalsMoved(f"Ray {ray.__version__}: RequestRouter._probe_queue_lens is gone; fuzz_affinity "
+                            f"routing was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)")
+
+
+async def probe_queue_lens(router, replicas: list) -> list[tuple]:
+    """[(replica, in-flight requests or None if it did not answer in time)] for ``replicas``, asked now."""
+    return await _probe(router, replicas, 0)
+
+
+def with_ingress_request_router(ingress, router):
+    """``ingress`` (an Application) with ``router`` (an Application) as its ingress request router."""
+    return ingress._with_ingress_request_router(router)
