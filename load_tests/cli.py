@@ -9,8 +9,9 @@ existing deployment (metrics from ``--metrics-url`` or Ray's service
 discovery file); only addresses on this machine unless ``--allow-remote``.
 
 Exit code: 0 when the run passed; 1 on any invariant violation, lost
-request, unexpected error or client/server mismatch (report.md says which);
-2 on a usage or set-up error.
+request, unexpected error, client/server mismatch, unreadable metrics
+endpoint, unplanned replica death or planned fault that did not fire
+(report.md says which); 2 on a usage or set-up error.
 """
 
 from __future__ import annotations
@@ -64,6 +65,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--kill-replica-at", type=float, default=None, help="SIGKILL one replica after N s (local only)")
     load.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
+    load.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
+                      help="greedy probes under the load vs a fault-free deployment (local only; default: the "
+                           "scenario's, on for soak)")
+    load.add_argument("--probe-every", type=float, default=60.0, help="seconds between probe rounds under the load")
+    mon = ap.add_argument_group("monitor")
+    mon.add_argument("--scrape-interval", type=float, default=2.0, help="seconds between scrapes during the load")
+    mon.add_argument("--settle-interval", type=float, default=6.0,
+                     help="seconds between the idle scrapes that must agree at quiescence (Ray exports every few s)")
+    mon.add_argument("--settle-timeout", type=float, default=90.0,
+                     help="seconds to wait for quiescence before the final checks run anyway (not_quiescent)")
     out = ap.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="report directory (default: out/<scenario>)")
     out.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
@@ -89,6 +100,8 @@ def scenario_from(args: argparse.Namespace):
         sc.mix = type(sc.mix).model_validate({**sc.mix.model_dump(), **args.mix})
     if args.kill_replica_at is not None:
         sc.kill_replica_at_s = args.kill_replica_at
+    if args.probes is not None:
+        sc.probes = args.probes
     return sc
 
 
@@ -111,7 +124,8 @@ class Target:
     listed through Ray's state API before and after the load (under full
     load that API can take over a minute to answer). During the load a
     replica is dead when its pid is gone: a process-table lookup, cheap
-    enough for every scrape.
+    enough for every scrape. Without a local cluster (``--url``) deaths are
+    read from the scraped data alone (``load_tests.monitor``).
     """
 
     def __init__(self, base_url: str, metrics_urls: list[str], api_key: str | None, cluster=None):
@@ -119,7 +133,7 @@ class Target:
         self.pids: dict[str, int] = {}
         self.ever_listed: set[str] = set()
         self.killed: set[str] = set()
-        self.unexpected_deaths: list[str] = []
+        self.listed_dead: list[str] = []  # listed by Ray's state API before or during the run, missing after it
 
     def list_replicas(self) -> dict[str, int] | None:
         """ReplicaId -> pid of the alive engine replicas (None without a local cluster or if Ray did not answer)."""
@@ -153,17 +167,24 @@ def replica_id(actor: dict[str, Any]) -> str:
 
 
 async def run_load(target: Target, sc, args, t0: float):
+    """Drive the load, watch it, wait for quiescence: (results, started, checker, monitor, faults, wall).
+
+    ``args`` needs ``seed``, ``timeout`` and ``no_progress``; the monitor's and the probes' settings default
+    to the CLI's (monitoring/e2e.py calls this with only the first three).
+    """
     import aiohttp
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from .client import RequestResult, send
     from .monitor import InvariantChecker, Monitor
+    from .probes import probe_specs
     from .profiles import drive
     from .summary import Fault
     from .workload import draw
 
     checker = InvariantChecker(sc.expected_violation_kinds)
-    monitor = Monitor(target.metrics_urls, checker, interval=2.0, dead=target.dead)
+    monitor = Monitor(target.metrics_urls, checker, interval=getattr(args, "scrape_interval", 2.0), dead=target.dead,
+                      settle_interval=getattr(args, "settle_interval", 6.0), t0=t0)
     results: list[RequestResult] = []
     faults: list[Fault] = []
     stop = asyncio.Event()
@@ -196,38 +217,55 @@ async def run_load(target: Target, sc, args, t0: float):
 
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        async def one(i: int) -> None:
-            spec = draw(sc.mix, args.seed, i)
+        async def one(spec) -> None:
             res = await send(session, target.base_url, spec, t0, timeout_s=args.timeout, headers=headers)
             results.append(res)
             counts[res.outcome] = counts.get(res.outcome, 0) + 1
             progress.update(task, completed=len(results) if total else time.monotonic() - t0,
                             status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
 
+        probe_rounds: list[asyncio.Future] = []
+
+        async def prober(every_s: float = 60.0):
+            """The probe set every ``every_s`` s while the load runs (each probe counts as a started request;
+            a round is never cancelled half-way, so no probe goes missing)."""
+            nonlocal extra
+            rnd = 0
+            while True:
+                await asyncio.sleep(every_s)
+                specs = probe_specs(rnd, sc.mix)
+                extra += len(specs)
+                probe_rounds.append(asyncio.ensure_future(asyncio.gather(*(one(s) for s in specs))))
+                await asyncio.shield(probe_rounds[-1])
+                rnd += 1
+
+        extra = 0
         listed = await asyncio.to_thread(target.list_replicas)
         side = []
         if sc.kill_replica_at_s is not None:
             if not listed:
                 raise SystemExit("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
             side.append(asyncio.create_task(killer(listed)))
-        monitor._t0 = t0
+        if sc.probes:
+            side.append(asyncio.create_task(prober(getattr(args, "probe_every", 60.0))))
         await monitor.baseline()
-        monitor.start(t0)
+        monitor.start()
         with progress:
-            started = await drive(sc.profile, one, seed=args.seed, stop=stop)
-        wall = time.monotonic() - t0
+            started = await drive(sc.profile, lambda i: one(draw(sc.mix, args.seed, i)), seed=args.seed, stop=stop)
         for s in side:
             s.cancel()
+        await asyncio.gather(*side, return_exceptions=True)
+        await asyncio.gather(*probe_rounds)  # a probe round in flight finishes: its requests count
+        wall = time.monotonic() - t0
         await monitor.stop()
         log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
-        await monitor.quiescent_check()
+        await monitor.quiescent_check(getattr(args, "settle_timeout", 90.0))
         final = await asyncio.to_thread(target.list_replicas)
-        seen = set(checker.final()) | target.ever_listed
         if final is not None:
-            # every replica that ever served or was listed, and is gone now without the run killing it
-            target.unexpected_deaths = sorted(seen - set(final) - target.killed)
+            # every replica Ray listed during the run and no longer lists, whether or not the data saw it die
+            target.listed_dead = sorted(target.ever_listed - set(final))
     loop.remove_signal_handler(signal.SIGINT)
-    return results, started, checker, monitor, faults, wall
+    return results, started + extra, checker, monitor, faults, wall
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,8 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from rich.console import Console
 
+    from .fault_evidence import check_planned_faults
     from .report import write_report
-    from .summary import summarize
+    from .summary import summarize, unexpected_deaths
 
     console = Console()
     try:
@@ -252,13 +291,15 @@ def main(argv: list[str] | None = None) -> int:
     api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
 
     cluster = None
+    reference = None
     try:
         if args.url:
             if not args.allow_remote and not is_local(args.url):
                 console.print(f"[red]{args.url} is not on this machine[/]; pass --allow-remote to load it anyway")
                 return 2
-            if sc.faults or sc.kill_replica_at_s is not None:
-                console.print(f"[red]scenario {sc.name} injects faults at deploy time[/]: run it without --url")
+            if sc.faults or sc.kill_replica_at_s is not None or sc.probes:
+                console.print(f"[red]scenario {sc.name} injects faults or compares with a fault-free deployment "
+                              f"at deploy time[/]: run it without --url")
                 return 2
             if sc.kv_blocks or sc.max_num_seqs:
                 log.info("the scenario's engine settings (KV pool size) apply to local deployments only")
@@ -266,17 +307,22 @@ def main(argv: list[str] | None = None) -> int:
 
             target = Target(args.url.rstrip("/"), args.metrics_url or discover_metrics_urls(), api_key)
         else:
+            if sc.probes:
+                reference = probe_reference(sc, args, out, console, api_key)
             cluster = deploy(sc, args, out, console)
             target = Target(cluster.base_url, cluster.metrics_urls, api_key, cluster)
 
         console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
                       f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)")
         t0 = time.monotonic()
-        results, started, checker, monitor, faults, wall = asyncio.run(run_load(target, sc, args, t0))
-        deaths = target.unexpected_deaths
-        summary = summarize(results, started, checker, faults, wall, sc.slo_obj(), deaths, monitor.scrape_errors)
-        summary["scenario"] = sc.model_dump()
+        results, started, checker, _monitor, faults, wall = asyncio.run(run_load(target, sc, args, t0))
+        fault_checks = check_planned_faults(sc.planned_faults, checker, faults, accounting_on(args.patches_off))
+        deaths = unexpected_deaths(checker, faults, target.listed_dead)
+        summary = summarize(results, started, checker, faults, wall, sc.slo_obj(), deaths, fault_checks)
+        summary["scenario"] = sc.model_dump() | {"planned_faults": list(sc.planned_faults)}
         summary["patches_off"] = args.patches_off
+        if sc.probes:
+            add_probe_verdict(summary, reference, results)
 
         sweep = None
         if sweep_on:
@@ -289,6 +335,53 @@ def main(argv: list[str] | None = None) -> int:
                         results, summary, checker, sweep)
     print_summary(console, summary, path)
     return 0 if summary["passed"] else 1
+
+
+def accounting_on(patches_off: str | None) -> bool:
+    off = {p.strip() for p in (patches_off or "").split(",")}
+    return not ({"accounting", "all"} & off)
+
+
+def probe_reference(sc, args, out: Path, console, api_key: str | None):
+    """Deploy the same config without faults, send the probe set twice, tear down: the fault-free answers."""
+    from .probes import answers, probe_specs, reference_is_stable
+
+    fault_free = sc.model_copy(update={"faults": None, "kill_replica_at_s": None})
+    cluster = deploy(fault_free, args, out / "reference", console)
+    target = Target(cluster.base_url, cluster.metrics_urls, api_key, cluster)
+    try:
+        async def rounds():
+            import aiohttp
+
+            from .client import send
+
+            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+            t0 = time.monotonic()
+            async with aiohttp.ClientSession() as session:
+                got = []
+                for rnd in (0, 1):
+                    got.append(await asyncio.gather(*(send(session, target.base_url, s, t0, headers=headers)
+                                                      for s in probe_specs(rnd, sc.mix))))
+                return got
+
+        first, second = (answers(list(r)) for r in asyncio.run(rounds()))
+    finally:
+        with console.status("shutting the fault-free cluster down"):
+            cluster.close()
+    return {"answers": first, "problems": reference_is_stable(first, second)}
+
+
+def add_probe_verdict(summary: dict[str, Any], reference, results) -> None:
+    from dataclasses import asdict
+
+    from .probes import answers, compare
+
+    verdict = compare(reference["answers"], answers(results))
+    verdict["problems"] = reference["problems"] + verdict["problems"]
+    verdict["reference"] = [asdict(a) for a in reference["answers"]]
+    summary["probes"] = verdict
+    summary["failures"].extend(f"probes: {p}" for p in verdict["problems"])
+    summary["passed"] = summary["passed"] and not verdict["problems"]
 
 
 def deploy(sc, args, out: Path, console):
@@ -346,6 +439,8 @@ def print_summary(console, summary: dict[str, Any], path: Path) -> None:
     inv = summary["invariants"]
     t.add_row("invariants", f"{inv['scrapes']} scrapes, {inv['violations']} violations {inv['by_kind'] or ''}")
     t.add_row("replicas", ", ".join(f"{k}{' (dead)' if r['stale'] else ''}" for k, r in summary["replicas"].items()))
+    for c in summary["planned_faults"]:
+        t.add_row(f"fault {c['fault']}", ("[green]fired[/]" if c["ok"] else "[red]not shown[/]") + f": {c['evidence']}")
     for reason in summary["failures"]:
         t.add_row("[red]failure[/]", reason)
     console.print(t)

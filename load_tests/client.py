@@ -51,6 +51,7 @@ class RequestResult:
     finish_reason: str | None = None
     error: str | None = None
     error_param: str | None = None
+    text: str | None = None  # the answer, kept only for specs tagged keep_text (the soak's greedy probes)
     spec: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -98,6 +99,8 @@ async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec,
                     _usage(res, body.get("usage"))
                     choices = body.get("choices") or [{}]
                     res.finish_reason = choices[0].get("finish_reason")
+                    if spec.tags.get("keep_text"):
+                        res.text = choices[0].get("text", (choices[0].get("message") or {}).get("content"))
                     res.outcome = "ok" if spec.expect == "ok" else "unexpected_ok"
     except TimeoutError:
         res.outcome, res.error = "timeout", f"no complete answer within {timeout_s}s"

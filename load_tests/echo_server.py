@@ -9,12 +9,22 @@ and (b) the generator's capacity can be measured without an engine in the way
     python -m load_tests.echo_server --port 8100 [--itl-ms 0]
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or
-not; ``max_tokens`` tokens), ``GET /v1/models``, ``GET /stats`` (what it saw).
-A prompt (or the last chat message) containing one of these words asks for a
-behaviour: ``!400`` (an OpenAI 400 naming ``vllm_xargs.fuzz_strength``),
-``!500``, ``!truncate`` (a stream that ends cleanly but without ``[DONE]``),
-``!drop`` (the connection closed mid-stream), ``!error-event``
-(an error event mid-stream), ``!slow`` (100 ms per token).
+not; ``max_tokens`` tokens), ``GET /v1/models``, ``GET /stats`` (what it saw),
+``GET /metrics``. A prompt (or the last chat message) containing one of these
+words asks for a behaviour: ``!400`` (an OpenAI 400 naming
+``vllm_xargs.fuzz_strength``), ``!500``, ``!truncate`` (a stream that ends
+cleanly but without ``[DONE]``), ``!drop`` (the connection closed
+mid-stream), ``!error-event`` (an error event mid-stream), ``!slow`` (100 ms
+per token).
+
+``/metrics`` makes it a target for the whole stress-test CLI, not only its
+generator: it serves, in Ray's format, the vLLM counters of ``--replicas``
+pretend engine replicas (requests are dealt round-robin), kept exactly as
+an honest engine would (prompt tokens all ``local_compute``, one finish per
+request: ``length``, or ``abort`` when the client went away), and Serve's
+health gauge for each. ``--fault KIND`` breaks it on purpose after
+``--fault-after`` requests, so that the CLI's verdict can be shown to fail
+end to end for each thing it checks (``FAULTS``).
 """
 
 from __future__ import annotations
@@ -29,12 +39,48 @@ from aiohttp import web
 
 BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow")
 
+# What --fault breaks (after --fault-after requests), and what the CLI's verdict must then say.
+FAULTS = {
+    "decreasing_counter": "replica echo-0's prompt-token counters drop (a decrease within one replica's life)",
+    "negative_counter": "replica echo-0 reports external_kv_transfer < 0 (local_compute raised to keep the sum)",
+    "sum_mismatch": "replica echo-0's local_compute is one more than its prompt tokens",
+    "accounting_violation": "replica echo-0's accounting-violation counter grows (a kind nothing injects)",
+    "lost_stream": "every 5th stream ends without [DONE] and without an error event",
+    "replica_dies": "replica echo-1 stops serving; its gauges vanish and Serve's health gauge says 0",
+    "scrape_fails": "/metrics answers 503 from then on",
+    "undercount": "replica echo-0 does not count every 3rd request it finishes (client/server disagree)",
+    "stuck": "replica echo-0 reports a running request forever (never quiescent)",
+}
+
+
+class PretendReplica:
+    """The counters one engine replica would export, kept honestly unless the server's fault says otherwise."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.finished: dict[str, int] = {}
+        self.running = 0
+        self.violations = 0
+        self.alive = True
+
 
 class EchoServer:
-    def __init__(self, itl_ms: float = 0.0):
+    def __init__(self, itl_ms: float = 0.0, replicas: int = 2, fault: str | None = None, fault_after: int = 20):
+        if fault is not None and fault not in FAULTS:
+            raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
         self.itl_s = itl_ms / 1000
         self.stats = {"received": 0, "completed": 0, "disconnected": 0, "in_flight": 0, "max_in_flight": 0,
                       "by_behaviour": {}}
+        self.replicas = [PretendReplica(f"echo-{i}") for i in range(max(1, replicas))]
+        self.fault, self.fault_after = fault, fault_after
+        self._dealt = 0
+        self._drop_at: int | None = None  # echo-0's prompt_tokens when its counter dropped (decreasing_counter)
+
+    @property
+    def broken(self) -> bool:
+        return self.fault is not None and self.stats["received"] > self.fault_after
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=8 << 20)
@@ -42,7 +88,65 @@ class EchoServer:
         app.router.add_post("/v1/chat/completions", self.handle)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/stats", self.get_stats)
+        app.router.add_get("/metrics", self.metrics)
         return app
+
+    def _replica(self) -> PretendReplica:
+        alive = [r for r in self.replicas if r.alive] or self.replicas
+        self._dealt += 1
+        return alive[self._dealt % len(alive)]
+
+    def _finish(self, replica: PretendReplica, reason: str) -> None:
+        if self.broken and self.fault == "undercount" and replica is self.replicas[0] and self._dealt % 3 == 0:
+            return
+        replica.finished[reason] = replica.finished.get(reason, 0) + 1
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        """The pretend replicas' counters in Ray's export format (what Ray's metrics agent serves under Serve)."""
+        if self.broken and self.fault == "scrape_fails":
+            return web.Response(status=503, text="metrics agent unavailable (asked for)")
+        if self.broken and self.fault == "replica_dies" and len(self.replicas) > 1:
+            self.replicas[1].alive = False
+        families: dict[str, tuple[str, list[str]]] = {}
+
+        def sample(family: str, kind: str, labels: dict[str, str], value: float) -> None:
+            text = ",".join(f'{k}="{v}"' for k, v in labels.items())
+            families.setdefault(family, (kind, []))[1].append(f"{family}{{{text}}} {value}")
+
+        for r in self.replicas:
+            base = {"ReplicaId": r.name, "engine": "0", "model_name": "fixture"}
+            prompt, local, external = r.prompt_tokens, r.prompt_tokens, 0
+            if r is self.replicas[0] and self.broken:
+                if self.fault == "decreasing_counter":
+                    self._drop_at = self._drop_at if self._drop_at is not None else prompt
+                    prompt = local = max(0, prompt - self._drop_at - 1)
+                elif self.fault == "negative_counter":
+                    external, local = -128, local + 128
+                elif self.fault == "accounting_violation":
+                    r.violations += 1
+            if r is self.replicas[0] and self.fault == "sum_mismatch":
+                local += 1
+            if prompt or r.finished:
+                sample("ray_vllm_prompt_tokens_total", "counter", base, prompt)
+                for source, v in (("local_compute", local), ("local_cache_hit", 0), ("external_kv_transfer", external)):
+                    if v:
+                        sample("ray_vllm_prompt_tokens_by_source_total", "counter", base | {"source": source}, v)
+                sample("ray_vllm_generation_tokens_total", "counter", base, r.generation_tokens)
+            for reason, n in r.finished.items():
+                sample("ray_vllm_request_success_total", "counter", base | {"finished_reason": reason}, n)
+            if r.violations:
+                sample("ray_vllm_prompt_token_accounting_violations_total", "counter",
+                       base | {"kind": "connector_negative"}, r.violations)
+            if r.alive:
+                running = r.running + (1 if self.fault == "stuck" and self.broken and r is self.replicas[0] else 0)
+                sample("ray_vllm_num_requests_running", "gauge", base, running)
+                sample("ray_vllm_num_requests_waiting", "gauge", base, 0)
+            sample("ray_serve_deployment_replica_healthy", "gauge",
+                   {"replica": r.name, "deployment": "LLMServer", "application": "echo"}, 1 if r.alive else 0)
+        lines = []
+        for family, (kind, samples) in families.items():
+            lines += [f"# TYPE {family} {kind}", *samples]
+        return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fixture", "object": "model"}]})
@@ -77,12 +181,26 @@ class EchoServer:
             return _error(400, "vllm_xargs.fuzz_strength must be >= 0", "vllm_xargs.fuzz_strength")
         if behaviour == "!500":
             return _error(500, "internal error (asked for)", None)
+        if self.broken and self.fault == "lost_stream" and body.get("stream") and self.stats["received"] % 5 == 0:
+            behaviour = "!truncate"
+        replica = self._replica()
+        replica.running += 1
+        try:
+            return await self._generate(request, body, chat, text, behaviour, replica)
+        finally:
+            replica.running -= 1
+
+    async def _generate(self, request: web.Request, body, chat: bool, text, behaviour: str,
+                        replica: PretendReplica) -> web.StreamResponse:
         n = int(body.get("max_tokens") or 16)
+        replica.prompt_tokens += len(str(text).split())
         itl = 0.1 if behaviour == "!slow" else self.itl_s
         created = int(time.time())
         if not body.get("stream"):
             await asyncio.sleep(itl * n)
             self.stats["completed"] += 1
+            replica.generation_tokens += n
+            self._finish(replica, "length")
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": " x" * n}} if chat else {"text": " x" * n})
             return web.json_response({"id": "echo", "object": "chat.completion" if chat else "text_completion",
@@ -94,18 +212,22 @@ class EchoServer:
         try:
             for i in range(n):
                 if behaviour == "!truncate" and i == n // 2:
+                    self._finish(replica, "length")  # the engine finished it; the client never learns
                     await resp.write_eof()  # a well-formed end of the response, but no [DONE]
                     return resp
                 if behaviour == "!drop" and i == n // 2:
+                    self._finish(replica, "abort")
                     request.transport.close()  # the connection drops mid-stream
                     return resp
                 if behaviour == "!error-event" and i == n // 2:
+                    self._finish(replica, "error")
                     await resp.write(b'data: {"error": {"message": "engine failed (asked for)", "code": 500}}\n\n')
                     return resp
                 delta = {"delta": {"content": " x"}} if chat else {"text": " x"}
                 chunk = {"id": "echo", "created": created, "model": body.get("model"),
                          "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+                replica.generation_tokens += 1
                 if itl:
                     await asyncio.sleep(itl)
             if (body.get("stream_options") or {}).get("include_usage"):
@@ -113,8 +235,10 @@ class EchoServer:
                 await resp.write(b"data: " + json.dumps({"id": "echo", "choices": [], "usage": usage}).encode() + b"\n\n")
             await resp.write(b"data: [DONE]\n\n")
             self.stats["completed"] += 1
+            self._finish(replica, "length")
         except (ConnectionResetError, asyncio.CancelledError):  # the client went away
             self.stats["disconnected"] += 1
+            self._finish(replica, "abort")
         return resp
 
 
@@ -123,9 +247,12 @@ def _error(status: int, message: str, param: str | None) -> web.Response:
                                          "server_error", "param": param, "code": status}}, status=status)
 
 
-async def start(port: int = 0, itl_ms: float = 0.0, host: str = "127.0.0.1") -> tuple[web.AppRunner, EchoServer, int]:
-    """Start on the running event loop; returns (runner, server, port). ``await runner.cleanup()`` stops it."""
-    server = EchoServer(itl_ms)
+async def start(port: int = 0, itl_ms: float = 0.0, host: str = "127.0.0.1", **kwargs
+                ) -> tuple[web.AppRunner, EchoServer, int]:
+    """Start on the running event loop; returns (runner, server, port). ``await runner.cleanup()`` stops it.
+
+    ``kwargs``: the :class:`EchoServer`'s (``replicas``, ``fault``, ``fault_after``)."""
+    server = EchoServer(itl_ms, **kwargs)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -138,9 +265,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--itl-ms", type=float, default=0.0, help="delay between streamed tokens")
+    ap.add_argument("--replicas", type=int, default=2, help="pretend engine replicas in /metrics")
+    ap.add_argument("--fault", choices=sorted(FAULTS), default=None,
+                    help="break it on purpose: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()))
+    ap.add_argument("--fault-after", type=int, default=20, help="requests received before the fault starts")
     args = ap.parse_args(argv)
-    server = EchoServer(args.itl_ms)
-    web.run_app(server.app(), host=args.host, port=args.port, access_log=None, print=None)
+
+    async def serve() -> None:
+        runner, _server, port = await start(args.port, args.itl_ms, args.host, replicas=args.replicas,
+                                            fault=args.fault, fault_after=args.fault_after)
+        print(f"echo server listening on {args.host}:{port}", flush=True)  # --port 0: the port it got
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
 
 
 if __name__ == "__main__":

@@ -154,6 +154,7 @@ def markdown(summary: dict[str, Any], title: str, sweep=None, images: list[str] 
         lines.append(f"| {name} | {_ms(p['p50'])} | {_ms(p['p90'])} | {_ms(p['p95'])} | {_ms(p['p99'])} | {_ms(p['mean'])} |")
     lines += ["", "## Errors", "",
               f"- unexpected, by kind: {summary['errors_by_kind'] or 'none'}",
+              f"- unexpected, most common messages: {summary['errors_by_message'] or 'none'}",
               f"- explained by injected faults: {summary['errors_explained_by_faults'] or 'none'}",
               f"- bad requests sent {summary['bad_requests']['sent']}, refused naming the field "
               f"{summary['bad_requests']['rejected_naming_the_field']}",
@@ -161,10 +162,22 @@ def markdown(summary: dict[str, Any], title: str, sweep=None, images: list[str] 
     if summary["first_unexpected_errors"]:
         lines += ["First unexpected error:", "", "```json",
                   json.dumps(summary["first_unexpected_errors"][0], indent=1)[:3000], "```", ""]
+    if summary["planned_faults"]:
+        lines += ["## Planned faults", "", "| fault | fired | shown | evidence | problems |", "|---|---|---|---|---|"]
+        lines += [f"| {c['fault']} | {c['fired']} | {'yes' if c['ok'] else '**no**'} | {c['evidence']} | "
+                  f"{'; '.join(c['problems']) or '-'} |" for c in summary["planned_faults"]]
+        lines.append("")
+    lines += [f"Replicas that died without the run killing them: {summary['unexpected_replica_deaths'] or 'none'}", ""]
+    if summary.get("probes"):
+        p = summary["probes"]
+        lines += ["## Greedy probes under faults vs the fault-free deployment", "",
+                  f"{p['rounds']} rounds, {p['sent']} probes sent, {p['compared']} answered and compared, "
+                  f"{p['equal']} equal to the fault-free answer, {p['failed']} failed (judged with the other "
+                  f"requests); problems: {'; '.join(p['problems']) or 'none'}", ""]
     inv = summary["invariants"]
     lines += ["## Counter invariants", "",
               f"{inv['scrapes']} scrapes (scrape time p50 {_ms(inv['scrape_seconds']['p50'])} ms, max "
-              f"{_ms(inv['scrape_seconds']['p99'])} ms; failed scrapes {len(inv['scrape_errors'])}); violations: {inv['violations']} {inv['by_kind'] or ''}; "
+              f"{_ms(inv['scrape_seconds']['p99'])} ms; failed scrapes {inv['failed_scrapes']}); violations: {inv['violations']} {inv['by_kind'] or ''}; "
               f"accounting violations expected from injected faults: {inv['expected_accounting_violations'] or 'none'}", ""]
     if inv["first_violation"]:
         lines += ["First violation, full context:", "", "```json", json.dumps(inv["first_violation"], indent=1)[:4000],
@@ -194,7 +207,8 @@ def write_report(out: Path, title: str, results: list[RequestResult], summary: d
                  checker: InvariantChecker, sweep=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "requests.jsonl", (r.to_json() for r in results))
-    write_jsonl(out / "metrics.jsonl", ({"t": s.t, "replicas": {k: asdict(rc) for k, rc in s.replicas.items()}}
+    write_jsonl(out / "metrics.jsonl", ({"t": s.t, "replicas": {k: asdict(rc) for k, rc in s.replicas.items()},
+                                         "errors": s.errors, "duplicates": s.duplicates}
                                         for s in checker.history))
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     images = []

@@ -1,10 +1,16 @@
-"""The named load scenarios: smoke (CI), stress (the main job), chaos (stress plus faults).
+"""The named load scenarios: smoke, stress (the main job), chaos (stress plus faults), chaos-lite (CI's A/B),
+soak (chaos for 10 minutes, with probes).
 
 A scenario is a load profile, a request mix, latency targets, and what to
 do to the deployment: engine-level faults (the ``kv_faults`` patch's seeded
 load failures, load delays and lying connector; a KV pool small enough for
 a preemption storm) and replica kills. Faults are configured at deploy time
-(``engine_overrides``), so chaos needs the CLI to deploy the app itself.
+(``engine_overrides``), so fault scenarios need the CLI to deploy the app
+itself.
+
+``planned_faults`` is derived from those settings (never written by hand,
+so it cannot drift from what is injected), and the verdict fails unless each
+planned fault shows in the data (:mod:`load_tests.fault_evidence`).
 """
 
 from __future__ import annotations
@@ -12,16 +18,14 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from patches.fault_config import FaultConfig
+
+from .fault_evidence import LYING_CONNECTOR_KINDS
 from .profiles import Profile
 from .summary import Slo
 from .workload import Mix
-
-# Every kind of accounting violation a lying connector causes and the
-# accounting patch clamps (patches/accounting.py VIOLATION_KINDS).
-LYING_CONNECTOR_KINDS = ("connector_negative", "connector_exceeds_prompt", "connector_invalid",
-                         "connector_async_without_tokens", "prefill_stats_inconsistent")
 
 
 class Scenario(BaseModel):
@@ -36,7 +40,30 @@ class Scenario(BaseModel):
     kv_blocks: int | None = Field(None, description="num_gpu_blocks_override: a small KV pool forces preemption")
     max_num_seqs: int | None = None
     kill_replica_at_s: float | None = Field(None, description="SIGKILL one engine replica this long into the run")
-    expected_violation_kinds: tuple[str, ...] = ()
+    preemption_storm: bool = Field(False, description="the KV pool is sized for a preemption storm: it must happen")
+    probes: bool = Field(False, description="greedy probe set sent during the load and compared with a fault-free "
+                                            "deployment of the same config (load_tests.probes)")
+
+    @field_validator("faults")
+    @classmethod
+    def _faults_are_a_fault_config(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        if v is not None:
+            FaultConfig.model_validate(v)  # a misspelt key fails here, not in every engine at deploy time
+        return v
+
+    @property
+    def planned_faults(self) -> tuple[str, ...]:
+        """The faults this scenario injects, each of which the verdict requires to fire."""
+        f = FaultConfig.model_validate(self.faults or {})
+        planned = [name for name, on in (("load_failures", f.load_failure_rate > 0), ("load_delays", f.load_delay_ms > 0),
+                                         ("lying_connector", f.lying_rate > 0), ("preemption_storm", self.preemption_storm),
+                                         ("replica_kill", self.kill_replica_at_s is not None)) if on]
+        return tuple(planned)
+
+    @property
+    def expected_violation_kinds(self) -> tuple[str, ...]:
+        """Accounting violations the planned faults cause (tallied, not failures)."""
+        return LYING_CONNECTOR_KINDS if "lying_connector" in self.planned_faults else ()
 
     def slo_obj(self) -> Slo:
         return Slo(**self.slo)
@@ -59,10 +86,27 @@ class Scenario(BaseModel):
         return kw
 
 
+CHAOS_FAULTS = {"seed": 7, "load_failure_rate": 0.1, "load_delay_ms": 3, "lying_rate": 0.1}
+LOADED_SLO = {"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None}  # 256 streams on 2 cores
+
+CHAOS = Scenario(
+    name="chaos",
+    description="stress plus KV load failures and delays, a lying connector, a KV pool small enough for "
+                "a preemption storm, and one replica SIGKILLed 30 s in (its replacement must come up and serve "
+                "before the load ends: ~90 s under load here)",
+    profile=Profile(kind="fixed", concurrency=256, duration_s=180),
+    slo=LOADED_SLO,
+    faults=CHAOS_FAULTS,
+    kv_blocks=40,
+    max_num_seqs=32,
+    kill_replica_at_s=30,
+    preemption_storm=True,
+)
+
 SCENARIOS: dict[str, Scenario] = {
     "smoke": Scenario(
         name="smoke",
-        description="CI: 16 concurrent requests for 40 s, the full request mix, a KV pool small enough that "
+        description="16 concurrent requests for 40 s, the full request mix, a KV pool small enough that "
                     "shared prefixes go to the offload tier and back, every invariant checked",
         profile=Profile(kind="fixed", concurrency=16, duration_s=40),
         kv_blocks=48,
@@ -73,18 +117,29 @@ SCENARIOS: dict[str, Scenario] = {
                     "spills shared prefixes to the offload tier",
         profile=Profile(kind="fixed", concurrency=256, duration_s=180),
         kv_blocks=96,
-        slo={"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None},
+        slo=LOADED_SLO,
     ),
-    "chaos": Scenario(
-        name="chaos",
-        description="stress plus KV load failures and delays, a lying connector, a KV pool small enough for "
-                    "a preemption storm, and one replica SIGKILLed a minute in",
-        profile=Profile(kind="fixed", concurrency=256, duration_s=180),
-        slo={"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None},
-        faults={"seed": 7, "load_failure_rate": 0.1, "load_delay_ms": 3, "lying_rate": 0.1},
-        kv_blocks=40,
-        max_num_seqs=32,
-        kill_replica_at_s=60,
-        expected_violation_kinds=LYING_CONNECTOR_KINDS,
-    ),
+    "chaos": CHAOS,
+    "chaos-lite": CHAOS.model_copy(update=dict(
+        name="chaos-lite",
+        description="CI's A/B through Serve: the chaos faults (load failures and delays, a lying connector, a "
+                    "preemption storm) at 24 concurrent requests for 60 s, no replica kill; passes with the "
+                    "patches, fails with --patches-off accounting",
+        profile=Profile(kind="fixed", concurrency=24, duration_s=60),
+        # More of the load on more shared prefixes than the pool holds (8 x ~5 blocks > 32), and longer
+        # answers: a minute is enough for reloads from the offload tier (where loads fail) and preemptions.
+        mix=Mix(shared_prefix=0.7, n_prefixes=8, max_tokens=(16, 96)),
+        kv_blocks=32,
+        max_num_seqs=16,
+        kill_replica_at_s=None,
+    )),
+    "soak": CHAOS.model_copy(update=dict(
+        name="soak",
+        description="chaos for 10 minutes at 256 concurrent streams, with a greedy probe set sent under the "
+                    "faults and compared with a fault-free deployment (docs/load_tests.md, the soak figure)",
+        profile=Profile(kind="fixed", concurrency=256, duration_s=600),
+        mix=Mix(stream=1.0),
+        kill_replica_at_s=120,
+        probes=True,
+    )),
 }

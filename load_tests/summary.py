@@ -12,18 +12,26 @@ The verdict fails a run on any of:
   but has no result for;
 * an unexpected error: 5xx, a stream error event, a transport error, a 4xx
   for a good request, a 200 for a bad one, or a 4xx that does not name the
-  field it should. Errors of requests in flight when the run itself killed a
-  replica (chaos) are *explained* and reported apart;
+  field it should. A failed request that was in flight when the run itself
+  killed a replica, or started within ``KILL_GRACE_S`` after the kill, is
+  *explained* and reported apart: with direct streaming a killed replica
+  cuts its streams (the client sees ``truncated`` or a transport error, no
+  error event), and until Serve notices the death new requests can still
+  be routed to it. An explained request is never counted as ``ok``;
 * client/server disagreement: the engines finished fewer requests than the
   clients saw complete, or more than were sent to them;
-* a replica that died without the run killing it.
+* a replica that died without the run killing it (seen in the scraped data
+  in every mode; with a local deployment also through Ray's state API);
+* a planned fault that did not fire, or whose handling does not show
+  (:mod:`load_tests.fault_evidence`).
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,10 +39,16 @@ from .client import RequestResult
 from .monitor import InvariantChecker
 from .replica_metrics import ReplicaCounters
 
+if TYPE_CHECKING:
+    from .fault_evidence import FaultCheck
+
 FAILURE_OUTCOMES = ("unexpected_4xx", "unexpected_ok", "server_error", "stream_error", "transport_error",
                     "truncated", "timeout")
 LOST_OUTCOMES = ("truncated", "timeout", "lost")
 PERCENTILES = (50, 90, 95, 99)
+# After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
+# replica die and stop routing to it).
+KILL_GRACE_S = 30.0
 
 
 @dataclass
@@ -68,7 +82,7 @@ def percentiles(values: list[float]) -> dict[str, float | None]:
     return {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES} | {"mean": float(arr.mean())}
 
 
-def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = 30.0) -> bool:
+def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = KILL_GRACE_S) -> bool:
     """A failed request that was in flight at a replica kill, or started within ``grace_s`` after it."""
     end = r.start + (r.e2e or 0.0)
     return any(f.kind == "replica_kill" and r.start <= f.t + grace_s and end >= f.t for f in faults)
@@ -128,9 +142,22 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
     return out
 
 
+def error_signature(r: RequestResult) -> str:
+    """An error message with every word holding a digit (numbers, request ids) blanked: requests that failed the
+    same way share it."""
+    return re.sub(r"[\w-]*\d[\w-]*", "N", f"{r.outcome}: {r.error or r.status}")[:160]
+
+
+def unexpected_deaths(checker: InvariantChecker, faults: list[Fault], listed_dead: list[str] = ()) -> list[str]:
+    """Replicas that died (seen in the data, or missing from Ray's replica list) without the run killing them."""
+    killed = {f.detail.get("replica") for f in faults if f.kind == "replica_kill"}
+    return sorted((set(checker.deaths) | set(listed_dead)) - killed)
+
+
 def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
-              wall_s: float, slo: Slo, unexpected_deaths: list[str], scrape_errors: list[dict[str, Any]]
+              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()
               ) -> dict[str, Any]:
+    """``deaths``: replicas that died without the run killing them (:func:`unexpected_deaths`)."""
     outcomes = Counter(r.outcome for r in results)
     lost = started - len(results)
     if lost:
@@ -141,8 +168,9 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
             (explained if explained_by_fault(r, faults) else unexplained).append(r)
     ok = [r for r in results if r.outcome == "ok"]
     final = checker.final()
-    baseline = checker.history[0].replicas if checker.history else {}
-    cross = server_cross_check(results, final, replicas_died=bool(checker.stale), baseline=baseline)
+    baseline = checker.baseline()
+    cross = server_cross_check(results, final, replicas_died=bool(checker.deaths or any(
+        f.kind == "replica_kill" for f in faults) or deaths), baseline=baseline)
     bad = bad_request_problems(results)
     out_tokens = sum(r.completion_tokens or r.chunks for r in ok)
     summary = {
@@ -158,6 +186,7 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
                       "tpot": percentiles([r.tpot for r in ok if r.tpot is not None]),
                       "e2e": percentiles([r.e2e for r in ok if r.e2e is not None])},
         "errors_by_kind": dict(Counter(r.outcome for r in unexplained)),
+        "errors_by_message": dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
         "errors_explained_by_faults": dict(Counter(r.outcome for r in explained)),
         "first_unexpected_errors": [r.to_json() for r in unexplained[:5]],
         "bad_requests": {"sent": sum(r.spec.get("expect") == "4xx" for r in results),
@@ -168,31 +197,49 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
                        "by_kind": dict(Counter(v.kind for v in checker.violations)),
                        "first_violation": checker.violations[0].to_json() if checker.violations else None,
                        "expected_accounting_violations": checker.expected_violations,
-                       "scrapes": len(checker.history), "scrape_errors": scrape_errors[:10],
+                       "scrapes": len(checker.history), "scrape_errors": checker.scrape_errors[:10],
+                       "failed_scrapes": len(checker.scrape_errors),
                        "scrape_seconds": percentiles([h.scrape_s for h in checker.history[1:-1]]),
                        "first_scrape_t": checker.history[0].t if checker.history else None,
                        "last_scrape_t": checker.history[-1].t if checker.history else None},
-        "replicas": {k: {"stale": k in checker.stale, "node": rc.node, "prompt_tokens": rc.prompt_tokens,
-                         "by_source": rc.by_source, "requests_finished": rc.requests_finished,
-                         "violations": rc.violations, "corrections": rc.corrections}
+        "replicas": {k: {"stale": k in checker.stale, "died_at": checker.deaths.get(k),
+                         "first_alive_at": checker.first_alive.get(k), "node": rc.node,
+                         "prompt_tokens": rc.prompt_tokens, "by_source": rc.by_source,
+                         "requests_finished": rc.requests_finished, "preemptions": rc.preemptions,
+                         "violations": rc.violations, "corrections": rc.corrections, "injections": rc.injections}
                      for k, rc in final.items()},
-        "unexpected_replica_deaths": unexpected_deaths,
+        "unexpected_replica_deaths": deaths,
+        "planned_faults": [c.to_json() for c in fault_checks],
         "client_server": cross,
     }
     reasons = []
     if not checker.ok:
-        reasons.append(f"{len(checker.violations)} invariant violation(s): {summary['invariants']['by_kind']}")
-    lost_n = sum(outcomes.get(k, 0) for k in LOST_OUTCOMES)
+        first = {}
+        for v in checker.violations:
+            first.setdefault(v.kind, v)
+        reasons.append(f"{len(checker.violations)} invariant violation(s): {summary['invariants']['by_kind']}; "
+                       + "; ".join(f"first {k} at t = {v.t:.0f} s: {v.message}" for k, v in first.items()))
+    lost_n = lost + sum(r.outcome in LOST_OUTCOMES for r in unexplained)
     if lost_n:
-        reasons.append(f"{lost_n} lost request(s) (truncated / timed out / never finished)")
+        reasons.append(f"{lost_n} lost request(s) (truncated / timed out / never finished, not explained by a "
+                       f"planned fault)")
     if unexplained:
-        reasons.append(f"{len(unexplained)} unexpected error(s): {summary['errors_by_kind']}")
+        common = Counter(error_signature(r) for r in unexplained).most_common(3)
+        reasons.append(f"{len(unexplained)} unexpected error(s): {summary['errors_by_kind']}; most common: "
+                       + "; ".join(f"({n}x) {sig}" for sig, n in common))
     if bad:
         reasons.append(f"{len(bad)} bad request(s) refused without naming the field")
     if cross["problems"]:
         reasons.extend(cross["problems"])
-    if unexpected_deaths:
-        reasons.append(f"replica(s) died without being killed by the run: {unexpected_deaths}")
+    if deaths:
+        when = {k: checker.deaths.get(k) for k in deaths}
+        reasons.append("replica(s) died without the run killing them: " + ", ".join(
+            f"{k}" + (f" (seen dead from t = {t:.0f} s)" if t is not None else " (gone from Ray's replica list)")
+            for k, t in when.items()))
+    for c in fault_checks:
+        if not c.fired:
+            reasons.append(f"planned fault {c.fault} did not fire: {c.evidence}")
+        reasons.extend(f"planned fault {c.fault}: {p}" for p in c.problems)
     if not ok:
         reasons.append("no request completed")
     summary["passed"] = not reasons

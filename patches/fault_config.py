@@ -41,8 +41,17 @@ class FaultConfig(BaseModel):
         return self.load_failure_rate > 0 or self.load_delay_ms > 0 or self.lying_rate > 0
 
 
-def fault_config_from(extra_config: Mapping[str, Any] | None) -> FaultConfig:
-    return FaultConfig.model_validate((extra_config or {}).get(CONFIG_KEY) or {})
+def fault_config_from(extra_config: Any) -> FaultConfig:
+    """The faults configured in a connector's ``kv_connector_extra_config``; inactive unless the key is set.
+
+    Inert whatever the object: anything but a mapping that holds
+    :data:`CONFIG_KEY` (``None``, a mapping without it, a test double such as
+    a ``MagicMock`` config) means "no faults". Only a configured value is
+    validated, and strictly.
+    """
+    if not isinstance(extra_config, Mapping) or extra_config.get(CONFIG_KEY) is None:
+        return FaultConfig()
+    return FaultConfig.model_validate(extra_config[CONFIG_KEY])
 
 
 class LoadFaults:
@@ -79,8 +88,10 @@ class LyingReports:
         self._rng = random.Random(config.seed + 1)
         self._calls: dict[str, int] = {}
         self.lies: dict[str, int] = {}
+        self.last_lie: str | None = None  # the mode of the last report, when it lied
 
     def report(self, request_id: str, num_tokens: int, truth: int) -> int:
+        self.last_lie = None
         calls = self._calls.get(request_id, 0)
         self._calls[request_id] = calls + 1
         if len(self._calls) > 100_000:  # bounded memory over long runs
@@ -96,4 +107,5 @@ class LyingReports:
             lie = max(0, truth - self.block_size) if calls % 2 == 0 else truth
         if lie != truth:
             self.lies[mode] = self.lies.get(mode, 0) + 1
+            self.last_lie = mode
         return lie

@@ -1,7 +1,8 @@
 """Patch ``kv_faults``: seeded fault injection into vLLM's KV offloading connector (off by default).
 
 What it changes (only when ``fuzzserve_faults`` is set in the engine's
-``kv_connector_extra_config``, see ``fault_config``)
+``kv_connector_extra_config``, see ``fault_config``; with anything else
+there, including no mapping at all, every wrapper passes straight through)
     * ``OffloadingConnectorWorker._init_worker``: wraps the offloading worker
       (any platform) in a :class:`FaultInjectingWorker` that makes a chosen
       share of loads fail and delays load completions. A failed load does not
@@ -13,6 +14,15 @@ What it changes (only when ``fuzzserve_faults`` is set in the engine's
       lying mode, reports inconsistent matched-token counts (negative, more
       than the request has, or changing between calls) as a buggy external
       connector would (cf. LMCache issue 2912).
+    * ``OffloadingConnector.get_kv_connector_stats`` and
+      ``OffloadPromMetrics.__init__``: every fault injected is counted in
+      ``vllm:kv_fault_injections_total{kind}`` (``load_failure``,
+      ``load_delay``, ``lie_negative``, ``lie_exceeds_prompt``,
+      ``lie_changing``), through the connector's own stats channel (worker or
+      scheduler -> EngineCore -> the frontend's Prometheus logger, the path
+      upstream's ``vllm:kv_offload_*`` metrics take). So a load test can prove
+      that the faults it planned fired, per replica, whether or not the
+      accounting patch is on.
 
 Why
     The accounting patch must hold "whatever a connector reports"; these are
@@ -43,6 +53,9 @@ from .fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_fr
 NAME = "kv_faults"
 log = logger()
 
+INJECTIONS_METRIC = "vllm:kv_fault_injections"
+INJECTION_KINDS = ("load_failure", "load_delay", "lie_negative", "lie_exceeds_prompt", "lie_changing")
+
 
 class FaultInjectingWorker:
     """Wraps an ``OffloadingWorker``: failing and delayed loads, everything else passed through."""
@@ -54,6 +67,7 @@ class FaultInjectingWorker:
         self._delays: dict[int, float] = {}
         self._load_errors: set[int] = set()
         self.failed_blocks = 0
+        self.unreported: dict[str, int] = {}  # injections not yet shipped in the connector's stats
 
     def submit_store(self, job_id, src_spec, dst_spec) -> bool:
         return self.inner.submit_store(job_id, src_spec, dst_spec)
@@ -62,6 +76,9 @@ class FaultInjectingWorker:
         from vllm.v1.kv_offload.base import TransferResult
 
         fail, delay = self.faults.next_load()
+        for kind, happened in (("load_failure", fail), ("load_delay", delay > 0)):
+            if happened:
+                self.unreported[kind] = self.unreported.get(kind, 0) + 1
         if fail:
             blocks = {int(b) for b in dst_spec.block_ids}
             self._load_errors |= blocks
@@ -99,14 +116,20 @@ class FaultInjectingWorker:
 
 
 def _config_of(vllm_config: Any) -> FaultConfig:
+    """Faults configured for this engine; inactive for any config that does not set them (see fault_config_from)."""
     kv_transfer = getattr(vllm_config, "kv_transfer_config", None)
     return fault_config_from(getattr(kv_transfer, "kv_connector_extra_config", None))
+
+
+def _count(connector: Any, kind: str, n: int = 1) -> None:
+    pending = connector.__dict__.setdefault("_fuzzserve_injections", {})
+    pending[kind] = pending.get(kind, 0) + n
 
 
 def _wrap_init_worker(original):
     def _init_worker(self, kv_caches):
         original(self, kv_caches)
-        config = _config_of(self.vllm_config)
+        config = _config_of(getattr(self, "vllm_config", None))
         if config.load_failure_rate > 0 or config.load_delay_ms > 0:
             self.worker = FaultInjectingWorker(self.worker, LoadFaults(config))
             log.warning("kv_faults: injecting load faults (%s)", config.model_dump())
@@ -128,18 +151,64 @@ def _wrap_get_block_ids_with_load_errors(original):
 def _wrap_get_num_new_matched_tokens(original):
     def get_num_new_matched_tokens(self, request, num_computed_tokens, *args, **kwargs):
         num, load_async = original(self, request, num_computed_tokens, *args, **kwargs)
-        liar = getattr(self, "_fuzzserve_liar", None)
+        liar = self.__dict__.get("_fuzzserve_liar")
         if liar is None:
-            config = _config_of(self._vllm_config)
-            liar = LyingReports(config, self._vllm_config.cache_config.block_size) if config.lying_rate > 0 else False
+            vllm_config = getattr(self, "_vllm_config", None)
+            config = _config_of(vllm_config)
+            liar = LyingReports(config, vllm_config.cache_config.block_size) if config.lying_rate > 0 else False
             self._fuzzserve_liar = liar
             if liar:
                 log.warning("kv_faults: lying connector on (%s)", config.model_dump())
         if not liar or num is None:
             return num, load_async
-        return liar.report(request.request_id, request.num_tokens, num), load_async
+        lie = liar.report(request.request_id, request.num_tokens, num)
+        if liar.last_lie:
+            _count(self, f"lie_{liar.last_lie}")
+        return lie, load_async
 
     return get_num_new_matched_tokens
+
+
+def _wrap_get_kv_connector_stats(original):
+    """Ship the injections of this process (worker: failed and delayed loads; scheduler: lies) with the
+    connector's stats, which EngineCore merges and the frontend's ``OffloadPromMetrics`` exports."""
+    def get_kv_connector_stats(self):
+        stats = original(self)
+        pending = dict(self.__dict__.get("_fuzzserve_injections") or {})
+        worker = getattr(getattr(self, "connector_worker", None), "worker", None)
+        if isinstance(worker, FaultInjectingWorker):
+            for kind, n in worker.unreported.items():
+                pending[kind] = pending.get(kind, 0) + n
+            worker.unreported = {}
+        self.__dict__.pop("_fuzzserve_injections", None)
+        pending = {k: n for k, n in pending.items() if n}
+        if not pending:
+            return stats
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadingConnectorStats
+
+        own = OffloadingConnectorStats()
+        for kind, n in pending.items():
+            own.increase_counter(INJECTIONS_METRIC, n, (kind,))
+        return own if stats is None else stats.aggregate(own)
+
+    return get_kv_connector_stats
+
+
+def _wrap_prom_metrics_init(original):
+    """Register the injections counter with the connector's Prometheus metrics, when faults are configured."""
+    def __init__(self, vllm_config, *args, **kwargs):
+        original(self, vllm_config, *args, **kwargs)
+        if not _config_of(vllm_config).active:
+            return
+        from vllm.v1.kv_offload.base import OffloadingCounterMetadata
+
+        meta = OffloadingCounterMetadata(
+            documentation="KV faults injected by fuzzserve's kv_faults patch, by kind (load tests only).",
+            labelnames=("kind",))
+        self._offloading_metric_metadata[INJECTIONS_METRIC] = meta
+        self._offloading_metric_defs[INJECTIONS_METRIC] = self._create_metric(INJECTIONS_METRIC, meta)
+
+    return __init__
 
 
 def worker_stats(worker: Any) -> dict[str, Any]:
@@ -152,7 +221,8 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     inner = getattr(getattr(connector, "connector_worker", None), "worker", None)
     out: dict[str, Any] = {"connector": type(connector).__name__}
     if isinstance(inner, FaultInjectingWorker):
-        out.update(loads=inner.faults.loads, failed_loads=inner.faults.failed, failed_blocks=inner.failed_blocks)
+        out.update(loads=inner.faults.loads, failed_loads=inner.faults.failed, failed_blocks=inner.failed_blocks,
+                   unreported=dict(inner.unreported))
         inner = inner.inner
     if hasattr(inner, "stats"):
         out.update(inner.stats())
@@ -160,9 +230,12 @@ def worker_stats(worker: Any) -> dict[str, Any]:
 
 
 def apply() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadPromMetrics
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
     from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 
     wrap_method(OffloadingConnectorWorker, "_init_worker", _wrap_init_worker)
     wrap_method(OffloadingConnector, "get_block_ids_with_load_errors", _wrap_get_block_ids_with_load_errors)
     wrap_method(OffloadingConnector, "get_num_new_matched_tokens", _wrap_get_num_new_matched_tokens)
+    wrap_method(OffloadingConnector, "get_kv_connector_stats", _wrap_get_kv_connector_stats)
+    wrap_method(OffloadPromMetrics, "__init__", _wrap_prom_metrics_init)

@@ -16,6 +16,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.engine_host import EngineHost  # noqa: E402
 
+# The marker check (tests/markers.py): its hooks, registered by being names of this conftest.
+from tests.markers import (pytest_collection_modifyitems, pytest_configure,  # noqa: E402,F401
+                           pytest_runtest_makereport, pytest_runtest_setup, pytest_runtest_teardown)
+
 # Every engine in the tests: small KV space, deterministic, enough context for
 # multi-block (128-token blocks on CPU) shared prefixes.
 # VLLM_ALLOW_INSECURE_SERIALIZATION lets collective_rpc ship a function

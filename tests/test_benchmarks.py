@@ -26,6 +26,7 @@ def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
 
 
+@pytest.mark.serve  # starts Ray clusters (the Serve targets)
 def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import serve_stack
 

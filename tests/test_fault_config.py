@@ -1,5 +1,7 @@
 """Fault-injection settings and decisions (pure logic)."""
 
+from unittest.mock import MagicMock
+
 import pytest
 from pydantic import ValidationError
 
@@ -9,6 +11,23 @@ from patches.fault_config import FaultConfig, LoadFaults, LyingReports, fault_co
 def test_off_by_default():
     assert not fault_config_from(None).active
     assert not fault_config_from({"cpu_bytes_to_use": 1}).active
+    assert not fault_config_from({"fuzzserve_faults": None}).active
+
+
+@pytest.mark.parametrize("config", [MagicMock(), "fuzzserve_faults", 42, ["fuzzserve_faults"]])
+def test_inert_whatever_the_config_object(config):
+    """Upstream's own unit tests hand the connector MagicMock configs: no faults, no validation error."""
+    assert fault_config_from(config) == FaultConfig()
+
+
+def test_inert_on_a_connector_config_that_is_not_a_mapping():
+    """The patch's entry point reads vllm_config.kv_transfer_config.kv_connector_extra_config (any object)."""
+    from patches.kv_faults import _config_of
+
+    assert not _config_of(MagicMock()).active and not _config_of(None).active
+    cfg = MagicMock()
+    cfg.kv_transfer_config.kv_connector_extra_config = {"fuzzserve_faults": {"lying_rate": 0.5}}
+    assert _config_of(cfg).lying_rate == 0.5, "and a real setting is still read"
 
 
 @pytest.mark.parametrize("bad", [{"load_failure_rate": 1.5}, {"load_failure_rate": -0.1}, {"lying_rate": 2},
@@ -35,5 +54,8 @@ def test_lying_reports_tell_every_kind_of_lie():
     assert any(r > 600 for r in reports)
     assert any(0 <= r < 384 for r in reports)
     assert set(liar.lies) == {"negative", "exceeds_prompt", "changing"}
+    negative = LyingReports(FaultConfig(seed=0, lying_rate=1.0, lying_modes=("negative",)), block_size=128)
+    assert negative.report("r", 600, 384) < 0 and negative.last_lie == "negative", "the mode of each lie is told"
     honest = LyingReports(FaultConfig(seed=0, lying_rate=0.0), block_size=128)
     assert all(honest.report("r", 600, 384) == 384 for _ in range(50))
+    assert honest.last_lie is None

@@ -100,6 +100,7 @@ print("FACTORS", c.aot_compile_hash_factors(cfg))
 """
 
 
+@pytest.mark.engine  # builds the fixture model on a fresh clone (it trains it)
 def test_patch_is_part_of_the_compile_cache_key(fixture_model):
     """A graph compiled by stock vLLM must never be loaded by a patched engine.
 
@@ -152,6 +153,7 @@ def test_shm_wait_refuses_a_bad_nap():
             nap_seconds({"FUZZSERVE_SHM_NAP_S": bad})
 
 
+@pytest.mark.engine
 def test_shm_wait_is_applied_in_the_worker(patched_engine, stock_engine):
     """The plugin reaches the worker process, where the model runs on CPU; stock vLLM keeps its spin."""
     from patches.shm_wait import DEFAULT_NAP_S, patch_state

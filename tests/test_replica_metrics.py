@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from load_tests.replica_metrics import ReplicaCounters, canonical, discover_metrics_urls, replica_counters
+from load_tests.replica_metrics import (ReplicaCounters, canonical, discover_metrics_urls, merge_pages,
+                                      replica_counters, table_check)
 
 RAY = """\
 # HELP ray_vllm_prompt_tokens_total Number of prefill tokens processed.
@@ -61,7 +62,7 @@ def test_plain_vllm_server_is_one_replica():
 
 
 @pytest.mark.parametrize("bad, needle", [
-    (ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 6, "local_cache_hit": -1}), "< 0"),
+    (ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 6, "local_cache_hit": -1}), "= -1"),
     (ReplicaCounters("r", prompt_tokens=5, prompt_tokens_cached=6, by_source={"local_compute": 5}), "cached"),
     (ReplicaCounters("r", prompt_tokens=float("nan")), "nan"),
 ])
@@ -81,3 +82,73 @@ def test_discovery_file(tmp_path):
     assert discover_metrics_urls(f) == ["http://10.0.0.1:8089/metrics", "http://10.0.0.2:8090/metrics"]
     with pytest.raises(FileNotFoundError, match="--metrics-url"):
         discover_metrics_urls(tmp_path / "missing.json")
+
+
+HEALTH = """\
+# TYPE ray_serve_deployment_replica_healthy gauge
+ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="LLMServer:fixture",replica="r1"} 1.0
+ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="LLMServer:fixture",replica="r2"} 0.0
+ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="FuzzRouter",replica="router"} 1.0
+"""
+
+
+def test_one_scrape_of_every_endpoint_merges_replicas_health_and_errors():
+    result = merge_pages([("http://head/metrics", RAY + HEALTH), ("http://worker/metrics", VLLM),
+                          ("http://gone/metrics", ConnectionError("refused"))])
+    assert set(result.replicas) == {"r1", "r2", "vllm"}, "the router has a health gauge but no engine: not a replica"
+    r1, r2 = result.replicas["r1"], result.replicas["r2"]
+    assert (r1.healthy, r1.alive) == (1.0, True)
+    assert (r2.healthy, r2.alive) == (0.0, False), "Serve says 0: dead, whatever its gauges"
+    assert result.replicas["vllm"].healthy is None and result.replicas["vllm"].alive, "no health gauge: its gauges tell"
+    assert result.errors == {"http://gone/metrics": "ConnectionError: refused"}
+    assert result.problems() == ["http://gone/metrics could not be read: ConnectionError: refused"]
+
+
+def test_a_replica_reported_by_two_endpoints_is_an_error():
+    result = merge_pages([("http://a/metrics", RAY), ("http://b/metrics", RAY)])
+    assert result.duplicates == {"r1": ["http://a/metrics", "http://b/metrics"],
+                                 "r2": ["http://a/metrics", "http://b/metrics"]}
+    assert result.replicas["r1"].node == "http://a/metrics", "kept once, from the first endpoint"
+    assert any("replica r1 reported by 2 endpoints" in p for p in result.problems())
+
+
+def test_unparsable_text_is_an_unreadable_endpoint():
+    result = merge_pages([("http://x/metrics", "ray_vllm_prompt_tokens_total{ReplicaId=\"r1\" 5\n")])
+    assert list(result.errors) == ["http://x/metrics"] and "unparsable" in result.errors["http://x/metrics"]
+
+
+def test_the_table_checks_only_what_holds_for_each_replica():
+    idle = ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 4}, gauges=True)
+    assert "!= prompt_tokens" in table_check(idle)[0] and table_check(idle)[1]
+    busy = ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 4}, running=1, gauges=True)
+    assert table_check(busy) == ("busy: sums checked at rest", [])
+    dead = ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 4}, healthy=0.0)
+    assert table_check(dead)[1] == [] and table_check(dead)[0].startswith("dead")
+    negative_dead = ReplicaCounters("r", prompt_tokens=-1, healthy=0.0)
+    assert table_check(negative_dead)[1], "never negative holds for every replica, dead or alive"
+
+
+def test_the_counters_cli_exits_1_on_any_problem(tmp_path, capsys):
+    """python -m load_tests.replica_metrics against an echo-server target: healthy, then broken."""
+    import asyncio
+    import threading
+
+    from load_tests import echo_server
+    from load_tests.replica_metrics import main
+
+    loop = asyncio.new_event_loop()
+    runner, server, port = loop.run_until_complete(echo_server.start(fault="sum_mismatch", fault_after=0))
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        server.replicas[0].prompt_tokens = server.replicas[1].prompt_tokens = 7
+        server.replicas[0].finished = server.replicas[1].finished = {"length": 1}
+        assert main(["--metrics-url", url, "--json"]) == 1
+        assert "echo-0: local_compute + local_cache_hit + external_kv_transfer = 8" in capsys.readouterr().out
+        server.fault = None
+        assert main(["--metrics-url", url]) == 0
+        assert main(["--metrics-url", url, "--metrics-url", url]) == 1, "the same replicas from two endpoints"
+        assert "reported by 2 endpoints" in capsys.readouterr().err
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)

@@ -16,7 +16,8 @@ import types
 import httpx
 import pytest
 
-from load_tests.replica_metrics import ReplicaCounters, scrape
+from load_tests.monitor import InvariantChecker, Monitor
+from load_tests.replica_metrics import ReplicaCounters
 from tests.conftest import SERVE_API_KEY
 from tests.test_fuzz_engine import PROMPTS
 
@@ -42,19 +43,11 @@ def text(r: httpx.Response) -> str:
 
 
 def wait_quiet(cluster, timeout: float = 90) -> dict[str, ReplicaCounters]:
-    """Scrape until no replica has running/waiting requests and two scrapes agree (Ray exports every few s)."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
-        now = scrape(cluster.metrics_urls)
-        quiet = all(r.running == 0 and r.waiting == 0 for r in now.values())
-        snapshot = {k: r.counters() for k, r in now.items()}
-        if quiet and snapshot == last:
-            return now
-        if time.monotonic() > deadline:
-            raise AssertionError(f"replicas not quiescent after {timeout}s: {now}")
-        last = snapshot if quiet else None
-        time.sleep(6)
+    """The load test's own quiescence check (no replica busy, two idle scrapes agree, every invariant holds)."""
+    checker = InvariantChecker()
+    asyncio.run(Monitor(cluster.metrics_urls, checker).quiescent_check(timeout))
+    assert checker.ok, [v.message for v in checker.violations]
+    return {k: rc for k, rc in checker.final().items() if k not in checker.stale}
 
 
 def test_probes_and_models(serve_cluster):

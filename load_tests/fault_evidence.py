@@ -1,0 +1,179 @@
+"""Did every fault a run planned actually fire? Evidence from the scraped counters, per fault.
+
+A chaos run that passes because its faults never fired proves nothing, so
+the verdict fails unless each planned fault shows in the data:
+
+``load_failures``, ``load_delays``, ``lying_connector``
+    the ``kv_faults`` patch counts every fault it injects in
+    ``vllm:kv_fault_injections_total{kind}`` (``load_failure``,
+    ``load_delay``, ``lie_*``), per replica: the sum over replicas must grow
+    during the run. With the accounting patch on, each live replica that
+    had them must also show it *handled* them: an ``after_load_failure``
+    correction where loads failed, a violation of a lying-connector kind
+    where the connector told an impossible count (negative or beyond the
+    prompt; a "changing" lie is a possible count and needs no clamp).
+``preemption_storm``
+    ``vllm:num_preemptions_total`` grew.
+``replica_kill``
+    the run killed a replica, the data shows that replica dead, and a
+    replica first seen alive after the kill finished requests (the
+    replacement serves).
+
+Everything is counted from the scrape before the load, so earlier traffic on
+the deployment does not count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .replica_metrics import ReplicaCounters
+
+if TYPE_CHECKING:
+    from .monitor import InvariantChecker
+
+PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill")
+# Every accounting-violation kind a lying connector causes and the accounting patch clamps
+# (patches/accounting.py VIOLATION_KINDS).
+LYING_CONNECTOR_KINDS = ("connector_negative", "connector_exceeds_prompt", "connector_invalid",
+                         "connector_async_without_tokens", "prefill_stats_inconsistent")
+# Lies the accounting patch must clamp, and the violation each is counted as (a "changing" lie reports a
+# possible count: nothing to clamp).
+IMPOSSIBLE_LIES = {"lie_negative": "connector_negative", "lie_exceeds_prompt": "connector_exceeds_prompt"}
+
+
+@dataclass
+class FaultCheck:
+    fault: str
+    fired: bool
+    evidence: str
+    problems: list[str] = field(default_factory=list)
+    per_replica: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.fired and not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"ok": self.ok}
+
+
+def _delta(now: dict[str, float], before: dict[str, float] | None, keys) -> float:
+    before = before or {}
+    return sum(now.get(k, 0.0) - before.get(k, 0.0) for k in keys)
+
+
+def _grown(final: dict[str, ReplicaCounters], baseline: dict[str, ReplicaCounters], attr: str, keys) -> dict[str, float]:
+    """Per replica, how much ``attr[key]`` (summed over ``keys``) grew during the run; only replicas where it did."""
+    out = {}
+    for key, rc in final.items():
+        before = getattr(baseline[key], attr) if key in baseline else None
+        d = _delta(getattr(rc, attr), before, keys)
+        if d > 0:
+            out[key] = d
+    return out
+
+
+def check_planned_faults(planned: tuple[str, ...] | list[str], checker: InvariantChecker,
+                         faults: list[Any], accounting_on: bool) -> list[FaultCheck]:
+    """One :class:`FaultCheck` per planned fault (``faults``: what the run did itself, e.g. replica kills)."""
+    unknown = set(planned) - set(PLANNED_FAULTS)
+    if unknown:
+        raise ValueError(f"unknown planned fault(s) {sorted(unknown)}; known: {PLANNED_FAULTS}")
+    final, baseline = checker.final(), checker.baseline()
+    live = {k for k in final if k not in checker.stale}
+    checks = []
+    for fault in planned:
+        if fault in ("load_failures", "load_delays"):
+            kind = "load_failure" if fault == "load_failures" else "load_delay"
+            checks.append(_injected(fault, kind, (kind,), final, baseline))
+            if fault == "load_failures" and accounting_on:
+                _handled(checks[-1], final, baseline, live, "corrections", ("after_load_failure",),
+                         "failed loads injected but no after_load_failure correction")
+        elif fault == "lying_connector":
+            check = _injected(fault, "lie_*", ("lie_negative", "lie_exceeds_prompt", "lie_changing"), final, baseline)
+            checks.append(check)
+            if accounting_on:
+                _every_lie_clamped(check, final, baseline, live)
+        elif fault == "preemption_storm":
+            grown = {}
+            for key, rc in final.items():
+                d = rc.preemptions - (baseline[key].preemptions if key in baseline else 0.0)
+                if d > 0:
+                    grown[key] = d
+            total = sum(grown.values())
+            checks.append(FaultCheck(fault, total > 0, f"num_preemptions grew by {total:g}: {grown or 'nowhere'}",
+                                     per_replica=grown))
+        elif fault == "replica_kill":
+            checks.append(_replica_kill(checker, faults, final, baseline))
+    if not accounting_on:
+        for c in checks:
+            if c.fault in ("load_failures", "lying_connector"):
+                c.evidence += " (accounting patch off: how it was handled is not checked)"
+    if checker.deaths:
+        for c in checks:
+            if not c.fired and c.fault != "replica_kill":
+                c.evidence += (f" ({len(checker.deaths)} replica(s) died during the run: a replica that dies in "
+                               f"the step that injects a fault never exports its count)")
+    return checks
+
+
+def _injected(fault: str, label: str, kinds: tuple[str, ...], final, baseline) -> FaultCheck:
+    grown = _grown(final, baseline, "injections", kinds)
+    total = sum(grown.values())
+    return FaultCheck(fault, total > 0, f"kv_fault_injections{{{label}}} grew by {total:g}: {grown or 'nowhere'}",
+                      per_replica={k: {"injected": v} for k, v in grown.items()})
+
+
+def _handled(check: FaultCheck, injected_on: dict[str, ReplicaCounters], baseline, live: set[str], attr: str,
+             kinds: tuple[str, ...], problem: str) -> None:
+    handled = _grown(injected_on, baseline, attr, kinds)
+    for key in injected_on:
+        check.per_replica.setdefault(key, {})[attr] = handled.get(key, 0.0)
+        if key not in live:
+            check.per_replica[key]["note"] = "dead: its last export may lag, not checked"
+        elif key not in handled:
+            check.problems.append(f"replica {key}: {problem}")
+
+
+def _every_lie_clamped(check: FaultCheck, final, baseline, live: set[str]) -> None:
+    """Each impossible lie is one violation of its kind (the accounting patch checks every report the
+    scheduler gets, and both counts leave EngineCore in the same SchedulerStats), so on a live replica the
+    violations of a kind are at least the lies of that kind."""
+    for lie, kind in IMPOSSIBLE_LIES.items():
+        told = _grown(final, baseline, "injections", (lie,))
+        clamped = _grown(final, baseline, "violations", (kind,))
+        for key, n in told.items():
+            check.per_replica.setdefault(key, {})[kind] = clamped.get(key, 0.0)
+            if key not in live:
+                check.per_replica[key]["note"] = "dead: its last export may lag, not checked"
+            elif clamped.get(key, 0.0) < n:
+                check.problems.append(f"replica {key}: the connector told {n:g} x {lie} but only "
+                                      f"{clamped.get(key, 0.0):g} x {kind} were clamped")
+
+
+def _replica_kill(checker: InvariantChecker, faults: list[Any], final, baseline) -> FaultCheck:
+    kills = [f for f in faults if getattr(f, "kind", None) == "replica_kill"]
+    if not kills:
+        return FaultCheck("replica_kill", False, "the run killed no replica")
+    problems, evidence = [], []
+    for kill in kills:
+        rid = kill.detail.get("replica")
+        if rid in checker.deaths:
+            evidence.append(f"replica {rid} killed at {kill.t:.0f} s, seen dead from {checker.deaths[rid]:.0f} s")
+        else:
+            problems.append(f"replica {rid} was killed at {kill.t:.0f} s but its metrics never showed it dead")
+    first_kill = min(k.t for k in kills)
+    replacements = {}
+    for key, t in checker.first_alive.items():
+        if t <= first_kill or key not in final:
+            continue
+        before = baseline[key].requests_total if key in baseline else 0.0
+        if final[key].requests_total - before > 0:
+            replacements[key] = {"first_alive_t": t, "requests_finished": final[key].requests_total - before}
+    if replacements:
+        evidence.append(f"replacement(s) serving: {replacements}")
+    else:
+        problems.append("no replica that came up after the kill finished a request (no replacement served)")
+    return FaultCheck("replica_kill", True, "; ".join(evidence) or "no evidence", problems, replacements)

@@ -1,0 +1,102 @@
+"""The counter invariants, written once: every checker (the load-test monitor, the per-replica
+counters CLI, the engine and server tests) calls these functions.
+
+Each rule takes one replica's counters (:class:`~load_tests.replica_metrics.ReplicaCounters`)
+and returns :class:`Finding` s, empty when the rule holds. What a finding *means* for a run
+(a violation, or something a planned fault explains) is the caller's business; the rules
+only say what is wrong.
+
+``negative``
+    a counter below 0, or not finite, at any scrape.
+``decrease``
+    a counter lower than at the previous scrape of the same replica, or a
+    labelled counter that was > 0 and disappeared (Ray labels every series with
+    the replica's id, and a restarted replica gets a new id, so a restart is
+    a new series, never a decrease).
+``sum_mismatch`` (at quiescence)
+    ``local_compute + local_cache_hit + external_kv_transfer != prompt_tokens``.
+``cached_exceeds_total`` (at quiescence)
+    ``prompt_tokens_cached > prompt_tokens``.
+``not_quiescent``
+    a replica still has running or waiting requests when it should be idle.
+
+Accounting violations (``vllm:prompt_token_accounting_violations_total{kind}``
+growing) are not a rule of the counters: whether growth is a failure depends on
+the faults a run injects, so :func:`violations_grown` only measures it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .replica_metrics import ReplicaCounters
+
+SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+
+
+@dataclass
+class Finding:
+    kind: str
+    replica: str
+    counter: str
+    message: str
+    context: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def negative(rc: ReplicaCounters) -> list[Finding]:
+    now = rc.counters()
+    return [Finding("negative", rc.replica, name, f"{name} = {v} on replica {rc.replica}",
+                    {"node": rc.node, "counters": now})
+            for name, v in now.items() if v < 0 or not math.isfinite(v)]
+
+
+def decreases(before: ReplicaCounters, now: ReplicaCounters) -> list[Finding]:
+    old, new = before.counters(), now.counters()
+    out = [Finding("decrease", now.replica, name, f"{name} went backwards on replica {now.replica}: {old[name]:g} -> {v:g}",
+                   {"node": now.node, "previous": old, "current": new})
+           for name, v in new.items() if name in old and v < old[name]]
+    out += [Finding("decrease", now.replica, name, f"{name} disappeared from replica {now.replica} (was {was:g})",
+                    {"node": now.node, "previous": old, "current": new})
+            for name, was in old.items() if name not in new and was > 0]
+    return out
+
+
+def quiescence(rc: ReplicaCounters) -> list[Finding]:
+    """The identities that hold once a replica has no request in flight."""
+    out = []
+    parts = {s: rc.by_source.get(s, 0.0) for s in SOURCES}
+    if sum(parts.values()) != rc.prompt_tokens:
+        out.append(Finding("sum_mismatch", rc.replica, "prompt_tokens",
+                           f"replica {rc.replica}: local_compute + local_cache_hit + external_kv_transfer = "
+                           f"{sum(parts.values()):g} != prompt_tokens = {rc.prompt_tokens:g}",
+                           {"node": rc.node, "by_source": parts, "prompt_tokens": rc.prompt_tokens}))
+    if rc.prompt_tokens_cached > rc.prompt_tokens:
+        out.append(Finding("cached_exceeds_total", rc.replica, "prompt_tokens_cached",
+                           f"replica {rc.replica}: prompt_tokens_cached = {rc.prompt_tokens_cached:g} > "
+                           f"prompt_tokens = {rc.prompt_tokens:g}", {"node": rc.node}))
+    return out
+
+
+def busy(rc: ReplicaCounters) -> list[Finding]:
+    if not (rc.running or rc.waiting):
+        return []
+    return [Finding("not_quiescent", rc.replica, "num_requests_running",
+                    f"replica {rc.replica} still has {rc.running:g} running / {rc.waiting:g} waiting requests",
+                    {"counters": rc.counters()})]
+
+
+def at_rest(rc: ReplicaCounters) -> list[Finding]:
+    """Every rule for a replica that should be idle: not negative, idle, parts summing to the total."""
+    return negative(rc) + busy(rc) + quiescence(rc)
+
+
+def violations_grown(before: ReplicaCounters | None, now: ReplicaCounters) -> dict[str, float]:
+    """How much each accounting-violation kind grew between two scrapes of one replica (only the kinds that grew)."""
+    was = before.violations if before is not None else {}
+    return {kind: v - was.get(kind, 0.0) for kind, v in now.violations.items() if v - was.get(kind, 0.0) > 0}

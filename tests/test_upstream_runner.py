@@ -1,0 +1,63 @@
+"""The upstream-tests runner's verdict (tests/upstream_vllm.py), on synthetic results: it can fail.
+
+The runner itself is optional and slow (it fetches vLLM's sdist and runs
+hundreds of upstream tests twice); this checks, fast, that its comparison
+flags an unlisted difference, accepts a listed one, and never counts a test
+this host cannot run as a pass.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import upstream_vllm as up
+
+JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.v1.a" name="test_ok" time="0.1"/>
+<testcase classname="tests.v1.a" name="test_gpu" time="0.1"><skipped message="Requires CUDA">x</skipped></testcase>
+<testcase classname="tests.v1.a" name="test_boom" time="0.1"><failure message="assert 1 == 2">E assert</failure></testcase>
+</testsuite></testsuites>"""
+
+
+def test_junit_outcomes(tmp_path):
+    (tmp_path / "j.xml").write_text(JUNIT)
+    got = up.read_junit(tmp_path / "j.xml")
+    assert {k: v[0] for k, v in got.items()} == {"tests.v1.a::test_ok": "passed", "tests.v1.a::test_gpu": "skipped",
+                                                 "tests.v1.a::test_boom": "failed"}
+
+
+def rows(on, off):
+    return {r["test"]: r for r in up.compare(on, off)}
+
+
+def test_same_outcomes_pass_or_are_not_applicable_never_counted_as_passes():
+    on = off = {"t::ok": ("passed", ""), "t::gpu": ("skipped", "Requires CUDA"),
+                "t::hub": ("failed", "LocalEntryNotFoundError: Cannot find an appropriate cached snapshot"),
+                "t::pkg": ("error", "ModuleNotFoundError: No module named 'nixl'"),
+                "t::bug": ("failed", "assert 3 == 4")}
+    r = rows(on, off)
+    assert r["t::ok"]["verdict"] == "passed"
+    assert {r[t]["verdict"] for t in ("t::gpu", "t::hub", "t::pkg")} == {"not applicable"}
+    assert r["t::pkg"]["note"] == "needs the package nixl"
+    assert r["t::bug"]["verdict"] == "fails both ways", "a real failure on this host is not 'not applicable'"
+
+
+def test_a_difference_fails_unless_listed_as_deliberate(monkeypatch):
+    on, off = {"t::x": ("failed", "ValidationError: FaultConfig")}, {"t::x": ("passed", "")}
+    assert rows(on, off)["t::x"]["verdict"] == "DIFFERS"
+    monkeypatch.setitem(up.DELIBERATE, "t::x", "the patch changes this on purpose")
+    assert rows(on, off)["t::x"]["verdict"] == "deliberate"
+    assert rows({"t::y": ("passed", "")}, {})["t::y"]["verdict"] == "DIFFERS", "a test missing from one run differs"
+
+
+@pytest.mark.parametrize("areas", [["metrics stats"], list(up.AREAS)])
+def test_every_area_names_existing_upstream_paths(areas):
+    paths = [p for a in areas for p in up.AREAS[a]]
+    assert paths and all(p.startswith("tests/v1/") for p in paths)
+
+
+def test_junit_names_map_back_to_node_ids(tmp_path):
+    (tmp_path / "tests" / "v1").mkdir(parents=True)
+    (tmp_path / "tests" / "v1" / "test_m.py").write_text("")
+    assert up.node_id(tmp_path, "tests.v1.test_m::test_x[a-b]") == "tests/v1/test_m.py::test_x[a-b]"
+    assert up.node_id(tmp_path, "tests.v1.test_m.TestC::test_y") == "tests/v1/test_m.py::TestC::test_y"

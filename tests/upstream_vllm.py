@@ -1,0 +1,277 @@
+"""Upstream vLLM 0.32.0's own unit tests for the areas the patches touch, run against the patched install,
+once with the patches on and once with ``FUZZSERVE_PATCHES_OFF=all``, outcome by outcome.
+
+    python -m tests.upstream_vllm            # fetch (first run), run both ways, compare; exit 1 on an unlisted difference
+    python -m tests.upstream_vllm --list     # only the tests it would run
+
+Optional (not part of CI): it fetches the ``vllm==0.32.0`` sdist with pip
+(the sdist ships upstream's ``tests/``; about 2 minutes the first time,
+cached in ``.cache/upstream/``) and runs each area's tests in a pytest
+subprocess rooted in the unpacked tree, so upstream's conftests apply.
+
+No model hub is reachable here, and most of these tests build a
+``VllmConfig`` of ``facebook/opt-125m`` (only its config: the scheduler
+needs the shapes, not the weights), so the runner gives them an offline
+Hugging Face cache holding a stand-in ``config.json`` with that model's
+shapes (:data:`STAND_IN_CONFIGS`); a test that needs more (weights, a
+tokenizer, another model) fails the same way both ways and is reported as
+not applicable.
+
+Why it is needed: upstream's tests build schedulers, connectors and stat
+loggers directly, often with ``MagicMock`` configs, which is exactly where a
+patch that assumes a real engine can break vLLM for everyone else (it did:
+``kv_faults`` validated a MagicMock's connector config). vLLM loads plugins
+only when an engine or its config is built, so a unit test would not see
+the patches at all; the ``fuzzserve_upstream`` pytest plugin
+(``tests/upstream_plugin/``) loads them first, as every vLLM process does.
+
+Verdict, per test (``docs/upstream_tests.md`` lists every difference):
+
+* same outcome both ways: passed, or *not applicable on this host* (skipped
+  by upstream, or failed both ways for a reason of the host: no GPU, a
+  package or a model that is not here; named per test), or failed both ways
+  for another reason (listed: upstream on this CPU host, not the patches);
+* a different outcome: run again both ways; if the outcomes then agree it
+  was a flaky test of this busy host (listed as such); if it repeats, it is
+  allowed only if listed in :data:`DELIBERATE` with the patch behaviour that
+  explains it. An unlisted difference, or a listed one that no longer
+  differs, fails the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import xml.etree.ElementTree as ET
+from collections import Counter
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CACHE = (REPO / ".cache" / "upstream").resolve()  # real path: pytest's test ids are relative to it
+VERSION = "0.32.0"
+SDIST = CACHE / f"vllm-{VERSION}.tar.gz"
+TREE = CACHE / f"vllm-{VERSION}"
+PLUGIN_DIR = REPO / "tests" / "upstream_plugin"
+HF_HOME = CACHE / "hf_home"
+# Models upstream's unit tests build configs from (shapes only, no weights): a local stand-in in a Hugging Face
+# cache, since no hub is reachable. facebook/opt-125m: transformers' OPTConfig defaults are its shapes
+# (768 hidden, 12 layers, 12 heads, vocab 50272, 2048 positions).
+STAND_IN_CONFIGS = {"facebook/opt-125m": ("OPTConfig", "OPTForCausalLM")}
+
+# The patched areas: metrics stats (accounting), invalid blocks and load-failure recovery (accounting,
+# kv_faults), the offloading connector (kv_faults, cpu_offload), the CPU offload spec (cpu_offload),
+# the scheduler (accounting).
+AREAS = {
+    "metrics stats": ["tests/v1/metrics/test_stats.py"],
+    "invalid blocks": ["tests/v1/kv_connector/unit/test_invalid_blocks_correctness.py"],
+    "KV load failure recovery": ["tests/v1/kv_connector/unit/test_kv_load_failure_recovery.py"],
+    "offloading connector": ["tests/v1/kv_connector/unit/offloading_connector",
+                             "tests/v1/kv_connector/unit/test_offloading_connector.py"],
+    "CPU offload spec": ["tests/v1/kv_offload/cpu", "tests/v1/kv_offload/test_factory.py"],
+    "scheduler": ["tests/v1/core/test_scheduler.py"],
+}
+
+# Tests whose outcome the patches change on purpose: test id -> the patch behaviour that explains it.
+DELIBERATE: dict[str, str] = {}
+
+# Failures that say "this host cannot run it", the same with patches on and off.
+HOST_REASONS = [
+    (re.compile(r"CUDA|is_cuda|torch\.cuda|cuda:\d|NVIDIA|nvml|GPU", re.S), "needs a GPU"),
+    (re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'"), "needs the package {0}"),
+    (re.compile(r"(LocalEntryNotFoundError|OfflineModeIsEnabled|HF_HUB_OFFLINE|huggingface\.co|"
+                r"Repo id must|does not appear to have a file|is not a local folder|"
+                r"Invalid repository ID or local directory)", re.S),
+     "needs a model from the Hugging Face hub (offline here)"),
+    (re.compile(r"Unsupported CPU attention|not supported on CPU|CPU platform|current_platform", re.S),
+     "not supported on the CPU platform"),
+]
+
+
+def ensure_tree() -> Path:
+    """The unpacked sdist's tests (fetched with pip on first use)."""
+    if not (TREE / "tests").is_dir():
+        if not SDIST.exists():
+            CACHE.mkdir(parents=True, exist_ok=True)
+            print(f"fetching the vllm=={VERSION} sdist (upstream's tests) into {CACHE} ...", flush=True)
+            # The metadata step builds nothing with these two (the sdist's setup.py would otherwise
+            # want a CUDA toolchain and call the version 0.32.0+empty).
+            env = {**os.environ, "VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": VERSION}
+            subprocess.run([sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps",
+                            "--no-binary", "vllm", "-d", str(CACHE)], check=True, env=env)
+        with tarfile.open(SDIST) as tar:
+            members = [m for m in tar.getmembers()
+                       if m.name.startswith(f"vllm-{VERSION}/tests/") or m.name == f"vllm-{VERSION}/pyproject.toml"]
+            tar.extractall(CACHE, members=members, filter="data")
+    return TREE
+
+
+def ensure_stand_in_configs() -> Path:
+    """An offline Hugging Face cache holding only the config.json of each model in STAND_IN_CONFIGS."""
+    import json
+
+    import transformers
+
+    for repo, (config_cls, arch) in STAND_IN_CONFIGS.items():
+        hub = HF_HOME / "hub" / f"models--{repo.replace('/', '--')}"
+        snapshot = hub / "snapshots" / ("0" * 40)
+        if (snapshot / "config.json").exists():
+            continue
+        snapshot.mkdir(parents=True, exist_ok=True)
+        (hub / "refs").mkdir(exist_ok=True)
+        (hub / "refs" / "main").write_text("0" * 40)
+        config = getattr(transformers, config_cls)().to_dict() | {"architectures": [arch], "torch_dtype": "float16"}
+        (snapshot / "config.json").write_text(json.dumps(config, indent=1))
+    return HF_HOME
+
+
+def run_once(tree: Path, paths: list[str], off: str, junit: Path, timeout: float) -> dict[str, tuple[str, str]]:
+    """Run ``paths`` in a pytest subprocess with FUZZSERVE_PATCHES_OFF=``off``; test id -> (outcome, message)."""
+    env = {**os.environ, "FUZZSERVE_PATCHES_OFF": off, "HF_HUB_OFFLINE": "1", "HF_HOME": str(HF_HOME),
+           "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)])}
+    cmd = [sys.executable, "-m", "pytest", *paths, "--rootdir", str(tree), "-c", str(tree / "pyproject.toml"),
+           "-p", "fuzzserve_upstream", "-p", "no:cacheprovider", "-q", "--timeout", "300",
+           f"--junitxml={junit}", "-o", "junit_family=xunit1"]
+    try:
+        subprocess.run(cmd, cwd=tree, env=env, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        pass  # whatever the XML holds (nothing: every test of the area reads "missing")
+    return read_junit(junit) if junit.exists() else {}
+
+
+def read_junit(path: Path) -> dict[str, tuple[str, str]]:
+    out = {}
+    for case in ET.parse(path).getroot().iter("testcase"):
+        tid = f"{case.get('classname', '')}::{case.get('name', '')}"
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            el = case.find(tag)
+            if el is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = f"{el.get('message') or ''}\n{el.text or ''}"
+                break
+        out[tid] = (outcome, message)
+    return out
+
+
+def node_id(tree: Path, test: str) -> str:
+    """``tests.v1.a.test_b.TestC::test_d[x]`` (JUnit's class name) -> ``tests/v1/a/test_b.py::TestC::test_d[x]``."""
+    classname, name = test.split("::", 1)
+    parts = classname.split(".")
+    for i in range(len(parts), 0, -1):
+        path = Path(*parts[:i]).with_suffix(".py")
+        if (tree / path).exists():
+            return "::".join([str(path), *parts[i:], name])
+    return test
+
+
+def rerun_differences(tree: Path, rows: list[dict[str, str]], area: str, timeout: float) -> None:
+    """Run each test whose outcome differed again, both ways: a difference that does not repeat is a flaky
+    test of this (busy, 2-core) host, not a patch; one that repeats stands."""
+    differing = [r for r in rows if r["verdict"] == "DIFFERS"]
+    if not differing:
+        return
+    ids = [node_id(tree, r["test"]) for r in differing]
+    again = {way: run_once(tree, ids, off, CACHE / f"junit-{area.replace(' ', '_')}-{way}-rerun.xml", timeout)
+             for way, off in (("on", ""), ("off", "all"))}
+    for r in differing:
+        on, off = again["on"].get(r["test"], ("missing", ""))[0], again["off"].get(r["test"], ("missing", ""))[0]
+        if on == off:
+            r["verdict"] = "flaky"
+            r["note"] = (f"differed once (on: {r['on']}, off: {r['off']}), the same on a rerun (both {on}): "
+                         f"{r['note'][:200]}")
+
+
+def host_reason(message: str) -> str | None:
+    for pattern, reason in HOST_REASONS:
+        m = pattern.search(message)
+        if m:
+            return reason.format(*m.groups())
+    return None
+
+
+def compare(on: dict[str, tuple[str, str]], off: dict[str, tuple[str, str]]) -> list[dict[str, str]]:
+    """One row per test: its outcome with patches on and off, and the verdict."""
+    rows = []
+    for tid in sorted(set(on) | set(off)):
+        (o_on, m_on), (o_off, m_off) = on.get(tid, ("missing", "")), off.get(tid, ("missing", ""))
+        if o_on != o_off:
+            verdict = "deliberate" if tid in DELIBERATE else "DIFFERS"
+            note = DELIBERATE.get(tid) or (m_on if o_on not in ("passed", "missing") else m_off).strip()[:300]
+        elif o_on == "passed":
+            verdict, note = "passed", ""
+        elif o_on == "skipped":
+            verdict, note = "not applicable", f"skipped upstream: {m_on.strip()[:120]}"
+        else:
+            reason = host_reason(m_on)
+            verdict = "not applicable" if reason else "fails both ways"
+            note = reason or m_on.strip()[:300]
+        rows.append({"test": tid, "on": o_on, "off": o_off, "verdict": verdict, "note": note})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--areas", default=",".join(AREAS), help="comma-separated subset of: " + ", ".join(AREAS))
+    ap.add_argument("--timeout", type=float, default=1800, help="seconds per area and way")
+    ap.add_argument("--list", action="store_true", help="print the test paths and exit")
+    ap.add_argument("--out", type=Path, default=CACHE / "report.md")
+    args = ap.parse_args(argv)
+    areas = [a.strip() for a in args.areas.split(",") if a.strip()]
+    unknown = [a for a in areas if a not in AREAS]
+    if unknown:
+        ap.error(f"unknown areas {unknown}")
+    if args.list:
+        print("\n".join(p for a in areas for p in AREAS[a]))
+        return 0
+    import vllm
+
+    if vllm.__version__.split("+")[0] != VERSION:
+        print(f"installed vllm is {vllm.__version__}; these are {VERSION}'s tests", file=sys.stderr)
+        return 2
+    try:
+        import tblib  # noqa: F401  (upstream's conftest imports it; the `test` extra installs it)
+    except ImportError:
+        print("upstream's tests/conftest.py needs tblib: pip install tblib (in the `test` extra)", file=sys.stderr)
+        return 2
+    tree = ensure_tree()
+    ensure_stand_in_configs()
+    rows = []
+    for area in areas:
+        results = {}
+        for way, off in (("on", ""), ("off", "all")):
+            print(f"{area}: patches {way} ...", flush=True)
+            results[way] = run_once(tree, AREAS[area], off, CACHE / f"junit-{area.replace(' ', '_')}-{way}.xml",
+                                    args.timeout)
+        area_rows = [r | {"area": area} for r in compare(results["on"], results["off"])]
+        rerun_differences(tree, area_rows, area, args.timeout)
+        rows += area_rows
+    stale = sorted(set(DELIBERATE) - {r["test"] for r in rows if r["verdict"] == "deliberate"})
+    write_report(args.out, rows, stale)
+    tally = Counter(r["verdict"] for r in rows)
+    print(f"{len(rows)} upstream tests: " + ", ".join(f"{v} {n}" for v, n in sorted(tally.items())))
+    for r in rows:
+        if r["verdict"] in ("DIFFERS", "deliberate"):
+            print(f"  {r['verdict']}: {r['test']} (on: {r['on']}, off: {r['off']}) {r['note'][:200]}")
+    for tid in stale:
+        print(f"  listed as a deliberate difference but the same both ways now: {tid}")
+    print(f"report: {args.out}")
+    return 1 if tally["DIFFERS"] or stale or not rows else 0
+
+
+def write_report(path: Path, rows: list[dict[str, str]], stale: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = ["# Upstream vLLM 0.32.0 unit tests, patches on vs off", "",
+             "| area | test | patches on | patches off | verdict | note |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        note = r["note"].replace("|", "/").replace("\n", " ")[:200]
+        lines.append(f"| {r['area']} | `{r['test']}` | {r['on']} | {r['off']} | {r['verdict']} | {note} |")
+    lines += ["", f"Listed as deliberate but no longer different: {stale or 'none'}", ""]
+    path.write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
