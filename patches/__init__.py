@@ -3,8 +3,11 @@
 vLLM calls :func:`register` in each of its processes (frontend, EngineCore,
 workers). It checks the vLLM version, reads the on/off switches
 (``FUZZSERVE_PATCHES_OFF``, see ``_framework``) and applies each enabled
-patch module. Each module documents what it changes, why, the upstream
-issue/PR, the versions it was verified on and when it can be removed.
+patch through the ``PATCH`` its module declares (:mod:`patches.registry`:
+every upstream symbol it changes, and how). Each module's header documents
+what it changes, why, the upstream issue/PR, the versions it was verified on
+and when it can be removed. ``python -m patches --list`` prints the index of
+every symbol (docs/patches.md).
 
 | name   | module          | concern                                            |
 |--------|-----------------|----------------------------------------------------|
@@ -17,7 +20,6 @@ issue/PR, the versions it was verified on and when it can be removed.
 
 from __future__ import annotations
 
-import importlib
 import os
 
 # name -> module; the order is the order of application.
@@ -43,10 +45,12 @@ def register() -> None:
     import vllm
 
     check_vllm_version(vllm.__version__)
+    from .registry import load
+
     for name, module_name in PATCH_MODULES.items():
         if name in off or name in _applied:
             continue
-        importlib.import_module(module_name).apply()
+        load(module_name).apply()
         _applied.add(name)
     logger().debug("fuzzserve patches applied in pid %d: %s (off: %s)", os.getpid(), sorted(_applied), sorted(off))
 

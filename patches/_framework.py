@@ -3,8 +3,11 @@
 vLLM loads ``vllm.general_plugins`` entry points separately in each of its
 processes (frontend, EngineCore, workers; the CPU platform always spawns), so
 ``patches.register`` runs once per process and every patch must be safe to
-apply again. Each patch module exposes ``NAME`` and ``apply()``;
-:func:`apply_patches` decides which run.
+apply again. Each patch module declares what it changes in vLLM as a
+:class:`patches.registry.Patch` (``PATCH``); ``patches.register`` decides
+which patches run and applies each through its ``PATCH``, and every change
+of every kind goes through :func:`install`, which will not apply the same
+change twice to the same thing.
 
 Environment:
 
@@ -20,6 +23,7 @@ Environment:
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -28,11 +32,14 @@ from typing import Any
 OFF_ENV = "FUZZSERVE_PATCHES_OFF"
 ALLOW_UNVERIFIED_ENV = "FUZZSERVE_ALLOW_UNVERIFIED_VLLM"
 
-# Versions every patch in this package was verified on. A patch module may
-# narrow this further with its own VERIFIED_VLLM.
+# Versions every patch in this package was verified on (each patch module's
+# header says the same under "Verified on"; tests/test_patch_registry.py checks it).
 VERIFIED_VLLM = ("0.32.0",)
 
+# Set on everything install() puts in place: True, and the key of the change.
 _APPLIED_ATTR = "__fuzzserve_patched__"
+_KEY_ATTR = "__fuzzserve_key__"
+_ORIGINAL_ATTR = "__wrapped_original__"
 
 
 class UnverifiedVllmError(RuntimeError):
@@ -89,20 +96,42 @@ def disabled_patches(known: list[str], env: dict[str, str] | None = None) -> set
     return names
 
 
-def is_enabled(name: str) -> bool:
-    """Whether patch ``name`` is switched on in this process's environment."""
-    from . import PATCH_MODULES
-
-    return name not in disabled_patches(list(PATCH_MODULES))
+def change_key(make: Callable) -> str:
+    """The identity of a change: its maker's qualified name (stable across re-imports of the module)."""
+    return f"{make.__module__}.{make.__qualname__}"
 
 
-def wrap_method(owner: Any, attr: str, make_wrapper: Callable[[Callable], Callable]) -> bool:
-    """Replace ``owner.attr`` with ``make_wrapper(original)``, once.
+def installed_keys(obj: Any) -> set[str]:
+    """The keys of every change :func:`install` stacked on ``obj`` (a function, bound method, class or object).
 
-    Returns False (and changes nothing) when ``owner.attr`` is already our
-    wrapper: applying a patch twice in one process must not stack wrappers.
-    ``staticmethod``/``classmethod`` descriptors are preserved.
+    Follows each replacement to the original it replaced, so a change made
+    by one patch on top of another's is seen through.
     """
+    keys: set[str] = set()
+    seen: set[int] = set()
+    while obj is not None and id(obj) not in seen:
+        seen.add(id(obj))
+        obj = getattr(obj, "__func__", obj)  # staticmethod / classmethod / bound method
+        key = getattr(obj, _KEY_ATTR, None) if not isinstance(obj, type) else obj.__dict__.get(_KEY_ATTR)
+        if key is not None:
+            keys.add(key)
+        obj = obj.__dict__.get(_ORIGINAL_ATTR) if isinstance(obj, type) else getattr(obj, _ORIGINAL_ATTR, None)
+    return keys
+
+
+def install(owner: Any, attr: str, make: Callable[..., Any], *args: Any, key: str | None = None) -> bool:
+    """Replace ``owner.attr`` with ``make(original, *args)``, once: the one way every patch changes vLLM.
+
+    ``owner`` is a module or a class (a wrap), or an object (a rebind of one
+    of its attributes; ``attr="__class__"`` swaps its class). Returns False,
+    changing nothing, when the change ``key`` (default: :func:`change_key`
+    of ``make``) is already in place on ``owner.attr``: applying a patch
+    twice in one process must not stack it twice. Changes of different
+    patches to the same symbol stack. ``staticmethod``/``classmethod``
+    descriptors are preserved; a replacement function gets the original's
+    name and docstring.
+    """
+    key = key or change_key(make)
     if isinstance(owner, type):
         # Prefer the class's own entry (keeps staticmethod/classmethod
         # descriptors); an inherited method is wrapped onto this class only.
@@ -113,13 +142,14 @@ def wrap_method(owner: Any, attr: str, make_wrapper: Callable[[Callable], Callab
         raw = getattr(owner, attr, None)
     if raw is None:
         raise AttributeError(f"{owner!r} has no attribute {attr!r} to patch")
-    if getattr(raw, _APPLIED_ATTR, False) or getattr(getattr(raw, "__func__", None), _APPLIED_ATTR, False):
+    if key in installed_keys(raw):
         return False
     descriptor = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
     original = raw.__func__ if descriptor else raw
-    wrapper = make_wrapper(original)
-    functools.update_wrapper(wrapper, original)
-    setattr(wrapper, _APPLIED_ATTR, True)
-    wrapper.__wrapped_original__ = original  # type: ignore[attr-defined]
-    setattr(owner, attr, descriptor(wrapper) if descriptor else wrapper)
+    new = make(original, *args)
+    if inspect.isfunction(new) and (inspect.isfunction(original) or inspect.ismethod(original)):
+        functools.update_wrapper(new, original)
+    for name, value in ((_APPLIED_ATTR, True), (_KEY_ATTR, key), (_ORIGINAL_ATTR, original)):
+        setattr(new, name, value)
+    setattr(owner, attr, descriptor(new) if descriptor else new)
     return True

@@ -67,9 +67,9 @@ import math
 from collections import Counter as _Tally
 from typing import Any
 
-from ._framework import logger, wrap_method
+from ._framework import logger
+from .registry import Patch, Target
 
-NAME = "accounting"
 log = logger()
 
 VIOLATIONS_METRIC = "vllm:prompt_token_accounting_violations"
@@ -169,38 +169,41 @@ def checked_connector_report(request: Any, num_computed_tokens: int, reported: A
     return 0, False
 
 
+def _wrap_connector_report(report):
+    """The scheduler's connector's ``get_num_new_matched_tokens`` (bound), checked: see :func:`checked_connector_report`."""
+    def get_num_new_matched_tokens(request, num_computed_tokens, *args, **kwargs):
+        n, load_async = report(request, num_computed_tokens, *args, **kwargs)
+        return checked_connector_report(request, num_computed_tokens, n, load_async)
+
+    return get_num_new_matched_tokens
+
+
+def _wrap_allocate_slots(allocate):
+    """The scheduler's KV cache manager's ``allocate_slots`` (bound): a request preempted before its first output
+    gets its prefill stats re-taken at re-admission, from the final local and external counts."""
+    def allocate_slots(request, *args, **kwargs):
+        blocks = allocate(request, *args, **kwargs)
+        if (blocks is not None and getattr(request, "_fuzzserve_restat", False)
+                and request.prefill_stats is not None and "num_new_computed_tokens" in kwargs):
+            request._fuzzserve_restat = False
+            local = kwargs.get("num_new_computed_tokens", 0)
+            external = kwargs.get("num_external_computed_tokens", 0)
+            before = (request.prefill_stats.num_local_cached_tokens, request.prefill_stats.num_external_cached_tokens)
+            request.prefill_stats.set(request.num_prompt_tokens, local, external)
+            if before != (local, external):
+                record_correction("after_preemption", request_id=request.request_id, before=before,
+                                  after=(local, external))
+        return blocks
+
+    return allocate_slots
+
+
 def _instrument_scheduler(scheduler: Any) -> None:
+    """The run-time rebinds on one scheduler's parts (its connector, if any, and its KV cache manager)."""
     connector = getattr(scheduler, "connector", None)
-    if connector is not None and not getattr(connector, "_fuzzserve_checked", False):
-        report = connector.get_num_new_matched_tokens
-
-        def get_num_new_matched_tokens(request, num_computed_tokens, *args, **kwargs):
-            n, load_async = report(request, num_computed_tokens, *args, **kwargs)
-            return checked_connector_report(request, num_computed_tokens, n, load_async)
-
-        connector.get_num_new_matched_tokens = get_num_new_matched_tokens
-        connector._fuzzserve_checked = True
-
-    manager = scheduler.kv_cache_manager
-    if not getattr(manager, "_fuzzserve_checked", False):
-        allocate = manager.allocate_slots
-
-        def allocate_slots(request, *args, **kwargs):
-            blocks = allocate(request, *args, **kwargs)
-            if (blocks is not None and getattr(request, "_fuzzserve_restat", False)
-                    and request.prefill_stats is not None and "num_new_computed_tokens" in kwargs):
-                request._fuzzserve_restat = False
-                local = kwargs.get("num_new_computed_tokens", 0)
-                external = kwargs.get("num_external_computed_tokens", 0)
-                before = (request.prefill_stats.num_local_cached_tokens, request.prefill_stats.num_external_cached_tokens)
-                request.prefill_stats.set(request.num_prompt_tokens, local, external)
-                if before != (local, external):
-                    record_correction("after_preemption", request_id=request.request_id, before=before,
-                                      after=(local, external))
-            return blocks
-
-        manager.allocate_slots = allocate_slots
-        manager._fuzzserve_checked = True
+    if connector is not None:
+        PATCH.target(CONNECTOR_REPORT).apply_to(connector)
+    PATCH.target(ALLOCATE_SLOTS).apply_to(scheduler.kv_cache_manager)
 
 
 def _wrap_scheduler_init(original):
@@ -311,7 +314,7 @@ def guarded_counter_cls(cls: type) -> type:
 
 def _wrap_logger_init(original):
     def __init__(self, vllm_config, *args, **kwargs):
-        self._counter_cls = guarded_counter_cls(type(self)._counter_cls)
+        PATCH.target(COUNTER_CLS).apply_to(self)  # every counter it creates is guarded
         original(self, vllm_config, *args, **kwargs)
         labelnames = ["model_name", "engine", "kind"]
         self._fuzzserve_model_name = vllm_config.model_config.served_model_name
@@ -368,18 +371,45 @@ def _wrap_logger_record(original):
     return record
 
 
-def apply() -> None:
-    from vllm.v1.core.sched.scheduler import Scheduler
-    from vllm.v1.metrics.loggers import PrometheusStatLogger, StatLoggerManager
-    from vllm.v1.metrics.stats import PrefillStats, PromptTokenStats
+_SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+_STATS = "vllm.v1.metrics.stats"
+_LOGGERS = "vllm.v1.metrics.loggers"
+CONNECTOR_REPORT = "vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnectorBase_V1.get_num_new_matched_tokens"
+ALLOCATE_SLOTS = "vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots"
+COUNTER_CLS = f"{_LOGGERS}:PrometheusStatLogger._counter_cls"
 
-    wrap_method(PrefillStats, "set", _wrap_set)
-    wrap_method(PrefillStats, "finalize", _wrap_finalize)
-    wrap_method(Scheduler, "__init__", _wrap_scheduler_init)
-    wrap_method(Scheduler, "_preempt_request", _wrap_preempt)
-    wrap_method(Scheduler, "_update_requests_with_invalid_blocks", _wrap_invalid_blocks)
-    wrap_method(Scheduler, "make_stats", _wrap_make_stats)
-    wrap_method(PromptTokenStats, "update_from_output", _wrap_prompt_token_update)
-    wrap_method(PrometheusStatLogger, "__init__", _wrap_logger_init)
-    wrap_method(PrometheusStatLogger, "record", _wrap_logger_record)
-    wrap_method(StatLoggerManager, "record", _wrap_manager_record)
+PATCH = Patch(__doc__, (
+    Target(f"{_STATS}:PrefillStats.set", "wrap", make=_wrap_set,
+           params=("num_prompt_tokens", "num_local_cached_tokens", "num_external_cached_tokens"),
+           why="clamp instead of asserting (an assert kills EngineCore)"),
+    Target(f"{_STATS}:PrefillStats.finalize", "wrap", make=_wrap_finalize, params=("num_cached_tokens",),
+           why="clamp a negative cached count instead of asserting"),
+    Target(f"{_SCHEDULER}.__init__", "wrap", make=_wrap_scheduler_init, attrs=("connector", "kv_cache_manager"),
+           why="installs the two rebinds below on each scheduler's connector and KV cache manager"),
+    Target(CONNECTOR_REPORT, "rebind", make=_wrap_connector_report, params=("request", "num_computed_tokens"),
+           applied_by=f"{_SCHEDULER}.__init__",
+           why="the connector's matched-token report checked before the scheduler uses it (an impossible one "
+               "becomes 0: recompute), whatever the connector"),
+    Target(ALLOCATE_SLOTS, "rebind", make=_wrap_allocate_slots, params=("request",),
+           keywords=("num_new_computed_tokens", "num_external_computed_tokens"), applied_by=f"{_SCHEDULER}.__init__",
+           why="a request preempted before its first output gets its prefill stats re-taken at re-admission"),
+    Target(f"{_SCHEDULER}._preempt_request", "wrap", make=_wrap_preempt, params=("request",),
+           why="marks a request preempted before its first output, for the re-take at re-admission"),
+    Target(f"{_SCHEDULER}._update_requests_with_invalid_blocks", "wrap", make=_wrap_invalid_blocks,
+           params=("requests", "invalid_block_ids", "num_scheduled_tokens"),
+           why="after invalid-block truncation the request's stats are corrected to what was really loaded"),
+    Target(f"{_SCHEDULER}.make_stats", "wrap", make=_wrap_make_stats,
+           why="ships EngineCore's violation and correction counts to the frontend inside SchedulerStats"),
+    Target(f"{_STATS}:PromptTokenStats.update_from_output", "wrap", make=_wrap_prompt_token_update,
+           params=("prefill_stats",), why="frontend: each request's PrefillStats checked, a bad one sanitized"),
+    Target(f"{_LOGGERS}:PrometheusStatLogger.__init__", "wrap", make=_wrap_logger_init, params=("vllm_config",),
+           attrs=("engine_indexes",), why="guarded counters, and the violations and corrections counters"),
+    Target(COUNTER_CLS, "class_swap", make=guarded_counter_cls, applied_by=f"{_LOGGERS}:PrometheusStatLogger.__init__",
+           why="every counter the logger creates refuses negative or non-finite increments (they raise, and kill "
+               "vLLM's output handler)"),
+    Target(f"{_LOGGERS}:PrometheusStatLogger.record", "wrap", make=_wrap_logger_record,
+           params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
+           why="records the shipped violation and correction counts"),
+    Target(f"{_LOGGERS}:StatLoggerManager.record", "wrap", make=_wrap_manager_record, params=("scheduler_stats",),
+           why="takes EngineCore's counts out of SchedulerStats before any logger sees them"),
+))

@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._framework import logger, wrap_method
+from ._framework import logger
+from .registry import Patch, Target
 
-NAME = "cpu_offload"
 log = logger()
 
 
@@ -208,7 +208,8 @@ def _wrap_get_worker(original):
     return get_worker
 
 
-def apply() -> None:
-    from vllm.v1.kv_offload.cpu.spec import CPUOffloadingSpec
-
-    wrap_method(CPUOffloadingSpec, "get_worker", _wrap_get_worker)
+PATCH = Patch(__doc__, (
+    Target("vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec.get_worker", "wrap", make=_wrap_get_worker,
+           params=("kv_caches",), attrs=("blocks_per_chunk", "num_chunks"),
+           why="on the CPU platform, a host-memory pool with memmove copies instead of upstream's refusal"),
+))

@@ -19,13 +19,21 @@ What it changes
       place each step, one value per scheduled token (prompt and generated
       tokens alike) from the token's request, and notes for the eager fast
       paths whether any token is perturbed and which need noise.
+    * Worker (``vllm.compilation.caching.aot_compile_hash_factors``): adds a
+      fingerprint of this patch's code to the key of vLLM's AOT compile cache.
+    * Every process: ``VLLM_USE_V2_MODEL_RUNNER`` defaults to ``0`` (the hooks
+      above are the V1 runner's).
 
 Why
-    The seed notes (shared/seeds/004_*) found that passing a fresh tensor per
-    step to a compiled model does nothing: the graph keeps reading the address
-    it was traced or captured with. Persistent buffers updated in place, and
-    pure arithmetic with no value-dependent branch, survive torch.compile and
-    CUDA graphs. docs/fuzz.md has the full reasoning.
+    A fresh tensor passed to a compiled model each step does nothing: the
+    graph keeps reading the address it was traced or captured with (seen
+    with torch.compile here; CUDA graphs replay fixed addresses by design).
+    Persistent buffers updated in place, and pure arithmetic with no
+    value-dependent branch, survive torch.compile and CUDA graphs.
+    vLLM's AOT compile cache is keyed before Dynamo runs, without the traced
+    sources, so a graph compiled by stock vLLM would be loaded by a patched
+    engine and silently ignore every fuzz setting: hence the cache key.
+    docs/fuzz.md has the full reasoning.
 
 Upstream
     No upstream issue or PR: this is a project feature, not a bug fix.
@@ -56,14 +64,12 @@ import numpy as np
 import torch
 
 from . import fuzz_math
-from ._framework import logger, wrap_method
+from ._framework import logger
 from .fuzz_params import NEUTRAL, FuzzParamError, FuzzSpec, parse_fuzz_args, parse_or_neutral
+from .registry import Patch, Target
 
-NAME = "fuzz"
 log = logger()
 
-# Attribute names set on the model runner / embedding module.
-_STATE = "_fuzzserve_fuzz"
 
 
 # --------------------------------------------------------------------------
@@ -175,7 +181,8 @@ def _running_eagerly(buffer: torch.Tensor) -> bool:
 
 
 def _fuzzed_class(cls: type) -> type:
-    """A subclass of ``cls`` whose forward perturbs its output (cached per class).
+    """A subclass of ``cls`` whose forward perturbs its output (cached per class): the class swap of the
+    input-embedding module.
 
     Swapping the instance's class (rather than wrapping it in a new module)
     keeps the module where the model expects it, keeps isinstance checks and
@@ -275,7 +282,7 @@ class _RunnerFuzzState:
         module.fuzz_active = False
         module.fuzz_noise_rows = None
         self.module = module
-        module.__class__ = _fuzzed_class(type(module))
+        PATCH.target(EMBEDDING_FORWARD).apply_to(module)
 
     def spec_of(self, runner: Any, req_id: str) -> FuzzSpec:
         spec = self.specs.get(req_id)
@@ -354,16 +361,16 @@ class _RunnerFuzzState:
 
 
 def _install(runner: Any) -> None:
-    if getattr(runner, _STATE, None) is not None:
+    if getattr(runner, "_fuzzserve_fuzz", None) is not None:
         return
     model = runner.get_model() if hasattr(runner, "get_model") else runner.model
     found = find_input_embedding(model, runner.device)
     if found is None:
-        setattr(runner, _STATE, None)
+        runner._fuzzserve_fuzz = None
         return
     name, module = found
     hidden = runner.model_config.get_hidden_size()
-    setattr(runner, _STATE, _RunnerFuzzState(runner, name, module, hidden))
+    runner._fuzzserve_fuzz = _RunnerFuzzState(runner, name, module, hidden)  # the runner's fuzz state
     log.info("fuzz: perturbing the output of %s (%s) in pid %d", name, type(module).__mro__[1].__name__,
              os.getpid())
 
@@ -380,7 +387,7 @@ def _wrap_load_model(original):
 def _wrap_prepare_inputs(original):
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs):
         result = original(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
-        state = getattr(self, _STATE, None)
+        state = getattr(self, "_fuzzserve_fuzz", None)
         if state is not None:
             state.fill(self, num_scheduled_tokens)
         return result
@@ -396,7 +403,7 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     the frontend accepted the argument.
     """
     runner = getattr(worker, "model_runner", worker)
-    state = getattr(runner, _STATE, None)
+    state = getattr(runner, "_fuzzserve_fuzz", None)
     return {
         "pid": os.getpid(),
         "installed": state is not None,
@@ -433,34 +440,38 @@ def _wrap_aot_hash_factors(original):
 # --------------------------------------------------------------------------
 
 
-def apply() -> None:
-    """Install every hook of this patch in the current process (idempotent)."""
-    # The hooks below target the V1 model runner. vLLM 0.32 picks V2 on CUDA
-    # when Triton is present; choose V1 unless the user decided otherwise (then
-    # fuzz requests are refused at the frontend, see _fuzz_unsupported_reason).
-    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
+EMBEDDING_FORWARD = "vllm.model_executor.layers.vocab_parallel_embedding:VocabParallelEmbedding.forward"
+_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+# What the worker reads of the runner (load_model: the buffers; _prepare_inputs: the batch).
+_RUNNER_ATTRS = ("max_num_tokens", "max_num_reqs", "device", "model_config", "_make_buffer", "get_model")
 
-    from vllm.v1.engine.input_processor import InputProcessor
-    from vllm.v1.request import Request
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+PATCH = Patch(__doc__, (
+    # The hooks below target the V1 model runner. vLLM 0.32 picks V2 on CUDA when Triton is present; choose V1
+    # unless the user decided otherwise (then fuzz requests are refused at the frontend, _fuzz_unsupported_reason).
+    Target("vllm.envs:VLLM_USE_V2_MODEL_RUNNER", "env_default", value="0",
+           why="the worker hooks are the V1 model runner's; a user's own choice wins, and then fuzz requests "
+               "are refused"),
+    Target("vllm.compilation.caching:aot_compile_hash_factors", "wrap", make=_wrap_aot_hash_factors,
+           why="the AOT compile cache key gets a fingerprint of this patch's code: a graph compiled by stock "
+               "vLLM would silently ignore every fuzz setting"),
+    Target("vllm.v1.engine.input_processor:InputProcessor._validate_params", "wrap", make=_wrap_validate_params,
+           params=("params", "supported_tasks"), attrs=("vllm_config",),
+           why="frontend: a bad fuzz setting becomes HTTP 400 naming `vllm_xargs.<field>`"),
+    Target("vllm.v1.request:Request.__init__", "wrap", make=_wrap_request_init,
+           keywords=("request_id", "sampling_params", "cache_salt"),
+           why="EngineCore: the fuzz settings salt the request's KV cache keys (no KV shared across perturbations)"),
+    Target(f"{_RUNNER}._prepare_inputs", "wrap", make=_wrap_prepare_inputs,
+           params=("scheduler_output", "num_scheduled_tokens"), attrs=("input_batch", "requests"),
+           why="worker: each step's per-token fuzz values written into the persistent buffers, in place"),
+    Target(f"{_RUNNER}.load_model", "wrap", make=_wrap_load_model, attrs=_RUNNER_ATTRS,
+           why="worker: find the input-embedding module and give it the fuzz buffers"),
+    Target("vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model", "wrap", make=_wrap_load_model,
+           optional=True, why="the same on the CPU runner, which overrides load_model (CUDA builds may not ship it)"),
+    Target(EMBEDDING_FORWARD, "class_swap", make=_fuzzed_class, slot="__class__", params=("input_",),
+           applied_by=f"{_RUNNER}.load_model",
+           why="the module embed_input_ids runs (this class or torch's nn.Embedding) becomes a subclass whose "
+               "forward perturbs its output: no model file edited"),
+))
 
-    import vllm.compilation.caching as compile_caching
 
-    # vLLM's AOT compile cache is keyed before Dynamo runs, without the traced
-    # sources: a graph compiled by stock vLLM (no fuzz) would be loaded by a
-    # patched engine and silently ignore every fuzz setting, which is exactly
-    # the failure the seed notes describe. Our code becomes part of the key.
-    wrap_method(compile_caching, "aot_compile_hash_factors", _wrap_aot_hash_factors)
-    wrap_method(InputProcessor, "_validate_params", _wrap_validate_params)
-    wrap_method(Request, "__init__", _wrap_request_init)
-    wrap_method(GPUModelRunner, "_prepare_inputs", _wrap_prepare_inputs)
-    wrap_method(GPUModelRunner, "load_model", _wrap_load_model)
-    try:
-        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-    except ImportError:  # CUDA builds may not ship the CPU runner's deps
-        CPUModelRunner = None
-    if CPUModelRunner is not None and "load_model" in CPUModelRunner.__dict__:
-        wrap_method(CPUModelRunner, "load_model", _wrap_load_model)
-
-
-__all__ = ["NAME", "apply", "worker_stats", "salted", "find_input_embedding", "NEUTRAL"]
+__all__ = ["PATCH", "worker_stats", "salted", "find_input_embedding", "NEUTRAL"]

@@ -47,10 +47,10 @@ import time
 from collections import deque
 from typing import Any
 
-from ._framework import logger, wrap_method
+from ._framework import logger
 from .fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
+from .registry import Patch, Target
 
-NAME = "kv_faults"
 log = logger()
 
 INJECTIONS_METRIC = "vllm:kv_fault_injections"
@@ -131,10 +131,14 @@ def _wrap_init_worker(original):
         original(self, kv_caches)
         config = _config_of(getattr(self, "vllm_config", None))
         if config.load_failure_rate > 0 or config.load_delay_ms > 0:
-            self.worker = FaultInjectingWorker(self.worker, LoadFaults(config))
+            PATCH.target(OFFLOADING_WORKER).apply_to(self, config)
             log.warning("kv_faults: injecting load faults (%s)", config.model_dump())
 
     return _init_worker
+
+
+def _fault_injecting(worker: Any, config: FaultConfig) -> FaultInjectingWorker:
+    return FaultInjectingWorker(worker, LoadFaults(config))
 
 
 def _wrap_get_block_ids_with_load_errors(original):
@@ -229,13 +233,24 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     return out
 
 
-def apply() -> None:
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import OffloadPromMetrics
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker import OffloadingConnectorWorker
-    from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
+_CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector:OffloadingConnector"
+_WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker:OffloadingConnectorWorker"
+OFFLOADING_WORKER = f"{_WORKER}.worker"
 
-    wrap_method(OffloadingConnectorWorker, "_init_worker", _wrap_init_worker)
-    wrap_method(OffloadingConnector, "get_block_ids_with_load_errors", _wrap_get_block_ids_with_load_errors)
-    wrap_method(OffloadingConnector, "get_num_new_matched_tokens", _wrap_get_num_new_matched_tokens)
-    wrap_method(OffloadingConnector, "get_kv_connector_stats", _wrap_get_kv_connector_stats)
-    wrap_method(OffloadPromMetrics, "__init__", _wrap_prom_metrics_init)
+PATCH = Patch(__doc__, (
+    Target(f"{_WORKER}._init_worker", "wrap", make=_wrap_init_worker, params=("kv_caches",),
+           attrs=("vllm_config", "worker"), why="wraps the offloading worker when load faults are configured"),
+    Target(OFFLOADING_WORKER, "rebind", make=_fault_injecting, applied_by=f"{_WORKER}._init_worker",
+           why="a FaultInjectingWorker around the offloading worker (any platform): failing and delayed loads"),
+    Target(f"{_CONNECTOR}.get_block_ids_with_load_errors", "wrap", make=_wrap_get_block_ids_with_load_errors,
+           attrs=("connector_worker",), why="reports the failed loads' blocks, as a real load failure does"),
+    Target(f"{_CONNECTOR}.get_num_new_matched_tokens", "wrap", make=_wrap_get_num_new_matched_tokens,
+           params=("request", "num_computed_tokens"), attrs=("_vllm_config",),
+           why="lying mode: inconsistent matched-token counts, as a buggy external connector reports"),
+    Target(f"{_CONNECTOR}.get_kv_connector_stats", "wrap", make=_wrap_get_kv_connector_stats,
+           attrs=("connector_worker",), why="ships the injected faults with the connector's own stats"),
+    Target("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics:OffloadPromMetrics.__init__", "wrap",
+           make=_wrap_prom_metrics_init, params=("vllm_config",),
+           attrs=("_offloading_metric_metadata", "_offloading_metric_defs", "_create_metric"),
+           why="registers vllm:kv_fault_injections_total{kind} when faults are configured"),
+))

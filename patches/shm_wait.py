@@ -69,12 +69,10 @@ import os
 import time
 from typing import Any
 
-from ._framework import logger, wrap_method
+from .registry import Patch, Target, on_cpu
 
-NAME = "shm_wait"
 NAP_ENV = "FUZZSERVE_SHM_NAP_S"
 DEFAULT_NAP_S = 0.0002
-log = logger()
 
 
 def nap_seconds(env: dict[str, str] | None = None) -> float:
@@ -105,15 +103,12 @@ def _wrap_wait(original):
     return wait
 
 
-def apply() -> None:
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        return
-    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
-
-    if wrap_method(SpinCondition, "wait", _wrap_wait):
-        log.debug("shm_wait: ring-buffer readers nap %.6f s instead of spinning", nap_seconds())
+PATCH = Patch(__doc__, (
+    Target("vllm.distributed.device_communicators.shm_broadcast:SpinCondition.wait", "wrap", make=_wrap_wait,
+           params=("timeout_ms",), attrs=("is_reader", "last_read", "busy_loop_s"), when=on_cpu,
+           why="a busy reader naps FUZZSERVE_SHM_NAP_S instead of sched_yield, so it does not compete for the "
+               "cores with the process it waits for"),
+))
 
 
 def patch_state(_worker: Any = None) -> dict[str, Any]:

@@ -21,7 +21,7 @@ vllm_stats = pytest.importorskip("vllm.v1.metrics.stats")
 
 from patches import accounting  # noqa: E402
 
-accounting.apply()
+accounting.PATCH.apply()
 PrefillStats, PromptTokenStats = vllm_stats.PrefillStats, vllm_stats.PromptTokenStats
 
 anything = st.one_of(st.integers(-10**12, 10**12), st.floats(allow_nan=True), st.none(), st.text(max_size=3),

@@ -37,7 +37,7 @@ def test_switches():
         fw.disabled_patches(known, {fw.OFF_ENV: "fuzzz"})
 
 
-def test_wrap_method_is_idempotent():
+def test_install_is_idempotent():
     class A:
         def f(self):
             return 1
@@ -49,10 +49,10 @@ def test_wrap_method_is_idempotent():
     def twice(orig):
         return lambda *a: orig(*a) * 2
 
-    assert fw.wrap_method(A, "f", twice) is True
-    assert fw.wrap_method(A, "f", twice) is False
+    assert fw.install(A, "f", twice) is True
+    assert fw.install(A, "f", twice) is False
     assert A().f() == 2
-    assert fw.wrap_method(A, "g", twice) is True and fw.wrap_method(A, "g", twice) is False
+    assert fw.install(A, "g", twice) is True and fw.install(A, "g", twice) is False
     assert A.g() == 4
 
 
@@ -67,21 +67,46 @@ PROBE = """
 import patches, vllm
 from vllm.v1.request import Request
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from patches import _framework as fw
+from patches.registry import patches as all_patches
 patches.register(); patches.register()
 w = Request.__init__
 print("applied", patches.applied(), getattr(w, "__fuzzserve_patched__", False),
       getattr(getattr(w, "__wrapped_original__", None), "__fuzzserve_patched__", False),
       getattr(GPUModelRunner._prepare_inputs, "__fuzzserve_patched__", False))
+for name, patch in all_patches().items():  # every wrap of the registry (docs/patches.md): how often it is in place
+    for t in patch.targets:
+        if t.kind != "wrap":
+            continue
+        if t.when is not None and not t.when():
+            print("WRAP", t.symbol, "not-here")
+            continue
+        obj, times = getattr(t.owner(), t.attr), 0
+        while obj is not None:  # every change stacked on the symbol, down to upstream's function
+            obj = getattr(obj, "__func__", obj)
+            times += getattr(obj, "__fuzzserve_key__", None) == fw.change_key(t.make)
+            obj = getattr(obj, "__wrapped_original__", None)
+        print("WRAP", t.symbol, times)
 """
 
 
+def _wraps(out: str) -> dict[str, str]:
+    return {line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("WRAP")}
+
+
 def test_register_applies_once_and_switches_off():
+    """register() twice applies every wrap of the registry exactly once; with every patch off, none."""
+    from patches.registry import patches as all_patches
+
+    n_wraps = sum(t.kind == "wrap" for p in all_patches().values() for t in p.targets)
     on = _run(PROBE, {fw.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
     assert "applied ['accounting', 'cpu_offload', 'fuzz', 'kv_faults', 'shm_wait'] True False True" in on.stdout
+    assert len(_wraps(on.stdout)) == n_wraps and set(_wraps(on.stdout).values()) <= {"1", "not-here"}
     off = _run(PROBE, {fw.OFF_ENV: "all"})
     assert off.returncode == 0, off.stderr
     assert "applied [] False False False" in off.stdout
+    assert len(_wraps(off.stdout)) == n_wraps and set(_wraps(off.stdout).values()) <= {"0", "not-here"}
 
 
 def test_register_refuses_an_unverified_vllm():

@@ -1,0 +1,288 @@
+"""The registry of every upstream vLLM symbol the patches change: data that the code applies, lists and checks.
+
+Each patch module declares what it changes as a :class:`Patch` named
+``PATCH``: its :class:`Target` s, one per upstream symbol, and its header
+(the module docstring: what, why, upstream issue/PR, versions verified,
+when to remove it). ``patches.register`` applies each enabled patch through
+``PATCH.apply()``; the change itself is always made by
+:func:`patches._framework.install`, which never applies the same change
+twice. So the index below cannot drift from what runs:
+
+* ``python -m patches --list`` prints it (``docs/patches.md`` is that
+  output, and a test keeps them equal);
+* ``python -m patches --check`` checks every target against the installed
+  vLLM (it exists, with the parameters and attributes the patch relies on),
+  and ``python -m patches --check-against DIR`` checks the same against
+  another vLLM source tree (:mod:`patches.upstream_check`), so an upgrade
+  starts from the list of what moved.
+
+Kinds of change:
+
+``wrap``
+    a function or method replaced, for every caller, by a wrapper that calls
+    the original (applied when the patch is).
+``rebind``
+    an attribute of one *object* replaced at run time (a bound method, or a
+    helper object such as the offloading worker), by the wrap named in
+    ``applied_by``. The symbol is where the attribute is defined upstream.
+``class_swap``
+    the class of one object, or a class an object creates things from,
+    replaced at run time by a subclass overriding the named method.
+``env_default``
+    an environment variable vLLM reads, given a default (a user's own value
+    wins).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Literal
+
+from ._framework import install, logger
+
+Kind = Literal["wrap", "rebind", "class_swap", "env_default"]
+KINDS: tuple[Kind, ...] = ("wrap", "rebind", "class_swap", "env_default")
+
+# The sections every patch module's header has, in this order (modelled on vllm-ascend's patch docs).
+HEADER_SECTIONS = ("What it changes", "Why", "Upstream", "Verified on", "Remove when")
+
+
+def on_cpu() -> bool:
+    """The CPU platform (where vLLM runs the model in a separate worker process and spins while it waits)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+@dataclass(frozen=True)
+class Target:
+    """One upstream symbol a patch changes.
+
+    ``symbol`` is ``module:Qualified.name`` (``vllm.v1.request:Request.__init__``;
+    for ``env_default``, ``vllm.envs:NAME``). What the patch relies on, checked
+    against every vLLM it is pointed at: ``params``, the parameters that must
+    come first (after ``self``), in this order (the patch passes them by
+    position); ``keywords``, parameters it passes or reads by name;
+    ``attrs``, attributes of the owning class or its instances it reads.
+    """
+
+    symbol: str
+    kind: Kind
+    why: str
+    make: Callable[..., Any] | None = None  # wrap / rebind: original -> replacement; class_swap: class -> subclass
+    value: str | None = None  # env_default
+    params: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()
+    attrs: tuple[str, ...] = ()
+    applied_by: str | None = None  # rebind / class_swap: the wrap (its symbol) that applies it at run time
+    slot: str | None = None  # rebind / class_swap: the object's attribute replaced, if not the symbol's last name
+    when: Callable[[], bool] | None = None  # applied only where this holds
+    optional: bool = False  # absent in some builds (not importable, or not defined on that class itself): skipped
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"{self.symbol}: unknown kind {self.kind!r}; one of {KINDS}")
+        if ":" not in self.symbol:
+            raise ValueError(f"{self.symbol}: a symbol is 'module:Qualified.name'")
+        if (self.kind == "env_default") != (self.value is not None) or (self.kind == "env_default") == (
+                self.make is not None):
+            raise ValueError(f"{self.symbol}: an env_default has a value and nothing to make; other kinds the reverse")
+        if (self.kind in ("rebind", "class_swap")) != (self.applied_by is not None):
+            raise ValueError(f"{self.symbol}: rebind and class_swap targets (only) name the wrap that applies them")
+
+    @property
+    def module(self) -> str:
+        return self.symbol.split(":", 1)[0]
+
+    @property
+    def qualname(self) -> str:
+        return self.symbol.split(":", 1)[1]
+
+    @property
+    def attr(self) -> str:
+        """The attribute replaced: the symbol's last name (``__class__`` for a class swap of an object)."""
+        return self.qualname.rsplit(".", 1)[-1]
+
+    def owner(self) -> Any:
+        """The module or class that holds the symbol in the installed vLLM (imports it)."""
+        obj: Any = importlib.import_module(self.module)
+        for part in self.qualname.split(".")[:-1]:
+            obj = getattr(obj, part)
+        return obj
+
+    def resolve(self) -> Any:
+        """The symbol's current value in the installed vLLM (a wrapper, if the patch is applied)."""
+        return getattr(self.owner(), self.attr)
+
+    def apply(self) -> bool:
+        """Apply a ``wrap`` or ``env_default`` (the kinds applied with the patch); False if it was already applied,
+        or was skipped (``when`` does not hold, or an ``optional`` symbol is absent)."""
+        if self.applied_by is not None:
+            raise TypeError(f"{self.symbol} is applied at run time by {self.applied_by}, on an object")
+        if self.when is not None and not self.when():
+            return False
+        if self.kind == "env_default":
+            if self.attr in os.environ:
+                return False
+            os.environ[self.attr] = self.value
+            return True
+        try:
+            owner = self.owner()
+        except (ImportError, AttributeError):
+            if self.optional:
+                return False
+            raise
+        if self.optional and isinstance(owner, type) and self.attr not in owner.__dict__:
+            return False
+        return install(owner, self.attr, self.make)
+
+    def apply_to(self, obj: Any, *args: Any) -> bool:
+        """Apply a ``rebind`` or ``class_swap`` to one object (``args`` go to ``make`` after the original)."""
+        if self.applied_by is None:
+            raise TypeError(f"{self.symbol} ({self.kind}) is applied with its patch, not to an object")
+        return install(obj, self.slot or self.attr, self.make, *args)
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One patch module: its header (the module docstring) and its targets."""
+
+    doc: str
+    targets: tuple[Target, ...]
+    module: str = ""
+    header: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "header", parse_header(self.doc))
+
+    @property
+    def name(self) -> str:
+        """The patch's name, from the header's first line (``Patch ``fuzz``: ...``)."""
+        m = re.match(r"Patch ``(\w+)``", self.doc.strip())
+        return m.group(1) if m else ""
+
+    @property
+    def summary(self) -> str:
+        return self.doc.strip().splitlines()[0].split(": ", 1)[-1].rstrip(".")
+
+    def target(self, symbol: str) -> Target:
+        for t in self.targets:
+            if t.symbol == symbol:
+                return t
+        raise KeyError(symbol)
+
+    def apply(self) -> list[str]:
+        """Apply every target of this patch applied with it (wraps, env defaults); the symbols changed now."""
+        changed = [t.symbol for t in self.targets if t.applied_by is None and t.apply()]
+        logger().debug("fuzzserve patch %s: %s", self.name, changed or "already applied")
+        return changed
+
+
+def parse_header(doc: str) -> dict[str, str]:
+    """The sections of a patch module's header: a title at column 0 (it may run over several lines), its text
+    indented below it. Keys are the known titles (:data:`HEADER_SECTIONS`) a title starts with, else the whole
+    title; values the text, unwrapped."""
+    sections: dict[str, str] = {}
+    title: list[str] = []
+    body: list[str] = []
+
+    def close() -> None:
+        if title:
+            text = " ".join(title)
+            sections[next((s for s in HEADER_SECTIONS if text.startswith(s)), text)] = " ".join(body)
+
+    for line in doc.splitlines()[1:]:
+        if not line.strip():
+            continue
+        if line[0].isspace():
+            body.append(line.strip())
+            continue
+        if body:  # a title after a section's text: the next section
+            close()
+            title, body = [], []
+        title.append(line.strip())
+    close()
+    return sections
+
+
+def patches() -> dict[str, Patch]:
+    """Every patch, by name, in the order ``register`` applies them (imports each patch module)."""
+    from . import PATCH_MODULES
+
+    return {name: load(module) for name, module in PATCH_MODULES.items()}
+
+
+def load(module_name: str) -> Patch:
+    module: ModuleType = importlib.import_module(module_name)
+    patch: Patch = module.PATCH
+    if not patch.module:
+        object.__setattr__(patch, "module", module_name)
+    return patch
+
+
+# --------------------------------------------------------------------------- the index
+
+
+def _condition(t: Target) -> str:
+    notes = []
+    if t.when is not None:
+        notes.append(f"only where `{t.when.__name__}()`: {inspect.getdoc(t.when).splitlines()[0]}")
+    if t.optional:
+        notes.append("skipped where absent")
+    if t.applied_by:
+        notes.append(f"applied at run time by the wrap of `{t.applied_by.split(':', 1)[1]}`")
+    if t.kind == "env_default":
+        notes.append(f"default `{t.value}`")
+    return "; ".join(notes)
+
+
+def _relies_on(t: Target) -> str:
+    parts = []
+    if t.params:
+        parts.append("(" + ", ".join(t.params) + ", ...)")
+    if t.keywords:
+        parts.append("by name: " + ", ".join(t.keywords))
+    if t.attrs:
+        parts.append("attributes: " + ", ".join(t.attrs))
+    return "; ".join(parts)
+
+
+def index_markdown(all_patches: dict[str, Patch] | None = None) -> str:
+    """The index of every deviation from upstream vLLM: ``python -m patches --list``, committed as docs/patches.md."""
+    all_patches = patches() if all_patches is None else all_patches
+    from ._framework import VERIFIED_VLLM
+
+    n = sum(len(p.targets) for p in all_patches.values())
+    lines = [
+        "# Every change the patches make to vLLM",
+        "",
+        "Generated by `python -m patches --list > docs/patches.md` from the `PATCH` declarations of the patch "
+        "modules (`patches/registry.py`), which are also what `patches.register()` applies; a test keeps this "
+        "page equal to that output. `python -m patches --check` checks every symbol against the installed "
+        "vLLM, `python -m patches --check-against DIR` against another vLLM source tree (an upgrade starts "
+        "there).",
+        "",
+        f"Verified on vLLM {', '.join(VERIFIED_VLLM)}; {n} symbols in {len(all_patches)} patches. "
+        "Kinds: **wrap** (a function replaced, for every caller, by a wrapper that calls it), **rebind** (an "
+        "attribute of one object replaced at run time), **class_swap** (an object's class, or a class it "
+        "creates things from, replaced by a subclass), **env_default** (a default for a variable vLLM reads).",
+        "",
+        "## Patches",
+        "",
+        "| patch | what | upstream | remove when |",
+        "|---|---|---|---|",
+    ]
+    for name, p in all_patches.items():
+        lines.append(f"| [`{name}`](../{p.module.replace('.', '/')}.py) | {p.summary} | "
+                     f"{p.header.get('Upstream', '')} | {p.header.get('Remove when', '')} |")
+    lines += ["", "## Symbols", "", "| symbol | kind | patch | why | relies on | when |", "|---|---|---|---|---|---|"]
+    for name, p in all_patches.items():
+        for t in p.targets:
+            lines.append(f"| `{t.symbol}` | {t.kind} | {name} | {t.why} | {_relies_on(t)} | {_condition(t)} |")
+    return "\n".join(line.replace("\n", " ") for line in lines) + "\n"
