@@ -3,6 +3,8 @@
     python -m patches --list                 # the index (docs/patches.md is this output)
     python -m patches --check                # every symbol against the installed vLLM; exit 1 if one moved
     python -m patches --check-against DIR    # the same against a vLLM source tree (e.g. an unpacked newer sdist)
+    python -m patches --check-against vllm-0.33.0.tar.gz    # or the sdist itself (`pip download --no-binary :all:
+                                                            # --no-deps vllm==0.33.0`)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="check every symbol against the installed vLLM (imported, and its source read)")
     what.add_argument("--check-against", type=Path, metavar="DIR",
                       help="check every symbol against the vLLM source tree in DIR (DIR/vllm/ or DIR itself the "
-                           "vllm package; nothing is imported from it)")
+                           "vllm package), or in a vLLM sdist (.tar.gz); nothing is imported from it")
     args = ap.parse_args(argv)
 
     from .registry import index_markdown, patches
@@ -31,7 +33,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from .upstream_check import check_installed, check_tree, report
 
-    found = check_installed(patches()) if args.check else check_tree(patches(), args.check_against)
+    try:
+        found = check_installed(patches()) if args.check else check_tree(patches(), args.check_against)
+    except FileNotFoundError as e:
+        sys.stderr.write(f"{e}\n")
+        return 2
     sys.stdout.write(report(found))
     return 1 if any(f.problems for f in found) else 0
 

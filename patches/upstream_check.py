@@ -21,8 +21,11 @@ Each finding lists what moved; an upgrade of vLLM starts from that list.
 from __future__ import annotations
 
 import ast
-import importlib
+import contextlib
 import inspect
+import tarfile
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,23 @@ def package_root(path: Path) -> Path:
     if path.name == "vllm" and (path / "__init__.py").is_file():
         return path.parent
     raise FileNotFoundError(f"{path}: no vllm package there (expected {path / 'vllm' / '__init__.py'})")
+
+
+@contextlib.contextmanager
+def source_root(path: Path) -> Iterator[Path]:
+    """:func:`package_root` of a directory, or of an sdist (``.tar.gz``: its ``vllm/*.py`` unpacked into a
+    temporary directory, removed afterwards)."""
+    path = Path(path)
+    if not (path.is_file() and path.name.endswith((".tar.gz", ".tgz"))):
+        yield package_root(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="vllm-sdist-") as out, tarfile.open(path) as tar:
+        members = [m for m in tar.getmembers() if "/vllm/" in f"/{m.name}" and m.name.endswith(".py")]
+        tar.extractall(out, members=members, filter="data")
+        roots = sorted({p.parent for p in Path(out).rglob("vllm/__init__.py")}, key=lambda p: len(p.parts))
+        if not roots:
+            raise FileNotFoundError(f"{path}: no vllm/__init__.py in it")
+        yield roots[0]
 
 
 @dataclass
@@ -232,17 +252,18 @@ def check_target_in_tree(tree: SourceTree, target: Target) -> Finding:
 
 
 def check_tree(all_patches: dict[str, Patch], root: Path) -> list[Finding]:
-    """Every target of every patch against the vLLM source tree at ``root`` (nothing imported from it)."""
-    tree = SourceTree(root)
+    """Every target of every patch against the vLLM source tree (or sdist) at ``root``; nothing imported from it."""
     out = []
-    for name, patch in all_patches.items():
-        for target in patch.targets:
-            finding = check_target_in_tree(tree, target)
-            finding.patch = name
-            if target.optional and finding.problems:
-                finding.notes += [f"absent, and optional: {p}" for p in finding.problems]
-                finding.problems = []
-            out.append(finding)
+    with source_root(root) as package_dir:
+        tree = SourceTree(package_dir)
+        for name, patch in all_patches.items():
+            for target in patch.targets:
+                finding = check_target_in_tree(tree, target)
+                finding.patch = name
+                if target.optional and finding.problems:
+                    finding.notes += [f"absent, and optional: {p}" for p in finding.problems]
+                    finding.problems = []
+                out.append(finding)
     return out
 
 
