@@ -8,10 +8,11 @@ run, a fuzz sweep through the router, teardown. With ``--url`` it drives an
 existing deployment (metrics from ``--metrics-url`` or Ray's service
 discovery file); only addresses on this machine unless ``--allow-remote``.
 
-Exit code: 0 when the run passed; 1 on any invariant violation, lost
-request, unexpected error, client/server mismatch, unreadable metrics
-endpoint, unplanned replica death or planned fault that did not fire
-(report.md says which); 2 on a usage or set-up error.
+Exit code (``load_tests.results``): 0 when the run passed; 1 on any
+invariant violation, lost request, unexpected error, client/server mismatch,
+unreadable metrics endpoint, unplanned replica death or planned fault that
+did not fire (``RunSummary.failures``: report.md and summary.json say
+which); 2 on a usage or set-up error.
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ import signal
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
+
+from serve_app.routers import ROUTERS
+
+if TYPE_CHECKING:
+    from .client import RequestResult
+    from .monitor import InvariantChecker, Monitor
+    from .results import Fault, RunSummary
 
 log = logging.getLogger("fuzzserve.load_tests")
 
@@ -53,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument("--http-port", type=int, default=None, help="override the config's HTTP port")
     dep.add_argument("--patches-off", default=None,
                      help="FUZZSERVE_PATCHES_OFF for the cluster, for A/B runs (e.g. 'accounting')")
-    dep.add_argument("--routing", choices=("power_of_two", "prefix_affinity", "fuzz_affinity"), default=None)
+    dep.add_argument("--routing", choices=tuple(ROUTERS), default=None,
+                     help="the engine replicas' request router (serve_app.routing; default: the config's)")
     load = ap.add_argument_group("load (overrides the scenario)")
     load.add_argument("--profile", choices=("fixed", "ramp", "poisson"), default=None)
     load.add_argument("--concurrency", type=int, default=None)
@@ -166,8 +176,20 @@ def replica_id(actor: dict[str, Any]) -> str:
     return str(actor.get("name", "")).rsplit("#", 1)[-1]
 
 
-async def run_load(target: Target, sc, args, t0: float):
-    """Drive the load, watch it, wait for quiescence: (results, started, checker, monitor, faults, wall).
+@dataclass
+class LoadRun:
+    """What :func:`run_load` hands back: every request's result and what the monitor saw."""
+
+    results: list[RequestResult]
+    started: int  # requests started, probes included (each ends as a result, or is lost)
+    checker: InvariantChecker
+    monitor: Monitor
+    faults: list[Fault]  # what the run did on purpose (replica kills)
+    wall_s: float
+
+
+async def run_load(target: Target, sc, args, t0: float) -> LoadRun:
+    """Drive the load, watch it, wait for quiescence.
 
     ``args`` needs ``seed``, ``timeout`` and ``no_progress``; the monitor's and the probes' settings default
     to the CLI's (monitoring/e2e.py calls this with only the first three).
@@ -179,7 +201,7 @@ async def run_load(target: Target, sc, args, t0: float):
     from .monitor import InvariantChecker, Monitor
     from .probes import probe_specs
     from .profiles import drive
-    from .summary import Fault
+    from .results import Fault
     from .workload import draw
 
     checker = InvariantChecker(sc.expected_violation_kinds)
@@ -265,7 +287,7 @@ async def run_load(target: Target, sc, args, t0: float):
             # every replica Ray listed during the run and no longer lists, whether or not the data saw it die
             target.listed_dead = sorted(target.ever_listed - set(final))
     loop.remove_signal_handler(signal.SIGINT)
-    return results, started + extra, checker, monitor, faults, wall
+    return LoadRun(results, started + extra, checker, monitor, faults, wall)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -278,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from .fault_evidence import check_planned_faults
     from .report import write_report
+    from .results import EXIT_USAGE
     from .summary import summarize, unexpected_deaths
 
     console = Console()
@@ -285,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         sc = scenario_from(args)
     except ValueError as e:
         console.print(f"[red]bad load settings[/]: {e}")
-        return 2
+        return EXIT_USAGE
     out = args.out or Path("out") / sc.name
     sweep_on = args.sweep if args.sweep is not None else sc.name != "smoke"
     api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
@@ -296,11 +319,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             if not args.allow_remote and not is_local(args.url):
                 console.print(f"[red]{args.url} is not on this machine[/]; pass --allow-remote to load it anyway")
-                return 2
+                return EXIT_USAGE
             if sc.faults or sc.kill_replica_at_s is not None or sc.probes:
                 console.print(f"[red]scenario {sc.name} injects faults or compares with a fault-free deployment "
                               f"at deploy time[/]: run it without --url")
-                return 2
+                return EXIT_USAGE
             if sc.kv_blocks or sc.max_num_seqs:
                 log.info("the scenario's engine settings (KV pool size) apply to local deployments only")
             from .replica_metrics import discover_metrics_urls
@@ -315,14 +338,16 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
                       f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)")
         t0 = time.monotonic()
-        results, started, checker, _monitor, faults, wall = asyncio.run(run_load(target, sc, args, t0))
-        fault_checks = check_planned_faults(sc.planned_faults, checker, faults, accounting_on(args.patches_off))
-        deaths = unexpected_deaths(checker, faults, target.listed_dead)
-        summary = summarize(results, started, checker, faults, wall, sc.slo_obj(), deaths, fault_checks)
-        summary["scenario"] = sc.model_dump() | {"planned_faults": list(sc.planned_faults)}
-        summary["patches_off"] = args.patches_off
+        run = asyncio.run(run_load(target, sc, args, t0))
+        fault_checks = check_planned_faults(sc.planned_faults, run.checker, run.faults,
+                                            accounting_on(args.patches_off))
+        deaths = unexpected_deaths(run.checker, run.faults, target.listed_dead)
+        summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths,
+                            fault_checks)
+        summary.scenario = sc
+        summary.patches_off = args.patches_off
         if sc.probes:
-            add_probe_verdict(summary, reference, results)
+            add_probe_verdict(summary, reference, run.results)
 
         sweep = None
         if sweep_on:
@@ -332,9 +357,9 @@ def main(argv: list[str] | None = None) -> int:
             with console.status("shutting the cluster down"):
                 cluster.close()
     path = write_report(out, f"Load test: {sc.name}" + (f" (patches off: {args.patches_off})" if args.patches_off else ""),
-                        results, summary, checker, sweep)
+                        run.results, summary, run.checker, sweep)
     print_summary(console, summary, path)
-    return 0 if summary["passed"] else 1
+    return summary.exit_code
 
 
 def accounting_on(patches_off: str | None) -> bool:
@@ -371,17 +396,14 @@ def probe_reference(sc, args, out: Path, console, api_key: str | None):
     return {"answers": first, "problems": reference_is_stable(first, second)}
 
 
-def add_probe_verdict(summary: dict[str, Any], reference, results) -> None:
-    from dataclasses import asdict
-
+def add_probe_verdict(summary: RunSummary, reference, results) -> None:
     from .probes import answers, compare
 
     verdict = compare(reference["answers"], answers(results))
-    verdict["problems"] = reference["problems"] + verdict["problems"]
-    verdict["reference"] = [asdict(a) for a in reference["answers"]]
-    summary["probes"] = verdict
-    summary["failures"].extend(f"probes: {p}" for p in verdict["problems"])
-    summary["passed"] = summary["passed"] and not verdict["problems"]
+    verdict.problems = reference["problems"] + verdict.problems
+    verdict.reference = reference["answers"]
+    summary.probes = verdict
+    summary.failures.extend(f"probes: {p}" for p in verdict.problems)
 
 
 def deploy(sc, args, out: Path, console):
@@ -424,24 +446,25 @@ def run_http_sweep(target: Target, args, console):
     return points
 
 
-def print_summary(console, summary: dict[str, Any], path: Path) -> None:
+def print_summary(console, summary: RunSummary, path: Path) -> None:
     from rich.table import Table
 
-    t = Table(title=f"{summary['scenario']['name']}: {'PASSED' if summary['passed'] else 'FAILED'}")
+    name = summary.scenario.name if summary.scenario else "load test"
+    t = Table(title=f"{name}: {'PASSED' if summary.passed else 'FAILED'}")
     t.add_column("")
     t.add_column("")
-    t.add_row("requests", f"{summary['started']} started; " + ", ".join(f"{k} {v}" for k, v in sorted(summary["outcomes"].items())))
-    tp = summary["throughput"]
-    t.add_row("throughput", f"{tp['requests_per_s']:.2f} req/s, {tp['output_tokens_per_s']:.0f} tok/s, "
-                            f"goodput {tp['goodput_requests_per_s']:.2f} req/s")
-    lat = summary["latency_s"]
-    t.add_row("TTFT p50 / p99", " / ".join("-" if lat["ttft"][k] is None else f"{lat['ttft'][k] * 1000:.0f} ms" for k in ("p50", "p99")))
-    inv = summary["invariants"]
-    t.add_row("invariants", f"{inv['scrapes']} scrapes, {inv['violations']} violations {inv['by_kind'] or ''}")
-    t.add_row("replicas", ", ".join(f"{k}{' (dead)' if r['stale'] else ''}" for k, r in summary["replicas"].items()))
-    for c in summary["planned_faults"]:
-        t.add_row(f"fault {c['fault']}", ("[green]fired[/]" if c["ok"] else "[red]not shown[/]") + f": {c['evidence']}")
-    for reason in summary["failures"]:
+    t.add_row("requests", f"{summary.started} started; " + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())))
+    tp = summary.throughput
+    t.add_row("throughput", f"{tp.requests_per_s:.2f} req/s, {tp.output_tokens_per_s:.0f} tok/s, "
+                            f"goodput {tp.goodput_requests_per_s:.2f} req/s")
+    ttft = summary.latency_s.ttft
+    t.add_row("TTFT p50 / p99", " / ".join("-" if v is None else f"{v * 1000:.0f} ms" for v in (ttft.p50, ttft.p99)))
+    inv = summary.invariants
+    t.add_row("invariants", f"{inv.scrapes} scrapes, {inv.violations} violations {inv.by_kind or ''}")
+    t.add_row("replicas", ", ".join(f"{k}{' (dead)' if r.stale else ''}" for k, r in summary.replicas.items()))
+    for c in summary.planned_faults:
+        t.add_row(f"fault {c.fault}", ("[green]fired[/]" if c.ok else "[red]not shown[/]") + f": {c.evidence}")
+    for reason in summary.failures:
         t.add_row("[red]failure[/]", reason)
     console.print(t)
     console.print(f"report: {path}")

@@ -4,7 +4,8 @@ aiohttp rather than httpx here: the generator must not be the bottleneck,
 and aiohttp's client carries thousands of concurrent streams in one process
 with less per-chunk overhead (benchmarks/loadgen_capacity.py measures it).
 
-Every request ends as exactly one :class:`RequestResult` with an ``outcome``:
+Every request ends as exactly one :class:`RequestResult` with an ``outcome``
+(:data:`load_tests.outcomes.Outcome`):
 
 ``ok``
     200 and a complete answer (streams: the ``[DONE]`` event).
@@ -31,15 +32,14 @@ from typing import Any
 
 import aiohttp
 
+from .outcomes import Outcome
 from .workload import RequestSpec
-
-OK_OUTCOMES = ("ok", "cancelled", "rejected")
 
 
 @dataclass
 class RequestResult:
     index: int
-    outcome: str
+    outcome: Outcome
     status: int | None = None
     start: float = 0.0  # seconds since the run started
     ttft: float | None = None

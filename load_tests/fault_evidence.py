@@ -25,8 +25,11 @@ the deployment does not count.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
+
+from pydantic import computed_field
+from pydantic.dataclasses import dataclass
 
 from .replica_metrics import ReplicaCounters
 
@@ -45,18 +48,18 @@ IMPOSSIBLE_LIES = {"lie_negative": "connector_negative", "lie_exceeds_prompt": "
 
 @dataclass
 class FaultCheck:
+    """One planned fault: did it fire (``evidence``), and was it handled (``problems``)."""
+
     fault: str
     fired: bool
     evidence: str
     problems: list[str] = field(default_factory=list)
     per_replica: dict[str, Any] = field(default_factory=dict)
 
+    @computed_field
     @property
     def ok(self) -> bool:
         return self.fired and not self.problems
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self) | {"ok": self.ok}
 
 
 def _delta(now: dict[str, float], before: dict[str, float] | None, keys) -> float:

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from fixture_model.tasks import held_out_examples
 
 from .client import RequestResult
@@ -65,7 +67,22 @@ def answers(results: list[RequestResult]) -> list[ProbeAnswer]:
     return [ProbeAnswer.of(r) for r in results if r.spec.get("tags", {}).get("kind") == "probe"]
 
 
-def compare(reference: list[ProbeAnswer], under_faults: list[ProbeAnswer]) -> dict[str, Any]:
+class ProbeVerdict(BaseModel):
+    """The greedy probes of a run against the fault-free deployment (``RunSummary.probes``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    rounds: int
+    sent: int
+    compared: int
+    equal: int
+    failed: int = Field(description="probes that failed (judged with the other requests, not compared)")
+    differing: list[dict[str, Any]] = Field(description="the first 10 answers that differ, with the reference's")
+    problems: list[str]
+    reference: list[ProbeAnswer] = Field(default_factory=list, description="the fault-free answers")
+
+
+def compare(reference: list[ProbeAnswer], under_faults: list[ProbeAnswer]) -> ProbeVerdict:
     """Every answered probe under faults against the fault-free answer of the same probe."""
     ref = {a.index: a.text for a in reference if a.text is not None}
     differing = [asdict(a) | {"reference": ref[a.index]} for a in under_faults
@@ -79,9 +96,9 @@ def compare(reference: list[ProbeAnswer], under_faults: list[ProbeAnswer]) -> di
                         f"fault-free run (first: probe {differing[0]['index']} at t = {differing[0]['t']:.0f} s)")
     if not compared:
         problems.append("no probe was answered under faults: nothing compared")
-    return {"rounds": len({a.round for a in under_faults}), "sent": len(under_faults), "compared": compared,
-            "equal": compared - len(differing), "failed": sum(a.text is None for a in under_faults),
-            "differing": differing[:10], "problems": problems}
+    return ProbeVerdict(rounds=len({a.round for a in under_faults}), sent=len(under_faults), compared=compared,
+                        equal=compared - len(differing), failed=sum(a.text is None for a in under_faults),
+                        differing=differing[:10], problems=problems)
 
 
 def reference_is_stable(first: list[ProbeAnswer], second: list[ProbeAnswer]) -> list[str]:

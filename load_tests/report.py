@@ -3,7 +3,8 @@
 Files in the output directory:
 
 ``requests.jsonl``   one line per request (spec, outcome, timings)
-``summary.json``     the numbers and the verdict (``load_tests.summary``)
+``summary.json``     the numbers and the verdict: a ``load_tests.results.RunSummary`` (schema:
+                     docs/summary.schema.json)
 ``metrics.jsonl``    every monitor scrape, per replica
 ``report.md``        the human report, with:
 ``latency_cdf.png``  TTFT / TPOT / E2E CDFs
@@ -17,10 +18,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 from .client import RequestResult
+from .invariants import SOURCES
 from .monitor import InvariantChecker
+from .outcomes import OK_OUTCOMES
+from .results import Fault, RunSummary
 
 
 def write_jsonl(path: Path, rows) -> None:
@@ -60,14 +63,14 @@ def plot_latency_cdf(results: list[RequestResult], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_counters(checker: InvariantChecker, path: Path, faults: list[dict[str, Any]]) -> None:
+def plot_counters(checker: InvariantChecker, path: Path, faults: list[Fault]) -> None:
     plt = _plt()
     replicas = sorted({k for s in checker.history for k in s.replicas})
     if not replicas:
         return
     fig, axes = plt.subplots(len(replicas), 1, figsize=(10, 2.8 * len(replicas)), squeeze=False)
     for ax, key in zip(axes[:, 0], replicas):
-        ts, total, parts = [], [], {s: [] for s in ("local_compute", "local_cache_hit", "external_kv_transfer")}
+        ts, total, parts = [], [], {s: [] for s in SOURCES}
         for snap in checker.history:
             rc = snap.replicas.get(key)
             if rc is None:
@@ -83,7 +86,7 @@ def plot_counters(checker: InvariantChecker, path: Path, faults: list[dict[str, 
             if v.replica == key:
                 ax.axvline(v.t, color="red", linestyle=":", alpha=0.6)
         for f in faults:
-            ax.axvline(f["t"], color="orange", linestyle="--", alpha=0.8)
+            ax.axvline(f.t, color="orange", linestyle="--", alpha=0.8)
         ax.set_title(f"replica {key}" + (" (dead: stale series)" if key in checker.stale else ""))
         ax.set_xlabel("s since start")
         ax.legend(fontsize=7, loc="upper left")
@@ -93,12 +96,12 @@ def plot_counters(checker: InvariantChecker, path: Path, faults: list[dict[str, 
     plt.close(fig)
 
 
-def plot_throughput(results: list[RequestResult], path: Path, faults: list[dict[str, Any]]) -> None:
+def plot_throughput(results: list[RequestResult], path: Path, faults: list[Fault]) -> None:
     import numpy as np
 
     plt = _plt()
     ends = [r.start + (r.e2e or 0) for r in results if r.outcome == "ok"]
-    errs = [r.start + (r.e2e or 0) for r in results if r.outcome not in ("ok", "cancelled", "rejected")]
+    errs = [r.start + (r.e2e or 0) for r in results if r.outcome not in OK_OUTCOMES]
     if not ends:
         return
     bins = np.arange(0, max(ends + errs) + 5, 5)
@@ -107,7 +110,7 @@ def plot_throughput(results: list[RequestResult], path: Path, faults: list[dict[
     if errs:
         ax.hist(errs, bins=bins, label="failed", color="red", alpha=0.8)
     for f in faults:
-        ax.axvline(f["t"], color="orange", linestyle="--", label=f["kind"])
+        ax.axvline(f.t, color="orange", linestyle="--", label=f.kind)
     ax.set_xlabel("s since start (5 s bins)")
     ax.set_ylabel("requests")
     ax.legend()
@@ -139,60 +142,61 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
-def markdown(summary: dict[str, Any], title: str, sweep=None, images: list[str] = ()) -> str:
+def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()) -> str:
     lines = [f"# {title}", ""]
-    verdict = "PASSED" if summary["passed"] else "FAILED"
-    lines += [f"**{verdict}**" + ("" if summary["passed"] else ": " + "; ".join(summary["failures"])), ""]
-    t = summary["throughput"]
+    verdict = "PASSED" if summary.passed else "FAILED"
+    lines += [f"**{verdict}**" + ("" if summary.passed else ": " + "; ".join(summary.failures)), ""]
+    t = summary.throughput
     lines += ["## Load", "",
-              f"{summary['started']} requests in {summary['wall_s']:.0f} s; outcomes: "
-              + ", ".join(f"{k} {v}" for k, v in sorted(summary["outcomes"].items())), "",
-              f"- throughput: {t['requests_per_s']:.2f} req/s, {t['output_tokens_per_s']:.1f} output tokens/s",
-              f"- goodput: {t['goodput_requests_per_s']:.2f} req/s meeting {summary['slo']}", "",
+              f"{summary.started} requests in {summary.wall_s:.0f} s; outcomes: "
+              + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())), "",
+              f"- throughput: {t.requests_per_s:.2f} req/s, {t.output_tokens_per_s:.1f} output tokens/s",
+              f"- goodput: {t.goodput_requests_per_s:.2f} req/s meeting {summary.slo.model_dump()}", "",
               "| latency (ms) | p50 | p90 | p95 | p99 | mean |", "|---|---|---|---|---|---|"]
-    for name, p in summary["latency_s"].items():
-        lines.append(f"| {name} | {_ms(p['p50'])} | {_ms(p['p90'])} | {_ms(p['p95'])} | {_ms(p['p99'])} | {_ms(p['mean'])} |")
+    for name, p in summary.latency_s:
+        lines.append(f"| {name} | {_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | {_ms(p.p99)} | {_ms(p.mean)} |")
+    faults = [{"kind": f.kind, "t": f.t, "detail": f.detail} for f in summary.faults]
     lines += ["", "## Errors", "",
-              f"- unexpected, by kind: {summary['errors_by_kind'] or 'none'}",
-              f"- unexpected, most common messages: {summary['errors_by_message'] or 'none'}",
-              f"- explained by injected faults: {summary['errors_explained_by_faults'] or 'none'}",
-              f"- bad requests sent {summary['bad_requests']['sent']}, refused naming the field "
-              f"{summary['bad_requests']['rejected_naming_the_field']}",
-              f"- faults injected: {summary['faults'] or 'none'}", ""]
-    if summary["first_unexpected_errors"]:
+              f"- unexpected, by kind: {summary.errors_by_kind or 'none'}",
+              f"- unexpected, most common messages: {summary.errors_by_message or 'none'}",
+              f"- explained by injected faults: {summary.errors_explained_by_faults or 'none'}",
+              f"- bad requests sent {summary.bad_requests.sent}, refused naming the field "
+              f"{summary.bad_requests.rejected_naming_the_field}",
+              f"- faults injected: {faults or 'none'}", ""]
+    if summary.first_unexpected_errors:
         lines += ["First unexpected error:", "", "```json",
-                  json.dumps(summary["first_unexpected_errors"][0], indent=1)[:3000], "```", ""]
-    if summary["planned_faults"]:
+                  json.dumps(summary.first_unexpected_errors[0], indent=1)[:3000], "```", ""]
+    if summary.planned_faults:
         lines += ["## Planned faults", "", "| fault | fired | shown | evidence | problems |", "|---|---|---|---|---|"]
-        lines += [f"| {c['fault']} | {c['fired']} | {'yes' if c['ok'] else '**no**'} | {c['evidence']} | "
-                  f"{'; '.join(c['problems']) or '-'} |" for c in summary["planned_faults"]]
+        lines += [f"| {c.fault} | {c.fired} | {'yes' if c.ok else '**no**'} | {c.evidence} | "
+                  f"{'; '.join(c.problems) or '-'} |" for c in summary.planned_faults]
         lines.append("")
-    lines += [f"Replicas that died without the run killing them: {summary['unexpected_replica_deaths'] or 'none'}", ""]
-    if summary.get("probes"):
-        p = summary["probes"]
+    lines += [f"Replicas that died without the run killing them: {summary.unexpected_replica_deaths or 'none'}", ""]
+    if summary.probes:
+        p = summary.probes
         lines += ["## Greedy probes under faults vs the fault-free deployment", "",
-                  f"{p['rounds']} rounds, {p['sent']} probes sent, {p['compared']} answered and compared, "
-                  f"{p['equal']} equal to the fault-free answer, {p['failed']} failed (judged with the other "
-                  f"requests); problems: {'; '.join(p['problems']) or 'none'}", ""]
-    inv = summary["invariants"]
+                  f"{p.rounds} rounds, {p.sent} probes sent, {p.compared} answered and compared, "
+                  f"{p.equal} equal to the fault-free answer, {p.failed} failed (judged with the other "
+                  f"requests); problems: {'; '.join(p.problems) or 'none'}", ""]
+    inv = summary.invariants
     lines += ["## Counter invariants", "",
-              f"{inv['scrapes']} scrapes (scrape time p50 {_ms(inv['scrape_seconds']['p50'])} ms, max "
-              f"{_ms(inv['scrape_seconds']['p99'])} ms; failed scrapes {inv['failed_scrapes']}); violations: {inv['violations']} {inv['by_kind'] or ''}; "
-              f"accounting violations expected from injected faults: {inv['expected_accounting_violations'] or 'none'}", ""]
-    if inv["first_violation"]:
-        lines += ["First violation, full context:", "", "```json", json.dumps(inv["first_violation"], indent=1)[:4000],
-                  "```", ""]
+              f"{inv.scrapes} scrapes (scrape time p50 {_ms(inv.scrape_seconds.p50)} ms, max "
+              f"{_ms(inv.scrape_seconds.p99)} ms; failed scrapes {inv.failed_scrapes}); violations: {inv.violations} {inv.by_kind or ''}; "
+              f"accounting violations expected from injected faults: {inv.expected_accounting_violations or 'none'}", ""]
+    if inv.first_violation:
+        lines += ["First violation, full context:", "", "```json",
+                  json.dumps(asdict(inv.first_violation), indent=1, default=str)[:4000], "```", ""]
     lines += ["| replica | node | stale | prompt_tokens | local_compute | local_cache_hit | external_kv_transfer "
               "| finished | violations | corrections |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for k, r in sorted(summary["replicas"].items()):
-        bs = r["by_source"]
-        lines.append(f"| {k} | {r['node']} | {r['stale']} | {r['prompt_tokens']:g} | {bs.get('local_compute', 0):g} | "
+    for k, r in sorted(summary.replicas.items()):
+        bs = r.by_source
+        lines.append(f"| {k} | {r.node} | {r.stale} | {r.prompt_tokens:g} | {bs.get('local_compute', 0):g} | "
                      f"{bs.get('local_cache_hit', 0):g} | {bs.get('external_kv_transfer', 0):g} | "
-                     f"{sum(r['requests_finished'].values()):g} | {r['violations'] or 0} | {r['corrections'] or 0} |")
-    cs = summary["client_server"]
-    lines += ["", f"Client/server: clients got {cs['client_ok']} complete answers and cancelled {cs['client_cancelled']}; "
-              f"engines completed {cs['engine_completed']:g} and finished {cs['engine_finished']:g} in all "
-              f"({cs['sent_past_router']} requests got past the router). {cs.get('note', '')}", ""]
+                     f"{sum(r.requests_finished.values()):g} | {r.violations or 0} | {r.corrections or 0} |")
+    cs = summary.client_server
+    lines += ["", f"Client/server: clients got {cs.client_ok} complete answers and cancelled {cs.client_cancelled}; "
+              f"engines completed {cs.engine_completed:g} and finished {cs.engine_finished:g} in all "
+              f"({cs.sent_past_router} requests got past the router). {cs.note or ''}", ""]
     if sweep:
         lines += ["## Fuzz sweep (greedy, through the router)", "",
                   "| mode | fuzz_strength | accuracy | outputs changed | token divergence |", "|---|---|---|---|---|"]
@@ -203,21 +207,21 @@ def markdown(summary: dict[str, Any], title: str, sweep=None, images: list[str] 
     return "\n".join(lines) + "\n"
 
 
-def write_report(out: Path, title: str, results: list[RequestResult], summary: dict[str, Any],
+def write_report(out: Path, title: str, results: list[RequestResult], summary: RunSummary,
                  checker: InvariantChecker, sweep=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "requests.jsonl", (r.to_json() for r in results))
     write_jsonl(out / "metrics.jsonl", ({"t": s.t, "replicas": {k: asdict(rc) for k, rc in s.replicas.items()},
                                          "errors": s.errors, "duplicates": s.duplicates}
                                         for s in checker.history))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    (out / "summary.json").write_text(summary.model_dump_json(indent=2))
     images = []
     plot_latency_cdf(results, out / "latency_cdf.png")
     images.append("latency_cdf.png")
-    plot_throughput(results, out / "throughput.png", summary["faults"])
+    plot_throughput(results, out / "throughput.png", summary.faults)
     if (out / "throughput.png").exists():
         images.append("throughput.png")
-    plot_counters(checker, out / "counters.png", summary["faults"])
+    plot_counters(checker, out / "counters.png", summary.faults)
     if (out / "counters.png").exists():
         images.append("counters.png")
     if sweep:

@@ -16,16 +16,34 @@ planned fault shows in the data (:mod:`load_tests.fault_evidence`).
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from patches.fault_config import FaultConfig
 
 from .fault_evidence import LYING_CONNECTOR_KINDS
 from .profiles import Profile
-from .summary import Slo
 from .workload import Mix
+
+if TYPE_CHECKING:
+    from .client import RequestResult
+
+
+class Slo(BaseModel):
+    """Latency targets for goodput (a request counts only if it meets every set target)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_s: float | None = 2.0
+    tpot_s: float | None = 0.2
+    e2e_s: float | None = None
+
+    def met(self, r: RequestResult) -> bool:
+        return (r.outcome == "ok"
+                and (self.ttft_s is None or (r.ttft is not None and r.ttft <= self.ttft_s))
+                and (self.tpot_s is None or r.tpot is None or r.tpot <= self.tpot_s)
+                and (self.e2e_s is None or (r.e2e is not None and r.e2e <= self.e2e_s)))
 
 
 class Scenario(BaseModel):
@@ -35,7 +53,7 @@ class Scenario(BaseModel):
     description: str
     profile: Profile
     mix: Mix = Field(default_factory=Mix)
-    slo: dict[str, float | None] = Field(default_factory=lambda: {"ttft_s": 2.0, "tpot_s": 0.2, "e2e_s": None})
+    slo: Slo = Field(default_factory=Slo)
     faults: dict[str, Any] | None = Field(None, description="kv_faults FaultConfig for every engine")
     kv_blocks: int | None = Field(None, description="num_gpu_blocks_override: a small KV pool forces preemption")
     max_num_seqs: int | None = None
@@ -51,6 +69,20 @@ class Scenario(BaseModel):
             FaultConfig.model_validate(v)  # a misspelt key fails here, not in every engine at deploy time
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _planned_faults_are_derived(cls, data: Any) -> Any:
+        """A dumped scenario carries ``planned_faults`` (for its reader); reading it back, it must be what the
+        settings give (it is never a setting of its own)."""
+        if isinstance(data, dict) and "planned_faults" in data:
+            data = dict(data)
+            given = tuple(data.pop("planned_faults"))
+            derived = cls.model_validate(data).planned_faults
+            if given != derived:
+                raise ValueError(f"planned_faults {given} is derived from the settings, which give {derived}")
+        return data
+
+    @computed_field
     @property
     def planned_faults(self) -> tuple[str, ...]:
         """The faults this scenario injects, each of which the verdict requires to fire."""
@@ -64,9 +96,6 @@ class Scenario(BaseModel):
     def expected_violation_kinds(self) -> tuple[str, ...]:
         """Accounting violations the planned faults cause (tallied, not failures)."""
         return LYING_CONNECTOR_KINDS if "lying_connector" in self.planned_faults else ()
-
-    def slo_obj(self) -> Slo:
-        return Slo(**self.slo)
 
     def engine_overrides(self, engine_kwargs: dict[str, Any]) -> dict[str, Any]:
         """The replicas' engine_kwargs for this scenario (faults need an explicit connector config)."""
@@ -87,7 +116,7 @@ class Scenario(BaseModel):
 
 
 CHAOS_FAULTS = {"seed": 7, "load_failure_rate": 0.1, "load_delay_ms": 3, "lying_rate": 0.1}
-LOADED_SLO = {"ttft_s": 10.0, "tpot_s": 1.0, "e2e_s": None}  # 256 streams on 2 cores
+LOADED_SLO = Slo(ttft_s=10.0, tpot_s=1.0, e2e_s=None)  # 256 streams on 2 cores
 
 CHAOS = Scenario(
     name="chaos",

@@ -1,7 +1,8 @@
 """Turn per-request results and the monitor's findings into a verdict and the numbers a report shows.
 
 Pure functions over :class:`~load_tests.client.RequestResult` lists and an
-:class:`~load_tests.monitor.InvariantChecker`; no I/O.
+:class:`~load_tests.monitor.InvariantChecker`; no I/O. The result is a
+:class:`~load_tests.results.RunSummary` (``summary.json``).
 
 The verdict fails a run on any of:
 
@@ -30,56 +31,38 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .client import RequestResult
 from .monitor import InvariantChecker
+from .outcomes import FAILURE_OUTCOMES, LOST_OUTCOMES
 from .replica_metrics import ReplicaCounters
+from .results import (BadRequestProblem, BadRequests, ClientServer, Fault, Invariants, Latency, Percentiles,
+                      ReplicaRecord, RunSummary, Throughput)
+from .scenarios import Slo
 
 if TYPE_CHECKING:
     from .fault_evidence import FaultCheck
 
-FAILURE_OUTCOMES = ("unexpected_4xx", "unexpected_ok", "server_error", "stream_error", "transport_error",
-                    "truncated", "timeout")
-LOST_OUTCOMES = ("truncated", "timeout", "lost")
+__all__ = ["Fault", "Slo", "percentiles", "summarize", "server_cross_check", "unexpected_deaths",
+           "explained_by_fault", "bad_request_problems", "error_signature"]
+
 PERCENTILES = (50, 90, 95, 99)
 # After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
 # replica die and stop routing to it).
 KILL_GRACE_S = 30.0
 
 
-@dataclass
-class Slo:
-    """Latency targets for goodput (a request counts only if it meets every set target)."""
-
-    ttft_s: float | None = 2.0
-    tpot_s: float | None = 0.2
-    e2e_s: float | None = None
-
-    def met(self, r: RequestResult) -> bool:
-        return (r.outcome == "ok"
-                and (self.ttft_s is None or (r.ttft is not None and r.ttft <= self.ttft_s))
-                and (self.tpot_s is None or r.tpot is None or r.tpot <= self.tpot_s)
-                and (self.e2e_s is None or (r.e2e is not None and r.e2e <= self.e2e_s)))
-
-
-@dataclass
-class Fault:
-    """Something the run did on purpose (a replica kill), to explain the errors it causes."""
-
-    kind: str
-    t: float  # seconds since the run started
-    detail: dict[str, Any] = field(default_factory=dict)
-
-
-def percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {f"p{p}": None for p in PERCENTILES} | {"mean": None}
+def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
+    """``{"p50": ..., ..., "mean": ...}`` of ``values`` (None each when there are none): every latency figure
+    of the load tests and the benchmarks."""
+    if not len(values):
+        return {f"p{p}": None for p in points} | {"mean": None}
     arr = np.asarray(values, dtype=float)
-    return {f"p{p}": float(np.percentile(arr, p)) for p in PERCENTILES} | {"mean": float(arr.mean())}
+    return {f"p{p}": float(np.percentile(arr, p)) for p in points} | {"mean": float(arr.mean())}
 
 
 def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = KILL_GRACE_S) -> bool:
@@ -88,7 +71,7 @@ def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = K
     return any(f.kind == "replica_kill" and r.start <= f.t + grace_s and end >= f.t for f in faults)
 
 
-def bad_request_problems(results: list[RequestResult]) -> list[dict[str, Any]]:
+def bad_request_problems(results: list[RequestResult]) -> list[BadRequestProblem]:
     """Rejected bad requests whose error does not carry the expected status or name the field."""
     problems = []
     for r in results:
@@ -97,13 +80,13 @@ def bad_request_problems(results: list[RequestResult]) -> list[dict[str, Any]]:
         want_status, want_param = r.spec.get("expect_status"), r.spec.get("expect_param")
         named = want_param is None or r.error_param == want_param or (want_param in (r.error or ""))
         if (want_status and r.status != want_status) or not named:
-            problems.append({"index": r.index, "status": r.status, "want_status": want_status,
-                             "want_param": want_param, "error_param": r.error_param, "error": r.error})
+            problems.append(BadRequestProblem(index=r.index, status=r.status, want_status=want_status,
+                                              want_param=want_param, error_param=r.error_param, error=r.error))
     return problems
 
 
 def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCounters],
-                       replicas_died: bool, baseline: dict[str, ReplicaCounters] | None = None) -> dict[str, Any]:
+                       replicas_died: bool, baseline: dict[str, ReplicaCounters] | None = None) -> ClientServer:
     """Compare what the clients saw complete with what the engines counted as finished.
 
     Each request that reaches an engine finishes there exactly once (stop,
@@ -126,19 +109,19 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
     sent_to_engines = sum(r.outcome not in ("rejected",) for r in results)
     completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
     finished = sum(delta(k, rc, None) for k, rc in final.items())
-    out = {"client_ok": ok, "client_cancelled": cancelled, "engine_completed": completed,
-           "engine_finished": finished, "sent_past_router": sent_to_engines, "problems": []}
+    out = ClientServer(client_ok=ok, client_cancelled=cancelled, engine_completed=completed,
+                       engine_finished=finished, sent_past_router=sent_to_engines)
     if replicas_died:
         # A dead replica's last export can lag its last completions by a few
         # seconds, so only the upper bound is sound.
-        out["note"] = "a replica died: only engine_finished <= sent_past_router is checked"
+        out.note = "a replica died: only engine_finished <= sent_past_router is checked"
     elif completed < ok:
-        out["problems"].append(f"engines completed {completed:g} requests but clients received {ok} complete answers")
+        out.problems.append(f"engines completed {completed:g} requests but clients received {ok} complete answers")
     elif completed > ok + cancelled:
-        out["problems"].append(f"engines completed {completed:g} requests, more than the {ok} complete + "
-                               f"{cancelled} cancelled the clients saw")
+        out.problems.append(f"engines completed {completed:g} requests, more than the {ok} complete + "
+                            f"{cancelled} cancelled the clients saw")
     if finished > sent_to_engines:
-        out["problems"].append(f"engines finished {finished:g} requests but only {sent_to_engines} got past the router")
+        out.problems.append(f"engines finished {finished:g} requests but only {sent_to_engines} got past the router")
     return out
 
 
@@ -155,8 +138,7 @@ def unexpected_deaths(checker: InvariantChecker, faults: list[Fault], listed_dea
 
 
 def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
-              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()
-              ) -> dict[str, Any]:
+              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()) -> RunSummary:
     """``deaths``: replicas that died without the run killing them (:func:`unexpected_deaths`)."""
     outcomes = Counter(r.outcome for r in results)
     lost = started - len(results)
@@ -173,51 +155,56 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
         f.kind == "replica_kill" for f in faults) or deaths), baseline=baseline)
     bad = bad_request_problems(results)
     out_tokens = sum(r.completion_tokens or r.chunks for r in ok)
-    summary = {
-        "wall_s": wall_s,
-        "started": started,
-        "outcomes": dict(outcomes),
-        "throughput": {"requests_per_s": len(ok) / wall_s if wall_s else 0.0,
-                       "output_tokens_per_s": out_tokens / wall_s if wall_s else 0.0,
-                       "goodput_requests_per_s": sum(slo.met(r) for r in results) / wall_s if wall_s else 0.0},
-        "slo": vars(slo),
-        "latency_s": {"ttft": percentiles([r.ttft for r in ok if r.ttft is not None]),
-                      "itl": percentiles([x for r in ok for x in r.itl]),
-                      "tpot": percentiles([r.tpot for r in ok if r.tpot is not None]),
-                      "e2e": percentiles([r.e2e for r in ok if r.e2e is not None])},
-        "errors_by_kind": dict(Counter(r.outcome for r in unexplained)),
-        "errors_by_message": dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
-        "errors_explained_by_faults": dict(Counter(r.outcome for r in explained)),
-        "first_unexpected_errors": [r.to_json() for r in unexplained[:5]],
-        "bad_requests": {"sent": sum(r.spec.get("expect") == "4xx" for r in results),
-                         "rejected_naming_the_field": sum(r.outcome == "rejected" for r in results) - len(bad),
-                         "problems": bad[:10]},
-        "faults": [vars(f) for f in faults],
-        "invariants": {"ok": checker.ok, "violations": len(checker.violations),
-                       "by_kind": dict(Counter(v.kind for v in checker.violations)),
-                       "first_violation": checker.violations[0].to_json() if checker.violations else None,
-                       "expected_accounting_violations": checker.expected_violations,
-                       "scrapes": len(checker.history), "scrape_errors": checker.scrape_errors[:10],
-                       "failed_scrapes": len(checker.scrape_errors),
-                       "scrape_seconds": percentiles([h.scrape_s for h in checker.history[1:-1]]),
-                       "first_scrape_t": checker.history[0].t if checker.history else None,
-                       "last_scrape_t": checker.history[-1].t if checker.history else None},
-        "replicas": {k: {"stale": k in checker.stale, "died_at": checker.deaths.get(k),
-                         "first_alive_at": checker.first_alive.get(k), "node": rc.node,
-                         "prompt_tokens": rc.prompt_tokens, "by_source": rc.by_source,
-                         "requests_finished": rc.requests_finished, "preemptions": rc.preemptions,
-                         "violations": rc.violations, "corrections": rc.corrections, "injections": rc.injections}
-                     for k, rc in final.items()},
-        "unexpected_replica_deaths": deaths,
-        "planned_faults": [c.to_json() for c in fault_checks],
-        "client_server": cross,
-    }
-    reasons = []
+
+    def rate(n: float) -> float:
+        return n / wall_s if wall_s else 0.0
+
+    summary = RunSummary(
+        wall_s=wall_s,
+        started=started,
+        outcomes=dict(outcomes),
+        throughput=Throughput(requests_per_s=rate(len(ok)), output_tokens_per_s=rate(out_tokens),
+                              goodput_requests_per_s=rate(sum(slo.met(r) for r in results))),
+        slo=slo,
+        latency_s=Latency(ttft=Percentiles(**percentiles([r.ttft for r in ok if r.ttft is not None])),
+                          itl=Percentiles(**percentiles([x for r in ok for x in r.itl])),
+                          tpot=Percentiles(**percentiles([r.tpot for r in ok if r.tpot is not None])),
+                          e2e=Percentiles(**percentiles([r.e2e for r in ok if r.e2e is not None]))),
+        errors_by_kind=dict(Counter(r.outcome for r in unexplained)),
+        errors_by_message=dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
+        errors_explained_by_faults=dict(Counter(r.outcome for r in explained)),
+        first_unexpected_errors=[r.to_json() for r in unexplained[:5]],
+        bad_requests=BadRequests(sent=sum(r.spec.get("expect") == "4xx" for r in results),
+                                 rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),
+                                 problems=bad[:10]),
+        faults=faults,
+        invariants=Invariants(
+            ok=checker.ok, violations=len(checker.violations),
+            by_kind=dict(Counter(v.kind for v in checker.violations)),
+            first_violation=checker.violations[0] if checker.violations else None,
+            expected_accounting_violations=checker.expected_violations,
+            scrapes=len(checker.history), scrape_errors=checker.scrape_errors[:10],
+            failed_scrapes=len(checker.scrape_errors),
+            scrape_seconds=Percentiles(**percentiles([h.scrape_s for h in checker.history[1:-1]])),
+            first_scrape_t=checker.history[0].t if checker.history else None,
+            last_scrape_t=checker.history[-1].t if checker.history else None),
+        replicas={k: ReplicaRecord(stale=k in checker.stale, died_at=checker.deaths.get(k),
+                                   first_alive_at=checker.first_alive.get(k), node=rc.node,
+                                   prompt_tokens=rc.prompt_tokens, by_source=rc.by_source,
+                                   requests_finished=rc.requests_finished, preemptions=rc.preemptions,
+                                   violations=rc.violations, corrections=rc.corrections, injections=rc.injections)
+                  for k, rc in final.items()},
+        unexpected_replica_deaths=deaths,
+        planned_faults=list(fault_checks),
+        client_server=cross,
+        failures=[],
+    )
+    reasons = summary.failures
     if not checker.ok:
         first = {}
         for v in checker.violations:
             first.setdefault(v.kind, v)
-        reasons.append(f"{len(checker.violations)} invariant violation(s): {summary['invariants']['by_kind']}; "
+        reasons.append(f"{len(checker.violations)} invariant violation(s): {summary.invariants.by_kind}; "
                        + "; ".join(f"first {k} at t = {v.t:.0f} s: {v.message}" for k, v in first.items()))
     lost_n = lost + sum(r.outcome in LOST_OUTCOMES for r in unexplained)
     if lost_n:
@@ -225,12 +212,11 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
                        f"planned fault)")
     if unexplained:
         common = Counter(error_signature(r) for r in unexplained).most_common(3)
-        reasons.append(f"{len(unexplained)} unexpected error(s): {summary['errors_by_kind']}; most common: "
+        reasons.append(f"{len(unexplained)} unexpected error(s): {summary.errors_by_kind}; most common: "
                        + "; ".join(f"({n}x) {sig}" for sig, n in common))
     if bad:
         reasons.append(f"{len(bad)} bad request(s) refused without naming the field")
-    if cross["problems"]:
-        reasons.extend(cross["problems"])
+    reasons.extend(cross.problems)
     if deaths:
         when = {k: checker.deaths.get(k) for k in deaths}
         reasons.append("replica(s) died without the run killing them: " + ", ".join(
@@ -242,6 +228,4 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
         reasons.extend(f"planned fault {c.fault}: {p}" for p in c.problems)
     if not ok:
         reasons.append("no request completed")
-    summary["passed"] = not reasons
-    summary["failures"] = reasons
     return summary

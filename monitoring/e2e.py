@@ -40,6 +40,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -174,11 +175,10 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
         recorder = AlertRecorder(prom, t0)
         recorder.start()
         load_args = argparse.Namespace(seed=0, timeout=300.0, no_progress=True)
-        results, n_started, checker, _monitor, faults, wall = asyncio.run(
-            run_load(Target(cluster.base_url, cluster.metrics_urls, None, cluster), sc, load_args, t0))
+        run = asyncio.run(run_load(Target(cluster.base_url, cluster.metrics_urls, None, cluster), sc, load_args, t0))
         load_end = time.monotonic() - t0
         log.info("load done after %.0f s; %d requests; holding the cluster at rest for %.0f s", load_end,
-                 n_started, settle_s)
+                 run.started, settle_s)
         time.sleep(settle_s)
         recorder.poll()
         targets = prom.api("targets")["activeTargets"]
@@ -193,9 +193,10 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
     passed = bool(judged) if patches == "off" else not judged
     result = {
         "patches": patches, "passed": passed, "fired": fired, "judged_alerts_fired": judged,
-        "alerts": alerts, "load": {"requests": n_started, "outcomes": _outcomes(results), "load_s": round(wall, 1),
-                                   "load_end_s": round(load_end, 1), "faults": [f.__dict__ for f in faults],
-                                   "load_test_invariant_violations": len(checker.violations)},
+        "alerts": alerts, "load": {"requests": run.started, "outcomes": _outcomes(run.results),
+                                   "load_s": round(run.wall_s, 1), "load_end_s": round(load_end, 1),
+                                   "faults": [asdict(f) for f in run.faults],
+                                   "load_test_invariant_violations": len(run.checker.violations)},
         "targets": [{"url": t["scrapeUrl"], "health": t["health"], "lastError": t["lastError"]} for t in targets],
         "scenario": sc.model_dump(), "settle_s": settle_s, "interval_s": interval_s,
         "took_s": round(time.monotonic() - started, 1),

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from .guard import GuardConfig
-from .routing import BODY_AWARE, ROUTERS, Routing
+from .routers import BODY_AWARE, ROUTERS, Routing
 
 
 class FuzzServeArgs(BaseModel):

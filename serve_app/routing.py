@@ -45,7 +45,7 @@ from __future__ import annotations
 import hashlib
 import math
 import time
-from typing import Any, Literal
+from typing import Any
 
 from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
 
@@ -53,16 +53,6 @@ from patches.fuzz_params import parse_or_neutral
 
 from .ray_internals import probe_queue_lens
 
-Routing = Literal["power_of_two", "round_robin", "prefix_affinity", "fuzz_affinity"]
-# routing name -> the engine deployment's request_router_config
-ROUTERS: dict[str, dict[str, str]] = {
-    "power_of_two": {},  # Serve's default RequestRouterConfig
-    "round_robin": {"request_router_class": "ray.serve.experimental.round_robin_router.RoundRobinRouter"},
-    "prefix_affinity": {"request_router_class": "ray.serve.llm.request_router.PrefixCacheAffinityRouter"},
-    "fuzz_affinity": {"request_router_class": "serve_app.routing.FuzzAffinityRouter"},
-}
-# Routers that decide on the request body (on the direct path they need it forwarded).
-BODY_AWARE = frozenset({"prefix_affinity", "fuzz_affinity"})
 
 # About one 128-token KV block of the CPU platform at ~2-4 characters per token.
 DEFAULT_PREFIX_CHARS = 512

@@ -81,6 +81,11 @@ def test_a_healthy_target_passes(tmp_path):
     assert set(summary["replicas"]) == {"echo-0", "echo-1"} and summary["outcomes"]["ok"] > 20
     cs = summary["client_server"]
     assert cs["problems"] == [] and "note" not in cs, "no replica died: the cross-check is exact"
+    # summary.json is a RunSummary (docs/summary.schema.json): it reads back as one, unchanged
+    from load_tests.results import RunSummary
+
+    again = RunSummary.model_validate_json((tmp_path / "summary.json").read_text())
+    assert again.model_dump(mode="json") == summary and again.exit_code == code
 
 
 @pytest.mark.parametrize("fault", sorted(EXPECTED))

@@ -194,8 +194,8 @@ def test_an_unplanned_death_fails_the_run_and_is_named():
     dead = {"r1": rc(finished={"length": 1.0}), "r2": rc("r2", alive=False, finished={"length": 0.5})}
     c = run([alive, alive, dead, dead])
     s = summarize([result(0, "ok")], 1, c, [], 10.0, Slo(), unexpected_deaths(c, []))
-    assert not s["passed"] and any("r2 (seen dead from t = 2 s)" in f for f in s["failures"])
-    assert s["client_server"].get("note"), "with a death only the upper bound is sound"
+    assert not s.passed and any("r2 (seen dead from t = 2 s)" in f for f in s.failures)
+    assert s.client_server.note, "with a death only the upper bound is sound"
 
 
 # ---------------------------------------------------------------- requests and the verdict
@@ -210,13 +210,13 @@ def result(i, outcome, start=0.0, e2e=1.0, **kw):
 def test_cross_check_client_against_engine_counters():
     res = [result(0, "ok"), result(1, "ok"), result(2, "cancelled"), result(3, "rejected")]
     good = {"r1": rc(finished={"length": 2.0, "abort": 1.0})}
-    assert server_cross_check(res, good, False)["problems"] == []
+    assert server_cross_check(res, good, False).problems == []
     lost = {"r1": rc(finished={"length": 1.0})}
-    assert "clients received 2" in server_cross_check(res, lost, False)["problems"][0]
+    assert "clients received 2" in server_cross_check(res, lost, False).problems[0]
     extra = {"r1": rc(finished={"length": 4.0})}
-    assert server_cross_check(res, extra, False)["problems"], "more completions than requests"
+    assert server_cross_check(res, extra, False).problems, "more completions than requests"
     phantom = {"r1": rc(finished={"length": 2.0, "abort": 5.0})}
-    assert "got past the router" in server_cross_check(res, phantom, False)["problems"][0]
+    assert "got past the router" in server_cross_check(res, phantom, False).problems[0]
 
 
 def summary_of(results, started=None, checker=None, faults=(), fault_checks=()):
@@ -230,15 +230,15 @@ def summary_of(results, started=None, checker=None, faults=(), fault_checks=()):
 
 def test_verdict_fails_on_lost_and_unexpected_requests():
     ok = [result(i, "ok") for i in range(3)]
-    assert summary_of(ok)["passed"]
-    assert not summary_of(ok, started=4)["passed"], "a request started but never finished is lost"
+    assert summary_of(ok).passed
+    assert not summary_of(ok, started=4).passed, "a request started but never finished is lost"
     truncated = summary_of(ok + [result(3, "truncated")])
-    assert not truncated["passed"] and "lost" in truncated["failures"][0]
+    assert not truncated.passed and "lost" in truncated.failures[0]
     err = summary_of(ok + [result(3 + i, "server_error", start=5.0, error=f"Internal Server Error (Request ID: {rid})")
                            for i, rid in enumerate(("0b2c-e4f1", "9a7d-03bc"))]
                      + [result(9, "stream_error", start=5.0, error="EngineCore encountered an issue.")])
-    assert not err["passed"] and err["errors_by_kind"] == {"server_error": 2, "stream_error": 1}
-    line = next(f for f in err["failures"] if "unexpected error" in f)
+    assert not err.passed and err.errors_by_kind == {"server_error": 2, "stream_error": 1}
+    line = next(f for f in err.failures if "unexpected error" in f)
     assert "(2x) server_error: Internal Server Error (Request ID: N)" in line, "ids blanked: one kind of error"
     assert "(1x) stream_error: EngineCore encountered an issue." in line, "the engine death is named"
 
@@ -247,8 +247,8 @@ def test_errors_around_a_replica_kill_are_explained():
     fault = Fault("replica_kill", 5.0, {"replica": "r9"})
     res = [result(0, "ok"), result(1, "stream_error", start=4.0, e2e=2.0), result(2, "server_error", start=60.0)]
     s = summary_of(res, faults=[fault])
-    assert s["errors_explained_by_faults"] == {"stream_error": 1}
-    assert s["errors_by_kind"] == {"server_error": 1} and not s["passed"], "an error long after the kill is not"
+    assert s.errors_explained_by_faults == {"stream_error": 1}
+    assert s.errors_by_kind == {"server_error": 1} and not s.passed, "an error long after the kill is not"
 
 
 def test_streams_cut_by_a_planned_kill_are_explained_not_lost():
@@ -256,12 +256,12 @@ def test_streams_cut_by_a_planned_kill_are_explained_not_lost():
     fault = Fault("replica_kill", 5.0, {"replica": "r9"})
     cut = [result(1, "truncated", start=3.0, e2e=2.5), result(2, "transport_error", start=4.0, e2e=1.5)]
     s = summary_of([result(0, "ok")] + cut, faults=[fault])
-    assert s["passed"], s["failures"]
-    assert s["errors_explained_by_faults"] == {"truncated": 1, "transport_error": 1}
+    assert s.passed, s.failures
+    assert s.errors_explained_by_faults == {"truncated": 1, "transport_error": 1}
     before = summary_of([result(0, "ok"), result(1, "truncated", start=1.0, e2e=2.0)], faults=[fault])
-    assert not before["passed"] and "lost" in before["failures"][0], "a stream cut before the kill is lost"
+    assert not before.passed and "lost" in before.failures[0], "a stream cut before the kill is lost"
     no_kill = summary_of([result(0, "ok")] + cut)
-    assert not no_kill["passed"], "without a planned kill the same cuts are failures"
+    assert not no_kill.passed, "without a planned kill the same cuts are failures"
 
 
 def test_bad_request_must_name_its_field():
@@ -271,21 +271,21 @@ def test_bad_request_must_name_its_field():
     vague = result(1, "rejected", status=400, error="bad request",
                    spec={"expect_status": 400, "expect_param": "vllm_xargs.fuzz_mode"})
     ok = result(2, "ok")
-    assert summary_of([good, ok])["passed"]
+    assert summary_of([good, ok]).passed
     s = summary_of([good, vague, ok])
-    assert not s["passed"] and s["bad_requests"]["problems"][0]["want_param"] == "vllm_xargs.fuzz_mode"
+    assert not s.passed and s.bad_requests.problems[0].want_param == "vllm_xargs.fuzz_mode"
 
 
 def test_verdict_fails_on_invariant_violation():
     checker = run([{}, {"r1": rc(finished={"length": 1.0})}, {"r1": rc(prompt=50, local=10, finished={"length": 1.0})}])
     s = summary_of([result(0, "ok")], checker=checker)
-    assert not s["passed"] and s["invariants"]["first_violation"]["kind"] == "decrease"
-    assert any("first decrease at t = 2 s" in f for f in s["failures"]), "the failure names the invariant and when"
+    assert not s.passed and s.invariants.first_violation.kind == "decrease"
+    assert any("first decrease at t = 2 s" in f for f in s.failures), "the failure names the invariant and when"
 
 
 @pytest.mark.parametrize("outcome", ["unexpected_4xx", "unexpected_ok", "transport_error", "timeout"])
 def test_every_failure_outcome_fails_the_run(outcome):
-    assert not summary_of([result(0, "ok"), result(1, outcome, start=3.0)])["passed"]
+    assert not summary_of([result(0, "ok"), result(1, outcome, start=3.0)]).passed
 
 
 def test_cross_check_counts_only_this_runs_traffic():
@@ -293,9 +293,9 @@ def test_cross_check_counts_only_this_runs_traffic():
     res = [result(0, "ok"), result(1, "ok")]
     before = {"r1": rc(finished={"length": 100.0})}
     after = {"r1": rc(finished={"length": 102.0})}
-    assert server_cross_check(res, after, False, before)["problems"] == []
-    assert server_cross_check(res, after, False)["problems"], "without the baseline the old traffic shows"
-    assert server_cross_check(res, {"r1": rc(finished={"length": 101.0})}, False, before)["problems"]
+    assert server_cross_check(res, after, False, before).problems == []
+    assert server_cross_check(res, after, False).problems, "without the baseline the old traffic shows"
+    assert server_cross_check(res, {"r1": rc(finished={"length": 101.0})}, False, before).problems
 
 
 # ---------------------------------------------------------------- planned faults
@@ -324,7 +324,7 @@ def test_a_planned_fault_must_show_in_the_data(fault):
     [check] = check_planned_faults((fault,), quiet, [], accounting_on=True)
     assert not check.fired and not check.ok and "died" not in check.evidence
     s = summary_of([result(0, "ok")], checker=run([{}, {"r1": rc(finished={"length": 1.0})}]), fault_checks=[check])
-    assert not s["passed"] and any(f"planned fault {fault} did not fire" in f for f in s["failures"])
+    assert not s.passed and any(f"planned fault {fault} did not fire" in f for f in s.failures)
 
 
 def test_a_fault_that_could_not_show_because_its_replica_died_says_so():

@@ -23,13 +23,13 @@ def test_answers_under_faults_must_equal_the_fault_free_ones():
     ref = answers([result(s) for s in probe_specs(0)])
     same = answers([result(s) for s in probe_specs(1)])
     verdict = compare(ref, same)
-    assert verdict["problems"] == [] and verdict["compared"] == verdict["equal"] == len(ref)
+    assert verdict.problems == [] and verdict.compared == verdict.equal == len(ref)
     specs = probe_specs(1)
     one_off = answers([result(s, text="a b d" if i == 3 else "a b c", start=70.0) for i, s in enumerate(specs)])
     verdict = compare(ref, one_off)
-    assert verdict["problems"] and verdict["differing"][0]["index"] == 3 and "t = 70 s" in verdict["problems"][0]
+    assert verdict.problems and verdict.differing[0]["index"] == 3 and "t = 70 s" in verdict.problems[0]
     failed = answers([result(s, outcome="server_error") for s in specs])
-    assert "nothing compared" in compare(ref, failed)["problems"][0], "a run whose probes all failed proves nothing"
+    assert "nothing compared" in compare(ref, failed).problems[0], "a run whose probes all failed proves nothing"
 
 
 def test_a_reference_that_answers_differently_twice_is_refused():

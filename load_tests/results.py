@@ -1,0 +1,190 @@
+"""The typed results of a run: :class:`RunSummary`, what ``summary.json`` holds and the exit code derives from.
+
+``load_tests.summary.summarize`` builds it, the CLI prints it and exits with
+:attr:`RunSummary.exit_code`, ``load_tests.report`` writes it
+(``summary.json`` is :meth:`RunSummary.model_dump_json`) and renders
+``report.md`` from it. Its JSON schema is ``docs/summary.schema.json``
+(``python -m load_tests.results`` prints it; a test keeps the committed file
+equal): a consumer of ``summary.json`` reads it against that schema, and a
+change to the shape bumps :data:`SCHEMA_VERSION`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic.dataclasses import dataclass
+
+from .fault_evidence import FaultCheck
+from .monitor import Violation
+from .outcomes import Counted, Outcome
+from .probes import ProbeVerdict
+from .scenarios import Scenario, Slo
+
+SCHEMA_VERSION = 1
+# The CLI's exit codes: the run passed; the run failed (RunSummary.failures says why); usage or set-up error.
+EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass
+class Fault:
+    """Something the run did on purpose (a replica kill), to explain the errors it causes."""
+
+    kind: str
+    t: float  # seconds since the run started
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class Percentiles(_Record):
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+
+
+class Throughput(_Record):
+    requests_per_s: float = Field(description="complete answers (outcome ok) per second of load")
+    output_tokens_per_s: float
+    goodput_requests_per_s: float = Field(description="requests meeting every latency target of `slo` per second")
+
+
+class Latency(_Record):
+    """Seconds, over the requests that completed (outcome ok)."""
+
+    ttft: Percentiles
+    itl: Percentiles
+    tpot: Percentiles
+    e2e: Percentiles
+
+
+class BadRequestProblem(_Record):
+    index: int
+    status: int | None
+    want_status: int | None
+    want_param: str | None
+    error_param: str | None
+    error: str | None
+
+
+class BadRequests(_Record):
+    sent: int
+    rejected_naming_the_field: int
+    problems: list[BadRequestProblem] = Field(description="the first 10 refused without the status or field expected")
+
+
+class ScrapeError(_Record):
+    t: float
+    url: str
+    error: str
+
+
+class Invariants(_Record):
+    ok: bool
+    violations: int
+    by_kind: dict[str, int]
+    first_violation: Violation | None = Field(description="the first violation, with its full context")
+    expected_accounting_violations: dict[str, float] = Field(
+        description="accounting violations the planned faults cause (a lying connector): tallied, not failures")
+    scrapes: int
+    scrape_errors: list[ScrapeError] = Field(description="the first 10")
+    failed_scrapes: int
+    scrape_seconds: Percentiles
+    first_scrape_t: float | None
+    last_scrape_t: float | None
+
+
+class ReplicaRecord(_Record):
+    """One replica's last scraped counters, and what the monitor saw of its life."""
+
+    stale: bool
+    died_at: float | None
+    first_alive_at: float | None
+    node: str
+    prompt_tokens: float
+    by_source: dict[str, float]
+    requests_finished: dict[str, float]
+    preemptions: float
+    violations: dict[str, float]
+    corrections: dict[str, float]
+    injections: dict[str, float]
+
+
+class ClientServer(_Record):
+    """What the clients saw complete against what the engines counted (``load_tests.summary.server_cross_check``)."""
+
+    client_ok: int
+    client_cancelled: int
+    engine_completed: float
+    engine_finished: float
+    sent_past_router: int
+    problems: list[str] = Field(default_factory=list)
+    note: str | None = Field(None, exclude_if=lambda v: v is None,
+                             description="present when a replica died: only the upper bound is checked")
+
+
+class RunSummary(_Record):
+    """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    wall_s: float
+    started: int = Field(description="requests started (probes included); each ends as one outcome, or lost")
+    outcomes: dict[Counted, int]
+    throughput: Throughput
+    slo: Slo
+    latency_s: Latency
+    errors_by_kind: dict[Outcome, int] = Field(description="failed requests not explained by a planned fault")
+    errors_by_message: dict[str, int] = Field(description="the 5 most common messages of those, numbers blanked")
+    errors_explained_by_faults: dict[Outcome, int]
+    first_unexpected_errors: list[dict[str, Any]] = Field(description="the first 5, as lines of requests.jsonl")
+    bad_requests: BadRequests
+    faults: list[Fault] = Field(description="what the run did on purpose (replica kills)")
+    invariants: Invariants
+    replicas: dict[str, ReplicaRecord]
+    unexpected_replica_deaths: list[str]
+    planned_faults: list[FaultCheck]
+    client_server: ClientServer
+    failures: list[str] = Field(description="why the run failed, one line per reason (empty: it passed)")
+    scenario: Scenario | None = None
+    patches_off: str | None = None
+    probes: ProbeVerdict | None = Field(None, exclude_if=lambda v: v is None,
+                                        description="greedy probes under faults vs a fault-free deployment (soak)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _passed_is_derived(cls, data: Any) -> Any:
+        """``summary.json`` carries ``passed`` for its reader; reading it back, it must agree with ``failures``."""
+        if isinstance(data, dict) and "passed" in data:
+            data = dict(data)
+            if data.pop("passed") != (not data.get("failures")):
+                raise ValueError("passed must be exactly 'no failures'")
+        return data
+
+    @computed_field
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_PASSED if self.passed else EXIT_FAILED
+
+
+def schema() -> dict[str, Any]:
+    """The JSON schema of ``summary.json`` (docs/summary.schema.json)."""
+    return RunSummary.model_json_schema(mode="serialization")
+
+
+def schema_json() -> str:
+    return json.dumps(schema(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(schema_json())
