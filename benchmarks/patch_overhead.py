@@ -63,7 +63,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.serve_stack import ENGINE, OFFLOAD, REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
+from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
+from benchmarks.targets import ENGINE, OFFLOAD
 
 log = logging.getLogger("fuzzserve.benchmarks")
 

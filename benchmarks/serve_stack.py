@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--variants", default="plain,prefix")
-    ap.add_argument("--phases", default="shipped,shippedcompiled,stock2,stockdirect2,shippedrouter,ceiling",
+    ap.add_argument("--phases", default="shipped,shippedeager,stock2,stockdirect2,shippedrouter,ceiling",
                     help=f"comma-separated, of: {', '.join(PHASES)}, ceiling")
     ap.add_argument("--list", action="store_true", help="print the targets and their phases, and exit")
     ap.add_argument("--settle-s", type=float, default=SETTLE_S,

@@ -84,8 +84,8 @@ TARGETS: tuple[Target, ...] = (
            {**_DIRECT, "cores_per_replica": 1, "nap_s": 0.00005}),
     # what users deploy: serve_config.yaml itself, alone in its cluster, and the stacks it must beat
     Target("S", "shipped", "serve_config.yaml as shipped (2 replicas, direct, fuzz_affinity), alone", shipped={}),
-    Target("Sc", "shippedcompiled", "as S, compiled (enforce_eager: false), alone",
-           shipped={"engine_kwargs": {"enforce_eager": False}}),
+    Target("Se", "shippedeager", "as S, eager (enforce_eager: true), alone",
+           shipped={"engine_kwargs": {"enforce_eager": True}}),
     Target("Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}),
     Target("Sr", "shippedrouter", "as S on the router path (ingress: router), alone",
            shipped={"args": {"ingress": "router"}}),
