@@ -31,19 +31,14 @@ from typing import TYPE_CHECKING, Any
 from pydantic import computed_field
 from pydantic.dataclasses import dataclass
 
+from patches.metrics import IMPOSSIBLE_LIES, LIE_KINDS
+
 from .replica_metrics import ReplicaCounters
 
 if TYPE_CHECKING:
     from .monitor import InvariantChecker
 
 PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill")
-# Every accounting-violation kind a lying connector causes and the accounting patch clamps
-# (patches/accounting.py VIOLATION_KINDS).
-LYING_CONNECTOR_KINDS = ("connector_negative", "connector_exceeds_prompt", "connector_invalid",
-                         "connector_async_without_tokens", "prefill_stats_inconsistent")
-# Lies the accounting patch must clamp, and the violation each is counted as (a "changing" lie reports a
-# possible count: nothing to clamp).
-IMPOSSIBLE_LIES = {"lie_negative": "connector_negative", "lie_exceeds_prompt": "connector_exceeds_prompt"}
 
 
 @dataclass
@@ -95,7 +90,7 @@ def check_planned_faults(planned: tuple[str, ...] | list[str], checker: Invarian
                 _handled(checks[-1], final, baseline, live, "corrections", ("after_load_failure",),
                          "failed loads injected but no after_load_failure correction")
         elif fault == "lying_connector":
-            check = _injected(fault, "lie_*", ("lie_negative", "lie_exceeds_prompt", "lie_changing"), final, baseline)
+            check = _injected(fault, "lie_*", LIE_KINDS, final, baseline)
             checks.append(check)
             if accounting_on:
                 _every_lie_clamped(check, final, baseline, live)

@@ -41,9 +41,10 @@ from pathlib import Path
 
 import httpx
 
-from .prom_text import parse_samples
+from patches.metrics import CORRECTIONS_METRIC, INJECTIONS_METRIC, VIOLATIONS_METRIC
 
 from .invariants import SOURCES, negative, quiescence
+from .prom_text import parse_samples
 
 DISCOVERY_FILE = Path("/tmp/ray/prom_metrics_service_discovery.json")
 # Serve's controller: 1 per healthy replica, 0 once it is unhealthy or stopping (label "replica" = ReplicaId).
@@ -59,9 +60,9 @@ COUNTERS = {
 LABELLED = {  # canonical name -> (label, field holding {label value: count})
     "vllm:prompt_tokens_by_source": ("source", "by_source"),
     "vllm:request_success": ("finished_reason", "requests_finished"),
-    "vllm:prompt_token_accounting_violations": ("kind", "violations"),
-    "vllm:prompt_token_accounting_corrections": ("kind", "corrections"),
-    "vllm:kv_fault_injections": ("kind", "injections"),  # patches/kv_faults.py: the faults a run injected
+    VIOLATIONS_METRIC: ("kind", "violations"),  # the accounting patch's
+    CORRECTIONS_METRIC: ("kind", "corrections"),
+    INJECTIONS_METRIC: ("kind", "injections"),  # the kv_faults patch's: the faults a run injected
 }
 GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
 

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
 from patches.fault_config import FaultConfig
+from patches.metrics import LYING_CONNECTOR_KINDS
 
-from .fault_evidence import LYING_CONNECTOR_KINDS
 from .profiles import Profile
 from .workload import Mix
 

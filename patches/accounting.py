@@ -68,20 +68,13 @@ from collections import Counter as _Tally
 from typing import Any
 
 from ._framework import logger
+from .metrics import CORRECTION_KINDS, CORRECTIONS_METRIC, VIOLATION_KINDS, VIOLATIONS_METRIC
 from .registry import Patch, Target
 
 log = logger()
 
-VIOLATIONS_METRIC = "vllm:prompt_token_accounting_violations"
-CORRECTIONS_METRIC = "vllm:prompt_token_accounting_corrections"
 _WIRE_PREFIX = "fuzzserve."  # keys in SchedulerStats.num_kv_fetch_reqs_by_stage
 _V, _C = "v:", "c:"
-VIOLATION_KINDS = (
-    "connector_negative", "connector_exceeds_prompt", "connector_invalid", "connector_async_without_tokens",
-    "prefill_stats_inconsistent",
-    "prefill_finalize_negative", "frontend_prefill_stats_inconsistent", "negative_increment",
-)
-CORRECTION_KINDS = ("after_load_failure", "after_preemption")
 
 # Per process: counts not yet shipped (EngineCore) or not yet recorded (frontend).
 _pending: _Tally[str] = _Tally()

@@ -49,12 +49,10 @@ from typing import Any
 
 from ._framework import logger
 from .fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
+from .metrics import INJECTIONS_METRIC
 from .registry import Patch, Target
 
 log = logger()
-
-INJECTIONS_METRIC = "vllm:kv_fault_injections"
-INJECTION_KINDS = ("load_failure", "load_delay", "lie_negative", "lie_exceeds_prompt", "lie_changing")
 
 
 class FaultInjectingWorker:

@@ -21,12 +21,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from load_tests.scenarios import LYING_CONNECTOR_KINDS
 from monitoring.e2e import e2e_config
 from monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_selector
 from monitoring.promtool import AlertCase, Firing, alerting_rules, promtool, run_rule_tests
 from monitoring.tools import RULES_FILE, SCRAPE_CONFIG
-from patches.accounting import VIOLATION_KINDS
+from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
 
 LABELS = {"ReplicaId": "r1", "WorkerId": "w1", "engine": "0", "model_name": "fixture", "instance": "127.0.0.1:8089",
           "job": "ray"}
