@@ -22,11 +22,13 @@ import json
 import sys
 from typing import Any
 
+from load_tests.invariants import SOURCES as PROMPT_SOURCES
+
 from .tools import DASHBOARD_FILE
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 R = 'ReplicaId=~"$replica"'
-SOURCES = 'source=~"local_compute|local_cache_hit|external_kv_transfer"'
+SOURCES = f'source=~"{"|".join(PROMPT_SOURCES)}"'
 UID = "fuzzserve-invariants"
 # Ray cannot export a counter at 0: a deployment without errors has no error series, hence the `or 0 *`.
 ERRORS = "sum by (deployment) (rate(ray_serve_deployment_error_counter_total[$__rate_interval]))"

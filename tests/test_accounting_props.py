@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 vllm_stats = pytest.importorskip("vllm.v1.metrics.stats")
 
+from load_tests.invariants import SOURCES  # noqa: E402
 from patches import accounting  # noqa: E402
 
 accounting.PATCH.apply()
@@ -26,6 +27,11 @@ PrefillStats, PromptTokenStats = vllm_stats.PrefillStats, vllm_stats.PromptToken
 
 anything = st.one_of(st.integers(-10**12, 10**12), st.floats(allow_nan=True), st.none(), st.text(max_size=3),
                      st.booleans())
+
+
+def test_load_tests_sources_are_vllms():
+    """The load tests' one list of prompt-token sources is the one vLLM labels its counter with."""
+    assert SOURCES == PromptTokenStats.ALL_SOURCES
 
 
 def assert_consistent(s) -> None:
