@@ -112,14 +112,13 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
 
 def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int,
            tpot: list[float] = ()) -> dict[str, Any]:
-    import numpy as np
+    from load_tests.summary import percentiles
 
-    def pct(xs, p):
-        return float(np.percentile(xs, p)) if xs else None
-
-    return {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall,
-            "ttft_p50": pct(ttft, 50), "ttft_p99": pct(ttft, 99), "itl_p50": pct(itl, 50), "itl_p99": pct(itl, 99),
-            "tpot_p50": pct(tpot, 50), "tpot_p99": pct(tpot, 99)}
+    stats = {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall}
+    for name, xs in (("ttft", ttft), ("itl", itl), ("tpot", tpot)):
+        p = percentiles(xs, (50, 99))
+        stats |= {f"{name}_p50": p["p50"], f"{name}_p99": p["p99"]}
+    return stats
 
 
 # ----------------------------------------------------------------------------- targets
@@ -275,11 +274,9 @@ def warm_up(bases: dict[str, str], args, variants: list[str]) -> None:
     for the whole benchmark and is warm after the first phase: without this,
     every target's first round paid its cold start (first requests through
     a new replica, HTTP connections, the engine's first large batches) and
-    ``a``'s did not. Found 2026-11-24: over every phase then on record, the
-    median of target / same round's ``a`` was 0.45 in round 0 against 0.57
-    and 0.61 in rounds 1 and 2. Other prompts than the measured ones (their
-    own seed), so that the warm-up leaves nothing in a prefix cache that the
-    measured runs could hit.
+    ``a``'s did not (the measurements: docs/benchmarks.md, "cold starts").
+    Other prompts than the measured ones (their own seed), so that the
+    warm-up leaves nothing in a prefix cache that the measured runs could hit.
     """
     if args.warmup_requests <= 0:
         return
