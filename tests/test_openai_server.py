@@ -99,6 +99,7 @@ def test_client_disconnects_mid_stream_keep_the_counters_consistent(server):
     import asyncio
 
     from load_tests.invariants import at_rest
+    from load_tests.monitor import InvariantChecker, Monitor
     from load_tests.prom_text import parse_samples, series, total
     from load_tests.replica_metrics import fetch
     from tests.accounting_workload import prompts
@@ -111,14 +112,9 @@ def test_client_disconnects_mid_stream_keep_the_counters_consistent(server):
     results = asyncio.run(run())
     assert results.count("aborted") == 8 and results.count("done") == 16
 
-    import time
-
-    deadline = time.monotonic() + 60
-    while True:  # the aborts reach the engine asynchronously: wait for quiescence
-        samples = parse_samples(httpx.get(f"{server}/metrics", timeout=10).text)
-        if total(samples, "vllm:num_requests_running") == 0 or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
+    # The aborts reach the engine asynchronously: wait for quiescence as the load tests do.
+    asyncio.run(Monitor([f"{server}/metrics"], InvariantChecker(), settle_interval=0.5).quiescent_check(60))
+    samples = parse_samples(httpx.get(f"{server}/metrics", timeout=10).text)
     assert total(samples, "vllm:num_requests_running") == 0
     [server_counters] = fetch([f"{server}/metrics"]).replicas.values()
     assert server_counters.prompt_tokens > 0 and at_rest(server_counters) == [], "the load test's own rules hold"
