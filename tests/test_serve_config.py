@@ -77,12 +77,33 @@ def test_cpu_config_resolves_the_fixture_model(monkeypatch):
     assert application.runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
 
 
-@pytest.mark.parametrize("routing, cls", [
-    ("power_of_two", "PowerOfTwoChoicesRequestRouter"),
-    ("round_robin", "RoundRobinRouter"),
-    ("prefix_affinity", "PrefixCacheAffinityRouter"),
-    ("fuzz_affinity", "FuzzAffinityRouter"),
-])
+# routing name -> the class of Serve's request router it picks
+ROUTER_CLASSES = {
+    "power_of_two": "PowerOfTwoChoicesRequestRouter",
+    "round_robin": "RoundRobinRouter",
+    "prefix_affinity": "PrefixCacheAffinityRouter",
+    "fuzz_affinity": "FuzzAffinityRouter",
+}
+
+
+def test_routing_names_agree():
+    """The builder's ``routing`` type, the routers table and the load-test CLI's ``--routing`` name the same
+    routers (the Literal cannot be built from the table), and every one is tested below."""
+    from typing import get_args
+
+    from load_tests.cli import parse_args
+    from serve_app.app import FuzzServeArgs
+    from serve_app.routers import ROUTERS, Routing
+
+    assert set(get_args(Routing)) == set(ROUTERS) == set(ROUTER_CLASSES)
+    assert FuzzServeArgs.model_fields["routing"].annotation is Routing
+    for name in ROUTERS:
+        assert parse_args(["--routing", name]).routing == name
+    with pytest.raises(SystemExit):
+        parse_args(["--routing", "random"])
+
+
+@pytest.mark.parametrize("routing, cls", ROUTER_CLASSES.items())
 def test_routing_choice_sets_the_request_router(routing, cls):
     from ray.serve.config import RequestRouterConfig
 
