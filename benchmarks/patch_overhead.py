@@ -44,8 +44,8 @@ Runs are also kept apart (``--settle-s``, 1.5 s): after its last step a
 stock engine's EngineCore and worker keep spinning for 1 s (upstream's busy
 window), so without the pause the first second of every run competed with
 the previous engine's spin, and which engine ran after a stock one decided
-which one looked slower (found 2026-11-23: patched engines measured 0.77x
-of stock in runs that followed a stock run, 1.03x in runs that did not).
+which one looked slower (the measurements: docs/benchmarks.md, "Patches
+inside the engine").
 
 Results: ``patch_overhead.json`` and ``patch_overhead.md`` in ``--out``.
 This is a benchmark, not a test: nothing here asserts a target.

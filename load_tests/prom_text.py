@@ -1,6 +1,6 @@
 """Read counters out of a Prometheus text exposition (prometheus_client's parser).
 
-Shared by the tests now and the load-test monitor later: one way to turn a
+Shared by the tests, the load-test monitor and the benchmarks: one way to turn a
 scrape into ``{(sample name, labels): value}``.
 """
 
