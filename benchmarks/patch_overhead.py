@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from fixture_model.build import ensure_model
     from fixture_model.sizing import ensure_sizing_model, parse_arch
-    from tests.engine_host import EngineHost
+    from testkit.engine_host import EngineHost
 
     model = ensure_sizing_model(*parse_arch(args.arch)) if args.arch else ensure_model()
     names = list(workloads([], 0))

@@ -124,7 +124,7 @@ def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int
 # ----------------------------------------------------------------------------- targets
 def start_vllm_server(model: Path, log_dir: Path):
     from serve_app.ports import free_port
-    from tests.server_process import ServerProcess
+    from testkit.server_process import ServerProcess
 
     port = free_port()
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
@@ -137,7 +137,7 @@ def start_vllm_server(model: Path, log_dir: Path):
 
 def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> dict[str, Any]:
     """The same prompts through ``LLM.generate`` in a child process (patches off, no HTTP)."""
-    from tests.engine_host import EngineHost
+    from testkit.engine_host import EngineHost
 
     host = EngineHost(env={"FUZZSERVE_PATCHES_OFF": "all", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
                       model=str(model), **ENGINE)

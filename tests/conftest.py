@@ -14,7 +14,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.engine_host import EngineHost  # noqa: E402
+from testkit.engine_host import EngineHost  # noqa: E402
+from testkit.serve import SERVE_API_KEY  # noqa: E402
 
 # The marker check (tests/markers.py): its hooks, registered by being names of this conftest.
 from tests.markers import (pytest_collection_modifyitems, pytest_configure,  # noqa: E402,F401
@@ -72,7 +73,6 @@ def stock_engine(start_engine) -> EngineHost:
 # deployed from serve_config.yaml (HTTP port moved to a free one, API-key auth
 # switched on). Shared by the Serve tests and the load-test smoke run.
 # --------------------------------------------------------------------------
-SERVE_API_KEY = "test-key-fuzzserve"
 
 
 @pytest.fixture(scope="session")

@@ -14,9 +14,9 @@ from __future__ import annotations
 import pytest
 
 from patches.kv_faults import worker_stats
-from tests.accounting_workload import (MAX_TOKENS, check_invariants, metrics, offload_engine_kwargs, prompts,
+from testkit.accounting_workload import (MAX_TOKENS, check_invariants, metrics, offload_engine_kwargs, prompts,
                                        run_with_aborts)
-from tests.engine_host import EngineError
+from testkit.engine_host import EngineError
 
 pytestmark = pytest.mark.engine
 

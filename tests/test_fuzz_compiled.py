@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from patches.fuzz import worker_stats
-from tests.test_fuzz_engine import PROMPTS, gauss, greedy, ids, scale
+from testkit.engine_requests import PROMPTS, gauss, greedy, ids, scale
 
 pytestmark = pytest.mark.engine
 

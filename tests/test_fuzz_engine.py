@@ -15,29 +15,11 @@ import pytest
 from fixture_model.tasks import WORDS, held_out_examples
 from load_tests.fuzz_sweep import run_sweep
 from patches.fuzz import worker_stats
-from tests.accounting_workload import metrics
-from tests.engine_host import EngineError
+from testkit.accounting_workload import metrics
+from testkit.engine_host import EngineError
+from testkit.engine_requests import MAX_TOKENS, PROMPTS, gauss, greedy, ids, scale
 
 pytestmark = pytest.mark.engine
-
-MAX_TOKENS = 8
-PROMPTS = [ex.prompt for ex in held_out_examples(4)]  # 12 prompts, 3 tasks
-
-
-def greedy(xargs=None, max_tokens=MAX_TOKENS, **extra):
-    return {"temperature": 0.0, "max_tokens": max_tokens, "extra_args": xargs, **extra}
-
-
-def ids(outputs):
-    return [o["token_ids"] for o in outputs]
-
-
-def scale(s):
-    return {"fuzz_strength": s}
-
-
-def gauss(s, seed=0):
-    return {"fuzz_strength": s, "fuzz_mode": "gaussian", "fuzz_seed": seed}
 
 
 def long_prompt(seed: int, n_words: int = 400) -> str:

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from serve_app.ports import free_port
-from tests.server_process import ServerProcess
-from tests.test_fuzz_engine import PROMPTS
+from testkit.server_process import ServerProcess
+from testkit.engine_requests import PROMPTS
 
 pytestmark = pytest.mark.engine
 
@@ -102,7 +102,7 @@ def test_client_disconnects_mid_stream_keep_the_counters_consistent(server):
     from load_tests.monitor import InvariantChecker, Monitor
     from load_tests.prom_text import parse_samples, series, total
     from load_tests.replica_metrics import fetch
-    from tests.accounting_workload import prompts
+    from testkit.accounting_workload import prompts
 
     async def run():
         async with httpx.AsyncClient(timeout=120) as client:

@@ -18,8 +18,8 @@ import pytest
 
 from load_tests.monitor import InvariantChecker, Monitor
 from load_tests.replica_metrics import ReplicaCounters
-from tests.conftest import SERVE_API_KEY
-from tests.test_fuzz_engine import PROMPTS
+from testkit.serve import SERVE_API_KEY
+from testkit.engine_requests import PROMPTS
 
 pytestmark = [pytest.mark.engine, pytest.mark.serve]
 
