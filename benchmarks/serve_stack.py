@@ -363,7 +363,7 @@ def cpu_columns(cpu: dict[str, float], app: str) -> dict[str, float]:
     ``frontend`` is the process that runs vLLM's AsyncLLM: the API server for
     ``a``, the engine replica (``LLMServer``) for the Serve targets, which in
     the direct-streaming targets also serves HTTP. ``ingress`` is the router
-    replica (``OpenAiIngress``/``FuzzRouter``). ``engine`` is EngineCore and its
+    replica (``OpenAiIngress``/``FuzzIngress``). ``engine`` is EngineCore and its
     worker process (scheduler, model, KV offload copies). ``idle targets`` is what the
     other targets' processes (up, but not driven) used meanwhile.
     """

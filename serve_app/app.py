@@ -11,8 +11,8 @@ the engine replicas are ``ray.serve.llm``'s ``LLMServer`` deployments built by
   ``serve_config.yaml`` ships): Ray's direct streaming through HAProxy, the
   checks and probes inside each engine replica
   (:mod:`serve_app.direct_server`). ``router``: Serve's default path, a
-  :class:`serve_app.router.FuzzRouter` deployment (an ``OpenAiIngress``) in
-  front of the replicas, costlier per request (docs/serve.md);
+  :class:`serve_app.ingress.FuzzIngress` deployment (the HTTP ingress, an
+  ``OpenAiIngress``) in front of the replicas, costlier per request (docs/serve.md);
 * :class:`serve_app.guard.RequestGuard` outermost on whichever app answers
   HTTP, configured by ``guard:``;
 * ``routing:`` picks the request router of every engine deployment, unless a
@@ -46,9 +46,9 @@ class FuzzServeArgs(BaseModel):
     ingress: Literal["direct", "router"] = Field(
         "direct", description="direct: Ray's direct streaming through HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1 for "
                               "`ray start`), the checks inside each replica (serve_app/direct_server.py); router: "
-                              "a FuzzRouter deployment in front of the replicas (Serve's default path)")
+                              "a FuzzIngress deployment (the HTTP ingress) in front of the replicas (Serve's default path)")
     ingress_deployment_config: dict[str, Any] = Field(default_factory=dict,
-                                                      description="Serve options of the router deployment")
+                                                      description="Serve options of the ingress deployment (ingress: router)")
     engine_cores_per_replica: int | None = Field(
         None, ge=1, description="CPU hosts: bind each engine replica's OpenMP threads to its own this many cores "
                                 "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding")
@@ -116,7 +116,7 @@ def build_app(args: dict[str, Any]):
         from .direct_server import build_direct
 
         if len(llm_configs) != 1 or parsed.ingress_deployment_config:
-            raise ValueError("ingress: direct serves exactly one model and has no router deployment to configure "
+            raise ValueError("ingress: direct serves exactly one model and has no ingress deployment to configure "
                              "(ingress_deployment_config); use ingress: router for several models")
         require_haproxy(body_aware_routing=parsed.routing in BODY_AWARE)
         return build_direct(llm_configs[0], parsed.guard, parsed.server_kwargs())
@@ -148,20 +148,20 @@ HAPROXY_ENV = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FO
 
 
 def build_router(parsed: FuzzServeArgs, llm_configs: list):
-    """Serve's default path: FuzzRouter (guarded) -> one LLMServer deployment per model."""
+    """Serve's default path: FuzzIngress (guarded) -> one LLMServer deployment per model."""
     from ray import serve
     from ray.serve.llm.ingress import make_fastapi_ingress
     from starlette.exceptions import HTTPException
 
     from .guard import RequestGuard
     from .ray_internals import init_ingress_app, to_model_metadata
-    from .router import ENDPOINTS, FuzzRouter, openai_http_error
+    from .ingress import ENDPOINTS, FuzzIngress, openai_http_error
 
     app = init_ingress_app()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard)  # added last = runs first
     app.add_exception_handler(HTTPException, openai_http_error)
-    ingress_cls = make_fastapi_ingress(FuzzRouter, endpoint_map=ENDPOINTS, app=app)
-    options = FuzzRouter.get_deployment_options(llm_configs)
+    ingress_cls = make_fastapi_ingress(FuzzIngress, endpoint_map=ENDPOINTS, app=app)
+    options = FuzzIngress.get_deployment_options(llm_configs)
     if "num_replicas" in parsed.ingress_deployment_config:  # Serve refuses both
         options.pop("autoscaling_config", None)
     deep_update(options, parsed.ingress_deployment_config)

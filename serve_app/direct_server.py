@@ -1,7 +1,7 @@
-"""The shipped path: Ray's direct streaming, the router's checks inside each engine replica.
+"""The shipped path: Ray's direct streaming, the ingress's checks inside each engine replica.
 
 With ``ingress: direct`` (the builder's default, what ``serve_config.yaml``
-deploys) the app has no separate router deployment on the request path:
+deploys) the app has no separate ingress deployment on the request path:
 
 1. Serve's HAProxy (on when ``ray start`` runs with
    ``RAY_SERVE_ENABLE_HA_PROXY=1``; ``scripts/env.sh`` and ``LocalCluster``
@@ -14,9 +14,9 @@ deploys) the app has no separate router deployment on the request path:
 3. HAProxy forwards the HTTP connection straight to that replica, where
    :class:`FuzzServer` answers: vLLM's own OpenAI app with the guard outermost.
 
-That takes the router replica and Serve's Python proxy off every request and
+That takes the ingress replica and Serve's Python proxy off every request and
 every streamed chunk (docs/benchmarks.md measures what they cost). What the
-router did moves into the replica:
+ingress did moves into the replica:
 
 * :class:`serve_app.guard.RequestGuard` outermost on vLLM's app: API keys,
   body limit, ``vllm_xargs`` policy, reserved keys, 4xx naming the field,

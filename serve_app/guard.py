@@ -9,7 +9,7 @@ request before anything else parses it, so
 * auth and size limits cover every route the same way, including ones the
   app gains later;
 * the same code can sit in front of any ASGI app: the ``OpenAiIngress`` app
-  of the router deployment (``serve_app.router``) or, with Ray's direct
+  of the ingress deployment (``serve_app.ingress``, ``ingress: router``) or, with Ray's direct
   streaming, vLLM's own app inside an engine replica.
 
 Errors use OpenAI's format (``{"error": {"message", "type", "param",

@@ -223,7 +223,7 @@ class LocalCluster:
 
     @property
     def base_url(self) -> str:
-        """The Serve HTTP proxy (the router's public address)."""
+        """The app's public HTTP address (Serve's HTTP port: its proxy, or HAProxy on the direct path)."""
         return f"http://127.0.0.1:{self.http_port}"
 
     @property

@@ -1,4 +1,4 @@
-"""The router's request policy: what a client may set, and how a refusal reads.
+"""The guard's request policy: what a client may set, and how a refusal reads.
 
 Pure logic (no Ray, no vLLM engine), used by the HTTP guard
 (``serve_app.guard``) before a request is forwarded to a replica, so a bad

@@ -80,7 +80,7 @@ def serve_cluster(fixture_model, tmp_path_factory):
     from serve_app.local_cluster import LocalCluster
     from serve_app.ports import free_port
 
-    # head: the router, Serve's controller and proxy, one engine replica;
+    # head: Serve's controller and proxy, one engine replica;
     # worker: the other replica. An engine replica reserves 1 CPU (its engine
     # bundle; serve_config.yaml), so one CPU per node places one per node.
     cluster = LocalCluster(workers=1, num_cpus=1, worker_num_cpus=1,

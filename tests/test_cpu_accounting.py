@@ -24,7 +24,7 @@ def test_delta_counts_new_processes_from_zero_and_drops_the_dead():
 
 
 def test_columns_attribute_roles_to_the_driven_target():
-    cpu = {"load generator": 1.0, "Serve proxy": 2.0, "replica c:FuzzRouter": 3.0, "replica c:LLMServer:fixture": 4.0,
+    cpu = {"load generator": 1.0, "Serve proxy": 2.0, "replica c:FuzzIngress": 3.0, "replica c:LLMServer:fixture": 4.0,
            "EngineCore of replica c:LLMServer:fixture": 5.0, "replica e:LLMServer:fixture": 0.5,
            "vLLM API server": 0.25, "Ray system": 0.125}
     cols = cpu_columns(cpu, "c")

@@ -1,4 +1,4 @@
-"""The router's guard (ASGI middleware) in front of a plain echo app: auth, size limit, request policy.
+"""The guard (ASGI middleware) in front of a plain echo app: auth, size limit, request policy.
 
 Pure logic: the app behind the guard only echoes what reached it, so each
 test shows what the guard let through, changed or refused. The same guard
@@ -136,7 +136,7 @@ def test_config_is_strict():
 def test_a_stream_that_fails_midway_ends_with_an_error_event():
     import asyncio
 
-    from serve_app.router import error_terminated
+    from serve_app.ingress import error_terminated
 
     async def dying():
         yield 'data: {"choices": [{"text": " 4"}]}\n\n'

@@ -88,14 +88,14 @@ HEALTH = """\
 # TYPE ray_serve_deployment_replica_healthy gauge
 ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="LLMServer:fixture",replica="r1"} 1.0
 ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="LLMServer:fixture",replica="r2"} 0.0
-ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="FuzzRouter",replica="router"} 1.0
+ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="FuzzIngress",replica="ingress"} 1.0
 """
 
 
 def test_one_scrape_of_every_endpoint_merges_replicas_health_and_errors():
     result = merge_pages([("http://head/metrics", RAY + HEALTH), ("http://worker/metrics", VLLM),
                           ("http://gone/metrics", ConnectionError("refused"))])
-    assert set(result.replicas) == {"r1", "r2", "vllm"}, "the router has a health gauge but no engine: not a replica"
+    assert set(result.replicas) == {"r1", "r2", "vllm"}, "the ingress has a health gauge but no engine: not a replica"
     r1, r2 = result.replicas["r1"], result.replicas["r2"]
     assert (r1.healthy, r1.alive) == (1.0, True)
     assert (r2.healthy, r2.alive) == (0.0, False), "Serve says 0: dead, whatever its gauges"

@@ -64,7 +64,7 @@ def test_shipped_cpu_config_is_the_fast_stack():
     [application] = load("serve_config.yaml").applications
     args = FuzzServeArgs.model_validate(application.args)
     assert args.server_kwargs() == {"engine_cores_per_replica": 1, "shm_wait": True}
-    assert not args.ingress_deployment_config, "the direct path has no router deployment to configure"
+    assert not args.ingress_deployment_config, "the direct path has no ingress deployment to configure"
 
 
 def test_cpu_config_resolves_the_fixture_model(monkeypatch):
@@ -226,13 +226,13 @@ def test_direct_graph(monkeypatch):
 
 
 def test_router_path_graph(monkeypatch):
-    """ingress: router keeps Serve's default path: a FuzzRouter deployment in front of EngineServer replicas."""
+    """ingress: router keeps Serve's default path: a FuzzIngress deployment in front of EngineServer replicas."""
     from serve_app.app import build_app
 
     monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
     [application] = load("serve_config.yaml").applications
     graph = build_app({**application.args, "ingress": "router", "ingress_deployment_config": {"num_replicas": 1}})
     ingress = graph._bound_deployment
-    assert "FuzzRouter" in ingress.func_or_class.__name__ and ingress.num_replicas == 1
+    assert "FuzzIngress" in ingress.func_or_class.__name__ and ingress.num_replicas == 1
     engine = ingress.init_kwargs["llm_deployments"]["fixture"]._bound_deployment
     assert engine.name == "LLMServer:fixture" and engine.func_or_class.__name__ == "EngineServer"

@@ -1,4 +1,4 @@
-"""The router's vllm_xargs policy (pure logic)."""
+"""The guard's vllm_xargs policy (pure logic)."""
 
 import pytest
 

@@ -12,7 +12,7 @@ streaming, ``/v1/models``, request timeouts, error format) is
 * the checks (API key, body size, ``vllm_xargs`` policy) run in
   :class:`serve_app.guard.RequestGuard`, installed on the ingress's FastAPI
   app by the builder (``serve_app.app``), before any route parses the body;
-* ``GET /health``: liveness, the router process answers;
+* ``GET /health``: liveness, the ingress process answers;
 * ``GET /ready``: readiness, every model has a replica whose engine answers
   its health check; 503 naming the model otherwise;
 * :func:`openai_http_error`: FastAPI's own errors (unknown model, unknown
@@ -37,7 +37,7 @@ from starlette.exceptions import HTTPException
 from . import probes
 from .ray_internals import DEFAULT_ENDPOINTS
 
-log = logging.getLogger("ray.serve.fuzzserve.router")
+log = logging.getLogger("ray.serve.fuzzserve.ingress")
 
 
 async def error_terminated(chunks: AsyncIterator, request_id: str | None) -> AsyncIterator:
@@ -61,7 +61,10 @@ async def error_terminated(chunks: AsyncIterator, request_id: str | None) -> Asy
         yield "data: [DONE]\n\n"
 
 
-class FuzzRouter(OpenAiIngress):
+class FuzzIngress(OpenAiIngress):
+    """The router path's HTTP ingress deployment: ``OpenAiIngress``, streams that fail midway ended with an error
+    event, and the probes."""
+
     async def _process_llm_request(self, body, call_method: str, raw_request: Request | None = None):
         response = await super()._process_llm_request(body, call_method, raw_request)
         if isinstance(response, StreamingResponse):
