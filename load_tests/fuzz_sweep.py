@@ -21,13 +21,16 @@ from typing import Any
 
 import numpy as np
 
-# The seed's sweep: 0, then 10 log-spaced strengths from 1 to 10. Scale mode
-# zeroes the embeddings for every s >= 1, so its sweep lives below 1 (where
-# Llama's RMSNorm makes the effect grow mostly near 1, see FACTS.md).
-SEED_SWEEP = [0.0] + [round(float(x), 3) for x in np.logspace(0, 1, 10)]
+# The load's fuzz levels: 0, then 10 log-spaced strengths from 1 to 10. Scale mode
+# zeroes the embeddings for every s >= 1, so its sweep lives below 1, dense near
+# 1: Llama normalises each layer's input (RMSNorm), so scaling every embedding by
+# a factor changes less than one might expect (on a random 2-layer Llama, 0.5 or
+# 0.1 left the first greedy tokens of some prompts unchanged), and the effect
+# grows mostly near s = 1.
+LOG_SWEEP = [0.0] + [round(float(x), 3) for x in np.logspace(0, 1, 10)]
 SWEEPS: dict[str, list[float]] = {
     "scale": [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0],
-    "gaussian": [0.0, 0.1, 0.3] + SEED_SWEEP[1:],
+    "gaussian": [0.0, 0.1, 0.3] + LOG_SWEEP[1:],
 }
 MAX_TOKENS = 8
 

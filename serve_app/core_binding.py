@@ -6,7 +6,9 @@ its worker process. Every replica of a deployment gets the same
 environment (the app's ``runtime_env``), so with vLLM's default ``auto``
 all replicas on a node compute on the same cores and contend for them,
 and a fixed list in ``runtime_env`` would pin them all to the same cores
-too (FACTS.md). Binding each replica to its own cores needs a value per
+too (vLLM reads the variable per process and knows nothing of other
+replicas: ``vllm/utils/ompmultiprocessing.py``, ``_parse_omp_threads_bind_env``,
+https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/utils/ompmultiprocessing.py). Binding each replica to its own cores needs a value per
 replica, which only the replica knows: Serve gives each replica a rank
 on its node (``ReplicaRank.local_rank``, 0, 1, ... per deployment and
 node, a freed rank reused by the next replica started).

@@ -1,6 +1,6 @@
 """The fuzz patch with torch.compile on (``enforce_eager=False``).
 
-The seed's failure: a per-step tensor handed to a compiled model is ignored,
+The failure this guards against: a per-step tensor handed to a compiled model is ignored,
 because the graph keeps reading what it was traced with. Here a stock engine
 compiles the model first and fills vLLM's compile cache; then a patched
 engine starts on the *same* cache directory. It must not reuse the stock
