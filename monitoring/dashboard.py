@@ -91,6 +91,15 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
         ("Prompt tokens per second, per replica", "vllm:prompt_tokens per replica.",
          "short", True, [q(f"sum by (ReplicaId) (rate(ray_vllm_prompt_tokens_total{{{R}}}[$__rate_interval]))",
                            "{{ReplicaId}}")]),
+        ("Admitted requests per second by fuzz mode and strength",
+         "Requests the guard admitted, by fuzz_mode (none = s 0) and fuzz_strength (the smallest power of ten "
+         ">= s), all replicas of each application (Serve's replica label, not vLLM's ReplicaId: not filtered).",
+         "reqps", True, [q("sum by (fuzz_mode, fuzz_strength) (rate(ray_fuzzserve_admitted_requests_total"
+                           "[$__rate_interval]))", "{{fuzz_mode}} s <= {{fuzz_strength}}")]),
+        ("Fuzzed share of admitted requests",
+         "Admitted requests with fuzz_strength > 0 over all admitted requests, per application, over 5 minutes "
+         "(recording rule fuzzserve:fuzzed_request_share:rate5m).",
+         "percentunit", False, [q("fuzzserve:fuzzed_request_share:rate5m", "{{application}}")]),
     ]),
     ("Latency (vLLM's histograms, selected replicas)", [
         ("Time to first token", "vllm:time_to_first_token_seconds quantiles.", "s", False,

@@ -153,12 +153,13 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
     from ray.serve.llm.ingress import make_fastapi_ingress
     from starlette.exceptions import HTTPException
 
+    from .fuzz_traffic import FuzzTraffic
     from .guard import RequestGuard
     from .ray_internals import init_ingress_app, to_model_metadata
     from .ingress import ENDPOINTS, FuzzIngress, openai_http_error
 
     app = init_ingress_app()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
-    app.add_middleware(RequestGuard, config=parsed.guard)  # added last = runs first
+    app.add_middleware(RequestGuard, config=parsed.guard, on_admitted=FuzzTraffic().record)  # added last = runs first
     app.add_exception_handler(HTTPException, openai_http_error)
     ingress_cls = make_fastapi_ingress(FuzzIngress, endpoint_map=ENDPOINTS, app=app)
     options = FuzzIngress.get_deployment_options(llm_configs)

@@ -42,6 +42,7 @@ from fastapi.responses import JSONResponse
 
 from . import probes
 from .core_binding import EngineServer
+from .fuzz_traffic import FuzzTraffic
 from .guard import GuardConfig, RequestGuard
 from .ray_internals import LLMRouter, add_middleware_to_built_app, with_ingress_request_router
 
@@ -67,7 +68,8 @@ class FuzzServer(EngineServer):
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])
-        add_middleware_to_built_app(app, RequestGuard, config=self._guard_config)  # outermost: runs first
+        add_middleware_to_built_app(app, RequestGuard, config=self._guard_config,
+                                    on_admitted=FuzzTraffic().record)  # outermost: runs first
         return app
 
 

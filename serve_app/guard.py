@@ -24,10 +24,13 @@ import hmac
 import json
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from patches.fuzz_params import FuzzSpec
 
 from .xargs_policy import XargsPolicy, RequestRejected, check_request_body
 
@@ -73,8 +76,11 @@ class _Disconnected(Exception):
 class RequestGuard:
     """ASGI middleware applying a :class:`GuardConfig` in front of ``app``."""
 
-    def __init__(self, app: ASGIApp, config: GuardConfig | dict[str, Any] | None = None):
+    def __init__(self, app: ASGIApp, config: GuardConfig | dict[str, Any] | None = None,
+                 on_admitted: Callable[[FuzzSpec], None] | None = None):
+        """``on_admitted`` is called with the fuzz settings of every checked request that passes."""
         self.app = app
+        self._on_admitted = on_admitted
         self.config = config if isinstance(config, GuardConfig) else GuardConfig.model_validate(config or {})
         self._keys = tuple(k.encode() for k in self.config.api_keys())
         if not self._keys:
@@ -141,7 +147,9 @@ class RequestGuard:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RequestRejected(f"the request body is not valid JSON: {e}") from None
-        body, _spec, changed = check_request_body(body, self.config.xargs)
+        body, spec, changed = check_request_body(body, self.config.xargs)
+        if self._on_admitted is not None:
+            self._on_admitted(spec)
         if not changed:
             return raw, scope
         raw = json.dumps(body).encode()

@@ -16,6 +16,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
+from serve_app.fuzz_traffic import labels
 from serve_app.guard import GuardConfig, RequestGuard
 
 
@@ -25,7 +27,7 @@ async def echo(request: Request):
                          "content_length": request.headers.get("content-length")})
 
 
-def client(environ_keys: str = "", **config) -> TestClient:
+def client(environ_keys: str = "", on_admitted=None, **config) -> TestClient:
     inner = Starlette(routes=[Route(p, echo, methods=["GET", "POST"])
                               for p in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/other")])
     cfg = GuardConfig(api_keys_env="TEST_GUARD_KEYS", **config)
@@ -34,7 +36,7 @@ def client(environ_keys: str = "", **config) -> TestClient:
     old = os.environ.get("TEST_GUARD_KEYS")
     os.environ["TEST_GUARD_KEYS"] = environ_keys
     try:
-        app = RequestGuard(inner, cfg)
+        app = RequestGuard(inner, cfg, on_admitted)
     finally:
         if old is None:
             os.environ.pop("TEST_GUARD_KEYS")
@@ -65,6 +67,30 @@ def test_bad_xargs_get_400_naming_the_field(route, xargs, param):
     err = r.json()["error"]
     assert err["param"] == param and err["code"] == 400 and err["type"] == "invalid_request_error"
     assert param.split(".")[-1] in err["message"]
+
+
+def test_admitted_requests_are_counted_by_fuzz_setting_and_refused_ones_are_not():
+    seen = []
+    c = client("k1", on_admitted=seen.append)
+    auth = {"Authorization": "Bearer k1"}
+    c.post("/v1/completions", json={"prompt": "p"}, headers=auth)
+    c.post("/v1/chat/completions", json={"messages": [], "vllm_xargs": {"fuzz_strength": 0.003}}, headers=auth)
+    c.post("/v1/completions", json={"prompt": "p", "vllm_xargs": {"fuzz_strength": 5, "fuzz_mode": "gaussian"}},
+           headers=auth)
+    assert [labels(s) for s in seen] == [{"fuzz_mode": "none", "fuzz_strength": "0"},
+                                         {"fuzz_mode": "scale", "fuzz_strength": "1e-02"},
+                                         {"fuzz_mode": "gaussian", "fuzz_strength": "1e+01"}]
+    # refused (bad field, no key, too big) or unchecked (other route): not counted
+    assert c.post("/v1/completions", json={"vllm_xargs": {"fuzz_strength": -1}}, headers=auth).status_code == 400
+    assert c.post("/v1/completions", json={"prompt": "p"}).status_code == 401
+    assert c.post("/other", json={"prompt": "p"}, headers=auth).status_code == 200
+    assert len(seen) == 3
+
+
+@pytest.mark.parametrize("strength, bound", [(1e-9, "1e-04"), (1e-4, "1e-04"), (1.0001e-4, "1e-03"), (0.5, "1e+00"),
+                                             (1.0, "1e+00"), (999.0, "1e+03"), (MAX_STRENGTH, "1e+03")])
+def test_strength_label_is_the_decade_bound_at_or_above(strength, bound):
+    assert labels(FuzzSpec(strength=strength, mode="gaussian")) == {"fuzz_mode": "gaussian", "fuzz_strength": bound}
 
 
 def test_top_level_kv_transfer_params_refused_or_stripped():

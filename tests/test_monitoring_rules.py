@@ -23,7 +23,7 @@ import yaml
 
 from monitoring.e2e import e2e_config
 from monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_selector
-from monitoring.promtool import AlertCase, Firing, alerting_rules, promtool, run_rule_tests
+from monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests
 from monitoring.tools import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
 
@@ -247,6 +247,39 @@ def test_the_real_export_with_a_broken_sum_fires_on_that_replica():
     assert r.ok, r.output
 
 
+ADMITTED = "ray_fuzzserve_admitted_requests_total"
+SHARE = "fuzzserve:fuzzed_request_share:rate5m"
+RATE = "fuzzserve:admitted_requests:rate5m"
+
+
+def admitted(replica: str, mode: str, strength: str) -> str:
+    return series_selector(ADMITTED, {"application": "fuzzserve", "deployment": "LLMServer:fixture",
+                                      "replica": replica, "fuzz_mode": mode, "fuzz_strength": strength,
+                                      "instance": "127.0.0.1:8089", "job": "ray"})
+
+
+RECORD_CASES = [
+    # 4 unfuzzed requests/s, 1 gaussian at s in (1, 10] and 3 scale at s in (1e-3, 1e-2], over two replicas
+    ExprCase("fuzz traffic by mode and strength, and the fuzzed share",
+             {admitted("r1", "none", "0"): "0+60x40", admitted("r1", "gaussian", "1e+01"): "0+15x40",
+              admitted("r2", "scale", "1e-02"): "0+45x40"}, "8m", [SHARE],
+             [{"labels": f'{SHARE}{{application="fuzzserve"}}', "value": 0.5}]),
+    ExprCase("admitted rate summed over replicas per mode and strength",
+             {admitted("r1", "scale", "1e-02"): "0+15x40", admitted("r2", "scale", "1e-02"): "0+45x40",
+              admitted("r2", "none", "0"): "0+15x40"}, "8m", [RATE],
+             [{"labels": f'{RATE}{{application="fuzzserve",fuzz_mode="none",fuzz_strength="0"}}', "value": 1},
+              {"labels": f'{RATE}{{application="fuzzserve",fuzz_mode="scale",fuzz_strength="1e-02"}}', "value": 4}]),
+    ExprCase("no fuzzed request yet: the share is 0, not absent",
+             {admitted("r1", "none", "0"): "0+60x40"}, "8m", [SHARE],
+             [{"labels": f'{SHARE}{{application="fuzzserve"}}', "value": 0}]),
+]
+
+
+def test_fuzz_traffic_records():
+    r = run_rule_tests(RECORD_CASES)
+    assert r.ok, r.output
+
+
 @pytest.mark.parametrize("wrong, right", [
     ("fuzzserve:vllm_counter < 0", "fuzzserve:vllm_counter < -5"),
     ("resets(fuzzserve:vllm_counter[15m]) > 0", "resets(fuzzserve:vllm_counter[15m]) > 1"),
@@ -257,6 +290,9 @@ def test_the_real_export_with_a_broken_sum_fires_on_that_replica():
     ("> 0.1", "> 0.95"),
     ("[30m]) == 1", "[30m]) >= 0"),
     ('ray_serve_deployment_replica_healthy == 1, "ReplicaId"', 'ray_serve_deployment_replica_healthy >= 0, "ReplicaId"'),
+    ('{fuzz_mode!="none"}', '{fuzz_mode!="scale"}'),
+    ('or 0 * sum by (application)', 'or sum by (application)'),
+    ('sum by (application, fuzz_mode, fuzz_strength)', 'sum by (application, fuzz_mode)'),
 ])
 def test_a_wrong_rule_fails_its_unit_tests(tmp_path: Path, wrong: str, right: str):
     """The unit tests can fail: each of these edits breaks one rule, and promtool must say so."""
@@ -264,7 +300,7 @@ def test_a_wrong_rule_fails_its_unit_tests(tmp_path: Path, wrong: str, right: st
     assert wrong in text
     bad = tmp_path / "rules.yml"
     bad.write_text(text.replace(wrong, right))
-    r = run_rule_tests(CASES, rules_file=bad)
+    r = run_rule_tests(CASES + RECORD_CASES, rules_file=bad)
     assert not r.ok and "FAILED" in r.output, r.output
 
 

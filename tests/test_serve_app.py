@@ -248,6 +248,36 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
         assert set(allowed) == os.sched_getaffinity(0), "the replica process itself must not be bound"
 
 
+def test_admitted_requests_are_counted_by_fuzz_setting(serve_cluster):
+    """The guard's counter, as Ray's metrics agent exports it: exactly the requests it admitted, by label."""
+    from load_tests.prom_text import parse_samples, series
+    from serve_app.fuzz_traffic import EXPORTED
+
+    def counts() -> dict[tuple[str, str], float]:
+        out: dict[tuple[str, str], float] = {}
+        for url in serve_cluster.metrics_urls:
+            for labels, value in series(parse_samples(httpx.get(url, timeout=10).text), EXPORTED):
+                key = (labels["fuzz_mode"], labels["fuzz_strength"])
+                out[key] = out.get(key, 0.0) + value
+        return out
+
+    def delta(before, after):
+        return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*before, *after}
+                if after.get(k, 0.0) != before.get(k, 0.0)}
+
+    before = counts()
+    sent = [({"fuzz_strength": 5, "fuzz_mode": "gaussian", "fuzz_seed": 1}, ("gaussian", "1e+01"))] * 3 + \
+           [({"fuzz_strength": 0.003}, ("scale", "1e-02"))] * 2
+    for xargs, _ in sent:
+        text(complete(serve_cluster, PROMPTS[0], xargs, max_tokens=2))
+    assert complete(serve_cluster, PROMPTS[0], {"fuzz_strength": -1}).status_code == 400
+    expected = {("gaussian", "1e+01"): 3.0, ("scale", "1e-02"): 2.0}
+    deadline = time.monotonic() + 60  # Ray's metrics agent exports every few seconds
+    while (got := delta(before, counts())) != expected and time.monotonic() < deadline:
+        time.sleep(2)
+    assert got == expected, f"counted {got}, admitted {expected} (the 400 must not count)"
+
+
 def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
     """SIGKILL one engine replica mid-load: every request ends (success or an error the client sees), none hangs,
     none looks complete when it is not.
