@@ -4,7 +4,7 @@
 
 Without ``--url`` it deploys the app itself: a local Ray cluster (``ray
 start``), ``serve deploy`` of ``--config`` (with the scenario's faults), the
-run, a fuzz sweep through the router, teardown. With ``--url`` it drives an
+run, a fuzz sweep through the deployment, teardown. With ``--url`` it drives an
 existing deployment (metrics from ``--metrics-url`` or Ray's service
 discovery file); only addresses on this machine unless ``--allow-remote``.
 
@@ -88,7 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     out = ap.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="report directory (default: out/<scenario>)")
     out.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
-                     help="run the fuzz sweep through the router after the load (default: on, except smoke)")
+                     help="run the fuzz sweep through the deployment after the load (default: on, except smoke)")
     out.add_argument("--sweep-per-task", type=int, default=15)
     out.add_argument("--no-progress", action="store_true", help="no live progress bar")
     return ap.parse_args(argv)
@@ -440,7 +440,7 @@ def run_http_sweep(target: Target, args, console):
 
     from .fuzz_sweep import http_generator, print_table, run_sweep
 
-    with console.status("fuzz sweep through the router"):
+    with console.status("fuzz sweep through the deployment"):
         points = run_sweep(http_generator(target.base_url, target.api_key), held_out_examples(args.sweep_per_task))
     print_table(points)
     return points

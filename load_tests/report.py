@@ -198,7 +198,7 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
               f"engines completed {cs.engine_completed:g} and finished {cs.engine_finished:g} in all "
               f"({cs.sent_past_router} requests got past the router). {cs.note or ''}", ""]
     if sweep:
-        lines += ["## Fuzz sweep (greedy, through the router)", "",
+        lines += ["## Fuzz sweep (greedy, through the deployment)", "",
                   "| mode | fuzz_strength | accuracy | outputs changed | token divergence |", "|---|---|---|---|---|"]
         lines += [f"| {p.mode} | {p.strength:g} | {p.accuracy:.2f} | {p.changed_outputs:.2f} | {p.token_divergence:.2f} |"
                   for p in sweep]
