@@ -411,3 +411,22 @@ def _write(cluster, cfg) -> str:
     path = cluster.log_dir / "serve_config.scaled.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return str(path)
+
+
+def test_the_router_path_deploys_and_checks_requests_the_same_way(serve_cluster):
+    """``ingress: router`` (a FuzzIngress deployment in front of the engine replicas, Serve's default path)
+    deployed over the running app, on the cluster the shipped config needs (HAProxy on): probes, guard,
+    fuzz, streaming. Runs last: it replaces the shipped app."""
+    cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
+    args = cfg["applications"][0]["args"]
+    args["ingress"] = "router"
+    args["llm_configs"][0]["deployment_config"]["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1}
+    serve_cluster.deploy(cfg)
+    deployments = serve_cluster.serve_status()["applications"]["fuzzserve"]["deployments"]
+    assert any(name.startswith("FuzzIngress") for name in deployments), deployments
+    test_probes_and_models(serve_cluster)
+    test_api_key_auth(serve_cluster)
+    r = complete(serve_cluster, PROMPTS[0], {"fuzz_strength": -1})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "vllm_xargs.fuzz_strength", r.text
+    assert text(complete(serve_cluster, PROMPTS[0])) == text(complete(serve_cluster, PROMPTS[0], {"fuzz_strength": 0}))
+    test_streaming(serve_cluster, "/v1/chat/completions", {"messages": [{"role": "user", "content": "abc a b c"}]})
