@@ -16,10 +16,8 @@ its key is the salt plus the first ``prefix_chars`` characters of the prompt
 * load: when the preferred replica has more than ``imbalanced_threshold``
   requests in flight beyond the least-loaded one, the least-loaded replica
   takes the request instead. The in-flight counts are the replicas' own
-  (one RPC to each, at most every ``probe_interval_s``, refreshed in the
-  background: a request never waits for a probe once every replica has
-  answered one; between probes the router adds what it routed itself, so a
-  burst spreads).
+  (one RPC to each, at most every ``probe_interval_s``; between probes the
+  router adds what it routed itself, so a burst spreads).
   ``imbalanced_threshold: null`` routes on affinity alone, without probing.
 
 Why not Ray's ``PrefixCacheAffinityRouter``: on the direct-streaming path
@@ -44,7 +42,6 @@ parsed request: both expose ``prompt`` / ``messages`` and ``vllm_xargs``.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import math
 import time
@@ -136,32 +133,16 @@ class FuzzAffinityRouter(FIFOMixin, RequestRouter):
         self._probe_interval_s = probe_interval_s
         self._lens: dict[str, int | None] = {}
         self._lens_at = -math.inf
-        self._probe: asyncio.Future | None = None  # the one refresh in flight
 
     async def _queue_lens(self, replicas: list[RunningReplica]) -> dict[str, int | None]:
-        """In-flight requests per replica, as last probed plus what this router routed since.
-
-        Routing never waits for a probe unless a replica has never been
-        probed: a stale view starts one refresh in the background (one at a
-        time, at most every ``probe_interval_s``) and the request is routed on
-        what is known. Waiting for probes on the request path put every
-        concurrent request behind its own probe of busy replicas: at 256
-        streams on 2 cores the route call's median grew to 0.7 s, its tail
-        past HAProxy's 5 s router timeout (503 ``router_unreachable``).
-        """
+        """In-flight requests per replica: probed when the last probe is older than the interval or missed one."""
         ids = [r.replica_id.to_full_id_str() for r in replicas]
-        unknown = any(i not in self._lens for i in ids)
-        if unknown or time.monotonic() - self._lens_at >= self._probe_interval_s:
-            if self._probe is None or self._probe.done():
-                self._lens_at = time.monotonic()
-                self._probe = asyncio.ensure_future(self._refresh(replicas))
-            if unknown:
-                await asyncio.shield(self._probe)
+        now = time.monotonic()
+        if now - self._lens_at >= self._probe_interval_s or any(i not in self._lens for i in ids):
+            probed = await probe_queue_lens(self, replicas)
+            self._lens = {r.replica_id.to_full_id_str(): n for r, n in probed}
+            self._lens_at = now
         return {i: self._lens.get(i) for i in ids}
-
-    async def _refresh(self, replicas: list[RunningReplica]) -> None:
-        probed = await probe_queue_lens(self, replicas)
-        self._lens = {**self._lens, **{r.replica_id.to_full_id_str(): n for r, n in probed}}
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:

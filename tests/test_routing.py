@@ -137,17 +137,6 @@ def test_router_falls_back_to_the_least_loaded_and_balances_keyless_requests(que
         assert route(types.SimpleNamespace(args=[])) == light
 
 
-def new_router(**state) -> FuzzAffinityRouter:
-    router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
-    router.initialize_state(**state)
-    return router
-
-
-async def pick(router, request=REQ) -> str:
-    [[chosen]] = await router.choose_replicas(REPLICAS, request)
-    return chosen.replica_id.to_full_id_str()
-
-
 def test_between_probes_the_router_counts_what_it_routed(queue_lens, monkeypatch):
     """Probes are rationed (probe_interval_s); meanwhile each request routed counts on its replica, so a
     burst for one key spreads once the preferred replica runs the threshold ahead, and a new probe resets."""
@@ -164,51 +153,13 @@ def test_between_probes_the_router_counts_what_it_routed(queue_lens, monkeypatch
 
     monkeypatch.setattr(routing, "probe_queue_lens", counted)
     queue_lens.update({"A": 0, "B": 0})
-
-    async def scenario():
-        router = new_router(imbalanced_threshold=2, probe_interval_s=0.1)
-        burst = [await pick(router) for _ in range(6)]
-        assert probes == [100.0], "one probe for the whole burst"
-        assert burst[:3] == [PREFERRED] * 3 and OTHER in burst[3:], burst
-        clock[0] += 0.2
-        await pick(router)  # routed on the counts it has; the stale view starts one refresh
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert probes == [100.0, 100.2] and router._lens == {"A": 0, "B": 0}, "a fresh probe: both at 0 again"
-
-    asyncio.run(scenario())
-
-
-def test_probes_are_single_flight_and_never_block_a_known_view(queue_lens, monkeypatch):
-    """Many concurrent requests share one probe; once every replica has answered one, a slow probe (a busy
-    replica) no longer holds up routing. Waiting per request for its own probe is what made the route call
-    slow under load (0.7 s median at 256 streams)."""
-    import serve_app.routing as routing
-
-    calls, gate = [], None
-
-    async def slow(router, replicas):
-        calls.append(len(replicas))
-        await gate.wait()
-        return [(r, 0) for r in replicas]
-
-    monkeypatch.setattr(routing, "probe_queue_lens", slow)
-
-    async def scenario():
-        nonlocal gate
-        gate = asyncio.Event()
-        router = new_router(probe_interval_s=0)
-        first = [asyncio.create_task(pick(router)) for _ in range(20)]
-        await asyncio.sleep(0.01)
-        assert calls == [2] and not any(t.done() for t in first), "nothing known yet: all wait for one probe"
-        gate.set()
-        assert len(await asyncio.gather(*first)) == 20 and calls == [2]
-        gate.clear()  # every later probe hangs
-        picks = await asyncio.wait_for(asyncio.gather(*(pick(router) for _ in range(20))), 1.0)
-        assert len(picks) == 20 and calls == [2, 2], "one refresh in flight, nobody waited for it"
-        gate.set()
-
-    asyncio.run(scenario())
+    router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
+    router.initialize_state(imbalanced_threshold=2, probe_interval_s=0.1)
+    burst = [route(REQ, router) for _ in range(6)]
+    assert probes == [100.0], "one probe for the whole burst"
+    assert burst[:3] == [PREFERRED] * 3 and OTHER in burst[3:], burst
+    clock[0] += 0.2
+    assert route(REQ, router) == PREFERRED and probes == [100.0, 100.2], "a fresh probe: both at 0 again"
 
 
 def test_router_refuses_nonsense_and_handles_no_replicas():
