@@ -137,6 +137,17 @@ def test_router_falls_back_to_the_least_loaded_and_balances_keyless_requests(que
         assert route(types.SimpleNamespace(args=[])) == light
 
 
+def new_router(**state) -> FuzzAffinityRouter:
+    router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
+    router.initialize_state(**state)
+    return router
+
+
+async def pick(router, request=REQ) -> str:
+    [[chosen]] = await router.choose_replicas(REPLICAS, request)
+    return chosen.replica_id.to_full_id_str()
+
+
 def test_between_probes_the_router_counts_what_it_routed(queue_lens, monkeypatch):
     """Probes are rationed (probe_interval_s); meanwhile each request routed counts on its replica, so a
     burst for one key spreads once the preferred replica runs the threshold ahead, and a new probe resets."""
@@ -153,13 +164,92 @@ def test_between_probes_the_router_counts_what_it_routed(queue_lens, monkeypatch
 
     monkeypatch.setattr(routing, "probe_queue_lens", counted)
     queue_lens.update({"A": 0, "B": 0})
-    router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
-    router.initialize_state(imbalanced_threshold=2, probe_interval_s=0.1)
-    burst = [route(REQ, router) for _ in range(6)]
-    assert probes == [100.0], "one probe for the whole burst"
-    assert burst[:3] == [PREFERRED] * 3 and OTHER in burst[3:], burst
-    clock[0] += 0.2
-    assert route(REQ, router) == PREFERRED and probes == [100.0, 100.2], "a fresh probe: both at 0 again"
+
+    async def scenario():
+        router = new_router(imbalanced_threshold=2, probe_interval_s=0.1)
+        burst = [await pick(router) for _ in range(6)]
+        assert probes == [100.0], "one probe for the whole burst"
+        assert burst[:3] == [PREFERRED] * 3 and OTHER in burst[3:], burst
+        clock[0] += 0.2
+        await pick(router)  # routed on the counts it has; the stale view starts one refresh
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert probes == [100.0, 100.2] and router._lens == {"A": 0, "B": 0}, "a fresh probe: both at 0 again"
+
+    asyncio.run(scenario())
+
+
+def test_probes_are_single_flight_and_never_block_a_known_view(queue_lens, monkeypatch):
+    """Many concurrent requests share one probe; once every replica has answered one, a slow probe (a busy
+    replica) no longer holds up routing. Waiting per request for its own probe is what made the route call
+    slow under load (0.7 s median at 256 streams)."""
+    import serve_app.routing as routing
+
+    calls, gate = [], None
+
+    async def slow(router, replicas):
+        calls.append(len(replicas))
+        await gate.wait()
+        return [(r, 0) for r in replicas]
+
+    monkeypatch.setattr(routing, "probe_queue_lens", slow)
+
+    async def scenario():
+        nonlocal gate
+        gate = asyncio.Event()
+        router = new_router(probe_interval_s=0)
+        first = [asyncio.create_task(pick(router)) for _ in range(20)]
+        await asyncio.sleep(0.01)
+        assert calls == [2] and not any(t.done() for t in first), "nothing known yet: all wait for one probe"
+        gate.set()
+        assert len(await asyncio.gather(*first)) == 20 and calls == [2]
+        gate.clear()  # every later probe hangs
+        picks = await asyncio.wait_for(asyncio.gather(*(pick(router) for _ in range(20))), 1.0)
+        assert len(picks) == 20 and calls == [2, 2], "one refresh in flight, nobody waited for it"
+        gate.set()
+
+    asyncio.run(scenario())
+
+
+def test_after_an_idle_spell_old_counts_are_not_routed_on(queue_lens, monkeypatch):
+    """Counts older than max_view_age_s are refreshed before routing: the last burst's counts (the home
+    replica busy) must not send the first request after an idle spell away from its home replica. Routing
+    on them is what failed the Serve routing-property test in a clean-clone CI."""
+    import serve_app.routing as routing
+
+    clock = [100.0]
+    monkeypatch.setattr(routing.time, "monotonic", lambda: clock[0])
+
+    async def scenario():
+        router = new_router(probe_interval_s=0.1, max_view_age_s=1.0)
+        queue_lens.update({PREFERRED: 30, OTHER: 0})
+        assert await pick(router) == OTHER, "busy home replica: the least-loaded one takes it"
+        queue_lens.update({PREFERRED: 0, OTHER: 0})  # the burst is over; nobody asked since
+        clock[0] += 1.5
+        assert await pick(router) == PREFERRED, "an old view waits for a fresh probe"
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_probe_routes_on_affinity_and_does_not_block(monkeypatch):
+    """A probe that raises (a replica gone mid-RPC) leaves no count known: requests go to their home
+    replica, and the router does not wait for another probe on every request."""
+    import serve_app.routing as routing
+
+    calls = []
+
+    async def broken(router, replicas):
+        calls.append(1)
+        raise RuntimeError("replica actor died")
+
+    monkeypatch.setattr(routing, "probe_queue_lens", broken)
+
+    async def scenario():
+        router = new_router(probe_interval_s=10, max_view_age_s=10)
+        assert [await pick(router) for _ in range(5)] == [PREFERRED] * 5
+        assert calls == [1], "one failed probe, then routed on affinity until the next interval"
+
+    asyncio.run(scenario())
 
 
 def test_router_refuses_nonsense_and_handles_no_replicas():
@@ -170,3 +260,5 @@ def test_router_refuses_nonsense_and_handles_no_replicas():
         router.initialize_state(prefix_chars=0)
     with pytest.raises(ValueError, match="probe_interval_s"):
         router.initialize_state(probe_interval_s=-1)
+    with pytest.raises(ValueError, match="max_view_age_s"):
+        router.initialize_state(probe_interval_s=1, max_view_age_s=0.5)
