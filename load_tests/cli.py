@@ -35,6 +35,8 @@ from urllib.parse import urlparse
 
 from serve_app.routers import ROUTERS
 
+from .monitor import SETTLE_INTERVAL_S
+
 if TYPE_CHECKING:
     from .client import RequestResult
     from .monitor import InvariantChecker, Monitor
@@ -81,8 +83,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--probe-every", type=float, default=60.0, help="seconds between probe rounds under the load")
     mon = ap.add_argument_group("monitor")
     mon.add_argument("--scrape-interval", type=float, default=2.0, help="seconds between scrapes during the load")
-    mon.add_argument("--settle-interval", type=float, default=6.0,
-                     help="seconds between the idle scrapes that must agree at quiescence (Ray exports every few s)")
+    mon.add_argument("--settle-interval", type=float, default=SETTLE_INTERVAL_S,
+                     help="seconds between the idle scrapes that must agree at quiescence; must exceed the "
+                          "cluster's metrics export interval (Ray: RAY_metrics_report_interval_ms, 10 s by default)")
     mon.add_argument("--settle-timeout", type=float, default=90.0,
                      help="seconds to wait for quiescence before the final checks run anyway (not_quiescent)")
     out = ap.add_argument_group("output")
@@ -206,7 +209,7 @@ async def run_load(target: Target, sc, args, t0: float) -> LoadRun:
 
     checker = InvariantChecker(sc.expected_violation_kinds)
     monitor = Monitor(target.metrics_urls, checker, interval=getattr(args, "scrape_interval", 2.0), dead=target.dead,
-                      settle_interval=getattr(args, "settle_interval", 6.0), t0=t0)
+                      settle_interval=getattr(args, "settle_interval", SETTLE_INTERVAL_S), t0=t0)
     results: list[RequestResult] = []
     faults: list[Fault] = []
     stop = asyncio.Event()

@@ -54,6 +54,12 @@ from .replica_metrics import ReplicaCounters, merge_pages
 
 # Under full load on 2 cores Ray's metrics agent can take many seconds to answer.
 SCRAPE_TIMEOUT_S = 30.0
+# Ray's processes export their metrics to the node's agent every metrics_report_interval_ms (10 s unless the
+# cluster sets RAY_metrics_report_interval_ms). Work that starts and ends between two exports is invisible
+# until the next one, gauges included, so two idle scrapes can agree on values that predate it. Two
+# identical idle scrapes more than one export apart cannot: the later one follows an export.
+RAY_METRICS_EXPORT_INTERVAL_S = 10.0
+SETTLE_INTERVAL_S = RAY_METRICS_EXPORT_INTERVAL_S + 1.0
 # Consecutive failed scrapes of one endpoint that fail a run.
 SCRAPE_FAILURE_BOUND = 2
 # Consecutive scrapes a replica must be seen dead in before it counts as dead (one missed export is not a death;
@@ -204,7 +210,7 @@ class Monitor:
     """
 
     def __init__(self, urls: list[str], checker: InvariantChecker, interval: float = 2.0,
-                 dead: Callable[[], frozenset[str]] | None = None, settle_interval: float = 6.0,
+                 dead: Callable[[], frozenset[str]] | None = None, settle_interval: float = SETTLE_INTERVAL_S,
                  t0: float | None = None):
         self.urls, self.checker, self.interval = urls, checker, interval
         self.settle_interval = settle_interval
@@ -258,9 +264,12 @@ class Monitor:
     async def quiescent_check(self, settle_s: float = 90.0) -> Snapshot:
         """Wait until no live replica has work and the counters stop moving, then run the final checks.
 
-        Ray's metrics agent exports every few seconds, so "stopped moving"
-        means two identical idle scrapes ``settle_interval`` apart. After
-        ``settle_s`` the checks run anyway (and ``not_quiescent`` says why).
+        "Stopped moving" means two identical idle scrapes ``settle_interval``
+        apart; that interval must exceed the deployment's metrics export
+        interval (:data:`SETTLE_INTERVAL_S`), else a short burst that ended
+        between two exports passes as quiescence on the values from before
+        it. After ``settle_s`` the checks run anyway (and ``not_quiescent``
+        says why).
         Every scrape on the way is checked like any other.
         """
         deadline = time.monotonic() + settle_s

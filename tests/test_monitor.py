@@ -108,6 +108,44 @@ def test_not_quiescent_is_reported():
     assert kinds(c) == ["not_quiescent"]
 
 
+class _LaggingExport:
+    """A Ray node's metrics as the monitor sees them: values as of the last export (every 10 s, at t = 10k + 9.9)."""
+
+    def __init__(self, monkeypatch, finished_at: float, requests: float):
+        import load_tests.monitor as monitor
+
+        self.clock, self.finished_at, self.requests = 0.0, finished_at, requests
+        interval = monitor.RAY_METRICS_EXPORT_INTERVAL_S
+
+        async def scrape_once(mon, client):
+            exported = (self.clock - 9.9) // interval * interval + 9.9  # the last export before now
+            done = {"length": 4.0 + (self.requests if exported >= self.finished_at else 0.0)}
+            return Snapshot(self.clock, {"r1": rc(finished=done)})
+
+        async def sleep(seconds):
+            self.clock += seconds
+
+        monkeypatch.setattr(monitor.Monitor, "scrape_once", scrape_once)
+        monkeypatch.setattr(monitor.asyncio, "sleep", sleep)
+        monkeypatch.setattr(monitor.time, "monotonic", lambda: self.clock)
+
+
+@pytest.mark.parametrize("settle_interval, sees_the_burst", [(6.0, False), (None, True)])
+def test_quiescence_waits_past_one_metrics_export(monkeypatch, settle_interval, sees_the_burst):
+    """A burst that ended between two exports (4 requests done at 0.5 s, next export at 9.9 s): two idle scrapes
+    6 s apart agree on the values from before it (what made a Serve test see 0 of its 4 requests); the default
+    settle interval spans an export, so quiescence is reached on values that include it."""
+    import asyncio
+
+    from load_tests.monitor import Monitor
+
+    lag = _LaggingExport(monkeypatch, finished_at=0.5, requests=4.0)
+    lag.clock = 1.0
+    kwargs = {} if settle_interval is None else {"settle_interval": settle_interval}
+    snap = asyncio.run(Monitor(["http://node/metrics"], InvariantChecker(), **kwargs).quiescent_check(90))
+    assert (snap.replicas["r1"].requests_total == 8.0) is sees_the_burst, snap.replicas["r1"]
+
+
 def test_accounting_violations_unexpected_vs_explained_by_faults():
     h = [{"r1": rc()}, {"r1": rc(violations={"connector_negative": 3.0})}]
     assert kinds(run(h)) == ["accounting_violation"]
