@@ -15,6 +15,7 @@ every symbol (docs/patches.md).
 | cpu_offload | patches.cpu_offload | vLLM's native KV offloading on the CPU platform |
 | kv_faults | patches.kv_faults | seeded KV load failures, delays, lying connector (off unless configured) |
 | accounting | patches.accounting | prompt-token accounting that never goes negative |
+| cpu_inproc | patches.cpu_inproc | on CPU, a one-worker engine runs its model in EngineCore (no worker process) |
 | shm_wait | patches.shm_wait | on CPU, EngineCore and worker sleep instead of spinning while waiting for each other |
 """
 
@@ -28,6 +29,7 @@ PATCH_MODULES: dict[str, str] = {
     "cpu_offload": "patches.cpu_offload",
     "kv_faults": "patches.kv_faults",
     "accounting": "patches.accounting",
+    "cpu_inproc": "patches.cpu_inproc",
     "shm_wait": "patches.shm_wait",
 }
 

@@ -54,7 +54,7 @@ HEADER_SECTIONS = ("What it changes", "Why", "Upstream", "Verified on", "Remove 
 
 
 def on_cpu() -> bool:
-    """The CPU platform (where vLLM runs the model in a separate worker process and spins while it waits)."""
+    """The CPU platform."""
     from vllm.platforms import current_platform
 
     return current_platform.is_cpu()

@@ -131,3 +131,19 @@ class EngineHost:
                 pass
         self.proc.join(5)
         self._conn.close()
+
+
+def engine_processes(_llm: Any = None) -> dict[int, str]:
+    """The engine host's descendants, pid -> process title (``VLLM::EngineCore``, ``VLLM::Worker``, ...).
+
+    For ``EngineHost.eval(engine_processes)``: it runs in the host process.
+    """
+    import psutil
+
+    out = {}
+    for p in psutil.Process().children(recursive=True):
+        try:
+            out[p.pid] = p.name()
+        except psutil.NoSuchProcess:
+            continue
+    return out

@@ -67,10 +67,10 @@ def test_gaussian_is_reproducible_and_seeded(patched_engine):
     assert a != c, "another seed draws other noise"
 
 
-def test_perturbation_happens_in_the_worker(patched_engine, stock_engine):
+def test_perturbation_happens_where_the_model_runs(patched_engine, stock_engine):
     [before] = patched_engine.rpc(worker_stats)
     assert before["installed"] and before["module"] == "model.embed_tokens"
-    assert before["pid"] != patched_engine.pid, "the worker is another process than the frontend"
+    assert before["pid"] != patched_engine.pid, "the model runs in another process than the frontend"
     prompts = [long_prompt(1000 + i, 20) for i in range(3)]
     n_prompt = [len(r["token_ids"]) for r in patched_engine.eval(_tokenize, prompts)]
     mixed = [greedy(scale(0.5), ignore_eos=True), greedy(None, ignore_eos=True), greedy(gauss(2.0, 3), ignore_eos=True)]

@@ -101,7 +101,7 @@ def test_register_applies_once_and_switches_off():
     n_wraps = sum(t.kind == "wrap" for p in all_patches().values() for t in p.targets)
     on = _run(PROBE, {fw.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
-    assert "applied ['accounting', 'cpu_offload', 'fuzz', 'kv_faults', 'shm_wait'] True False True" in on.stdout
+    assert "applied ['accounting', 'cpu_inproc', 'cpu_offload', 'fuzz', 'kv_faults', 'shm_wait'] True False True" in on.stdout
     assert len(_wraps(on.stdout)) == n_wraps and set(_wraps(on.stdout).values()) <= {"1", "not-here"}
     off = _run(PROBE, {fw.OFF_ENV: "all"})
     assert off.returncode == 0, off.stderr
@@ -178,12 +178,39 @@ def test_shm_wait_refuses_a_bad_nap():
             nap_seconds({"FUZZSERVE_SHM_NAP_S": bad})
 
 
-@pytest.mark.engine
-def test_shm_wait_is_applied_in_the_worker(patched_engine, stock_engine):
-    """The plugin reaches the worker process, where the model runs on CPU; stock vLLM keeps its spin."""
-    from patches.shm_wait import DEFAULT_NAP_S, patch_state
+@pytest.fixture(scope="session")
+def worker_process_engine(start_engine):
+    """Patches on but ``cpu_inproc``: the model in a worker process behind the shared-memory ring, as upstream."""
+    return start_engine({"FUZZSERVE_PATCHES_OFF": "cpu_inproc"}, enforce_eager=True)
 
-    [worker] = patched_engine.rpc(patch_state)
-    assert worker["patched"] and worker["nap_s"] == DEFAULT_NAP_S and worker["pid"] != patched_engine.pid
+
+@pytest.mark.engine
+def test_shm_wait_is_applied_in_the_worker(worker_process_engine, stock_engine):
+    """With a worker process (cpu_inproc off), the plugin reaches it and its ring waits nap; stock vLLM spins."""
+    from patches.shm_wait import DEFAULT_NAP_S, patch_state
+    from testkit.engine_host import engine_processes
+
+    [worker] = worker_process_engine.rpc(patch_state)
+    assert worker_process_engine.eval(engine_processes)[worker["pid"]].startswith("VLLM::Worker")
+    assert worker["patched"] and worker["nap_s"] == DEFAULT_NAP_S
     [stock] = stock_engine.rpc(patch_state)
     assert not stock["patched"]
+
+
+@pytest.mark.engine
+def test_cpu_inproc_runs_the_model_in_engine_core(patched_engine, worker_process_engine, stock_engine):
+    """cpu_inproc: the model runs in EngineCore, no worker process, with the OpenMP environment upstream gives its
+    worker; switched off (alone, or with every patch) upstream's worker process is back."""
+    from patches.cpu_inproc import executor_state
+    from testkit.engine_host import engine_processes
+
+    [inproc] = patched_engine.rpc(executor_state)
+    titles = patched_engine.eval(engine_processes)
+    assert titles[inproc["pid"]].startswith("VLLM::EngineCore"), titles
+    assert not any(t.startswith("VLLM::Worker") for t in titles.values()), titles
+    for engine in (worker_process_engine, stock_engine):
+        [worker] = engine.rpc(executor_state)
+        assert engine.eval(engine_processes)[worker["pid"]].startswith("VLLM::Worker")
+        assert worker["OMP_NUM_THREADS"] is not None, worker  # upstream set the worker's environment
+        # and EngineCore got the same (same cores: every engine here starts with vLLM's `auto` binding)
+        assert {k: v for k, v in inproc.items() if k != "pid"} == {k: v for k, v in worker.items() if k != "pid"}

@@ -221,13 +221,14 @@ def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_pred
 
 
 def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
-    """serve_config.yaml's engine_cores_per_replica: 1 reaches each replica's engine worker.
+    """serve_config.yaml's engine_cores_per_replica: 1 reaches each replica's engine.
 
     One replica per node here, so each is local rank 0 of its node and gets
     the first core its process may use; vLLM's ``auto`` would have given the
-    worker both cores. The engine's processes are bound (the worker, and
-    every thread of EngineCore, which takes turns with it); the replica's own
-    asyncio process keeps every core.
+    engine both cores. The model runs in EngineCore (the ``cpu_inproc``
+    patch: no worker process), every thread of which is pinned to that core
+    (tests/test_plugin.py checks its OpenMP environment: /proc's copy is
+    overwritten by vLLM's process title); the replica's own asyncio process keeps every core.
     """
     import psutil
 
@@ -237,11 +238,10 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
     assert len({r["node_id"] for r in replicas}) == len(replicas) == 2
     for r in replicas:
         replica = psutil.Process(r["pid"])
-        workers = [p for p in replica.children(recursive=True) if p.name().startswith("VLLM::Worker")]
-        assert len(workers) == 1, f"one engine worker per replica: {replica.children(recursive=True)}"
+        descendants = replica.children(recursive=True)
+        assert not [p for p in descendants if p.name().startswith("VLLM::Worker")], descendants
         allowed = replica.cpu_affinity()
         expected, _ = replica_cores(0, 1, allowed)
-        assert workers[0].cpu_affinity() == expected, (r["pid"], allowed, workers[0].cpu_affinity())
         [engine_core] = [p for p in replica.children() if p.name().startswith(ENGINE_CORE_NAME)]
         masks = {t.id: sorted(os.sched_getaffinity(t.id)) for t in engine_core.threads()}
         assert len(masks) > 1 and all(m == expected for m in masks.values()), (engine_core.pid, masks)
