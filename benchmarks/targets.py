@@ -86,6 +86,8 @@ TARGETS: tuple[Target, ...] = (
     Target("S", "shipped", "serve_config.yaml as shipped (2 replicas, direct, fuzz_affinity), alone", shipped={}),
     Target("Se", "shippedeager", "as S, eager (enforce_eager: true), alone",
            shipped={"engine_kwargs": {"enforce_eager": True}}),
+    Target("Sw", "shippedworker", "as S with cpu_inproc off (the model in a worker process, as upstream), alone",
+           shipped={"env": {"FUZZSERVE_PATCHES_OFF": "cpu_inproc"}}),
     Target("Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}),
     Target("Sr", "shippedrouter", "as S on the router path (ingress: router), alone",
            shipped={"args": {"ingress": "router"}}),
