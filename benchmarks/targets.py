@@ -96,6 +96,8 @@ TARGETS: tuple[Target, ...] = (
     Target("Sq", "shippedquiet", "as St with Serve's access log off, alone",
            shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
                     "logging_config": {"enable_access_log": False}}),
+    Target("So", "shippedopt", "as S with Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED=1 in the replicas, alone",
+           shipped={"env": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}}),
     Target("b2", "stock2", "stock ray.serve.llm, 2 replicas, default path, alone",
            {"stock": True, "patches": False, "replicas": 2}),
     Target("bd2", "stockdirect2", "stock ray.serve.llm, 2 replicas, direct streaming + HAProxy, alone",

@@ -174,11 +174,11 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
         assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
         assert (env["RAY_SERVE_ENABLE_HA_PROXY"] == "1") == (phase in (
             "direct", "levers", "alone", "alonespin", "alonenap", "shipped", "shippedeager", "shippedspin",
-            "shippedworker", "shippedthread", "shippedquiet", "stockdirect2")), phase
+            "shippedworker", "shippedopt", "shippedthread", "shippedquiet", "stockdirect2")), phase
         for a in cfg["applications"]:  # no router-path target slipped onto the (now default) direct path
             assert ss.is_direct(a) == (a["name"] in ("bd", "f0", "f", "fb", "fbs", "fbr", "fbt", "fbq", "fbn", "fbc",
-                                                     "fb1", "fb1s", "fb1n", "S", "Se", "Ss", "Sw", "St", "Sq",
-                                                     "bd2")), a["name"]
+                                                     "fb1", "fb1s", "fb1n", "S", "Se", "Ss", "Sw", "So", "St",
+                                                     "Sq", "bd2")), a["name"]
     cfg, _, _ = ss.phase_config("levers", tmp_path)
     apps = {a["name"]: a for a in cfg["applications"]}
     env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
@@ -229,6 +229,8 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
         **s["args"]["llm_configs"][0]["engine_kwargs"], "enforce_eager": True}
     assert {**eager["args"], "llm_configs": None} == {**s["args"], "llm_configs": None}
     assert only("shippedspin")["args"] == {**s["args"], "shm_wait": False}
+    assert only("shippedopt")["runtime_env"]["env_vars"] == {
+        **s["runtime_env"]["env_vars"], "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
     worker = only("shippedworker")
     assert worker["args"] == s["args"] and worker["runtime_env"]["env_vars"] == {
         **s["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "cpu_inproc"}
