@@ -54,7 +54,8 @@ class FuzzServeArgs(BaseModel):
                                 "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding")
     shm_wait: bool = Field(
         True, description="the shm_wait patch in this app's engines (EngineCore and its worker nap instead of "
-                          "spinning while they wait for each other); false where they have a core to themselves")
+                          "spinning while they wait for each other; only where the worker is a process of its own: "
+                          "the cpu_inproc patch off); false where they have a core to themselves")
 
     def server_kwargs(self) -> dict[str, Any]:
         """What every engine replica of this app is bound with (serve_app.core_binding.EngineServer)."""

@@ -22,15 +22,14 @@ a replica never fails to start over a performance setting. Unset, vLLM's
 own ``auto`` applies, unchanged.
 
 The replica also pins its engine's EngineCore process (every thread of it)
-to the same cores once the engine has started. On CPU vLLM runs the engine
-step by step and synchronously (it turns async scheduling off there):
-EngineCore schedules, hands the step to the worker through shared memory,
-and waits for the result, so the two take turns and never compute at the
-same time. Sharing the engine's cores costs them nothing, and keeps the
-other cores for the replica's own process (HTTP, tokenizing, streaming)
-and for Serve; left floating, EngineCore lands on those cores and competes
-with them (docs/benchmarks.md measures both). The replica's own process is
-never pinned.
+to the same cores once the engine has started. With the ``cpu_inproc``
+patch (on by default) EngineCore runs the model itself, and its other
+threads (ZMQ input and output, Python helpers) would otherwise float onto
+the cores kept for the replica's own process (HTTP, tokenizing,
+streaming) and for Serve. With ``cpu_inproc`` off, EngineCore and its
+worker process take turns (on CPU vLLM runs each step synchronously: it
+turns async scheduling off there), so sharing the engine's cores costs
+them nothing either. The replica's own process is never pinned.
 
 Limits: ranks are per deployment, so two models' deployments on one node
 start at the same cores; a replica keeps the cores it started with if

@@ -7,7 +7,7 @@ to run, and it cleans up only what it started:
 
 * each node is one ``ray start --block`` process in its own session; every
   process of the node (GCS, raylet, dashboard, workers, Serve replicas, vLLM
-  EngineCore and worker processes) is its descendant;
+  EngineCore, and worker processes where there are any) is its descendant;
 * :meth:`LocalCluster.close` first shuts Serve down (replicas drain and stop
   their engines), then interrupts each ``ray start --block`` (Ray's own
   shutdown), then SIGKILLs, by pid, whatever of the descendants recorded
