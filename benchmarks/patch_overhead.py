@@ -6,11 +6,13 @@ The serving-stack benchmark measures the patches through Ray Serve, where run
 to run noise on 2 cores (+-20 %) hides a few percent. This one removes
 everything but the engine: offline ``LLM.generate`` in child processes, one
 engine per configuration kept up for the whole run, rounds interleaved
-(off, on, on+offload, off, on, ...), each patched run divided by the same
+(off, on, on+offload, on-worker, off, ...), each patched run divided by the same
 round's stock run.
 
 Engines: ``off`` (``FUZZSERVE_PATCHES_OFF=all``: stock vLLM), ``on`` (fuzz,
-accounting; offloading off), ``on+offload`` (every patch, native KV
+accounting, cpu_inproc; offloading off), ``on-worker`` (``on`` with the
+``cpu_inproc`` patch off: the model in a worker process, as stock vLLM runs
+it on CPU; unfuzzed workloads only), ``on+offload`` (every patch, native KV
 offloading to a 0.25 GiB host pool). Workloads: ``decode`` (``--prompt-tokens``
 128 in, 64 out with ``ignore_eos``: request throughput), ``prefill`` (the same
 prompts, 1 token out: time to first token of a full batch), each at s = 0,
@@ -74,7 +76,11 @@ ENGINES = {
     "off": ({"FUZZSERVE_PATCHES_OFF": "all"}, {}),
     "on": ({}, {}),
     "on+offload": ({}, OFFLOAD),
+    # every patch but cpu_inproc: the model in a worker process, as stock vLLM runs it on CPU
+    "on-worker": ({"FUZZSERVE_PATCHES_OFF": "cpu_inproc"}, {}),
 }
+# engines that run only the unfuzzed workloads (their reference and their A/B)
+UNFUZZED_ONLY = ("off", "on-worker")
 
 
 def workloads(ps: list[str], out_tokens: int) -> dict[str, list[dict[str, Any]]]:
@@ -136,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             hosts[name] = EngineHost(env={**env0, **env}, model=str(model), cpus=host_cores, **ENGINE, **extra)
             hosts[name].generate(warm, workloads(warm, args.output_tokens)["decode+fuzz"])  # warm-up
         plan = [(rnd, w, e) for rnd in range(args.rounds) for w in names for e in ENGINES
-                if not (e == "off" and "+" in w)]
+                if not (e in UNFUZZED_ONLY and "+" in w)]
         unfuzzed_outputs: dict[tuple[int, str, str], list[list[int]]] = {}
         with Progress() as progress:
             task = progress.add_task("patch overhead", total=len(plan))

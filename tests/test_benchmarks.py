@@ -52,7 +52,7 @@ def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     assert patch_overhead.main(["--rounds", "1", "--requests", "4", "--output-tokens", "4", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "patch_overhead.json").read_text())
     seen = {(r["workload"], r["engine"]) for r in data["runs"]}
-    assert seen == {(w, e) for w in ("decode", "prefill") for e in ("off", "on", "on+offload")} | {
+    assert seen == {(w, e) for w in ("decode", "prefill") for e in ("off", "on", "on+offload", "on-worker")} | {
         (f"{w}+{f}", e) for w in ("decode", "prefill") for f in ("fuzz", "noise") for e in ("on", "on+offload")}
     assert all(r["req_per_s"] > 0 for r in data["runs"])
     rows = {(r["workload"], r["engine"]): r for r in data["table"]}
