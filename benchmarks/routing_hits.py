@@ -51,7 +51,10 @@ TARGETS = {  # name -> (label, builder-argument overrides of serve_config.yaml, 
     "Rf": ("2 replicas, fuzz_affinity (shipped)", {"routing": "fuzz_affinity"}, 2),
     "Rk": ("2 replicas, prefix_affinity (prompt only)", {"routing": "prefix_affinity"}, 2),
     "Rp": ("2 replicas, power_of_two (control)", {"routing": "power_of_two"}, 2),
+    "Rb": ("2 replicas, fuzz_affinity, imbalanced_threshold 4", {"routing": "fuzz_affinity"}, 2),
 }
+ROUTER_KWARGS = {"Rb": {"imbalanced_threshold": 4}}  # name -> the request router's kwargs, where not the default
+DEFAULT_TARGETS = ("R1", "Rf", "Rk", "Rp")
 SALTS = ({}, {"fuzz_strength": 0.5}, {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 1},
          {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 2})
 CACHED = ("local_cache_hit", "external_kv_transfer")
@@ -76,12 +79,14 @@ def workload(n: int, groups: int, salts: int, prefix_tokens: int, suffix_tokens:
     return out
 
 
-def target_apps(kv_blocks: int | None) -> list[dict[str, Any]]:
+def target_apps(kv_blocks: int | None, names: tuple[str, ...] = DEFAULT_TARGETS) -> list[dict[str, Any]]:
     from benchmarks.targets import shipped_app
 
     apps = []
-    for name, (_label, args, replicas) in TARGETS.items():
-        a = shipped_app(name, args=args, engine_kwargs={"num_gpu_blocks_override": kv_blocks} if kv_blocks else {})
+    for name in names:
+        _label, args, replicas = TARGETS[name]
+        a = shipped_app(name, args=args, engine_kwargs={"num_gpu_blocks_override": kv_blocks} if kv_blocks else {},
+                        router_kwargs=ROUTER_KWARGS.get(name))
         for llm in a["args"]["llm_configs"]:
             llm["deployment_config"]["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": replicas}
         apps.append(a)
@@ -130,8 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-tokens", type=int, default=384)
     ap.add_argument("--suffix-tokens", type=int, default=64)
     ap.add_argument("--kv-blocks", type=int, default=48, help="KV pool per replica in blocks (0 = vLLM's sizing)")
+    ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
+                    help=f"comma-separated, of: {', '.join(TARGETS)} (each target's replicas run at once: "
+                         "mind the host's memory)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
+    names = tuple(args.targets.split(","))
+    unknown = sorted(set(names) - set(TARGETS))
+    if unknown:
+        ap.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -143,12 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     ensure_model()
     bodies = workload(args.requests, args.groups, args.salts, args.prefix_tokens, args.suffix_tokens)
     cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
-           "applications": target_apps(args.kv_blocks or None)}
+           "applications": target_apps(args.kv_blocks or None, names)}
     results: dict[str, Any] = {}
     with LocalCluster(num_cpus=32) as cluster:
         cluster.deploy(cfg, wait_ready=False)
-        cluster.wait_http({f"/{t}" for t in TARGETS})
-        for name in TARGETS:
+        cluster.wait_http({f"/{t}" for t in names})
+        for name in names:
             replicas = {a["name"].rsplit("#", 1)[-1] for a in cluster.actors(f"ServeReplica:{name}:LLMServer")}
             before = scrape(cluster.metrics_urls)
             t = time.monotonic()

@@ -96,6 +96,8 @@ TARGETS: tuple[Target, ...] = (
     Target("Sq", "shippedquiet", "as St with Serve's access log off, alone",
            shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
                     "logging_config": {"enable_access_log": False}}),
+    Target("Sb", "shippedbalance", "as S with fuzz_affinity's imbalanced_threshold 4 (8 shipped), alone",
+           shipped={"router_kwargs": {"imbalanced_threshold": 4}}),
     Target("So", "shippedopt", "as S with Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED=1 in the replicas, alone",
            shipped={"env": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}}),
     Target("b2", "stock2", "stock ray.serve.llm, 2 replicas, default path, alone",
@@ -155,8 +157,12 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
 
 def shipped_app(name: str, args: dict[str, Any] | None = None, engine_kwargs: dict[str, Any] | None = None,
                 env: dict[str, str] | None = None, logging_config: dict[str, Any] | None = None,
-                config: Path = SHIPPED_CONFIG) -> dict[str, Any]:
-    """serve_config.yaml's application as shipped, at route ``/<name>``, with only the named overrides."""
+                router_kwargs: dict[str, Any] | None = None, config: Path = SHIPPED_CONFIG) -> dict[str, Any]:
+    """serve_config.yaml's application as shipped, at route ``/<name>``, with only the named overrides.
+
+    ``router_kwargs``: the request router's keyword arguments (``initialize_state``), for the router the
+    YAML's ``routing`` names.
+    """
     [application] = copy.deepcopy(yaml.safe_load(config.read_text())["applications"])
     application.update(name=name, route_prefix=f"/{name}")
     application["args"].update(args or {})
@@ -165,6 +171,11 @@ def shipped_app(name: str, args: dict[str, Any] | None = None, engine_kwargs: di
         application["logging_config"] = logging_config
     for llm in application["args"]["llm_configs"]:
         llm["engine_kwargs"].update(engine_kwargs or {})
+        if router_kwargs:
+            from serve_app.routers import ROUTERS
+
+            llm.setdefault("deployment_config", {})["request_router_config"] = {
+                **ROUTERS[application["args"].get("routing", "fuzz_affinity")], "request_router_kwargs": router_kwargs}
     return application
 
 

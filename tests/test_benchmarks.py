@@ -174,11 +174,11 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
         assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
         assert (env["RAY_SERVE_ENABLE_HA_PROXY"] == "1") == (phase in (
             "direct", "levers", "alone", "alonespin", "alonenap", "shipped", "shippedeager", "shippedspin",
-            "shippedworker", "shippedopt", "shippedthread", "shippedquiet", "stockdirect2")), phase
+            "shippedworker", "shippedopt", "shippedbalance", "shippedthread", "shippedquiet", "stockdirect2")), phase
         for a in cfg["applications"]:  # no router-path target slipped onto the (now default) direct path
             assert ss.is_direct(a) == (a["name"] in ("bd", "f0", "f", "fb", "fbs", "fbr", "fbt", "fbq", "fbn", "fbc",
-                                                     "fb1", "fb1s", "fb1n", "S", "Se", "Ss", "Sw", "So", "St",
-                                                     "Sq", "bd2")), a["name"]
+                                                     "fb1", "fb1s", "fb1n", "S", "Se", "Ss", "Sw", "So", "Sb",
+                                                     "St", "Sq", "bd2")), a["name"]
     cfg, _, _ = ss.phase_config("levers", tmp_path)
     apps = {a["name"]: a for a in cfg["applications"]}
     env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
@@ -231,6 +231,13 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
     assert only("shippedspin")["args"] == {**s["args"], "shm_wait": False}
     assert only("shippedopt")["runtime_env"]["env_vars"] == {
         **s["runtime_env"]["env_vars"], "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+    balance = only("shippedbalance")
+    assert balance["runtime_env"] == s["runtime_env"] and {**balance["args"], "llm_configs": None} == {
+        **s["args"], "llm_configs": None}
+    assert balance["args"]["llm_configs"][0]["deployment_config"] == {
+        **s["args"]["llm_configs"][0]["deployment_config"],
+        "request_router_config": {"request_router_class": "serve_app.routing.FuzzAffinityRouter",
+                                  "request_router_kwargs": {"imbalanced_threshold": 4}}}
     worker = only("shippedworker")
     assert worker["args"] == s["args"] and worker["runtime_env"]["env_vars"] == {
         **s["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "cpu_inproc"}
@@ -245,3 +252,31 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
         {"min_replicas": 2, "max_replicas": 2}
     assert bd2["runtime_env"]["env_vars"] == {**b2["runtime_env"]["env_vars"],
                                               "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"}
+
+
+def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_path):
+    """routing_hits deploys serve_config.yaml's app per target, changing only replicas, KV pool and router
+    (and, for Rb, the router's balance threshold); every config is one Serve accepts. Pure config."""
+    from ray.serve.schema import ServeDeploySchema
+
+    from benchmarks import routing_hits as rh
+    from benchmarks.targets import shipped_app
+    from serve_app.routers import ROUTERS
+
+    names = tuple(rh.TARGETS)
+    apps = {a["name"]: a for a in rh.target_apps(48, names)}
+    assert set(apps) == set(names) and set(rh.DEFAULT_TARGETS) < set(names)
+    ServeDeploySchema.model_validate({"applications": list(apps.values())})
+    base = shipped_app("x")
+    for name, a in apps.items():
+        label, args, replicas = rh.TARGETS[name]
+        assert a["runtime_env"] == base["runtime_env"]
+        assert {**a["args"], "llm_configs": None} == {**base["args"], **args, "llm_configs": None}, name
+        [llm] = a["args"]["llm_configs"]
+        assert llm["engine_kwargs"] == {**base["args"]["llm_configs"][0]["engine_kwargs"], "num_gpu_blocks_override": 48}
+        assert llm["deployment_config"]["autoscaling_config"] == {"min_replicas": replicas, "max_replicas": replicas}
+        router = llm["deployment_config"].get("request_router_config")
+        if name in rh.ROUTER_KWARGS:
+            assert router == {**ROUTERS[args["routing"]], "request_router_kwargs": rh.ROUTER_KWARGS[name]}
+        else:
+            assert router is None, name  # the builder sets it from `routing`
