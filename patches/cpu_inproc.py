@@ -115,11 +115,18 @@ def _wrap_proc_manager_init(original):
 
 
 def engine_core_omp_env(vllm_config: Any, executor_class: type) -> contextlib.AbstractContextManager:
-    """The OpenMP environment upstream gives a CPU worker process, for an EngineCore that is its own worker."""
-    from vllm.platforms import current_platform
+    """The OpenMP environment upstream gives a CPU worker process, for an EngineCore that is its own worker.
+
+    The platform is the one ``vllm.v1.engine.utils`` holds, the reference the
+    wrapped ``CoreEngineProcManager`` itself consults (its own start-up thread
+    scoping skips CPU by it): a caller that swaps that reference, as
+    upstream's ``test_startup_watch_processes.py`` does with a stand-in
+    config, gets upstream's behaviour, not this patch's.
+    """
+    from vllm.v1.engine import utils as engine_utils
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-    if not (current_platform.is_cpu() and isinstance(executor_class, type)
+    if not (engine_utils.current_platform.is_cpu() and isinstance(executor_class, type)
             and issubclass(executor_class, UniProcExecutor)):
         return contextlib.nullcontext()
     from vllm.utils.ompmultiprocessing import OMPProcessManager

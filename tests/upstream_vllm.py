@@ -41,6 +41,7 @@ Verdict, per test (``docs/upstream_tests.md`` lists every difference):
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import re
 import subprocess
@@ -62,9 +63,7 @@ HF_HOME = CACHE / "hf_home"
 # (768 hidden, 12 layers, 12 heads, vocab 50272, 2048 positions).
 STAND_IN_CONFIGS = {"facebook/opt-125m": ("OPTConfig", "OPTForCausalLM")}
 
-# The patched areas: metrics stats (accounting), invalid blocks and load-failure recovery (accounting,
-# kv_faults), the offloading connector (kv_faults, cpu_offload), the CPU offload spec (cpu_offload),
-# the scheduler (accounting).
+# The patched areas, each with the upstream test files that exercise what a patch wraps.
 AREAS = {
     "metrics stats": ["tests/v1/metrics/test_stats.py"],
     "invalid blocks": ["tests/v1/kv_connector/unit/test_invalid_blocks_correctness.py"],
@@ -73,6 +72,23 @@ AREAS = {
                              "tests/v1/kv_connector/unit/test_offloading_connector.py"],
     "CPU offload spec": ["tests/v1/kv_offload/cpu", "tests/v1/kv_offload/test_factory.py"],
     "scheduler": ["tests/v1/core/test_scheduler.py"],
+    "input processor": ["tests/v1/engine/test_input_processor_trace_replay.py", "tests/test_request_input_bounds.py"],
+    "engine launch": ["tests/v1/engine/test_startup_watch_processes.py", "tests/v1/executor/test_executor.py",
+                      "tests/platforms/test_cpu.py"],
+    "shared-memory broadcast": ["tests/distributed/test_shm_broadcast.py"],
+}
+
+# Which patches each area exercises (every patch in patches.PATCH_MODULES is in at least one: a test checks).
+COVERS = {
+    "metrics stats": ("accounting",),
+    "invalid blocks": ("accounting", "kv_faults"),
+    "KV load failure recovery": ("accounting", "kv_faults"),
+    "offloading connector": ("kv_faults", "cpu_offload"),
+    "CPU offload spec": ("cpu_offload",),
+    "scheduler": ("accounting", "fuzz"),  # fuzz: Request.__init__ (the cache salt)
+    "input processor": ("fuzz",),  # fuzz: InputProcessor._validate_params
+    "engine launch": ("cpu_inproc",),  # CoreEngineProcManager.__init__, CpuPlatform.check_and_update_config
+    "shared-memory broadcast": ("shm_wait",),  # SpinCondition.wait
 }
 
 # Tests whose outcome the patches change on purpose: test id -> the patch behaviour that explains it.
@@ -232,10 +248,12 @@ def main(argv: list[str] | None = None) -> int:
     if vllm.__version__.split("+")[0] != VERSION:
         print(f"installed vllm is {vllm.__version__}; these are {VERSION}'s tests", file=sys.stderr)
         return 2
-    try:
-        import tblib  # noqa: F401  (upstream's conftest imports it; the `test` extra installs it)
-    except ImportError:
-        print("upstream's tests/conftest.py needs tblib: pip install tblib (in the `test` extra)", file=sys.stderr)
+    # tblib: upstream's tests/conftest.py imports it; multiprocess: its shared-memory broadcast tests do.
+    # Both are in the `test` extra: missing, an area would only look "not applicable".
+    missing = [m for m in ("tblib", "multiprocess") if importlib.util.find_spec(m) is None]
+    if missing:
+        print(f"upstream's tests need {', '.join(missing)} (the `test` extra: scripts/bootstrap.sh installs it)",
+              file=sys.stderr)
         return 2
     tree = ensure_tree()
     ensure_stand_in_configs()
