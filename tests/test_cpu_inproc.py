@@ -31,7 +31,11 @@ GPU = SimpleNamespace(is_cpu=lambda: False)
     ("ray", 1, 1, True, False),  # other backends are the user's choice
     ("external_launcher", 1, 1, True, False),
 ])
-def test_only_one_worker_engines_with_their_own_engine_core_run_in_it(backend, tp, dp, multiprocessing, expected):
+def test_only_one_worker_engines_with_their_own_engine_core_run_in_it(monkeypatch, backend, tp, dp, multiprocessing,
+                                                                      expected):
+    # ParallelConfig(external_launcher) sets os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" for the whole
+    # process; unguarded, every engine and Ray cluster the session starts later inherits it (it did, in CI).
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     parallel = ParallelConfig(tensor_parallel_size=tp, data_parallel_size=dp, distributed_executor_backend=backend)
     assert runs_in_process(parallel, multiprocessing) is expected
 
