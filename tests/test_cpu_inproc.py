@@ -57,9 +57,10 @@ def test_a_uniproc_engine_core_on_cpu_is_spawned_with_the_worker_omp_env(monkeyp
 
 def test_a_multiproc_engine_core_keeps_upstream_env(monkeypatch):
     monkeypatch.setattr(engine_utils, "current_platform", CPU)
-    # No config attribute is read: the worker process sets its own environment, as upstream does.
+    # No config attribute is read and nothing is set: the worker process sets its own environment, as upstream does.
+    before = omp_env()
     with engine_core_omp_env(SimpleNamespace(), MultiprocExecutor):
-        pass
+        assert omp_env() == before
 
 
 def test_the_platform_is_the_one_the_wrapped_manager_consults(monkeypatch):

@@ -50,6 +50,7 @@ import tarfile
 import xml.etree.ElementTree as ET
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = (REPO / ".cache" / "upstream").resolve()  # real path: pytest's test ids are relative to it
@@ -63,32 +64,34 @@ HF_HOME = CACHE / "hf_home"
 # (768 hidden, 12 layers, 12 heads, vocab 50272, 2048 positions).
 STAND_IN_CONFIGS = {"facebook/opt-125m": ("OPTConfig", "OPTForCausalLM")}
 
-# The patched areas, each with the upstream test files that exercise what a patch wraps.
-AREAS = {
-    "metrics stats": ["tests/v1/metrics/test_stats.py"],
-    "invalid blocks": ["tests/v1/kv_connector/unit/test_invalid_blocks_correctness.py"],
-    "KV load failure recovery": ["tests/v1/kv_connector/unit/test_kv_load_failure_recovery.py"],
-    "offloading connector": ["tests/v1/kv_connector/unit/offloading_connector",
-                             "tests/v1/kv_connector/unit/test_offloading_connector.py"],
-    "CPU offload spec": ["tests/v1/kv_offload/cpu", "tests/v1/kv_offload/test_factory.py"],
-    "scheduler": ["tests/v1/core/test_scheduler.py"],
-    "input processor": ["tests/v1/engine/test_input_processor_trace_replay.py", "tests/test_request_input_bounds.py"],
-    "engine launch": ["tests/v1/engine/test_startup_watch_processes.py", "tests/v1/executor/test_executor.py",
-                      "tests/platforms/test_cpu.py"],
-    "shared-memory broadcast": ["tests/distributed/test_shm_broadcast.py"],
-}
+class Area(NamedTuple):
+    """Upstream test files (or folders) and the patches whose wrapped code they exercise."""
 
-# Which patches each area exercises (every patch in patches.PATCH_MODULES is in at least one: a test checks).
-COVERS = {
-    "metrics stats": ("accounting",),
-    "invalid blocks": ("accounting", "kv_faults"),
-    "KV load failure recovery": ("accounting", "kv_faults"),
-    "offloading connector": ("kv_faults", "cpu_offload"),
-    "CPU offload spec": ("cpu_offload",),
-    "scheduler": ("accounting", "fuzz"),  # fuzz: Request.__init__ (the cache salt)
-    "input processor": ("fuzz",),  # fuzz: InputProcessor._validate_params
-    "engine launch": ("cpu_inproc",),  # CoreEngineProcManager.__init__, CpuPlatform.check_and_update_config
-    "shared-memory broadcast": ("shm_wait",),  # SpinCondition.wait
+    paths: list[str]
+    patches: tuple[str, ...]
+
+
+# The patched areas. Every patch in patches.PATCH_MODULES is exercised by at least one: a test checks.
+AREAS = {
+    "metrics stats": Area(["tests/v1/metrics/test_stats.py"], ("accounting",)),
+    "invalid blocks": Area(["tests/v1/kv_connector/unit/test_invalid_blocks_correctness.py"],
+                           ("accounting", "kv_faults")),
+    "KV load failure recovery": Area(["tests/v1/kv_connector/unit/test_kv_load_failure_recovery.py"],
+                                     ("accounting", "kv_faults")),
+    "offloading connector": Area(["tests/v1/kv_connector/unit/offloading_connector",
+                                  "tests/v1/kv_connector/unit/test_offloading_connector.py"],
+                                 ("kv_faults", "cpu_offload")),
+    "CPU offload spec": Area(["tests/v1/kv_offload/cpu", "tests/v1/kv_offload/test_factory.py"], ("cpu_offload",)),
+    # fuzz: Request.__init__ (the cache salt)
+    "scheduler": Area(["tests/v1/core/test_scheduler.py"], ("accounting", "fuzz")),
+    # fuzz: InputProcessor._validate_params
+    "input processor": Area(["tests/v1/engine/test_input_processor_trace_replay.py",
+                             "tests/test_request_input_bounds.py"], ("fuzz",)),
+    # cpu_inproc: CoreEngineProcManager.__init__, CpuPlatform.check_and_update_config
+    "engine launch": Area(["tests/v1/engine/test_startup_watch_processes.py", "tests/v1/executor/test_executor.py",
+                           "tests/platforms/test_cpu.py"], ("cpu_inproc",)),
+    # shm_wait: SpinCondition.wait
+    "shared-memory broadcast": Area(["tests/distributed/test_shm_broadcast.py"], ("shm_wait",)),
 }
 
 # Tests whose outcome the patches change on purpose: test id -> the patch behaviour that explains it.
@@ -241,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown areas {unknown}")
     if args.list:
-        print("\n".join(p for a in areas for p in AREAS[a]))
+        print("\n".join(p for a in areas for p in AREAS[a].paths))
         return 0
     import vllm
 
@@ -262,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for way, off in (("on", ""), ("off", "all")):
             print(f"{area}: patches {way} ...", flush=True)
-            results[way] = run_once(tree, AREAS[area], off, CACHE / f"junit-{area.replace(' ', '_')}-{way}.xml",
+            results[way] = run_once(tree, AREAS[area].paths, off, CACHE / f"junit-{area.replace(' ', '_')}-{way}.xml",
                                     args.timeout)
         area_rows = [r | {"area": area} for r in compare(results["on"], results["off"])]
         rerun_differences(tree, area_rows, area, args.timeout)
