@@ -86,9 +86,7 @@ def target_apps(kv_blocks: int | None, names: tuple[str, ...] = DEFAULT_TARGETS)
     for name in names:
         _label, args, replicas = TARGETS[name]
         a = shipped_app(name, args=args, engine_kwargs={"num_gpu_blocks_override": kv_blocks} if kv_blocks else {},
-                        router_kwargs=ROUTER_KWARGS.get(name))
-        for llm in a["args"]["llm_configs"]:
-            llm["deployment_config"]["autoscaling_config"] = {"min_replicas": replicas, "max_replicas": replicas}
+                        router_kwargs=ROUTER_KWARGS.get(name), replicas=replicas)
         apps.append(a)
     return apps
 

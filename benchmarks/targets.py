@@ -83,7 +83,7 @@ TARGETS: tuple[Target, ...] = (
     Target("fb1n", "alonenap", "as fb1 with a 50 us shm_wait nap, alone",
            {**_DIRECT, "cores_per_replica": 1, "nap_s": 0.00005}),
     # what users deploy: serve_config.yaml itself, alone in its cluster, and the stacks it must beat
-    Target("S", "shipped", "serve_config.yaml as shipped (2 replicas, direct, fuzz_affinity), alone", shipped={}),
+    Target("S", "shipped", "serve_config.yaml with 2 replicas (direct, fuzz_affinity), alone", shipped={}),
     Target("Se", "shippedeager", "as S, eager (enforce_eager: true), alone",
            shipped={"engine_kwargs": {"enforce_eager": True}}),
     Target("Sw", "shippedworker", "as S with cpu_inproc off (the model in a worker process, as upstream), alone",
@@ -155,17 +155,25 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
     return out
 
 
+# serve_stack and routing_hits run their stacks side by side in clusters of 32
+# logical CPUs, where the shipped `engine_replicas: fit` would start 16: their
+# targets pin the replica count they are about.
+STACK_REPLICAS = 2
+
+
 def shipped_app(name: str, args: dict[str, Any] | None = None, engine_kwargs: dict[str, Any] | None = None,
                 env: dict[str, str] | None = None, logging_config: dict[str, Any] | None = None,
-                router_kwargs: dict[str, Any] | None = None, config: Path = SHIPPED_CONFIG) -> dict[str, Any]:
-    """serve_config.yaml's application as shipped, at route ``/<name>``, with only the named overrides.
+                router_kwargs: dict[str, Any] | None = None, config: Path = SHIPPED_CONFIG,
+                replicas: int = STACK_REPLICAS) -> dict[str, Any]:
+    """serve_config.yaml's application, at route ``/<name>``, with ``replicas`` engine replicas and only the
+    named overrides.
 
     ``router_kwargs``: the request router's keyword arguments (``initialize_state``), for the router the
     YAML's ``routing`` names.
     """
     [application] = copy.deepcopy(yaml.safe_load(config.read_text())["applications"])
     application.update(name=name, route_prefix=f"/{name}")
-    application["args"].update(args or {})
+    application["args"].update({"engine_replicas": replicas, **(args or {})})
     application.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(env or {})
     if logging_config:
         application["logging_config"] = logging_config

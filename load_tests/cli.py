@@ -64,6 +64,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument("--http-port", type=int, default=None, help="override the config's HTTP port")
     dep.add_argument("--patches-off", default=None,
                      help="FUZZSERVE_PATCHES_OFF for the cluster, for A/B runs (e.g. 'accounting')")
+    dep.add_argument("--replicas", type=_replicas, default=DEFAULT_REPLICAS,
+                     help=f"engine replicas (the config's engine_replicas; default {DEFAULT_REPLICAS}, so that the "
+                          "request router and per-replica checks have several replicas to work on; 'fit': the "
+                          "config's own sizing, one per 2 cores)")
     dep.add_argument("--routing", choices=tuple(ROUTERS), default=None,
                      help="the engine replicas' request router (serve_app.routing; default: the config's)")
     load = ap.add_argument_group("load (overrides the scenario)")
@@ -95,6 +99,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     out.add_argument("--sweep-per-task", type=int, default=15)
     out.add_argument("--no-progress", action="store_true", help="no live progress bar")
     return ap.parse_args(argv)
+
+
+# A local deployment runs this many engine replicas unless told otherwise: the
+# shipped config's `engine_replicas: fit` gives one on a 2-core host, and the
+# load tests exist to check routing and per-replica counters across several.
+DEFAULT_REPLICAS = 2
+
+
+def _replicas(value: str) -> int | str:
+    if value == "fit":
+        return value
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"--replicas must be >= 1 or 'fit', got {value}")
+    return n
 
 
 def scenario_from(args: argparse.Namespace):
@@ -423,6 +442,7 @@ def deploy(sc, args, out: Path, console):
             llm["engine_kwargs"] = sc.engine_overrides(llm.get("engine_kwargs", {}))
         if args.routing:
             app["args"]["routing"] = args.routing
+        app["args"]["engine_replicas"] = args.replicas
     env = {"FUZZSERVE_PATCHES_OFF": args.patches_off} if args.patches_off else {}
     cluster = LocalCluster(env=env, log_dir=out / "cluster")
     t = time.monotonic()

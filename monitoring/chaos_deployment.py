@@ -33,9 +33,10 @@ def deploy(sc, out: Path, patches_off: str | None):
     """Start a local cluster and deploy serve_config.yaml with ``sc``'s engine settings (the CLI's own deploy)."""
     from rich.console import Console
 
-    from load_tests.cli import deploy as cli_deploy
+    from load_tests.cli import DEFAULT_REPLICAS, deploy as cli_deploy
 
-    args = argparse.Namespace(config=None, routing=None, patches_off=patches_off, http_port=None)
+    args = argparse.Namespace(config=None, routing=None, patches_off=patches_off, http_port=None,
+                              replicas=DEFAULT_REPLICAS)
     return cli_deploy(sc, args, out, Console(stderr=True))
 
 

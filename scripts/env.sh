@@ -11,12 +11,12 @@ export HF_HUB_OFFLINE=1
 # vLLM's CPU worker otherwise sizes its KV cache from free RAM (~92%).
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 cd "$ROOT"
-# Serve's HAProxy, and the request body forwarded to the ingress request
-# router: serve_config.yaml's direct path (ingress: direct, fuzz_affinity
-# routing) needs both in the environment of `ray start` / `serve run`; the
-# app refuses to deploy without them, naming them.
-export RAY_SERVE_ENABLE_HA_PROXY=${RAY_SERVE_ENABLE_HA_PROXY:-1}
-export RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=${RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY:-1}
+# The environment of `ray start` / `serve run` for every node, from its one
+# table (serve_app/cluster_env.py: Serve's HAProxy and the request body
+# forwarded to the ingress request router, which serve_config.yaml's direct
+# path needs and without which the app refuses to deploy, naming them; Serve's
+# controller loop interval). A value already set wins.
+eval "$(python -m serve_app.cluster_env)"
 # Ray: token authentication on, and a token to use (Ray 2.60's `ray start`
 # enables token auth only when a token file exists, and does not create one;
 # `serve`, `ray` and ray.init must all agree on the mode).

@@ -18,7 +18,14 @@ the engine replicas are ``ray.serve.llm``'s ``LLMServer`` deployments built by
 * ``routing:`` picks the request router of every engine deployment, unless a
   model's ``deployment_config`` names one itself;
 * ``engine_cores_per_replica`` gives each engine replica on a CPU node its
-  own cores (``serve_app.core_binding``).
+  own cores (``serve_app.core_binding``);
+* ``engine_replicas: fit`` sizes the engine deployment to the cluster: as
+  many replicas as its nodes' CPUs hold, each counted as its engine's cores
+  plus one for its HTTP frontend (:func:`fit_replicas`; docs/serve.md);
+* a single-replica engine deployment on the direct path gets no ingress
+  request router: with one replica there is nothing to choose, and the
+  router's HTTP round trip on every request is pure cost (HAProxy forwards
+  to the replica itself).
 
 Every private Ray symbol used here comes from :mod:`serve_app.ray_internals`.
 """
@@ -26,11 +33,14 @@ Every private Ray symbol used here comes from :mod:`serve_app.ray_internals`.
 from __future__ import annotations
 
 import copy
+import math
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .cluster_env import HAPROXY_ENV
 from .guard import GuardConfig
 from .routers import BODY_AWARE, ROUTERS, Routing
 
@@ -52,6 +62,10 @@ class FuzzServeArgs(BaseModel):
     engine_cores_per_replica: int | None = Field(
         None, ge=1, description="CPU hosts: bind each engine replica's OpenMP threads to its own this many cores "
                                 "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding")
+    engine_replicas: int | Literal["fit"] | None = Field(
+        None, description="engine replicas per model: a number, or fit: as many as the cluster's CPUs hold, "
+                          "engine_cores_per_replica (1 if unset) + 1 for the replica's HTTP frontend each, per "
+                          "node; null: as each llm_config's deployment_config says (num_replicas, autoscaling_config)")
     shm_wait: bool = Field(
         True, description="the shm_wait patch in this app's engines (EngineCore and its worker nap instead of "
                           "spinning while they wait for each other; only where the worker is a process of its own: "
@@ -62,9 +76,56 @@ class FuzzServeArgs(BaseModel):
         return {"engine_cores_per_replica": self.engine_cores_per_replica, "shm_wait": self.shm_wait}
 
 
-def resolve_llm_configs(args: FuzzServeArgs) -> list[dict[str, Any]]:
-    """The LLMConfig dicts with the fixture model resolved and the request router set."""
-    configs = copy.deepcopy(args.llm_configs)
+# What fit counts per engine replica besides its engine's cores: its HTTP frontend
+# (Serve's replica actor: vLLM's OpenAI app, AsyncLLM, tokenizing, streaming),
+# which ray.serve.llm reserves one CPU for by default.
+FRONTEND_CPUS = 1
+
+
+def fit_replicas(node_cpus: list[float], engine_cores_per_replica: int | None) -> int:
+    """Engine replicas that the nodes' CPUs hold, one frontend CPU + the engine's cores each; at least 1.
+
+    Why not two replicas on a 2-core node: each replica's frontend needs about
+    as much CPU per request as its engine (measured: benchmarks/vs_vllm.py,
+    docs/serve.md), and two engines on one core each batch half the requests,
+    paying each step's fixed cost twice; two replicas on 2 cores serve about
+    0.75x of what one does there.
+    """
+    per_replica = (engine_cores_per_replica or 1) + FRONTEND_CPUS
+    return max(1, sum(int(c // per_replica) for c in node_cpus))
+
+
+def cluster_node_cpus() -> list[float]:
+    """The CPUs (Ray's logical CPUs: ``ray start --num-cpus``, by default the node's cores) of every alive node."""
+    import ray
+
+    if not ray.is_initialized():
+        raise ValueError("engine_replicas: fit sizes the deployment to a running Ray cluster; build the app on one "
+                         "(serve deploy / serve run) or give engine_replicas a number")
+    return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
+
+
+def max_replicas(deployment_config: dict[str, Any]) -> int | float:
+    """The most replicas a deployment config lets Serve run (``num_replicas: auto`` autoscales: unbounded)."""
+    n = deployment_config.get("num_replicas")
+    if n == "auto":
+        return math.inf
+    autoscaling = deployment_config.get("autoscaling_config")
+    if autoscaling:
+        return autoscaling.get("max_replicas", 1)
+    return 1 if n is None else n
+
+
+def resolve_llm_configs(args: FuzzServeArgs, node_cpus: Callable[[], list[float]] | None = None,
+                        ) -> list[dict[str, Any]]:
+    """The LLMConfig dicts with the fixture model resolved, replicas counted and the request router set.
+
+    The request router is set wherever the deployment can run more than one
+    replica (or on the router path, where the ingress calls through a handle);
+    a single replica on the direct path gets none (:func:`needs_request_router`).
+    """
+    # each on its own: two configs may share a nested dict (YAML anchors), which one deepcopy would keep shared
+    configs = [copy.deepcopy(c) for c in args.llm_configs]
     router_config = ROUTERS[args.routing]
     for cfg in configs:
         loading = cfg.setdefault("model_loading_config", {})
@@ -73,9 +134,27 @@ def resolve_llm_configs(args: FuzzServeArgs) -> list[dict[str, Any]]:
 
             loading["model_source"] = str(ensure_model())
         deployment = cfg.setdefault("deployment_config", {})
-        # Always explicit: the direct path's default would otherwise be Ray's round robin.
-        deployment.setdefault("request_router_config", copy.deepcopy(router_config))
+        if args.engine_replicas is not None:
+            given = sorted({"num_replicas", "autoscaling_config"} & deployment.keys())
+            if given:
+                raise ValueError(f"engine_replicas is set and model {loading.get('model_id')!r}'s deployment_config "
+                                 f"sets {', '.join(given)}: give the replica count in one place")
+            deployment["num_replicas"] = (fit_replicas((node_cpus or cluster_node_cpus)(), args.engine_cores_per_replica)
+                                          if args.engine_replicas == "fit" else args.engine_replicas)
+        if needs_request_router(args.ingress, deployment):
+            # Always explicit: the direct path's default would otherwise be Ray's round robin.
+            deployment.setdefault("request_router_config", copy.deepcopy(router_config))
     return configs
+
+
+def needs_request_router(ingress: str, deployment_config: dict[str, Any]) -> bool:
+    """Whether an engine deployment gets a request router (and, on the direct path, an ingress request router).
+
+    On the direct path Serve refuses a custom request router on an ingress
+    deployment that HAProxy balances itself, so a single-replica deployment
+    must carry none.
+    """
+    return ingress == "router" or max_replicas(deployment_config) > 1
 
 
 def engine_deployment(llm_config, server_kwargs: dict[str, Any]):
@@ -119,8 +198,9 @@ def build_app(args: dict[str, Any]):
         if len(llm_configs) != 1 or parsed.ingress_deployment_config:
             raise ValueError("ingress: direct serves exactly one model and has no ingress deployment to configure "
                              "(ingress_deployment_config); use ingress: router for several models")
-        require_haproxy(body_aware_routing=parsed.routing in BODY_AWARE)
-        return build_direct(llm_configs[0], parsed.guard, parsed.server_kwargs())
+        routed = needs_request_router(parsed.ingress, llm_configs[0].deployment_config)
+        require_haproxy(body_aware_routing=routed and parsed.routing in BODY_AWARE)
+        return build_direct(llm_configs[0], parsed.guard, parsed.server_kwargs(), ingress_request_router=routed)
     return build_router(parsed, llm_configs)
 
 
@@ -142,10 +222,6 @@ def require_haproxy(body_aware_routing: bool, environ: dict[str, str] | None = N
                          "`ray start` (scripts/env.sh sets it: `source scripts/env.sh` before `ray start` or "
                          "`serve run`); or deploy with ingress: router")
 
-
-# Serve's HAProxy, and the body forwarded to the ingress request router (so
-# body-aware routing, e.g. fuzz_affinity, sees the prompt and the fuzz settings).
-HAPROXY_ENV = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY")
 
 
 def build_router(parsed: FuzzServeArgs, llm_configs: list):

@@ -73,8 +73,13 @@ class FuzzServer(EngineServer):
         return app
 
 
-def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any]):
-    """The direct-streaming graph: FuzzServer deployment as the ingress, ``LLMRouter`` picking its replicas."""
+def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any], ingress_request_router: bool = True):
+    """The direct-streaming graph: FuzzServer deployment as the ingress, ``LLMRouter`` picking its replicas.
+
+    Without ``ingress_request_router`` (a single replica: nothing to pick)
+    HAProxy forwards every request to the replica itself, without the
+    router's HTTP round trip (measured: docs/serve.md).
+    """
     from ray import serve
     from ray.serve.llm import build_llm_deployment
 
@@ -83,6 +88,8 @@ def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any]):
         # the deployment name dashboards, the monitor and LocalCluster know ("LLMServer:<model>")
         name_prefix="LLMServer:",
         bind_kwargs={"guard": guard.model_dump(), **server_kwargs})
+    if not ingress_request_router:
+        return server
     # As Ray's own direct-streaming builder: no CPU reserved (it only answers
     # routing calls) and a high concurrency limit (it is on every request's path).
     router = serve.deployment(LLMRouter, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})

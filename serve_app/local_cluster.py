@@ -38,7 +38,8 @@ import httpx
 import psutil
 import yaml
 
-from serve_app.app import HAPROXY_ENV, deep_update
+from serve_app.app import deep_update
+from serve_app.cluster_env import with_cluster_env
 from serve_app.ports import free_port
 
 log = logging.getLogger("fuzzserve.local_cluster")
@@ -131,14 +132,15 @@ class RayNode:
 class LocalCluster:
     """Start with :meth:`start`; always :meth:`close` (or use as a context manager).
 
-    ``num_cpus`` are *logical* CPUs per node: Ray's scheduling units, not cores.
+    ``num_cpus`` are *logical* CPUs per node: Ray's scheduling units, not cores;
+    None leaves them to Ray (the host's cores), as a plain ``ray start`` does.
     ``env`` reaches every Ray process of the cluster, so it is how to set
     ``FUZZSERVE_API_KEYS``, ``FUZZSERVE_PATCHES_OFF`` or Serve's switches.
     """
 
     workers: int = 0
-    num_cpus: int = 8
-    worker_num_cpus: int = 4
+    num_cpus: int | None = 8
+    worker_num_cpus: int | None = 4
     env: dict[str, str] = field(default_factory=dict)
     log_dir: Path | None = None
     nodes: list[RayNode] = field(default_factory=list)
@@ -154,15 +156,12 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ nodes
     def _env(self) -> dict[str, str]:
-        env = {**os.environ, **self.env}
+        # Every node's environment as scripts/env.sh sets it for `ray start`
+        # (serve_app.cluster_env); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out of one.
+        env = with_cluster_env({**os.environ, **self.env})
         # The CLI and the cluster must agree on token auth (Ray 2.60 enables
         # it for a new cluster only when a token file exists already).
         env.setdefault("RAY_AUTH_MODE", "token")
-        # Serve's HAProxy and body-aware ingress routing: the shipped config's
-        # direct path needs them in the environment of `ray start` (as
-        # scripts/env.sh sets them); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out.
-        for key in HAPROXY_ENV:
-            env.setdefault(key, "1")
         env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
         return env
 
@@ -172,13 +171,13 @@ class LocalCluster:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         try:
-            self._add_node("head", ["--head", "--port", str(self.gcs_port), "--num-cpus", str(self.num_cpus),
+            self._add_node("head", ["--head", "--port", str(self.gcs_port), *_cpus(self.num_cpus),
                                     "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
                                     "--ray-client-server-port", str(free_port()), "--include-dashboard", "true"])
             self._wait(lambda: self._dashboard_up(), timeout, "the head node's dashboard")
             for i in range(self.workers):
                 self._add_node(f"worker{i + 1}", ["--address", f"127.0.0.1:{self.gcs_port}",
-                                                  "--num-cpus", str(self.worker_num_cpus)])
+                                                  *_cpus(self.worker_num_cpus)])
             self._wait(lambda: len(self.alive_nodes()) == 1 + self.workers, timeout, f"{1 + self.workers} alive nodes")
             # A node counts as ALIVE as soon as its raylet registers; its agents
             # (which serve the metrics port) may still fail to start and take
@@ -371,6 +370,10 @@ def ensure_auth_token(env: dict[str, str]) -> None:
     if not path.exists():
         subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, check=True,
                        capture_output=True, timeout=120)
+
+
+def _cpus(num_cpus: int | None) -> list[str]:
+    return [] if num_cpus is None else ["--num-cpus", str(num_cpus)]
 
 
 def _json_list(out: str) -> list[dict[str, Any]]:

@@ -81,9 +81,10 @@ def serve_cluster(fixture_model, tmp_path_factory):
     from serve_app.ports import free_port
 
     # head: Serve's controller and proxy, one engine replica;
-    # worker: the other replica. An engine replica reserves 1 CPU (its engine
-    # bundle; serve_config.yaml), so one CPU per node places one per node.
-    cluster = LocalCluster(workers=1, num_cpus=1, worker_num_cpus=1,
+    # worker: the other replica. An engine replica reserves 2 CPUs (its engine
+    # bundle and its frontend; serve_config.yaml), so two CPUs per node place
+    # one per node, and the shipped `engine_replicas: fit` counts 2.
+    cluster = LocalCluster(workers=1, num_cpus=2, worker_num_cpus=2,
                            env={"FUZZSERVE_API_KEYS": SERVE_API_KEY},
                            log_dir=tmp_path_factory.mktemp("ray-cluster"))
     try:

@@ -271,10 +271,11 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
     for name, a in apps.items():
         label, args, replicas = rh.TARGETS[name]
         assert a["runtime_env"] == base["runtime_env"]
-        assert {**a["args"], "llm_configs": None} == {**base["args"], **args, "llm_configs": None}, name
+        assert {**a["args"], "llm_configs": None} == {**base["args"], **args, "engine_replicas": replicas,
+                                                      "llm_configs": None}, name
         [llm] = a["args"]["llm_configs"]
         assert llm["engine_kwargs"] == {**base["args"]["llm_configs"][0]["engine_kwargs"], "num_gpu_blocks_override": 48}
-        assert llm["deployment_config"]["autoscaling_config"] == {"min_replicas": replicas, "max_replicas": replicas}
+        assert "autoscaling_config" not in llm["deployment_config"], "one place for the count: engine_replicas"
         router = llm["deployment_config"].get("request_router_config")
         if name in rh.ROUTER_KWARGS:
             assert router == {**ROUTERS[args["routing"]], "request_router_kwargs": rh.ROUTER_KWARGS[name]}

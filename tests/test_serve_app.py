@@ -355,8 +355,7 @@ def test_scaling_down_drains_in_flight_requests(serve_cluster):
     must still end complete, with all its tokens and [DONE].
     """
     cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
-    llm = cfg["applications"][0]["args"]["llm_configs"][0]
-    llm["deployment_config"]["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1}
+    cfg["applications"][0]["args"]["engine_replicas"] = 1
     n, tokens = 12, 800
     started = [asyncio.Event() for _ in range(n)]
 
@@ -420,7 +419,7 @@ def test_the_router_path_deploys_and_checks_requests_the_same_way(serve_cluster)
     cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
     args = cfg["applications"][0]["args"]
     args["ingress"] = "router"
-    args["llm_configs"][0]["deployment_config"]["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1}
+    args["engine_replicas"] = 1
     serve_cluster.deploy(cfg)
     deployments = serve_cluster.serve_status()["applications"]["fuzzserve"]["deployments"]
     assert any(name.startswith("FuzzIngress") for name in deployments), deployments

@@ -45,26 +45,84 @@ def test_config_parses_at_every_layer(name, kind, monkeypatch):
     args = FuzzServeArgs.model_validate(application.args)
     # resolve without training the fixture model: only the path matters here
     monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/nonexistent/fixture"))
-    for cfg in resolve_llm_configs(args):
+    for cfg in resolve_llm_configs(args, node_cpus=lambda: [4.0]):
         llm = LLMConfig.model_validate(cfg)
         assert llm.accelerator_config.kind == kind
         assert llm.engine_kwargs["enable_prefix_caching"] is True
         assert llm.engine_kwargs["kv_offloading_backend"] == "native" and llm.engine_kwargs["kv_offloading_size"] > 0
-        assert llm.deployment_config["autoscaling_config"]["min_replicas"] == 2
+        # cpu: sized to the cluster (a 4-core node holds 2); cuda: 2 GPU replicas
+        assert (llm.deployment_config.get("num_replicas") or llm.deployment_config["autoscaling_config"]["min_replicas"]) == 2
     # what both configs ship: the direct path, fuzz-aware routing
     assert (args.ingress, args.routing) == ("direct", "fuzz_affinity")
     assert app_module is not None
 
 
 def test_shipped_cpu_config_is_the_fast_stack():
-    """serve_config.yaml is the stack docs/benchmarks.md measures as the shipped config: two replicas on
-    the direct path, each engine (and its EngineCore) on a core of its own, the shm_wait nap on."""
+    """serve_config.yaml is the stack docs/serve.md measures as the shipped config: replicas sized to the
+    cluster on the direct path, each engine (and its EngineCore) on a core of its own, the frontend's CPU
+    reserved as ray.serve.llm does by default, the shm_wait nap on."""
     from serve_app.app import FuzzServeArgs
 
     [application] = load("serve_config.yaml").applications
     args = FuzzServeArgs.model_validate(application.args)
     assert args.server_kwargs() == {"engine_cores_per_replica": 1, "shm_wait": True}
+    assert args.engine_replicas == "fit"
     assert not args.ingress_deployment_config, "the direct path has no ingress deployment to configure"
+    [llm] = args.llm_configs
+    assert "num_cpus" not in llm["deployment_config"].get("ray_actor_options", {}), \
+        "the replica's frontend keeps ray.serve.llm's default reservation (1 CPU), which fit counts"
+
+
+@pytest.mark.parametrize("node_cpus, cores, replicas", [
+    ([2.0], 1, 1),        # this host: one replica
+    ([4.0], 1, 2),
+    ([3.0], 1, 1),
+    ([2.0, 2.0], 1, 2),   # per node: one per 2-CPU node
+    ([3.0, 3.0], 1, 2),   # leftovers of two nodes do not add up to a replica
+    ([16.0], 3, 4),       # 3 engine cores + 1 frontend each
+    ([1.0], 1, 1),        # never fewer than one
+    ([8.0], None, 4),     # vLLM's auto binding counts as one engine core
+])
+def test_fit_counts_engine_and_frontend_cpus_per_node(node_cpus, cores, replicas):
+    from serve_app.app import fit_replicas
+
+    assert fit_replicas(node_cpus, cores) == replicas
+
+
+def test_engine_replicas_sets_the_count_in_one_place():
+    from serve_app.app import FuzzServeArgs, resolve_llm_configs
+
+    llm = {"model_loading_config": {"model_id": "m", "model_source": "/m"}}
+    fit = FuzzServeArgs(llm_configs=[llm], engine_replicas="fit", engine_cores_per_replica=1)
+    assert resolve_llm_configs(fit, node_cpus=lambda: [4.0, 2.0])[0]["deployment_config"]["num_replicas"] == 3
+    three = FuzzServeArgs(llm_configs=[llm], engine_replicas=3)
+    assert resolve_llm_configs(three, node_cpus=lambda: 1 / 0)[0]["deployment_config"]["num_replicas"] == 3
+    for own in ({"num_replicas": 2}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}):
+        both = FuzzServeArgs(llm_configs=[{**llm, "deployment_config": own}], engine_replicas="fit")
+        with pytest.raises(ValueError, match="give the replica count in one place"):
+            resolve_llm_configs(both, node_cpus=lambda: [4.0])
+    with pytest.raises(ValueError, match="engine_replicas"):
+        FuzzServeArgs.model_validate({"llm_configs": [llm], "engine_replicas": "all"})
+
+
+def test_fit_needs_a_cluster():
+    import ray
+
+    from serve_app.app import cluster_node_cpus
+
+    assert not ray.is_initialized()
+    with pytest.raises(ValueError, match="give engine_replicas a number"):
+        cluster_node_cpus()
+
+
+@pytest.mark.parametrize("deployment_config, most", [
+    ({}, 1), ({"num_replicas": 1}, 1), ({"num_replicas": 3}, 3), ({"num_replicas": "auto"}, float("inf")),
+    ({"autoscaling_config": {"min_replicas": 1, "max_replicas": 5}}, 5), ({"autoscaling_config": {"min_replicas": 1}}, 1),
+])
+def test_max_replicas(deployment_config, most):
+    from serve_app.app import max_replicas
+
+    assert max_replicas(deployment_config) == most
 
 
 def test_cpu_config_resolves_the_fixture_model(monkeypatch):
@@ -72,7 +130,7 @@ def test_cpu_config_resolves_the_fixture_model(monkeypatch):
 
     monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
     [application] = load("serve_config.yaml").applications
-    [cfg] = resolve_llm_configs(FuzzServeArgs.model_validate(application.args))
+    [cfg] = resolve_llm_configs(FuzzServeArgs.model_validate(application.args), node_cpus=lambda: [2.0])
     assert cfg["model_loading_config"]["model_source"] == "/built/fixture"
     assert application.runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
 
@@ -109,13 +167,18 @@ def test_routing_choice_sets_the_request_router(routing, cls):
 
     from serve_app.app import FuzzServeArgs, resolve_llm_configs
 
-    args = FuzzServeArgs(llm_configs=[{"model_loading_config": {"model_id": "m", "model_source": "/m"}}], routing=routing)
-    [cfg] = resolve_llm_configs(args)
-    # always explicit (the direct path's default would be round robin), and Serve can import it
-    got = cfg["deployment_config"]["request_router_config"]
-    assert RequestRouterConfig(**got).get_request_router_class().__name__ == cls
+    llm = {"model_loading_config": {"model_id": "m", "model_source": "/m"}}
+    for args in (FuzzServeArgs(llm_configs=[llm], routing=routing, engine_replicas=2),
+                 FuzzServeArgs(llm_configs=[llm], routing=routing, ingress="router")):
+        [cfg] = resolve_llm_configs(args)
+        # always explicit (the direct path's default would be round robin), and Serve can import it
+        got = cfg["deployment_config"]["request_router_config"]
+        assert RequestRouterConfig(**got).get_request_router_class().__name__ == cls
+    # a single replica on the direct path gets none: HAProxy forwards to it (Serve refuses a custom router there)
+    [cfg] = resolve_llm_configs(FuzzServeArgs(llm_configs=[llm], routing=routing, engine_replicas=1))
+    assert "request_router_config" not in cfg["deployment_config"]
     # a router named by the model's own deployment_config wins
-    own = {"request_router_config": {"request_router_class": "x.Y"}}
+    own = {"request_router_config": {"request_router_class": "x.Y"}, "num_replicas": 2}
     args = FuzzServeArgs(llm_configs=[{"model_loading_config": {"model_id": "m"}, "deployment_config": own}],
                          routing=routing)
     assert resolve_llm_configs(args)[0]["deployment_config"] == own
@@ -202,15 +265,18 @@ def test_direct_path_refuses_a_cluster_without_haproxy(env, body_aware, missing)
 
 def test_direct_graph(monkeypatch):
     """ingress: direct builds FuzzServer (guard and probes inside) as the ingress deployment, named as the
-    monitor knows it, with Ray's LLMRouter as its ingress request router: what HAProxy asks for a replica."""
+    monitor knows it, with Ray's LLMRouter as its ingress request router where there are several replicas:
+    what HAProxy asks for a replica."""
     from serve_app.app import build_app
 
     for k, v in HAPROXY_ON.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
+    monkeypatch.setattr("serve_app.app.cluster_node_cpus", lambda: [2.0, 2.0])  # two 2-core nodes: 2 replicas
     [application] = load("serve_config.yaml").applications
     graph = build_app(application.args)
     server = graph._bound_deployment
+    assert server._deployment_config.num_replicas == 2
     assert server.name == "LLMServer:fixture"
     assert "FuzzServer" in server.func_or_class.__name__
     assert server.init_kwargs["guard"]["xargs"]["reserved"] == "refuse"
@@ -225,13 +291,32 @@ def test_direct_graph(monkeypatch):
         build_app({**application.args, "llm_configs": [*application.args["llm_configs"], second]})
 
 
+def test_direct_graph_of_a_single_replica_has_no_router(monkeypatch):
+    """On one 2-core node fit gives one replica: HAProxy forwards to it without asking a router (no
+    LLMRouter, no request router class, which Serve refuses on an ingress HAProxy balances), and the
+    body need not be forwarded to a router that does not exist."""
+    from serve_app.app import build_app
+
+    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
+    monkeypatch.delenv("RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY", raising=False)
+    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
+    monkeypatch.setattr("serve_app.app.cluster_node_cpus", lambda: [2.0])
+    [application] = load("serve_config.yaml").applications
+    graph = build_app(application.args)
+    server = graph._bound_deployment
+    assert "FuzzServer" in server.func_or_class.__name__ and server._deployment_config.num_replicas == 1
+    assert getattr(graph, "_ingress_request_router", None) is None
+    assert server._deployment_config.request_router_config.request_router_class.endswith("PowerOfTwoChoicesRequestRouter")
+
+
 def test_router_path_graph(monkeypatch):
     """ingress: router keeps Serve's default path: a FuzzIngress deployment in front of EngineServer replicas."""
     from serve_app.app import build_app
 
     monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
     [application] = load("serve_config.yaml").applications
-    graph = build_app({**application.args, "ingress": "router", "ingress_deployment_config": {"num_replicas": 1}})
+    graph = build_app({**application.args, "ingress": "router", "ingress_deployment_config": {"num_replicas": 1},
+                       "engine_replicas": 2})
     ingress = graph._bound_deployment
     assert "FuzzIngress" in ingress.func_or_class.__name__ and ingress.num_replicas == 1
     engine = ingress.init_kwargs["llm_deployments"]["fixture"]._bound_deployment

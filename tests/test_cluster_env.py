@@ -1,0 +1,53 @@
+"""The environment of `ray start` (serve_app/cluster_env.py): one table, exported by scripts/env.sh, set by
+LocalCluster, a value already set winning everywhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _shell(exports: str, env: dict[str, str]) -> dict[str, str]:
+    out = subprocess.run(["bash", "-c", f"{exports}\nenv -0"], env=env, capture_output=True, check=True).stdout
+    return dict(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
+
+
+def test_exports_set_every_variable_and_keep_a_value_already_set():
+    from serve_app.cluster_env import CLUSTER_ENV, exports
+
+    base = {"PATH": os.environ["PATH"]}
+    got = _shell(exports(), base)
+    assert {k: got[k] for k in CLUSTER_ENV} == CLUSTER_ENV
+    got = _shell(exports(), {**base, "RAY_SERVE_ENABLE_HA_PROXY": "0"})
+    assert got["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+
+
+def test_env_sh_evaluates_the_table():
+    """scripts/env.sh (what README has users source before `ray start`) exports exactly the table's values."""
+    from serve_app.cluster_env import CLUSTER_ENV
+
+    env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
+    out = subprocess.run(["bash", "-c", f"source {REPO}/scripts/env.sh >/dev/null && env -0"], env=env,
+                         capture_output=True, check=True, cwd=REPO).stdout
+    got = dict(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
+    assert {k: got.get(k) for k in CLUSTER_ENV} == CLUSTER_ENV
+
+
+def test_local_cluster_uses_the_table_and_lets_its_env_win():
+    from serve_app.cluster_env import CLUSTER_ENV
+    from serve_app.local_cluster import LocalCluster
+
+    env = LocalCluster(env={"RAY_SERVE_ENABLE_HA_PROXY": "0"})._env()
+    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+    assert all(env[k] == v for k, v in CLUSTER_ENV.items() if k != "RAY_SERVE_ENABLE_HA_PROXY")
+
+
+def test_the_direct_path_check_reads_the_same_names():
+    from serve_app.app import require_haproxy
+    from serve_app.cluster_env import CLUSTER_ENV, HAPROXY_ENV
+
+    assert set(HAPROXY_ENV) <= set(CLUSTER_ENV)
+    require_haproxy(True, dict(CLUSTER_ENV))  # what the table sets passes the builder's check
