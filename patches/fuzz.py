@@ -9,7 +9,11 @@ What it changes
     * EngineCore (``Request.__init__``): folds a salt derived from the fuzz
       settings into the request's ``cache_salt``, so KV computed under one
       perturbation is never reused by a request with another (prefix cache and
-      KV offload tier both key blocks on token ids + salt).
+      KV offload tier both key blocks on token ids + salt). A client's own
+      ``cache_salt`` goes into a namespace of its own (``client:<length>:<salt>``)
+      on every request, so no client salt can equal a fuzz salt: without it, a
+      neutral request sent with ``cache_salt: "fuzz:scale:0.5"`` planted
+      unperturbed KV where every s = 0.5 request would reuse it.
     * Worker (``GPUModelRunner.load_model`` / ``CPUModelRunner.load_model``):
       finds the module that ``model.embed_input_ids`` runs (model-agnostic: no
       model file is edited) and swaps its class for a subclass whose
@@ -123,11 +127,19 @@ def _wrap_validate_params(original):
 
 
 def salted(cache_salt: str | None, spec: FuzzSpec) -> str | None:
-    """The request's cache salt with the fuzz salt folded in (unchanged when neutral)."""
+    """The salt the engine keys KV on: the client's salt in its own namespace, then the fuzz salt.
+
+    A client salt becomes ``client:<length>:<salt>`` and a fuzz salt
+    (``fuzz:...``) follows it after ``|``: the length makes the split
+    unambiguous, so no client salt, whatever it contains, yields the salt
+    of another client salt or of any fuzz setting. Neutral requests without
+    a salt keep none (KV shared among them, as stock vLLM shares it).
+    """
+    client = f"client:{len(cache_salt)}:{cache_salt}" if cache_salt else None
     fuzz_salt = spec.cache_salt()
     if fuzz_salt is None:
-        return cache_salt
-    return fuzz_salt if not cache_salt else f"{cache_salt}|{fuzz_salt}"
+        return client
+    return fuzz_salt if client is None else f"{client}|{fuzz_salt}"
 
 
 def _wrap_request_init(original):
@@ -136,11 +148,14 @@ def _wrap_request_init(original):
     def __init__(self, *args, **kwargs):
         bound = sig.bind(self, *args, **kwargs)
         params = bound.arguments.get("sampling_params")
+        spec = NEUTRAL
         if params is not None and params.extra_args:
             spec, err = parse_or_neutral(params.extra_args)
             if err is not None:
                 log.warning("fuzz: request %s reached EngineCore with invalid fuzz settings (%s); "
                             "served unperturbed", bound.arguments.get("request_id"), err)
+        # every request: a client's salt is namespaced even when the request is neutral
+        if not spec.is_neutral or bound.arguments.get("cache_salt"):
             bound.arguments["cache_salt"] = salted(bound.arguments.get("cache_salt"), spec)
         return original(*bound.args, **bound.kwargs)
 

@@ -248,4 +248,5 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
         model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},
         lora_paths={c.model_id: c.lora_config.dynamic_lora_loading_path for c in llm_configs
                     if c.lora_config is not None},
+        guard=parsed.guard.model_dump(),
     )

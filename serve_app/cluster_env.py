@@ -26,6 +26,11 @@ variable                                               value  why
                                                               quarter (docs/serve.md#what-the-cluster-costs-idle);
                                                               health checks and autoscaling keep their own
                                                               periods, state changes are seen up to 0.4 s later
+``RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE``   65536  HAProxy forwards at most 64 KiB of a body to the
+                                                              ingress request router (Serve's default: 8 MiB),
+                                                              which runs before any API key is checked; a longer
+                                                              body is routed on load (serve_app/ingress_router.py,
+                                                              docs/security.md)
 =====================================================  =====  ==================================================
 """
 
@@ -42,6 +47,7 @@ CLUSTER_ENV: dict[str, str] = {
     HAPROXY: "1",
     FORWARD_BODY: "1",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
+    "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE": str(64 * 1024),
 }
 
 

@@ -6,9 +6,10 @@ deploys) the app has no separate ingress deployment on the request path:
 1. Serve's HAProxy (on when ``ray start`` runs with
    ``RAY_SERVE_ENABLE_HA_PROXY=1``; ``scripts/env.sh`` and ``LocalCluster``
    set it) takes the client's connection;
-2. it asks the app's *ingress request router* (``ray.serve.llm``'s
-   ``LLMRouter``, ``POST /internal/route``) which replica should serve the
-   request; ``LLMRouter`` asks the engine deployment's request router
+2. with several replicas, it asks the app's *ingress request router*
+   (``ray.serve.llm``'s ``LLMRouter`` behind a bounded view of the body,
+   :mod:`serve_app.ingress_router`; ``POST /internal/route``) which replica
+   should serve the request; ``LLMRouter`` asks the engine deployment's request router
    (``routing:``; with ``RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1`` it
    sees the body, so ``fuzz_affinity`` can key on fuzz salt + prompt);
 3. HAProxy forwards the HTTP connection straight to that replica, where
@@ -35,6 +36,7 @@ their streams with an error event, so clients see a transport error
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from fastapi import Request
@@ -43,13 +45,16 @@ from fastapi.responses import JSONResponse
 from . import probes
 from .core_binding import EngineServer
 from .fuzz_traffic import FuzzTraffic
-from .guard import GuardConfig, RequestGuard
-from .ray_internals import LLMRouter, add_middleware_to_built_app, with_ingress_request_router
+from .guard import GuardConfig, RequestGuard, require_auth
+from .ray_internals import add_middleware_to_built_app, serve_http_host, with_ingress_request_router
+from .route_policy import app_paths, unreviewed
 
 
 class FuzzServer(EngineServer):
     async def __init__(self, llm_config, *, guard: dict[str, Any] | None = None, **kwargs):
         self._guard_config = GuardConfig.model_validate(guard or {})
+        # before the engine starts: a deployment that would serve anyone fails now, naming the fix
+        require_auth(self._guard_config, await asyncio.to_thread(serve_http_host))
         await super().__init__(llm_config, **kwargs)
 
     async def ready(self, request: Request) -> JSONResponse:
@@ -64,6 +69,11 @@ class FuzzServer(EngineServer):
 
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
+        # A route nobody decided about must not be reachable: a vLLM that adds one fails here, naming it.
+        missing = unreviewed(app_paths(app))
+        if missing:
+            raise ValueError(f"the app serves routes without a guard policy: {missing}; add each to "
+                             "serve_app/route_policy.py ROUTES (checked, read, open or refused)")
         # vLLM's /health (empty body) gives way to the router path's JSON answer.
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
         app.add_api_route("/health", self.health, methods=["GET"])
@@ -90,7 +100,10 @@ def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any], 
         bind_kwargs={"guard": guard.model_dump(), **server_kwargs})
     if not ingress_request_router:
         return server
+    from .ingress_router import FuzzIngressRouter
+
     # As Ray's own direct-streaming builder: no CPU reserved (it only answers
     # routing calls) and a high concurrency limit (it is on every request's path).
-    router = serve.deployment(LLMRouter, max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})
+    router = serve.deployment(FuzzIngressRouter, name="LLMRouter", max_ongoing_requests=1000,
+                              ray_actor_options={"num_cpus": 0})
     return with_ingress_request_router(server, router.bind(server=server))

@@ -1,4 +1,4 @@
-"""The fuzz router's checks, as one ASGI middleware: API key, body size, request policy.
+"""The guard's checks, as one ASGI middleware: route policy, API key, body size and time, request policy.
 
 Why a middleware and not checks inside the route handlers: it sees the raw
 request before anything else parses it, so
@@ -6,8 +6,9 @@ request before anything else parses it, so
 * a request vLLM's own request model would reject with a generic message
   (e.g. a dict under ``vllm_xargs.kv_transfer_params``) gets *our* 400 naming
   the field;
-* auth and size limits cover every route the same way, including ones the
-  app gains later;
+* every route the app serves goes through one decision
+  (:mod:`serve_app.route_policy`): a route that is not switched on gets 404
+  before the app sees it, including routes a later vLLM adds;
 * the same code can sit in front of any ASGI app: the ``OpenAiIngress`` app
   of the ingress deployment (``serve_app.ingress``, ``ingress: router``) or, with Ray's direct
   streaming, vLLM's own app inside an engine replica.
@@ -15,31 +16,35 @@ request before anything else parses it, so
 Errors use OpenAI's format (``{"error": {"message", "type", "param",
 "code"}}``). Auth is on when the environment variable named by
 ``GuardConfig.api_keys_env`` holds one or more comma-separated keys; clients
-send ``Authorization: Bearer <key>`` as the ``openai`` client does.
+send ``Authorization: Bearer <key>`` as the ``openai`` client does. Keys are
+kept and compared as SHA-256 digests, every key every time, so neither a
+key's length nor its position in the list shows in the time a refusal
+takes. With no keys, a deployment whose HTTP port other hosts can reach
+refuses to start unless ``allow_no_auth`` says so (:func:`require_auth`).
+docs/security.md has the threat model.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from patches.fuzz_params import FuzzSpec
 
-from .xargs_policy import XargsPolicy, RequestRejected, check_request_body
+from .route_policy import DEFAULT_ROUTES, Route, RouteTable
+from .xargs_policy import RESERVED_HEADERS, RequestLimits, RequestRejected, XargsPolicy, check_request_body
 
 log = logging.getLogger("ray.serve.fuzzserve.guard")
-
-# Routes whose JSON body carries vllm_xargs and is checked.
-CHECKED_ROUTES = ("/v1/completions", "/v1/chat/completions")
-# Routes answered without an API key (liveness/readiness probes).
-OPEN_ROUTES = ("/health", "/ready", "/ping")
 
 
 class GuardConfig(BaseModel):
@@ -51,14 +56,51 @@ class GuardConfig(BaseModel):
         default="FUZZSERVE_API_KEYS",
         description="environment variable holding comma-separated API keys; auth is on when it is non-empty",
     )
+    allow_no_auth: bool = Field(
+        default=False, description="serve without API keys even where other hosts can reach the HTTP port")
     max_body_bytes: int = Field(default=1 << 20, gt=0, description="larger request bodies get 413")
+    body_timeout_s: float = Field(
+        default=30.0, gt=0, description="a request body not fully received within this many seconds gets 408")
+    routes: tuple[str, ...] = Field(
+        default=DEFAULT_ROUTES, description="the routes served (serve_app/route_policy.py); every other path gets 404")
     xargs: XargsPolicy = Field(default_factory=XargsPolicy)
+    limits: RequestLimits = Field(default_factory=RequestLimits)
+
+    @field_validator("routes")
+    @classmethod
+    def _known_routes(cls, routes: tuple[str, ...]) -> tuple[str, ...]:
+        RouteTable(routes)  # raises naming an unknown or never-served route
+        return routes
 
     def api_keys(self, environ: dict[str, str] | None = None) -> tuple[str, ...]:
         if not self.api_keys_env:
             return ()
         raw = (environ if environ is not None else os.environ).get(self.api_keys_env, "")
         return tuple(k.strip() for k in raw.split(",") if k.strip())
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it resolves to whatever the network says
+        return False
+
+
+def require_auth(config: GuardConfig, http_host: str, environ: dict[str, str] | None = None) -> None:
+    """Refuse to serve without API keys on an HTTP port other hosts can reach, unless ``allow_no_auth``.
+
+    ``http_host`` is what Serve's HTTP servers bind (``http_options.host``):
+    the proxy's and, on the direct path, every engine replica's own port.
+    """
+    if config.api_keys(environ) or config.allow_no_auth or is_loopback(http_host):
+        return
+    where = f"the environment variable {config.api_keys_env}" if config.api_keys_env else "guard.api_keys_env"
+    raise ValueError(f"http_options.host is {http_host!r}: other hosts can reach this deployment, and no API key is "
+                     f"set. Set {where} (comma-separated keys, in the environment of `ray start` or the app's "
+                     "runtime_env.env_vars), or bind 127.0.0.1, or accept serving anyone with guard.allow_no_auth: "
+                     "true")
 
 
 async def _send_error(send: Send, e: RequestRejected, headers: list[tuple[bytes, bytes]] = ()) -> None:
@@ -78,13 +120,14 @@ class RequestGuard:
 
     def __init__(self, app: ASGIApp, config: GuardConfig | dict[str, Any] | None = None,
                  on_admitted: Callable[[FuzzSpec], None] | None = None):
-        """``on_admitted`` is called with the fuzz settings of every checked request that passes."""
+        """``on_admitted`` is called with the fuzz settings of every generate request that passes."""
         self.app = app
         self._on_admitted = on_admitted
         self.config = config if isinstance(config, GuardConfig) else GuardConfig.model_validate(config or {})
-        self._keys = tuple(k.encode() for k in self.config.api_keys())
-        if not self._keys:
-            log.info("fuzz router: API-key auth is off (%s is empty or unset)", self.config.api_keys_env)
+        self._routes = RouteTable(self.config.routes)
+        self._digests = tuple(_digest(k.encode()) for k in self.config.api_keys())
+        if not self._digests:
+            log.info("fuzz guard: API-key auth is off (%s is empty or unset)", self.config.api_keys_env)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -96,14 +139,19 @@ class RequestGuard:
             path = path[len(root):] or "/"
         headers = dict(scope.get("headers") or [])
         try:
-            if self._keys and path not in OPEN_ROUTES:
+            route = self._routes.match(path)
+            if route is None:
+                raise RequestRejected(f"{path} is not served by this deployment", None, 404, "not_found_error")
+            if self._digests and route.policy != "open":
                 self._authenticate(headers)
             if scope.get("method") not in ("POST", "PUT", "PATCH"):
                 await self.app(scope, receive, send)
                 return
+            if route.policy == "checked":
+                _refuse_reserved_headers(headers)
             body = await self._read_body(headers, receive)
-            if path in CHECKED_ROUTES:
-                body, scope = self._check(body, scope)
+            if route.policy == "checked":
+                body, scope = self._check(body, scope, route)
         except _Disconnected:
             return
         except RequestRejected as e:
@@ -118,9 +166,11 @@ class RequestGuard:
         if scheme.lower() != b"bearer" or not token.strip():
             raise RequestRejected("missing API key: send the header 'Authorization: Bearer <key>'",
                                   "Authorization", 401, "authentication_error")
-        token = token.strip()
-        # compare against every key, in constant time per key
-        if not any(hmac.compare_digest(token, k) for k in self._keys):
+        presented = _digest(token.strip())
+        match = False
+        for key in self._digests:  # every key, every time: no early exit to time
+            match |= hmac.compare_digest(presented, key)
+        if not match:
             raise RequestRejected("invalid API key", "Authorization", 401, "authentication_error")
 
     async def _read_body(self, headers: dict[bytes, bytes], receive: Receive) -> bytes:
@@ -129,26 +179,37 @@ class RequestGuard:
         declared = headers.get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > limit:
             raise too_big
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected()
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise too_big
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        chunks: list[bytes] = []
 
-    def _check(self, raw: bytes, scope: Scope) -> tuple[bytes, Scope]:
+        async def read() -> bytes:
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected()
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise too_big
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+
+        try:
+            return await asyncio.wait_for(read(), self.config.body_timeout_s)
+        except TimeoutError:
+            raise RequestRejected(f"the request body did not arrive within {self.config.body_timeout_s:g} s",
+                                  None, 408, "timeout_error") from None
+
+    def _check(self, raw: bytes, scope: Scope, route: Route) -> tuple[bytes, Scope]:
         try:
             body = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise RequestRejected(f"the request body is not valid JSON: {e}") from None
-        body, spec, changed = check_request_body(body, self.config.xargs)
-        if self._on_admitted is not None:
+        except RecursionError:
+            raise RequestRejected("the request body is nested too deeply") from None
+        body, spec, changed = check_request_body(body, self.config.xargs, self.config.limits, batch=route.batch)
+        if self._on_admitted is not None and route.generates:
             self._on_admitted(spec)
         if not changed:
             return raw, scope
@@ -156,6 +217,17 @@ class RequestGuard:
         headers = [(k, v) for k, v in scope.get("headers", []) if k != b"content-length"]
         headers.append((b"content-length", str(len(raw)).encode()))
         return raw, {**scope, "headers": headers}
+
+
+def _digest(key: bytes) -> bytes:
+    return hashlib.sha256(key).digest()
+
+
+def _refuse_reserved_headers(headers: dict[bytes, bytes]) -> None:
+    for name in RESERVED_HEADERS:
+        if name.encode() in headers:
+            raise RequestRejected(f"the header {name} is reserved for the engine and cannot be set by clients",
+                                  name)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

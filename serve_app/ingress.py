@@ -28,6 +28,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -35,7 +36,8 @@ from ray.serve.llm.ingress import OpenAiIngress
 from starlette.exceptions import HTTPException
 
 from . import probes
-from .ray_internals import DEFAULT_ENDPOINTS
+from .guard import GuardConfig, require_auth
+from .ray_internals import DEFAULT_ENDPOINTS, serve_http_host
 
 log = logging.getLogger("ray.serve.fuzzserve.ingress")
 
@@ -64,6 +66,11 @@ async def error_terminated(chunks: AsyncIterator, request_id: str | None) -> Asy
 class FuzzIngress(OpenAiIngress):
     """The router path's HTTP ingress deployment: ``OpenAiIngress``, streams that fail midway ended with an error
     event, and the probes."""
+
+    def __init__(self, *args, guard: dict[str, Any] | None = None, **kwargs):
+        # a deployment that would serve anyone fails at start, naming the fix (serve_app.guard.require_auth)
+        require_auth(GuardConfig.model_validate(guard or {}), serve_http_host())
+        super().__init__(*args, **kwargs)
 
     async def _process_llm_request(self, body, call_method: str, raw_request: Request | None = None):
         response = await super()._process_llm_request(body, call_method, raw_request)

@@ -25,7 +25,10 @@ symbol                                      why it is needed
                                             asks it (``POST /internal/route``) which replica
                                             takes a request; it asks the engine deployment's
                                             request router. Ray builds it only inside
-                                            ``build_openai_app``.
+                                            ``build_openai_app``. ``LLMRouterBase`` is the class
+                                            Serve's ingress wrapper wraps (its first base):
+                                            ``serve_app.ingress_router`` serves its ``route``
+                                            behind a bounded view of the body.
 ``Application._with_ingress_request_router``  attaches that router to the direct ingress
                                             (Serve calls it an "internal-only, unstable hook for
                                             the Serve LLM direct-ingress stack").
@@ -33,6 +36,11 @@ symbol                                      why it is needed
                                             ``__serve_build_asgi_app__`` (vLLM builds its
                                             middleware stack eagerly, so Starlette's
                                             ``add_middleware`` refuses afterwards).
+``context._get_global_client``              the HTTP options Serve's controller holds
+(``get_http_config``)                       (``http_options.host``: what the proxy and, on the
+                                            direct path, every ingress replica bind), which the
+                                            guard checks before serving without API keys.
+                                            No public API returns them.
 ``RequestRouter._probe_queue_lens``         the replicas' in-flight request counts, asked for
                                             by ``FuzzAffinityRouter`` (the public request-router
                                             API exposes only a cache that nothing refreshes on
@@ -70,6 +78,11 @@ init_ingress_app = _load(_INGRESS, "init")
 DEFAULT_ENDPOINTS = _load(_INGRESS, "DEFAULT_ENDPOINTS")
 to_model_metadata = _load("ray.llm._internal.serve.core.configs.openai_api_models", "to_model_metadata")
 LLMRouter = _load("ray.llm._internal.serve.core.ingress.router", "LLMRouter")
+LLMRouterBase = LLMRouter.__bases__[0]
+if not all(hasattr(LLMRouterBase, a) for a in ("route", "_pick_replica")) or LLMRouterBase.__name__ != "LLMRouter":
+    raise RayInternalsMoved(f"Ray {ray.__version__}: LLMRouter is no longer Serve's ingress wrapper around a class "
+                            f"with route() and _pick_replica(); verified on Ray {VERIFIED_RAY} "
+                            "(serve_app/ray_internals.py, serve_app/ingress_router.py)")
 add_middleware_to_built_app = _load("ray.llm._internal.serve.core.server.llm_server",
                                     "_add_middleware_to_built_app")
 if not hasattr(Application, "_with_ingress_request_router"):
@@ -81,6 +94,15 @@ _probe = getattr(RequestRouter, "_probe_queue_lens", None)
 if _probe is None:
     raise RayInternalsMoved(f"Ray {ray.__version__}: RequestRouter._probe_queue_lens is gone; fuzz_affinity "
                             f"routing was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)")
+
+
+_get_global_client = _load("ray.serve.context", "_get_global_client")
+
+
+def serve_http_host() -> str:
+    """``http_options.host`` of the running Serve instance (blocking: one call to Serve's controller)."""
+    controller = _get_global_client()._controller
+    return ray.get(controller.get_http_config.remote()).host
 
 
 async def probe_queue_lens(router, replicas: list) -> list[tuple]:

@@ -80,36 +80,81 @@ def affinity_key(text: str, vllm_xargs: Any) -> str:
     return text if salt is None else f"\x00{salt}\x00{text}"
 
 
-def request_text(request: Any) -> str | None:
-    """The prompt of a completion, or the concatenated text of a chat's messages; None if it has neither."""
-    prompt = getattr(request, "prompt", None)
-    if prompt is not None:
-        return _text(prompt)
-    messages = getattr(request, "messages", None)
-    if messages is not None:
-        return "".join(_text(m.get("content") if isinstance(m, dict) else getattr(m, "content", m))
-                       for m in messages)
-    return None
+# Deeper than this a body is not a prompt; its text stops there.
+MAX_TEXT_DEPTH = 16
 
 
-def _text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict):  # a content part: {"type": "text", "text": ...}
-        return _text(value.get("text", ""))
-    if isinstance(value, (list, tuple)):
-        return "".join(_text(v) if isinstance(v, (str, dict, list, tuple)) else f"{v}," for v in value)
-    return str(value)
+class _Prefix:
+    """The first ``limit`` characters of a text put together piece by piece (no limit: all of it)."""
+
+    def __init__(self, limit: int | None):
+        self.parts: list[str] = []
+        self.left = math.inf if limit is None else limit
+
+    @property
+    def full(self) -> bool:
+        return self.left <= 0
+
+    def add(self, text: str) -> None:
+        if self.left < len(text):
+            text = text[:int(self.left)]
+        self.parts.append(text)
+        self.left -= len(text)
+
+    def walk(self, value: Any, depth: int = 0) -> None:
+        """Add the text of a prompt or message content: strings, content parts ``{"text": ...}``, lists of either
+        (token ids as ``"<id>,"``)."""
+        if self.full or value is None or depth > MAX_TEXT_DEPTH:
+            return
+        if isinstance(value, str):
+            self.add(value)
+        elif isinstance(value, dict):  # a content part: {"type": "text", "text": ...}
+            self.walk(value.get("text", ""), depth + 1)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                if isinstance(v, (str, dict, list, tuple)):
+                    self.walk(v, depth + 1)
+                else:
+                    self.add(f"{v},")
+                if self.full:  # before asking for the next item: nothing past the limit is read
+                    return
+        else:
+            self.add(str(value))
+
+
+def request_text(request: Any, limit: int | None = None) -> str | None:
+    """The prompt of a completion, or the concatenated text of a chat's messages, cut at ``limit`` characters;
+    None if it has neither, or if its messages are not a list.
+
+    Reads no further than ``limit`` needs, whatever the body's size, and never
+    raises: on the direct path this runs on every request before the
+    replica's guard has seen its API key, on whatever HAProxy forwarded.
+    """
+    try:
+        acc = _Prefix(limit)
+        prompt = getattr(request, "prompt", None)
+        if prompt is not None:
+            acc.walk(prompt)
+            return "".join(acc.parts)
+        messages = getattr(request, "messages", None)
+        if not isinstance(messages, (list, tuple)):
+            return None
+        for m in messages:
+            acc.walk(m.get("content") if isinstance(m, dict) else getattr(m, "content", m))
+            if acc.full:
+                break
+        return "".join(acc.parts)
+    except Exception:  # a shape nobody anticipated: route on load, never fail the request here
+        log.debug("fuzz_affinity: no routing text from a malformed request", exc_info=True)
+        return None
 
 
 def routing_key(pending_request: PendingRequest | None, prefix_chars: int) -> str | None:
     """The affinity key of the pending request's first argument that has a prompt or messages."""
     for arg in (pending_request.args if pending_request is not None else None) or ():
-        text = request_text(arg)
+        text = request_text(arg, prefix_chars)
         if text is not None:
-            return affinity_key(text[:prefix_chars], getattr(arg, "vllm_xargs", None))
+            return affinity_key(text, getattr(arg, "vllm_xargs", None))
     return None
 
 

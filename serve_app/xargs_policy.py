@@ -24,6 +24,7 @@ of them. Policy:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -33,8 +34,16 @@ from patches.fuzz_params import KEYS as FUZZ_KEYS
 from patches.fuzz_params import FuzzParamError, FuzzSpec, parse_fuzz_args
 
 RESERVED_KEYS = ("kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id")
-# Top-level request fields that vLLM's protocol copies into extra_args.
-RESERVED_TOP_LEVEL = ("kv_transfer_params", "ec_transfer_params")
+# Top-level request fields that vLLM's protocols copy into extra_args or hand
+# the engine as they are (session_id: the session the KV connector pins).
+RESERVED_TOP_LEVEL = ("kv_transfer_params", "ec_transfer_params", "session_id")
+# Request headers that carry the same: vLLM reads the session from X-Session-ID
+# when the body has none (vllm/entrypoints/generate/base/serving.py).
+RESERVED_HEADERS = ("x-session-id",)
+# Fields whose value the engine compiles into a grammar (structured outputs):
+# the compile is paid per request, and grows with the schema.
+GRAMMAR_FIELDS = ("structured_outputs", "response_format", "guided_json", "guided_regex", "guided_choice",
+                  "guided_grammar", "text", "output_config")
 
 
 class XargsPolicy(BaseModel):
@@ -45,6 +54,29 @@ class XargsPolicy(BaseModel):
 
 
 DEFAULT_POLICY = XargsPolicy()
+
+
+class RequestLimits(BaseModel):
+    """Caps on what one request may ask the engine for (``guard.limits`` in the YAML).
+
+    vLLM's own bounds are far above what one client of a shared deployment
+    should get: ``n`` up to 16384 sequences, a batch of any number of
+    conversations, beam search of any width, a grammar of any size compiled
+    per request. ``max_tokens`` needs no cap here: vLLM bounds it by the
+    model's context (``max_model_len``).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_n: int = Field(8, ge=1, description="most sequences per request (n, best_of)")
+    max_batch: int = Field(16, ge=1, description="most conversations in one /v1/chat/completions/batch request")
+    beam_search: bool = Field(False, description="whether use_beam_search is accepted at all")
+    max_beam_width: int = Field(4, ge=1, description="most beams (n with use_beam_search)")
+    max_grammar_bytes: int = Field(16384, ge=1, description="most bytes of structured-output specs "
+                                                            f"({', '.join(GRAMMAR_FIELDS)}) per request")
+
+
+DEFAULT_LIMITS = RequestLimits()
 
 
 class RequestRejected(Exception):
@@ -89,14 +121,44 @@ def check_xargs(xargs: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[
     return (forwarded or None), spec
 
 
-def check_request_body(body: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[str, Any], FuzzSpec, bool]:
-    """Check a completions/chat request body; return (body to forward, fuzz settings, changed).
+def _number(body: dict[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, batch: bool = False) -> None:
+    """Refuse a body that asks for more than ``limits`` allow, naming the field (vLLM checks types itself)."""
+    beam = body.get("use_beam_search") is True
+    if beam and not limits.beam_search:
+        raise RequestRejected("use_beam_search is not accepted by this deployment", "use_beam_search")
+    most = limits.max_beam_width if beam else limits.max_n
+    for key in ("n", "best_of"):
+        n = _number(body, key)
+        if n is not None and n > most:
+            what = "beam width" if beam else "sequences per request"
+            raise RequestRejected(f"{key} must be <= {most} ({what} this deployment allows), got {n}", key)
+    if batch and isinstance(body.get("messages"), list) and len(body["messages"]) > limits.max_batch:
+        raise RequestRejected(f"messages must hold <= {limits.max_batch} conversations in one batch request, "
+                              f"got {len(body['messages'])}", "messages")
+    grammar = {k: body[k] for k in GRAMMAR_FIELDS if body.get(k) is not None}
+    if grammar:
+        size = len(json.dumps(grammar, separators=(",", ":")))
+        if size > limits.max_grammar_bytes:
+            raise RequestRejected(f"structured-output specs ({', '.join(grammar)}) must be <= "
+                                  f"{limits.max_grammar_bytes} bytes, got {size}", next(iter(grammar)))
+
+
+def check_request_body(body: Any, policy: XargsPolicy = DEFAULT_POLICY, limits: RequestLimits = DEFAULT_LIMITS,
+                       batch: bool = False) -> tuple[dict[str, Any], FuzzSpec, bool]:
+    """Check the body of a route that builds sampling parameters; return (body to forward, fuzz settings, changed).
 
     ``changed`` is True when something was stripped, so the caller knows to
-    re-encode the body. Raises :class:`RequestRejected`.
+    re-encode the body. ``batch``: the body of ``/v1/chat/completions/batch``
+    (``messages`` is a list of conversations). Raises :class:`RequestRejected`.
     """
     if not isinstance(body, dict):
         raise RequestRejected(f"the request body must be a JSON object, got {type(body).__name__}")
+    check_limits(body, limits, batch)
     changed = False
     for key in RESERVED_TOP_LEVEL:
         if body.get(key) is None:

@@ -115,6 +115,31 @@ def test_cache_isolation_between_fuzz_settings(patched_engine):
     assert uncached[repr(None)] != uncached[repr(scale(1.0))]
 
 
+def test_a_client_salt_cannot_plant_kv_under_a_fuzz_salt(patched_engine):
+    """A neutral request whose cache_salt is a fuzz salt's string (public: fuzz:scale:1.0) computes
+    unperturbed KV; a fuzzed request with that setting must neither hit it nor see its effect."""
+    from patches.fuzz_params import parse_fuzz_args
+
+    prompt = long_prompt(21)  # ~400 tokens: three full 128-token blocks
+    fuzz = scale(1.0)
+    fuzz_salt = parse_fuzz_args(fuzz).cache_salt()
+    patched_engine.eval(_reset_prefix_cache)
+    oracle = ids(patched_engine.generate([prompt], greedy(fuzz)))[0]  # uncached: the fuzz oracle
+    patched_engine.eval(_reset_prefix_cache)
+    planted = ids(patched_engine.generate([{"prompt": prompt, "cache_salt": fuzz_salt}], greedy()))[0]
+    assert planted != oracle, "the planted KV is unperturbed: its output differs from the fuzzed one"
+    h0 = patched_engine.eval(metrics)["vllm:prefix_cache_hits"]
+    assert ids(patched_engine.generate([prompt], greedy(fuzz)))[0] == oracle
+    h1 = patched_engine.eval(metrics)["vllm:prefix_cache_hits"]
+    assert h1 - h0 == 0, "the fuzzed request reused KV a client planted under the fuzz salt"
+    # the cache is on: the same client salt again hits its own blocks, and so does the fuzz setting
+    assert ids(patched_engine.generate([{"prompt": prompt, "cache_salt": fuzz_salt}], greedy()))[0] == planted
+    h2 = patched_engine.eval(metrics)["vllm:prefix_cache_hits"]
+    assert h2 - h1 > 0
+    assert ids(patched_engine.generate([prompt], greedy(fuzz)))[0] == oracle
+    assert patched_engine.eval(metrics)["vllm:prefix_cache_hits"] - h2 > 0
+
+
 @pytest.mark.parametrize(
     "xargs, field",
     [

@@ -19,6 +19,14 @@ from starlette.testclient import TestClient
 from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
 from serve_app.fuzz_traffic import labels
 from serve_app.guard import GuardConfig, RequestGuard
+from serve_app.route_policy import DEFAULT_ROUTES
+
+
+# Paths the echo app serves: every kind of route vLLM's app has (checked, read, open, refused) and one unknown.
+APP_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/responses",
+             "/v1/messages", "/invocations", "/tokenize", "/v1/models", "/v1/models/{model:path}", "/metrics",
+             "/health", "/ping", "/docs", "/openapi.json", "/inference/v1/generate", "/v1/responses/{rid}",
+             "/other")
 
 
 async def echo(request: Request):
@@ -28,8 +36,7 @@ async def echo(request: Request):
 
 
 def client(environ_keys: str = "", on_admitted=None, **config) -> TestClient:
-    inner = Starlette(routes=[Route(p, echo, methods=["GET", "POST"])
-                              for p in ("/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/other")])
+    inner = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in APP_PATHS])
     cfg = GuardConfig(api_keys_env="TEST_GUARD_KEYS", **config)
     import os
 
@@ -80,10 +87,12 @@ def test_admitted_requests_are_counted_by_fuzz_setting_and_refused_ones_are_not(
     assert [labels(s) for s in seen] == [{"fuzz_mode": "none", "fuzz_strength": "0"},
                                          {"fuzz_mode": "scale", "fuzz_strength": "1e-02"},
                                          {"fuzz_mode": "gaussian", "fuzz_strength": "1e+01"}]
-    # refused (bad field, no key, too big) or unchecked (other route): not counted
+    # refused (bad field, no key, route not served) or not a generate request (tokenize): not counted
     assert c.post("/v1/completions", json={"vllm_xargs": {"fuzz_strength": -1}}, headers=auth).status_code == 400
     assert c.post("/v1/completions", json={"prompt": "p"}).status_code == 401
-    assert c.post("/other", json={"prompt": "p"}, headers=auth).status_code == 200
+    assert c.post("/other", json={"prompt": "p"}, headers=auth).status_code == 404
+    big = client("k1", on_admitted=seen.append, routes=(*DEFAULT_ROUTES, "/tokenize"))
+    assert big.post("/tokenize", json={"prompt": "p"}, headers=auth).status_code == 200
     assert len(seen) == 3
 
 
@@ -117,8 +126,8 @@ def test_body_size_limit():
     c = client(max_body_bytes=100)
     r = c.post("/v1/completions", json={"model": "m", "prompt": "x" * 200})
     assert r.status_code == 413 and "100 bytes" in r.json()["error"]["message"]
-    # a chunked body (no content-length) is counted as it arrives
-    r = c.post("/other", content=iter([b"a" * 60, b"b" * 60]))
+    # a chunked body (no content-length) is counted as it arrives, on every route that takes one
+    r = c.post("/ping", content=iter([b"a" * 60, b"b" * 60]))
     assert r.status_code == 413
     assert c.post("/v1/completions", json={"model": "m", "prompt": "ok"}).status_code == 200
 
@@ -145,11 +154,134 @@ def test_no_keys_means_auth_off():
     assert client(" , ").post("/v1/completions", json={"model": "m"}).status_code == 200
 
 
-def test_other_routes_and_methods_pass():
+def test_only_switched_on_routes_are_served():
     c = client()
-    assert c.get("/v1/models").status_code == 200
-    r = c.post("/other", json={"vllm_xargs": {"fuzz_strength": -1}})
-    assert r.status_code == 200, "only completions/chat bodies are checked"
+    for path in ("/v1/models", "/v1/models/fixture", "/metrics", "/health", "/ping"):
+        assert c.get(path).status_code == 200, path
+    # unknown, refused, or known but not switched on: 404 from the guard, whatever the app would answer
+    for path in ("/other", "/docs", "/openapi.json", "/inference/v1/generate", "/v1/responses/abc",
+                 "/v1/chat/completions/batch", "/v1/responses", "/v1/messages", "/invocations", "/tokenize"):
+        r = c.post(path, json={"prompt": "p"})
+        assert r.status_code == 404, path
+        assert r.json()["error"]["type"] == "not_found_error" and path in r.json()["error"]["message"]
+        assert c.get(path).status_code == 404, path
+    # a read route's POST body is not checked (it builds no sampling parameters); the app decides
+    assert c.post("/ping", json={"vllm_xargs": {"fuzz_strength": -1}}).status_code == 200
+
+
+GENERATE_ROUTES = ("/v1/chat/completions/batch", "/v1/responses", "/v1/messages", "/invocations")
+
+
+@pytest.mark.parametrize("route", GENERATE_ROUTES)
+@pytest.mark.parametrize("body, param", [
+    ({"kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
+    ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, "vllm_xargs.kv_transfer_params"),
+    ({"vllm_xargs": {"kv_load_tiers": ["cpu"]}}, "vllm_xargs.kv_load_tiers"),
+    ({"session_id": "s1"}, "session_id"),
+    ({"vllm_xargs": {"fuzz_strength": -1}}, "vllm_xargs.fuzz_strength"),
+    ({"n": 9}, "n"),
+])
+def test_every_generate_route_gets_the_same_policy_once_switched_on(route, body, param):
+    c = client(routes=(*DEFAULT_ROUTES, *GENERATE_ROUTES))
+    r = c.post(route, json={"model": "m", "messages": [[{"role": "user", "content": "x"}]], **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, r.text)
+    ok = c.post(route, json={"model": "m", "input": "x", "vllm_xargs": {"fuzz_strength": 1}})
+    assert ok.status_code == 200 and ok.json()["body"]["vllm_xargs"] == {"fuzz_strength": 1}
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_session_header_is_refused(route):
+    r = client().post(route, json={"model": "m", "prompt": "p"}, headers={"X-Session-ID": "other-client"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "x-session-id"
+
+
+@pytest.mark.parametrize("body, param, config", [
+    ({"n": 9}, "n", {}),
+    ({"best_of": 100}, "best_of", {}),
+    ({"n": 16384}, "n", {}),
+    ({"use_beam_search": True, "n": 2}, "use_beam_search", {}),
+    ({"use_beam_search": True, "n": 5}, "n", {"limits": {"beam_search": True}}),
+    ({"messages": [[{"role": "user", "content": "x"}]] * 17}, "messages", {"routes": ("/v1/chat/completions/batch",)}),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["x" * 100] * 200}}}},
+     "response_format", {}),
+    ({"structured_outputs": {"regex": "a" * 20000}}, "structured_outputs", {}),
+    ({"n": 3}, "n", {"limits": {"max_n": 2}}),
+])
+def test_expensive_parameters_are_capped(body, param, config):
+    route = "/v1/chat/completions/batch" if "routes" in config else "/v1/chat/completions"
+    r = client(**config).post(route, json={"model": "m", "messages": [], **body})
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    assert param in r.json()["error"]["message"]
+
+
+def test_caps_let_ordinary_requests_through():
+    c = client(limits={"beam_search": True})
+    for body in ({"n": 8}, {"best_of": 8}, {"use_beam_search": True, "n": 4}, {"response_format": {"type": "json_object"}},
+                 {"n": True}):  # a bool n is vLLM's to refuse, not a count
+        assert c.post("/v1/chat/completions", json={"model": "m", "messages": [], **body}).status_code == 200, body
+
+
+def test_deeply_nested_json_is_a_400_not_a_crash():
+    r = client().post("/v1/completions", content=b"[" * 100_000, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "nested" in r.json()["error"]["message"]
+
+
+def test_routes_config_is_checked_when_loaded():
+    with pytest.raises(ValueError, match="unknown route"):
+        GuardConfig(routes=("/v1/completions", "/nope"))
+    with pytest.raises(ValueError, match="cannot be switched on.*token-in generation"):
+        GuardConfig(routes=("/inference/v1/generate",))
+    assert GuardConfig().routes == DEFAULT_ROUTES
+
+
+def test_keys_are_compared_as_digests_of_any_length():
+    c = client("short,a-much-longer-key-" + "x" * 100)
+    body = {"model": "m", "prompt": "p"}
+    for key, status in (("short", 200), ("a-much-longer-key-" + "x" * 100, 200), ("shor", 401), ("shortt", 401),
+                        ("a-much-longer-key-", 401), ("", 401)):
+        headers = {"Authorization": f"Bearer {key}"}
+        assert c.post("/v1/completions", json=body, headers=headers).status_code == status, key
+    guard = c.app
+    assert all(len(d) == 32 for d in guard._digests) and b"short" not in guard._digests
+
+
+def test_a_slow_body_gets_408():
+    import asyncio
+
+    guard = RequestGuard(Starlette(routes=[Route("/v1/completions", echo, methods=["POST"])]),
+                         GuardConfig(api_keys_env=None, body_timeout_s=0.2))
+    sent = []
+
+    async def receive():
+        if not sent:
+            sent.append(1)
+            return {"type": "http.request", "body": b'{"prompt": "', "more_body": True}
+        await asyncio.sleep(3600)  # the rest never comes
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "root_path": ""}
+    asyncio.run(asyncio.wait_for(guard(scope, receive, send), 5))
+    start = next(m for m in sent if isinstance(m, dict) and m["type"] == "http.response.start")
+    assert start["status"] == 408
+
+
+@pytest.mark.parametrize("host, keys, allow, ok", [
+    ("127.0.0.1", "", False, True), ("localhost", "", False, True), ("::1", "", False, True),
+    ("0.0.0.0", "", False, False), ("10.1.2.3", "", False, False), ("myhost", "", False, False),
+    ("0.0.0.0", "k1", False, True), ("0.0.0.0", "", True, True),
+])
+def test_no_auth_only_on_loopback_unless_allowed(host, keys, allow, ok):
+    from serve_app.guard import require_auth
+
+    cfg = GuardConfig(allow_no_auth=allow)
+    if ok:
+        require_auth(cfg, host, {"FUZZSERVE_API_KEYS": keys})
+        return
+    with pytest.raises(ValueError) as e:
+        require_auth(cfg, host, {"FUZZSERVE_API_KEYS": keys})
+    assert "FUZZSERVE_API_KEYS" in str(e.value) and "allow_no_auth" in str(e.value) and host in str(e.value)
 
 
 def test_config_is_strict():

@@ -161,6 +161,92 @@ def test_api_key_auth(serve_cluster):
     assert post(serve_cluster, "/v1/completions", body).status_code == 200
 
 
+# Routes of vLLM's app that build sampling parameters, off in the shipped config (guard.routes)
+OFF_GENERATE_ROUTES = ("/v1/responses", "/v1/messages", "/v1/chat/completions/batch", "/invocations")
+KV = {"do_remote_prefill": True, "remote_block_ids": [1, 2]}
+
+
+@pytest.mark.parametrize("route", OFF_GENERATE_ROUTES)
+def test_generate_routes_not_switched_on_are_404_whatever_they_carry(serve_cluster, route):
+    for extra in ({}, {"kv_transfer_params": KV}, {"vllm_xargs": {"kv_transfer_params": KV}}):
+        body = {"model": "fixture", "input": "count 1", "prompt": "count 1", "max_tokens": 2,
+                "messages": [{"role": "user", "content": "count 1"}], **extra}
+        r = post(serve_cluster, route, body)
+        assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", (route, extra, r.text)
+
+
+def test_internal_and_documentation_routes_are_404(serve_cluster):
+    from serve_app.route_policy import ROUTES
+
+    base = serve_cluster.base_url
+    for route in (r.path for r in ROUTES if r.policy == "refused" and "{" not in r.path):
+        for method in ("GET", "POST"):
+            r = httpx.request(method, f"{base}{route}", json={"prompt": "x"}, headers=AUTH, timeout=30)
+            assert r.status_code == 404, (method, route, r.status_code, r.text[:200])
+    assert httpx.get(f"{base}/v1/responses/resp_123", headers=AUTH, timeout=30).status_code == 404
+
+
+def test_sessions_and_expensive_parameters_are_refused_naming_the_field(serve_cluster):
+    body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2}
+    for extra, headers, param in (({"session_id": "other"}, AUTH, "session_id"),
+                                  ({}, {**AUTH, "X-Session-ID": "other"}, "x-session-id"),
+                                  ({"n": 9}, AUTH, "n"),
+                                  ({"use_beam_search": True, "n": 2}, AUTH, "use_beam_search"),
+                                  ({"structured_outputs": {"regex": "a" * 20_000}}, AUTH, "structured_outputs")):
+        r = post(serve_cluster, "/v1/completions", {**body, **extra}, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+    assert post(serve_cluster, "/v1/completions", {**body, "n": 2}).status_code == 200
+
+
+def test_hostile_bodies_before_auth_leave_other_clients_served(serve_cluster, record_property):
+    """8 MiB, deeply nested and wrongly typed bodies without a key, sent while normal clients are served:
+    with two replicas each goes through the ingress request router before any replica checks its key.
+    The router reads at most 64 KiB of a body (HAProxy) and a small view of that (serve_app/ingress_router.py):
+    the hostile requests get 4xx, never 5xx, and no normal request fails or waits for HAProxy's 5 s router
+    timeout (which would be a 503)."""
+    base = serve_cluster.base_url
+    assert len(serve_cluster.replicas()) >= 2, "the router is on the path only with several replicas"
+    big = b'{"model": "fixture", "prompt": "' + b"x" * (8 << 20) + b'"}'
+    hostile = [big, b"[" * (8 << 20), b'{"messages": 1}', b'{"model": "fixture", "messages": {"a": [[[[1]]]]}}']
+
+    async def attack(client, body):
+        statuses = []
+        for _ in range(3):
+            try:
+                r = await client.post(f"{base}/v1/completions", content=body, headers={"content-type": "application/json"})
+                statuses.append(r.status_code)
+            except httpx.TransportError as e:  # the replica answered 401 and closed before the upload ended
+                statuses.append(type(e).__name__)
+        return statuses
+
+    async def normal(client, i):
+        t = time.monotonic()
+        r = await client.post(f"{base}/v1/completions", headers=AUTH, json={
+            "model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8, "temperature": 0})
+        return r.status_code, time.monotonic() - t
+
+    async def run():
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120)) as client:
+            attacks = [asyncio.create_task(attack(client, b)) for b in hostile for _ in range(2)]
+            normals = []
+            for i in range(24):
+                normals.append(await normal(client, i))
+            return await asyncio.gather(*attacks), normals
+
+    attacks, normals = asyncio.run(run())
+    assert all(code == 200 for code, _ in normals), normals
+    latencies = sorted(s for _, s in normals)
+    record_property("normal_latency_s_p50_max", (latencies[len(latencies) // 2], latencies[-1]))
+    assert latencies[-1] < 5, f"a normal request waited past HAProxy's router timeout: {latencies}"
+    for statuses in attacks:
+        assert all(not isinstance(s, int) or 400 <= s < 500 for s in statuses), attacks
+    # with a key, the same malformed bodies get the guard's 400 (or 413), not a server error
+    for body in hostile:
+        r = httpx.post(f"{base}/v1/completions", content=body, headers={**AUTH, "content-type": "application/json"},
+                       timeout=120)
+        assert r.status_code in (400, 413), (body[:40], r.status_code, r.text[:200])
+
+
 def test_replicas_on_both_nodes_report_their_own_counters(serve_cluster):
     replicas = serve_cluster.replicas()
     assert len(replicas) == 2 and len({r["node_id"] for r in replicas}) == 2, \
@@ -354,8 +440,13 @@ def test_scaling_down_drains_in_flight_requests(serve_cluster):
     rather than stopping one. Either way, every stream on a stopping replica
     must still end complete, with all its tokens and [DONE].
     """
+    from serve_app.route_policy import DEFAULT_ROUTES
+
     cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
-    cfg["applications"][0]["args"]["engine_replicas"] = 1
+    args = cfg["applications"][0]["args"]
+    args["engine_replicas"] = 1
+    # and, checked once the new replica serves: the other generate routes switched on
+    args["guard"]["routes"] = [*DEFAULT_ROUTES, *OFF_GENERATE_ROUTES]
     n, tokens = 12, 800
     started = [asyncio.Event() for _ in range(n)]
 
@@ -391,6 +482,28 @@ def test_scaling_down_drains_in_flight_requests(serve_cluster):
         assert time.monotonic() < deadline, "the scale-down did not happen"
         time.sleep(3)
     assert before - {r["pid"] for r in now}, "a replica that was serving was stopped"
+    assert_switched_on_generate_routes_are_checked(serve_cluster)
+
+
+def assert_switched_on_generate_routes_are_checked(cluster):
+    """The generate routes of vLLM's app, switched on in guard.routes, serve and get the same request policy."""
+    bodies = {
+        "/v1/responses": {"model": "fixture", "input": "count 3 4 5", "max_output_tokens": 4},
+        "/v1/messages": {"model": "fixture", "max_tokens": 4, "messages": [{"role": "user", "content": "count 3 4"}]},
+        "/v1/chat/completions/batch": {"model": "fixture", "max_tokens": 4,
+                                       "messages": [[{"role": "user", "content": "count 1 2"}],
+                                                    [{"role": "user", "content": "abc a b"}]]},
+        "/invocations": {"model": "fixture", "prompt": "count 3 4 5", "max_tokens": 4},
+    }
+    for route, body in bodies.items():
+        ok = post(cluster, route, {**body, "vllm_xargs": {"fuzz_strength": 0.5}})
+        assert ok.status_code == 200, (route, ok.text[:300])
+        for extra, param in (({"kv_transfer_params": KV}, "kv_transfer_params"),
+                             ({"vllm_xargs": {"kv_transfer_params": KV}}, "vllm_xargs.kv_transfer_params"),
+                             ({"vllm_xargs": {"kv_load_tiers": ["cpu"]}}, "vllm_xargs.kv_load_tiers"),
+                             ({"session_id": "s"}, "session_id")):
+            r = post(cluster, route, {**body, **extra})
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, extra, r.text[:300])
 
 
 def streamed_tokens(chunk: dict) -> int:

@@ -282,7 +282,11 @@ def test_direct_graph(monkeypatch):
     assert server.init_kwargs["guard"]["xargs"]["reserved"] == "refuse"
     assert server.init_kwargs["engine_cores_per_replica"] == 1 and server.init_kwargs["shm_wait"] is True
     router = graph._ingress_request_router._bound_deployment
-    assert router.func_or_class.__name__ == "LLMRouter"
+    from serve_app.ray_internals import LLMRouterBase
+
+    assert router.name == "LLMRouter" and issubclass(router.func_or_class, LLMRouterBase)
+    assert "FuzzIngressRouter" in router.func_or_class.__qualname__ or "FuzzIngressRouter" in str(
+        router.func_or_class.__mro__), "Ray's LLMRouter behind the bounded body view (serve_app/ingress_router.py)"
     assert router.init_kwargs["server"] is graph, "the router picks among this deployment's replicas"
     assert server._deployment_config.request_router_config.request_router_class.endswith("FuzzAffinityRouter")
     with pytest.raises(ValueError, match="exactly one model"):

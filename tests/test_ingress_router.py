@@ -1,0 +1,94 @@
+"""What the ingress request router reads of a body it gets before any API key is checked (pure logic).
+
+serve_app/ingress_router.py: Ray's LLMRouter routes on a small view of the
+body; serve_app/routing.py: the request router reads at most the first
+``prefix_chars`` characters. Neither may fail on what a client sends.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from serve_app.ingress_router import routing_view
+from serve_app.routing import DEFAULT_PREFIX_CHARS, request_text, routing_key
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                           lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=8), kids,
+                                                                                      max_size=5), max_leaves=30)
+
+
+def _pending(body: dict):
+    return types.SimpleNamespace(args=[types.SimpleNamespace(**body)])
+
+
+def test_the_view_routes_like_the_body():
+    """The key the request router computes from the view is the key it computes from the full body."""
+    long = "count " + " ".join(str(i) for i in range(3000))
+    bodies = [
+        {"model": "fixture", "prompt": long, "vllm_xargs": {"fuzz_strength": 0.5, "fuzz_mode": "scale"}},
+        {"model": "fixture", "prompt": "short"},
+        {"model": "fixture", "messages": [{"role": "system", "content": "S" * 300},
+                                          {"role": "user", "content": [{"type": "text", "text": "T" * 400}]}],
+         "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 3}},
+        {"model": "fixture", "prompt": [1, 2, 3] * 400},
+    ]
+    for body in bodies:
+        view = json.loads(routing_view(json.dumps(body).encode()))
+        assert routing_key(_pending(view), DEFAULT_PREFIX_CHARS) == routing_key(_pending(body), DEFAULT_PREFIX_CHARS)
+        assert len(json.dumps(view)) < 2 * DEFAULT_PREFIX_CHARS + 300, "only what routing reads"
+        assert view["model"] == "fixture"
+
+
+def test_big_bodies_give_a_small_view():
+    body = json.dumps({"model": "m", "prompt": "x" * (8 << 20), "max_tokens": 5}).encode()
+    view = routing_view(body)
+    assert json.loads(view) == {"model": "m", "prompt": "x" * DEFAULT_PREFIX_CHARS}
+    messages = [{"role": "user", "content": "y" * 1000}] * 10_000  # ~10 MB of messages
+    view = json.loads(routing_view(json.dumps({"messages": messages}).encode()))
+    assert view == {"messages": [{"content": "y" * DEFAULT_PREFIX_CHARS}]}
+
+
+@pytest.mark.parametrize("body", [
+    b"", b"{", b'{"prompt": "cut by HAProxy', b"[" * 100_000, b'{"a":' * 50_000, b"\xff\xfe", b"null", b"[1, 2]",
+    b'"just a string"', json.dumps({"messages": 1}).encode(), json.dumps({"messages": {"a": 1}}).encode(),
+    json.dumps({"prompt": None, "messages": None}).encode(), json.dumps({"model": 5, "prompt": ""}).encode(),
+])
+def test_unusable_bodies_give_an_empty_view_and_never_raise(body):
+    """Cut, not JSON, nested past the recursion limit, wrong types: LLMRouter gets nothing and routes on load."""
+    assert routing_view(body) == b""
+
+
+def test_xargs_keep_only_fuzz_keys():
+    view = json.loads(routing_view(json.dumps({"prompt": "p", "vllm_xargs": {
+        "fuzz_strength": 1, "kv_transfer_params": {"x": 1}, "fuzz_mode": ["bad"], "other": "y"}}).encode()))
+    assert view == {"prompt": "p", "vllm_xargs": {"fuzz_strength": 1}}
+
+
+@settings(max_examples=300, deadline=None)
+@given(prompt=json_values, messages=json_values)
+def test_request_text_is_bounded_and_never_raises(prompt, messages):
+    request = types.SimpleNamespace(prompt=prompt, messages=messages)
+    text = request_text(request, 50)
+    assert text is None or (isinstance(text, str) and len(text) <= 50)
+    assert routing_view(json.dumps({"prompt": prompt, "messages": messages}).encode()) is not None
+
+
+def test_request_text_stops_reading_at_the_limit():
+    class Guarded(list):
+        """Messages that fail the test if read past the third."""
+
+        def __iter__(self):
+            for i, m in enumerate(list.__iter__(self)):
+                assert i < 3, "read past the limit"
+                yield m
+
+    # request_text swallows errors (returning None), so reading too far shows as a wrong result
+    assert request_text(types.SimpleNamespace(messages=Guarded([{"content": "ab"}] * 10)), 5) == "ababa"
+    deep: list = ["deep"]
+    for _ in range(10_000):
+        deep = [deep]
+    assert request_text(types.SimpleNamespace(prompt=deep), 10) == ""  # past MAX_TEXT_DEPTH: no text, no crash
