@@ -77,19 +77,9 @@ class _Fields:
         self.messages = data.get("messages")
 
 
-router_app = FastAPI()
-
-
-@serve.ingress(router_app)
-class FuzzIngressRouter(LLMRouterBase):
-    """``LLMRouter`` (Ray's ingress request router for direct streaming) behind :func:`routing_view`."""
-
-    @router_app.post("/internal/route")
-    async def route(self, request: Request):
-        view = routing_view(await request.body())
-        return await LLMRouterBase.route(self, _with_body(request, view))
-
-
+# Defined before the class: serve.ingress cloudpickles the app (and so this
+# route's function, by value) while the class statement runs, capturing only
+# the module globals that exist at that moment.
 def _with_body(request: Request, body: bytes) -> Request:
     """``request`` (its headers: session id, request id, truncation) carrying ``body`` instead of its own."""
     sent = False
@@ -102,3 +92,16 @@ def _with_body(request: Request, body: bytes) -> Request:
         return {"type": "http.disconnect"}
 
     return Request(request.scope, receive)
+
+
+router_app = FastAPI()
+
+
+@serve.ingress(router_app)
+class FuzzIngressRouter(LLMRouterBase):
+    """``LLMRouter`` (Ray's ingress request router for direct streaming) behind :func:`routing_view`."""
+
+    @router_app.post("/internal/route")
+    async def route(self, request: Request):
+        view = routing_view(await request.body())
+        return await LLMRouterBase.route(self, _with_body(request, view))

@@ -92,3 +92,23 @@ def test_request_text_stops_reading_at_the_limit():
     for _ in range(10_000):
         deep = [deep]
     assert request_text(types.SimpleNamespace(prompt=deep), 10) == ""  # past MAX_TEXT_DEPTH: no text, no crash
+
+
+def test_the_route_serve_freezes_can_resolve_every_name_it_uses():
+    """serve.ingress cloudpickles the app while the class statement runs: a helper defined after the class is
+    missing from the frozen route's globals, and the router answers 500 (NameError) to every request (seen:
+    the first deploy of this module). Check the copy Serve keeps, not the module's own function."""
+    import builtins
+
+    from fastapi import FastAPI
+
+    from serve_app.ingress_router import FuzzIngressRouter
+
+    frozen = [c.cell_contents for c in FuzzIngressRouter.__init__.__closure__ or ()
+              if isinstance(c.cell_contents, FastAPI)]
+    assert frozen, "Serve's ingress wrapper keeps the frozen app in its __init__'s closure"
+    [route] = [r for r in frozen[0].routes if getattr(r, "path", None) == "/internal/route"]
+    fn = route.endpoint
+    missing = [n for n in fn.__code__.co_names if n not in fn.__globals__ and not hasattr(builtins, n)
+               and n not in ("body", "route")]  # attribute names (request.body(), LLMRouterBase.route)
+    assert not missing, f"names the frozen route cannot resolve: {missing}"
