@@ -2,7 +2,7 @@
 
     python -m benchmarks.loadgen_capacity [--requests 4000] [--concurrency 1000] [--rounds 2] [--itl-ms 10]
 
-Both clients drive the same target, ``load_tests/echo_server.py`` (a minimal
+Both clients drive the same target, ``testkit/echo_server.py`` (a minimal
 OpenAI-compatible streaming server, no model) in its own process on
 loopback: ``--requests`` streamed completions of ``--output-tokens`` tokens
 with ``--concurrency`` in flight, interleaved round by round (ours, vLLM's,
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = ensure_model()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "load_tests.echo_server", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "testkit.echo_server", "--port", str(port),
                                "--itl-ms", str(args.itl_ms)],
                               start_new_session=True, cwd=REPO)
     runs = []
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "loadgen_capacity.json").write_text(json.dumps({"command": cmd, "runs": runs, "median": summary}, indent=2))
     lines = ["# Load generator capacity", "", f"`{cmd}`, {time.strftime('%Y-%m-%d', time.gmtime())}; target: "
-             f"load_tests/echo_server.py on loopback; {args.requests} streamed requests of {args.output_tokens} "
+             f"testkit/echo_server.py on loopback; {args.requests} streamed requests of {args.output_tokens} "
              f"tokens {args.itl_ms:g} ms apart, {args.concurrency} in flight, {args.rounds} interleaved rounds (medians).",
              "", "| client | req/s | streamed tokens/s | most concurrent streams at the server |", "|---|---|---|---|"]
     lines += [f"| {c} | {v['req_per_s']:.0f} | {v['tok_per_s']:.0f} | {v['server_max_in_flight']:.0f} |"

@@ -214,7 +214,7 @@ async def run_load(target: Target, sc, args, t0: float) -> LoadRun:
     """Drive the load, watch it, wait for quiescence.
 
     ``args`` needs ``seed``, ``timeout`` and ``no_progress``; the monitor's and the probes' settings default
-    to the CLI's (monitoring/e2e.py calls this with only the first three).
+    to the CLI's (testkit/monitoring/e2e.py calls this with only the first three).
     """
     import aiohttp
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn

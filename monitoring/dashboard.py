@@ -6,7 +6,7 @@
 Why a generator: a dashboard JSON is mostly boilerplate (grid positions,
 data-source references, legend options) around a dozen PromQL expressions;
 the expressions and the layout are what a reader should review, here. The
-output is checked against Grafana's schema (:mod:`monitoring.grafana_schema`)
+output is checked against Grafana's schema (:mod:`testkit.testkit.monitoring.grafana_schema`)
 and every expression is run through promtool against a real deployment's
 series (tests/test_monitoring_dashboard.py).
 
@@ -24,7 +24,7 @@ from typing import Any
 
 from load_tests.invariants import SOURCES as PROMPT_SOURCES
 
-from .tools import DASHBOARD_FILE
+from .files import DASHBOARD_FILE
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 R = 'ReplicaId=~"$replica"'

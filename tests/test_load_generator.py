@@ -1,4 +1,4 @@
-"""The load generator's own accounting, against a real HTTP peer whose behaviour is known (load_tests/echo_server.py).
+"""The load generator's own accounting, against a real HTTP peer whose behaviour is known (testkit/echo_server.py).
 
 Every request the generator starts must end as exactly one result with the
 right outcome (the server counts what it received), streams cut short must
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from load_tests import echo_server
+from testkit import echo_server
 from load_tests.client import send
 from load_tests.profiles import Profile, drive
 from load_tests.workload import BAD_REQUESTS, Mix, RequestSpec, draw

@@ -90,7 +90,7 @@ def test_what_counts_as_an_engine_or_a_cluster():
     assert classify(["VLLM::EngineCore"], "VLLM::EngineCor", psutil.Process().pid) == "engine", "this process has torch"
     assert classify(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--x"], "raylet") == "serve"
     assert classify(["/venv/bin/python", "/venv/bin/ray", "start", "--block", "--head"], "ray") == "serve"
-    assert classify(["/venv/bin/python", "-m", "load_tests.echo_server"], "python") is None
+    assert classify(["/venv/bin/python", "-m", "testkit.echo_server"], "python") is None
     assert classify(["/venv/bin/python", "-c", "...", "VLLM::EngineCore"], "python", pid=_bare_pid()) is None, \
         "a bare process that only takes the title (test_core_binding's) is not an engine"
 

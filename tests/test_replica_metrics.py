@@ -133,7 +133,7 @@ def test_the_counters_cli_exits_1_on_any_problem(tmp_path, capsys):
     import asyncio
     import threading
 
-    from load_tests import echo_server
+    from testkit import echo_server
     from load_tests.replica_metrics import main
 
     loop = asyncio.new_event_loop()

@@ -1,8 +1,8 @@
 """Upstream vLLM 0.32.0's own unit tests for the areas the patches touch, run against the patched install,
 once with the patches on and once with ``FUZZSERVE_PATCHES_OFF=all``, outcome by outcome.
 
-    python -m tests.upstream_vllm            # fetch (first run), run both ways, compare; exit 1 on an unlisted difference
-    python -m tests.upstream_vllm --list     # only the tests it would run
+    python -m testkit.upstream_vllm            # fetch (first run), run both ways, compare; exit 1 on an unlisted difference
+    python -m testkit.upstream_vllm --list     # only the tests it would run
 
 Optional (not part of CI): it fetches the ``vllm==0.32.0`` sdist with pip
 (the sdist ships upstream's ``tests/``; about 2 minutes the first time,
@@ -23,7 +23,7 @@ patch that assumes a real engine can break vLLM for everyone else (it did:
 ``kv_faults`` validated a MagicMock's connector config). vLLM loads plugins
 only when an engine or its config is built, so a unit test would not see
 the patches at all; the ``fuzzserve_upstream`` pytest plugin
-(``tests/upstream_plugin/``) loads them first, as every vLLM process does.
+(``testkit/upstream_plugin/``) loads them first, as every vLLM process does.
 
 Verdict, per test (``docs/upstream_tests.md`` lists every difference):
 
@@ -57,7 +57,7 @@ CACHE = (REPO / ".cache" / "upstream").resolve()  # real path: pytest's test ids
 VERSION = "0.32.0"
 SDIST = CACHE / f"vllm-{VERSION}.tar.gz"
 TREE = CACHE / f"vllm-{VERSION}"
-PLUGIN_DIR = REPO / "tests" / "upstream_plugin"
+PLUGIN_DIR = REPO / "testkit" / "upstream_plugin"
 HF_HOME = CACHE / "hf_home"
 # Models upstream's unit tests build configs from (shapes only, no weights): a local stand-in in a Hugging Face
 # cache, since no hub is reachable. facebook/opt-125m: transformers' OPTConfig defaults are its shapes

@@ -6,7 +6,7 @@ checked (every request it sends is answered in a known way and counted here)
 and (b) the generator's capacity can be measured without an engine in the way
 (benchmarks/loadgen_capacity.py, side by side with vLLM's benchmark client).
 
-    python -m load_tests.echo_server --port 8100 [--itl-ms 0]
+    python -m testkit.echo_server --port 8100 [--itl-ms 0]
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or
 not; ``max_tokens`` tokens), ``GET /v1/models``, ``GET /stats`` (what it saw),

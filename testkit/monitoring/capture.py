@@ -1,12 +1,12 @@
 """Capture what a real deployment exports, as fixtures for the rule and dashboard tests.
 
-    python -m monitoring.capture [--out out/monitoring-capture] [--duration 60]
+    python -m testkit.monitoring.capture [--out out/monitoring-capture] [--duration 60]
 
 Deploys serve_config.yaml under the chaos scenario's engine settings (patches
 on, so the accounting patch's violation and correction counters exist), drives
 the smoke request mix at it, waits for Ray's metrics agents to export, then
 saves the text of every node's metrics endpoint and Ray's service-discovery
-file to ``--out``. ``python -m monitoring.fixtures`` trims those to the
+file to ``--out``. ``python -m testkit.monitoring.fixtures`` trims those to the
 families the rules and the dashboard use (tests/fixtures/monitoring/).
 Starts a Ray cluster and engines: run it under the heavy-job lock.
 """

@@ -1,12 +1,12 @@
 """End to end: a real Prometheus scrapes a deployment under the chaos scenario; which alerts fire.
 
-    python -m monitoring.e2e --patches off     # stock accounting: an invariant alert must fire
-    python -m monitoring.e2e --patches on      # the patches: no invariant alert may fire
-    python -m monitoring.e2e                   # both, one after the other
+    python -m testkit.monitoring.e2e --patches off     # stock accounting: an invariant alert must fire
+    python -m testkit.monitoring.e2e --patches on      # the patches: no invariant alert may fire
+    python -m testkit.monitoring.e2e                   # both, one after the other
 
 For each run: deploy serve_config.yaml with the chaos scenario's engine
 settings (KV load failures and delays, a lying connector, a KV pool small
-enough for preemption; :mod:`monitoring.chaos_deployment`), start the
+enough for preemption; :mod:`testkit.monitoring.chaos_deployment`), start the
 Prometheus server of ``scripts/install_promtool.sh`` with the project's own
 scrape config and rules (``monitoring/prometheus/``: Ray's service-discovery
 file as ``file_sd_configs``), drive the chaos load with the load-test CLI's
@@ -51,7 +51,9 @@ import yaml
 from serve_app.ports import free_port
 
 from .chaos_deployment import chaos_scenario, deploy
-from .tools import RULES_FILE, SCRAPE_CONFIG, tool
+from monitoring.files import RULES_FILE, SCRAPE_CONFIG
+
+from .tools import tool
 
 log = logging.getLogger("fuzzserve.monitoring")
 
