@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from serve_app.engine_env import with_engine_env
+
 log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,7 +69,7 @@ def vllm_bench(base: str, n: int, concurrency: int, out_tokens: int, tokenizer: 
             "--save-result", "--result-dir", str(work), "--result-filename", "vllm_bench.json"]
     t0 = time.monotonic()
     subprocess.run(argv, check=True, capture_output=True, text=True, timeout=1800,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                   env=with_engine_env(dict(os.environ)))
     wall = time.monotonic() - t0
     res = json.loads((work / "vllm_bench.json").read_text())
     return {"client": "vllm bench serve", "ok": res.get("completed"), "wall_s": res.get("duration", wall),

@@ -67,17 +67,19 @@ from typing import Any
 
 from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
 from benchmarks.targets import ENGINE, OFFLOAD
+from patches.switches import ALL, OFF_ENV
+from serve_app.engine_env import ENGINE_ENV
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
 FIXTURE_LABEL = "fixture (hidden 128 x 2 layers)"  # the model named in results when --arch is not given
 
 ENGINES = {
-    "off": ({"FUZZSERVE_PATCHES_OFF": "all"}, {}),
+    "off": ({OFF_ENV: ALL}, {}),
     "on": ({}, {}),
     "on+offload": ({}, OFFLOAD),
     # every patch but cpu_inproc: the model in a worker process, as stock vLLM runs it on CPU
-    "on-worker": ({"FUZZSERVE_PATCHES_OFF": "cpu_inproc"}, {}),
+    "on-worker": ({OFF_ENV: "cpu_inproc"}, {}),
 }
 # engines that run only the unfuzzed workloads (their reference and their A/B)
 UNFUZZED_ONLY = ("off", "on-worker")
@@ -132,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh = {(rnd, k): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
              for rnd in range(args.rounds) for i, k in enumerate(kinds)}
     warm = prompts(8, args.prompt_tokens, "plain", seed=0)
-    env0 = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": args.omp_bind}
+    env0 = {**ENGINE_ENV, "VLLM_CPU_OMP_THREADS_BIND": args.omp_bind}
     host_cores = [int(c) for c in args.host_cores.split(",")] if args.host_cores else None
     hosts: dict[str, EngineHost] = {}
     runs: list[dict[str, Any]] = []

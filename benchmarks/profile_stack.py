@@ -49,6 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
+from serve_app.engine_env import use_engine_env
+
 log = logging.getLogger("fuzzserve.benchmarks.profile")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,13 +236,8 @@ def engine_steps(metrics_text: str, replica_ids: set[str] | None) -> tuple[float
 
 
 def replica_ids(cluster, app: str) -> set[str]:
-    """Unique ids of ``app``'s engine replicas (Ray actor names read ``SERVE_REPLICA::<app>#<deployment>#<id>``)."""
-    out = set()
-    for actor in cluster.actors(f"ServeReplica:{app}:"):
-        name = actor.get("name") or ""
-        if "Server" in name:
-            out.add(name.rsplit("#", 1)[-1])
-    return out
+    """Unique ids of ``app``'s engine replicas."""
+    return {replica_id(a.get("name") or "") for a in cluster.actors(replica_class_prefix(app, ENGINE_DEPLOYMENT_PREFIX))}
 
 
 def _scrape(urls: list[str]) -> str:
@@ -311,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    use_engine_env()
     if not PY_SPY.exists():
         raise SystemExit(f"py-spy not found at {PY_SPY} (it is installed with ray[serve]; run scripts/bootstrap.sh)")
     from benchmarks.serve_stack import _machine, prompts, start_vllm_server

@@ -69,8 +69,12 @@ def _fingerprint() -> str:
     return h.hexdigest()[:12]
 
 
+# Where the built models are kept (default: .cache/models/ of the project).
+CACHE_ENV = "FUZZSERVE_MODEL_CACHE"
+
+
 def cache_dir() -> Path:
-    return Path(os.environ.get("FUZZSERVE_MODEL_CACHE", DEFAULT_CACHE))
+    return Path(os.environ.get(CACHE_ENV, DEFAULT_CACHE))
 
 
 def default_model_dir() -> Path:

@@ -26,7 +26,7 @@ import os
 import re
 from pathlib import Path
 
-from .build import ARCH, DEFAULT_CACHE, HERE, build_tokenizer
+from .build import ARCH, HERE, build_tokenizer, cache_dir
 
 log = logging.getLogger("fixture_model.sizing")
 
@@ -63,8 +63,7 @@ def _fingerprint() -> str:
 
 def ensure_sizing_model(hidden: int, layers: int, out: Path | None = None) -> Path:
     """Return the checkpoint directory of the (hidden, layers) model, building it first if needed."""
-    base = Path(os.environ.get("FUZZSERVE_MODEL_CACHE", DEFAULT_CACHE))
-    out = Path(out) if out else base / f"sizing-llama-{hidden}x{layers}-{_fingerprint()}"
+    out = Path(out) if out else cache_dir() / f"sizing-llama-{hidden}x{layers}-{_fingerprint()}"
     if out.exists():
         return out
     import torch

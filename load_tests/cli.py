@@ -33,6 +33,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from patches.switches import OFF_ENV, is_off
+from serve_app.engine_env import use_engine_env
+from serve_app.names import replica_id
 from serve_app.routers import ROUTERS
 
 from .monitor import SETTLE_INTERVAL_S
@@ -63,7 +66,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument("--config", type=Path, default=None, help="Serve config (default: serve_config.yaml)")
     dep.add_argument("--http-port", type=int, default=None, help="override the config's HTTP port")
     dep.add_argument("--patches-off", default=None,
-                     help="FUZZSERVE_PATCHES_OFF for the cluster, for A/B runs (e.g. 'accounting')")
+                     help=f"{OFF_ENV} for the cluster, for A/B runs (e.g. 'accounting')")
     dep.add_argument("--replicas", type=_replicas, default=DEFAULT_REPLICAS,
                      help=f"engine replicas (the config's engine_replicas; default {DEFAULT_REPLICAS}, so that the "
                           "request router and per-replica checks have several replicas to work on; 'fit': the "
@@ -172,7 +175,7 @@ class Target:
         if self.cluster is None:
             return None
         try:
-            listed = {replica_id(a): a["pid"] for a in self.cluster.replicas()}
+            listed = {replica_id(a.get("name", "")): a["pid"] for a in self.cluster.replicas()}
         except Exception as e:  # a failed state query is not a finding about the replicas
             log.warning("could not list replicas: %s", e)
             return None
@@ -191,11 +194,6 @@ def _running(psutil, pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
-
-
-def replica_id(actor: dict[str, Any]) -> str:
-    """Ray's ReplicaId label from a replica actor's name (``SERVE_REPLICA::app#deployment#<id>``)."""
-    return str(actor.get("name", "")).rsplit("#", 1)[-1]
 
 
 @dataclass
@@ -317,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    use_engine_env()
     from rich.console import Console
 
     from .fault_evidence import check_planned_faults
@@ -385,8 +383,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def accounting_on(patches_off: str | None) -> bool:
-    off = {p.strip() for p in (patches_off or "").split(",")}
-    return not ({"accounting", "all"} & off)
+    return not is_off("accounting", patches_off)
 
 
 def probe_reference(sc, args, out: Path, console, api_key: str | None):
@@ -443,7 +440,7 @@ def deploy(sc, args, out: Path, console):
         if args.routing:
             app["args"]["routing"] = args.routing
         app["args"]["engine_replicas"] = args.replicas
-    env = {"FUZZSERVE_PATCHES_OFF": args.patches_off} if args.patches_off else {}
+    env = {OFF_ENV: args.patches_off} if args.patches_off else {}
     cluster = LocalCluster(env=env, log_dir=out / "cluster")
     t = time.monotonic()
     try:

@@ -34,7 +34,7 @@ from .registry import Patch, Target
 
 
 @dataclass
-class Finding:
+class TargetCheck:
     patch: str
     target: Target
     problems: list[str] = field(default_factory=list)
@@ -203,8 +203,8 @@ def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef, method: bool) -> tup
     return names + [p.arg for p in a.kwonlyargs], a.kwarg is not None
 
 
-def check_target_in_tree(tree: SourceTree, target: Target) -> Finding:
-    f = Finding("", target)
+def check_target_in_tree(tree: SourceTree, target: Target) -> TargetCheck:
+    f = TargetCheck("", target)
     module = tree.module(target.module)
     if module is None:
         f.problems.append(f"module {target.module} not found")
@@ -251,7 +251,7 @@ def check_target_in_tree(tree: SourceTree, target: Target) -> Finding:
     return f
 
 
-def check_tree(all_patches: dict[str, Patch], root: Path) -> list[Finding]:
+def check_tree(all_patches: dict[str, Patch], root: Path) -> list[TargetCheck]:
     """Every target of every patch against the vLLM source tree (or sdist) at ``root``; nothing imported from it."""
     out = []
     with source_root(root) as package_dir:
@@ -308,7 +308,7 @@ def installed_root() -> Path:
     return Path(vllm.__file__).resolve().parent.parent
 
 
-def check_installed(all_patches: dict[str, Patch]) -> list[Finding]:
+def check_installed(all_patches: dict[str, Patch]) -> list[TargetCheck]:
     """:func:`check_tree` on the installed vLLM's sources, plus every symbol imported and its signature read."""
     findings = check_tree(all_patches, installed_root())
     for f in findings:
@@ -320,7 +320,7 @@ def check_installed(all_patches: dict[str, Patch]) -> list[Finding]:
     return findings
 
 
-def report(findings: list[Finding]) -> str:
+def report(findings: list[TargetCheck]) -> str:
     bad = [f for f in findings if f.problems]
     lines = [f"{len(findings) - len(bad)} of {len(findings)} patched symbols as the patches expect them; "
              f"{len(bad)} moved or changed", ""]

@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .cluster_env import HAPROXY_ENV
 from .guard import GuardConfig
+from .names import ENGINE_DEPLOYMENT_PREFIX
 from .routers import BODY_AWARE, ROUTERS, Routing
 
 
@@ -190,7 +191,7 @@ def engine_deployment(llm_config, server_kwargs: dict[str, Any]):
                              f"{', '.join(changed)} need the default server class")
         return build_llm_deployment(llm_config)
     # name_prefix keeps Serve's deployment name ("LLMServer:<model>") that dashboards and the monitor know
-    return build_llm_deployment(llm_config, deployment_cls=EngineServer, name_prefix="LLMServer:",
+    return build_llm_deployment(llm_config, deployment_cls=EngineServer, name_prefix=ENGINE_DEPLOYMENT_PREFIX,
                                 bind_kwargs=server_kwargs)
 
 

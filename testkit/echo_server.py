@@ -36,6 +36,8 @@ import time
 
 from aiohttp import web
 
+from load_tests.replica_metrics import HEALTH_GAUGE
+
 
 BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow")
 
@@ -141,7 +143,7 @@ class EchoServer:
                 running = r.running + (1 if self.fault == "stuck" and self.broken and r is self.replicas[0] else 0)
                 sample("ray_vllm_num_requests_running", "gauge", base, running)
                 sample("ray_vllm_num_requests_waiting", "gauge", base, 0)
-            sample("ray_serve_deployment_replica_healthy", "gauge",
+            sample(HEALTH_GAUGE, "gauge",
                    {"replica": r.name, "deployment": "LLMServer", "application": "echo"}, 1 if r.alive else 0)
         lines = []
         for family, (kind, samples) in families.items():

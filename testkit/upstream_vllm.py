@@ -52,6 +52,9 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
+from patches.switches import OFF_ENV
+from serve_app.engine_env import HF_HUB_OFFLINE
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = (REPO / ".cache" / "upstream").resolve()  # real path: pytest's test ids are relative to it
 VERSION = "0.32.0"
@@ -149,7 +152,7 @@ def ensure_stand_in_configs() -> Path:
 
 def run_once(tree: Path, paths: list[str], off: str, junit: Path, timeout: float) -> dict[str, tuple[str, str]]:
     """Run ``paths`` in a pytest subprocess with FUZZSERVE_PATCHES_OFF=``off``; test id -> (outcome, message)."""
-    env = {**os.environ, "FUZZSERVE_PATCHES_OFF": off, "HF_HUB_OFFLINE": "1", "HF_HOME": str(HF_HOME),
+    env = {**os.environ, OFF_ENV: off, HF_HUB_OFFLINE: "1", "HF_HOME": str(HF_HOME),
            "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)])}
     cmd = [sys.executable, "-m", "pytest", *paths, "--rootdir", str(tree), "-c", str(tree / "pyproject.toml"),
            "-p", "fuzzserve_upstream", "-p", "no:cacheprovider", "-q", "--timeout", "300",

@@ -6,7 +6,7 @@ from fixture_model import build
 
 
 def test_ensure_model_points_the_link_at_the_current_checkpoint(monkeypatch, tmp_path):
-    monkeypatch.setenv("FUZZSERVE_MODEL_CACHE", str(tmp_path))
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
     old = tmp_path / "fixture-llama-old"
     old.mkdir()
     build.current_link().symlink_to(old.name)  # a link left by an earlier tree's build

@@ -26,6 +26,8 @@ from testkit.monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_sel
 from testkit.monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
+from load_tests.replica_metrics import HEALTH_GAUGE
+from serve_app.fuzz_traffic import EXPORTED
 
 LABELS = {"ReplicaId": "r1", "WorkerId": "w1", "engine": "0", "model_name": "fixture", "instance": "127.0.0.1:8089",
           "job": "ray"}
@@ -45,7 +47,7 @@ CACHED = "ray_vllm_prompt_tokens_cached_total"
 VIOLATIONS = "ray_vllm_prompt_token_accounting_violations_total"
 CORRECTIONS = "ray_vllm_prompt_token_accounting_corrections_total"
 SUCCESS = "ray_vllm_request_success_total"
-HEALTHY = "ray_serve_deployment_replica_healthy"
+HEALTHY = HEALTH_GAUGE
 
 
 def parts(local_compute: str, local_cache_hit: str, external_kv_transfer: str) -> dict[str, str]:
@@ -247,7 +249,7 @@ def test_the_real_export_with_a_broken_sum_fires_on_that_replica():
     assert r.ok, r.output
 
 
-ADMITTED = "ray_fuzzserve_admitted_requests_total"
+ADMITTED = EXPORTED
 SHARE = "fuzzserve:fuzzed_request_share:rate5m"
 RATE = "fuzzserve:admitted_requests:rate5m"
 

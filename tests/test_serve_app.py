@@ -196,7 +196,9 @@ def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_pred
     from fixture_model.tasks import LETTERS, NUMBERS
     from serve_app.routing import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
 
-    replicas = {r["name"]: r["name"].rsplit("#", 1)[-1] for r in serve_cluster.replicas()}
+    from serve_app.names import replica_id
+
+    replicas = {r["name"]: replica_id(r["name"]) for r in serve_cluster.replicas()}
     assert len(replicas) == 2
     prefix = " ".join((LETTERS + NUMBERS)[i % 30] for i in range(400))
     assert len(prefix) > DEFAULT_PREFIX_CHARS

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from serve_app.cluster_env import FORWARD_BODY, HAPROXY
+from serve_app.engine_env import ENGINE_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -142,7 +145,7 @@ def test_cpu_config_resolves_the_fixture_model(built_fixture):
     [application] = load("serve_config.yaml").applications
     [cfg] = resolve_llm_configs(FuzzServeArgs.model_validate(application.args), node_cpus=lambda: [2.0])
     assert cfg["model_loading_config"]["model_source"] == str(built_fixture.resolve())
-    assert application.runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
+    assert application.runtime_env["env_vars"] == ENGINE_ENV, "serve_config.yaml repeats serve_app.engine_env's table"
 
 
 @pytest.mark.parametrize("source, exists, want", [
@@ -270,15 +273,15 @@ def test_core_binding_with_the_models_own_server_class_is_refused():
         engine_deployment(cfg, {"engine_cores_per_replica": None, "shm_wait": False})
 
 
-HAPROXY_ON = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1"}
+HAPROXY_ON = {HAPROXY: "1", FORWARD_BODY: "1"}
 
 
 @pytest.mark.parametrize("env, body_aware, missing", [
-    ({}, False, ["RAY_SERVE_ENABLE_HA_PROXY=1"]),
-    ({}, True, ["RAY_SERVE_ENABLE_HA_PROXY=1", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1"]),
-    ({"RAY_SERVE_ENABLE_HA_PROXY": "1"}, True, ["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1"]),
-    ({"RAY_SERVE_ENABLE_HA_PROXY": "true"}, False, ["RAY_SERVE_ENABLE_HA_PROXY=1"]),  # Serve reads only "1"
-    ({"RAY_SERVE_ENABLE_HA_PROXY": "1"}, False, []),
+    ({}, False, [f"{HAPROXY}=1"]),
+    ({}, True, [f"{HAPROXY}=1", f"{FORWARD_BODY}=1"]),
+    ({HAPROXY: "1"}, True, [f"{FORWARD_BODY}=1"]),
+    ({HAPROXY: "true"}, False, [f"{HAPROXY}=1"]),  # Serve reads only "1"
+    ({HAPROXY: "1"}, False, []),
     (HAPROXY_ON, True, []),
 ])
 def test_direct_path_refuses_a_cluster_without_haproxy(env, body_aware, missing):
@@ -326,8 +329,8 @@ def test_direct_graph_of_a_single_replica_has_no_router(monkeypatch, built_fixtu
     body need not be forwarded to a router that does not exist."""
     from serve_app.app import build_app
 
-    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
-    monkeypatch.delenv("RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY", raising=False)
+    monkeypatch.setenv(HAPROXY, "1")
+    monkeypatch.delenv(FORWARD_BODY, raising=False)
     monkeypatch.setattr("serve_app.app.cluster_node_cpus", lambda: [2.0])
     [application] = load("serve_config.yaml").applications
     graph = build_app(application.args)
