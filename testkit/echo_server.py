@@ -36,7 +36,7 @@ import time
 
 from aiohttp import web
 
-from load_tests.replica_metrics import HEALTH_GAUGE
+from load_tests.counters import HEALTH_GAUGE
 
 
 BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow")

@@ -17,6 +17,9 @@ testkit        the shipped packages above
 benchmarks     the shipped packages and testkit
 ============== ================================================================
 
+Within the shipped packages, a module whose name starts with ``_`` is its
+package's own (``patches._framework``): no other package imports it.
+
 An import is any ``import``/``from ... import`` anywhere in a file (a lazy
 one inside a function too) and ``importlib.import_module("...")`` with a
 literal name.
@@ -68,6 +71,8 @@ def forbidden(source: str, package: str) -> list[str]:
                 bad.append(name)
         elif top in PROJECT and top != package and top not in ALLOWED[package]:
             bad.append(name)
+        elif top != package and top in SHIPPED and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+            bad.append(name)  # another package's private module
     return bad
 
 
@@ -91,6 +96,8 @@ def violations(root: Path) -> dict[str, list[str]]:
     ("fixture_model", "import benchmarks.host", ["benchmarks.host"]),
     ("testkit", "from benchmarks import host", ["benchmarks", "benchmarks.host"]),
     ("benchmarks", "import tests.markers", ["tests.markers"]),
+    ("serve_app", "from patches._framework import OFF_ENV", ["patches._framework", "patches._framework.OFF_ENV"]),
+    ("tests", "from patches import _framework", []),  # the tests of the plumbing itself
     ("tests", "from tests.test_fuzz_engine import PROMPTS", ["tests.test_fuzz_engine", "tests.test_fuzz_engine.PROMPTS"]),
     ("tests", "from tests import test_plugin", ["tests.test_plugin"]),
     ("tests", "from tests.conftest import X", ["tests.conftest", "tests.conftest.X"]),

@@ -15,7 +15,7 @@ import pytest
 from load_tests.client import RequestResult
 from load_tests.fault_evidence import check_planned_faults
 from load_tests.monitor import DEATH_BOUND, SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
-from load_tests.replica_metrics import ReplicaCounters
+from load_tests.counters import ReplicaCounters
 from load_tests.summary import Fault, Slo, server_cross_check, summarize, unexpected_deaths
 
 

@@ -102,7 +102,7 @@ def test_client_disconnects_mid_stream_keep_the_counters_consistent(server):
     from load_tests.invariants import at_rest
     from load_tests.monitor import InvariantChecker, Monitor
     from load_tests.prom_text import parse_samples, series, total
-    from load_tests.replica_metrics import fetch
+    from load_tests.scraper import fetch
     from testkit.accounting_workload import prompts
 
     async def run():

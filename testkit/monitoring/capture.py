@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from load_tests.replica_metrics import DISCOVERY_FILE
+from load_tests.scraper import DISCOVERY_FILE
 
 from .chaos_deployment import chaos_scenario, deploy, smoke_load
 

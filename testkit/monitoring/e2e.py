@@ -9,8 +9,8 @@ settings (KV load failures and delays, a lying connector, a KV pool small
 enough for preemption; :mod:`testkit.monitoring.chaos_deployment`), start the
 Prometheus server of ``scripts/install_promtool.sh`` with the project's own
 scrape config and rules (``monitoring/prometheus/``: Ray's service-discovery
-file as ``file_sd_configs``), drive the chaos load with the load-test CLI's
-own loop (:func:`load_tests.cli.run_load`: the replica kill included), keep
+file as ``file_sd_configs``), drive the chaos load with the load tests'
+own loop (:func:`load_tests.load_loop.run_load`: the replica kill included), keep
 the cluster up at rest long enough for the at-rest rules' windows, and record
 every alert Prometheus reports (state, when it became active, value, labels)
 to ``<out>/<run>/alerts.json`` and ``summary.md``.
@@ -163,7 +163,8 @@ class AlertRecorder(threading.Thread):
 
 def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_at_s: float | None,
              settle_s: float, interval_s: int) -> dict[str, Any]:
-    from load_tests.cli import Target, run_load
+    from load_tests.load_loop import RunConfig, run_load
+    from load_tests.target import LoadTarget
 
     out.mkdir(parents=True, exist_ok=True)
     sc = chaos_scenario(duration_s, concurrency, kill_at_s)
@@ -176,8 +177,8 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
         t0 = time.monotonic()
         recorder = AlertRecorder(prom, t0)
         recorder.start()
-        load_args = argparse.Namespace(seed=0, timeout=300.0, no_progress=True)
-        run = asyncio.run(run_load(Target(cluster.base_url, cluster.metrics_urls, None, cluster), sc, load_args, t0))
+        target = LoadTarget(cluster.base_url, cluster.metrics_urls, None, cluster)
+        run = asyncio.run(run_load(target, sc, RunConfig(seed=0, progress=False), t0))
         load_end = time.monotonic() - t0
         log.info("load done after %.0f s; %d requests; holding the cluster at rest for %.0f s", load_end,
                  run.started, settle_s)
