@@ -14,9 +14,7 @@ from patches.shm_wait import NAP_ENV
 from patches.switches import OFF_ENV
 from serve_app.cluster_env import HAPROXY
 
-pytestmark = pytest.mark.engine
-
-
+@pytest.mark.engine
 def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     from benchmarks import loadgen_capacity
 
@@ -30,6 +28,7 @@ def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
 
 
+@pytest.mark.engine
 @pytest.mark.serve  # starts Ray clusters (the Serve targets)
 def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import serve_stack
@@ -50,6 +49,7 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     assert "python -m benchmarks.serve_stack --phases offstack,ceiling" in md and "| c0 |" in md
 
 
+@pytest.mark.engine
 def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import patch_overhead
 
@@ -144,6 +144,7 @@ def test_engine_steps_reads_vllm_and_ray_histograms():
     assert engine_steps(ray, set()) == (0.0, 0.0)
 
 
+@pytest.mark.engine
 def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
     """End to end on the cheapest target: py-spy attaches to the vLLM server's two processes and samples them."""
     from benchmarks import profile_stack

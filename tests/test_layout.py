@@ -1,4 +1,5 @@
-"""The directions of the repository's imports: shipped code never imports what exists to test or measure it.
+"""The directions of the repository's imports: shipped code never imports what exists to test or measure it;
+and a test module runs its tests, never another test (a shared helper instead).
 
 Each top-level package may import only the packages below it here; a test
 imports helpers (``testkit``, ``tests.markers``) and fixtures (by name, from
@@ -126,3 +127,23 @@ def test_a_planted_bad_import_in_a_tree_is_found(tmp_path):
 
 def test_every_package_imports_only_below_it():
     assert not violations(REPO), violations(REPO)
+
+
+def calls_to_tests(source: str) -> list[str]:
+    """The tests a test module calls itself (a test calling another runs it twice and ties it to file order)."""
+    tree = ast.parse(source)
+    tests = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.name.startswith("test_")}
+    return sorted({n.func.id for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in tests})
+
+
+def test_a_test_calling_another_is_found():
+    assert calls_to_tests("def test_a(x):\n    pass\n\ndef test_b(x):\n    test_a(x)\n") == ["test_a"]
+    assert calls_to_tests("def check_a(x):\n    pass\n\ndef test_b(x):\n    check_a(x)\n") == []
+
+
+def test_no_test_calls_another():
+    bad = {f.name: found for f in sorted((REPO / "tests").glob("test_*.py"))
+           if (found := calls_to_tests(f.read_text()))}
+    assert not bad, f"share a helper instead: {bad}"

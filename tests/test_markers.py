@@ -60,6 +60,10 @@ CASES = textwrap.dedent('''
 
     def test_starts_nothing():
         _start("python")
+
+    @pytest.mark.engine
+    def test_starts_nothing_marked_engine():
+        _start("python")
 ''')
 
 CONFTEST = "from tests.markers import *  # noqa: F401,F403\n"
@@ -75,7 +79,8 @@ def test_the_check_fails_unmarked_tests_and_passes_their_marked_twins(tmp_path):
     assert r.returncode == 1, out[-3000:]
     failed = {line.split("::")[1].split()[0] for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))}
     assert failed == {"test_uses_the_model_unmarked", "test_starts_an_engine_unmarked",
-                      "test_starts_a_ray_node_marked_engine_only"}, out[-3000:]
+                      "test_starts_a_ray_node_marked_engine_only", "test_starts_nothing_marked_engine"}, out[-3000:]
+    assert "a pure test belongs in the fast suite" in out
     assert "uses fixture_model but is not marked engine" in out
     assert "without the 'engine' marker" in out and "without the 'serve' marker" in out
     for ok in ("test_uses_the_model_marked", "test_starts_an_engine_marked", "test_starts_a_ray_node_marked",
