@@ -62,7 +62,7 @@ TARGETS: tuple[StackTarget, ...] = (
     StackTarget("c1b", "bound", "as c1, engine threads bound to core 0", {"stock": False, "offload": False, "omp_bind": "0"}),
     StackTarget("eb", "bound", "as e, each replica's engine on its own core",
            {"stock": False, "replicas": 2, "cores_per_replica": 1}),
-    StackTarget("e1", "two", "as eb (the shipped config until 2026-11-25), alone",
+    StackTarget("e1", "two", "as eb (two replicas on the router path, each engine on its own core), alone",
            {"stock": False, "replicas": 2, "cores_per_replica": 1}),
     StackTarget("e1s", "twospin", "as e1 with shm_wait off (upstream spin), alone",
            {"stock": False, "replicas": 2, "cores_per_replica": 1, "patches_off": "shm_wait"}),
@@ -202,8 +202,8 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
     """(serve config, target -> route prefix, cluster env) of a phase.
 
     The cluster runs Serve's HAProxy exactly when one of the phase's
-    applications is on the direct path (phases measured before direct
-    streaming was shipped ran their router-path targets without it).
+    applications is on the direct path: a phase of router-path targets alone
+    runs them on Serve's Python proxy, as a cluster without HAProxy does.
     """
     mine = [BY_NAME[n] for n in PHASES[phase]]
     apps = [app(t.name, model, **t.app) if t.app is not None else shipped_app(t.name, **t.shipped)

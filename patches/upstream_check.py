@@ -330,6 +330,8 @@ def check_target_imported(target: Target) -> list[str]:
         owner = target.owner()
     except (ImportError, AttributeError) as e:
         return [f"cannot import {target.symbol}: {type(e).__name__}: {e}"]
+    if target.kind == "relies_on" and "." not in target.qualname:  # a module-level name: the module has it
+        return [] if hasattr(owner, target.attr) else [f"{target.module} has no {target.attr}"]
     if not hasattr(owner, target.attr):
         return [] if not isinstance(owner, type) else []  # an instance attribute: only the source says
     fn = _original(inspect.getattr_static(owner, target.attr))

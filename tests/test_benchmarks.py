@@ -213,13 +213,16 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
 
 
 def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
-    """S is serve_config.yaml itself (what users deploy); each S variant changes the one setting it names,
-    and the stock targets it is compared with differ from each other only in the path."""
+    """S is serve_config.yaml itself (what users deploy) with its replica count fixed (``engine_replicas: fit``
+    sizes it to the benchmark's cluster, not to the host); each S variant changes the one setting it names, and
+    the stock targets it is compared with differ from each other only in the path."""
     import yaml
 
     from benchmarks import targets as ss
 
     [shipped] = yaml.safe_load(ss.SHIPPED_CONFIG.read_text())["applications"]
+    assert shipped["args"]["engine_replicas"] == "fit"
+    shipped["args"]["engine_replicas"] = ss.STACK_REPLICAS
 
     def only(phase):
         [a] = ss.phase_config(phase, tmp_path)[0]["applications"]
