@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import with_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks")
@@ -87,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                          "yielding, so it serves one stream at a time and no concurrency is measured")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command_logging()
     from fixture_model.build import ensure_model
     from serve_app.ports import free_port
 

@@ -68,6 +68,7 @@ from typing import Any
 from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
 from benchmarks.targets import ENGINE, OFFLOAD
 from patches.switches import ALL, OFF_ENV
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import ENGINE_ENV
 
 log = logging.getLogger("fuzzserve.benchmarks")
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                          "the fixture model: what the patches cost next to a model's compute (e.g. 1024x4)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command_logging()
 
     from rich.progress import Progress
 

@@ -49,8 +49,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
+from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
 
 log = logging.getLogger("fuzzserve.benchmarks.profile")
 
@@ -307,8 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait before reading engine steps (Ray exports replica metrics every few seconds)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    command_logging()
     use_engine_env()
     if not PY_SPY.exists():
         raise SystemExit(f"py-spy not found at {PY_SPY} (it is installed with ray[serve]; run scripts/bootstrap.sh)")

@@ -43,8 +43,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
+from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
 
 log = logging.getLogger("fuzzserve.benchmarks.routing_hits")
 
@@ -145,8 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(TARGETS))
     if unknown:
         ap.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    command_logging()
     use_engine_env()
     from benchmarks.serve_stack import _machine
     from fixture_model.build import ensure_model

@@ -43,6 +43,7 @@ log = logging.getLogger("fuzzserve.benchmarks")
 
 from benchmarks.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_config, table_markdown
 from patches.switches import ALL, OFF_ENV
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import ENGINE_ENV, use_engine_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -177,9 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(table_markdown())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx",):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    command_logging()
     use_engine_env()
     from fixture_model.build import ensure_model
 

@@ -57,6 +57,7 @@ from typing import Any
 
 from benchmarks.host import HostCpuSampler, ray_processes
 from patches.switches import ALL, OFF_ENV
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import ENGINE_ENV, use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.vs_vllm")
@@ -354,8 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    command_logging()
     use_engine_env()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workload = Workload(args.input_len, args.output_len, args.prompts_per_concurrency, args.min_prompts,

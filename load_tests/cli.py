@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from patches.switches import OFF_ENV, is_off
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
 from serve_app.routers import ROUTERS
 
@@ -158,9 +159,7 @@ def deploy_settings_from(args: argparse.Namespace) -> DeploySettings:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    command_logging()
     use_engine_env()
     from rich.console import Console
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
 
 # The load's fuzz levels: 0, then 10 log-spaced strengths from 1 to 10. Scale mode
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the points as JSON here")
     ap.add_argument("--offload-gib", type=float, default=0.25, help="KV offload tier size (GiB)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    command_logging()
     use_engine_env()
 
     from fixture_model.build import ensure_model

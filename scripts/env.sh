@@ -3,7 +3,11 @@
 # the project runs under. No `set -e` here: it would leak into an interactive
 # shell that sources this file; the scripts set it themselves.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-"$ROOT/scripts/bootstrap.sh" || return 1
+# Set-up prints its progress and its errors. Its import check imports Ray
+# Serve LLM, which turns every library logger of that process into JSON lines
+# on stderr (vLLM's and Triton's start-up notes): those below ERROR are not
+# printed; everything else (pip's errors, the check's verdict) is.
+"$ROOT/scripts/bootstrap.sh" 2> >(grep --line-buffered -v -E '^\{"asctime": .*"levelname": "(DEBUG|INFO|WARNING)"' >&2) || return 1
 export PATH="$ROOT/.venv/bin:$PATH"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT"

@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from load_tests.scraper import DISCOVERY_FILE
+from serve_app.command_logs import command_logging
 
 from .chaos_deployment import chaos_scenario, deploy, smoke_load
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--export-wait", type=float, default=20.0, help="seconds to let Ray's agents export after the load")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command_logging()
     args.out.mkdir(parents=True, exist_ok=True)
     sc = chaos_scenario(args.duration, args.concurrency, kill_at_s=None)
     cluster = deploy(sc, args.out / "deploy", patches_off=None)

@@ -48,11 +48,11 @@ from typing import Any
 import httpx
 import yaml
 
+from monitoring.files import RULES_FILE, SCRAPE_CONFIG
+from serve_app.command_logs import command_logging
 from serve_app.ports import free_port
 
 from .chaos_deployment import chaos_scenario, deploy
-from monitoring.files import RULES_FILE, SCRAPE_CONFIG
-
 from .tools import tool
 
 log = logging.getLogger("fuzzserve.monitoring")
@@ -240,9 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds to keep the cluster at rest after the load (the at-rest rules need 3 minutes)")
     ap.add_argument("--interval", type=int, default=5, help="scrape and rule-evaluation interval (s)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    command_logging()
     ok = True
     for patches in (("off", "on") if args.patches == "both" else (args.patches,)):
         result = run_once(patches, args.out / f"patches-{patches}", args.duration, args.concurrency, args.kill_at,
