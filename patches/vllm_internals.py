@@ -19,7 +19,7 @@ that a patch module is edited only where its behaviour changes.
 
 from __future__ import annotations
 
-from .registry import Target
+from .target import Target
 
 _GPU_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker:SingleDirectionOffloadingHandler"
 _KV_BASE = "vllm.v1.kv_offload.base"
