@@ -22,6 +22,8 @@ from typing import Any
 
 import psutil
 
+from serve_app.names import PROCESS_TITLE_PREFIX
+
 Snapshot = dict[int, tuple[str, float]]
 
 
@@ -37,8 +39,8 @@ def _own_role(p: psutil.Process, loadgen_pid: int) -> str | None:
     title = args[0] if args else name
     if title.startswith("VLLM::EngineCore") or name.startswith("VLLM::EngineCor"):
         return "EngineCore"
-    if title.startswith("ray::ServeReplica:"):  # ray::ServeReplica:<app>:<deployment>
-        return "replica " + title.split()[0].removeprefix("ray::ServeReplica:")
+    if title.startswith(PROCESS_TITLE_PREFIX):  # ray::ServeReplica:<app>:<deployment>
+        return "replica " + title.split()[0].removeprefix(PROCESS_TITLE_PREFIX)
     if title.startswith("ray::ProxyActor") or "haproxy" in name:
         return "Serve proxy"
     if title.startswith("ray::ServeController"):

@@ -2,7 +2,7 @@
 
     python -m benchmarks.loadgen_capacity [--requests 4000] [--concurrency 1000] [--rounds 2] [--itl-ms 10]
 
-Both clients drive the same target, ``load_tests/echo_server.py`` (a minimal
+Both clients drive the same target, ``testkit/echo_server.py`` (a minimal
 OpenAI-compatible streaming server, no model) in its own process on
 loopback: ``--requests`` streamed completions of ``--output-tokens`` tokens
 with ``--concurrency`` in flight, interleaved round by round (ours, vLLM's,
@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import with_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +70,7 @@ def vllm_bench(base: str, n: int, concurrency: int, out_tokens: int, tokenizer: 
             "--save-result", "--result-dir", str(work), "--result-filename", "vllm_bench.json"]
     t0 = time.monotonic()
     subprocess.run(argv, check=True, capture_output=True, text=True, timeout=1800,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                   env=with_engine_env(dict(os.environ)))
     wall = time.monotonic() - t0
     res = json.loads((work / "vllm_bench.json").read_text())
     return {"client": "vllm bench serve", "ok": res.get("completed"), "wall_s": res.get("duration", wall),
@@ -85,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
                          "yielding, so it serves one stream at a time and no concurrency is measured")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command_logging()
     from fixture_model.build import ensure_model
     from serve_app.ports import free_port
 
     tokenizer = ensure_model()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "load_tests.echo_server", "--port", str(port),
+    server = subprocess.Popen([sys.executable, "-m", "testkit.echo_server", "--port", str(port),
                                "--itl-ms", str(args.itl_ms)],
                               start_new_session=True, cwd=REPO)
     runs = []
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "loadgen_capacity.json").write_text(json.dumps({"command": cmd, "runs": runs, "median": summary}, indent=2))
     lines = ["# Load generator capacity", "", f"`{cmd}`, {time.strftime('%Y-%m-%d', time.gmtime())}; target: "
-             f"load_tests/echo_server.py on loopback; {args.requests} streamed requests of {args.output_tokens} "
+             f"testkit/echo_server.py on loopback; {args.requests} streamed requests of {args.output_tokens} "
              f"tokens {args.itl_ms:g} ms apart, {args.concurrency} in flight, {args.rounds} interleaved rounds (medians).",
              "", "| client | req/s | streamed tokens/s | most concurrent streams at the server |", "|---|---|---|---|"]
     lines += [f"| {c} | {v['req_per_s']:.0f} | {v['tok_per_s']:.0f} | {v['server_max_in_flight']:.0f} |"

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+from serve_app.engine_env import use_engine_env
 
 
 def _prefixes(n: int, examples_each: int) -> list[str]:
@@ -69,6 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prefix-examples", type=int, default=70, help="examples per prefix (~13 tokens each)")
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args(argv)
+    use_engine_env()
     from fixture_model.build import ensure_model
 
     model = str(ensure_model())

@@ -67,17 +67,20 @@ from typing import Any
 
 from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
 from benchmarks.targets import ENGINE, OFFLOAD
+from patches.switches import ALL, OFF_ENV
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import ENGINE_ENV
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
 FIXTURE_LABEL = "fixture (hidden 128 x 2 layers)"  # the model named in results when --arch is not given
 
 ENGINES = {
-    "off": ({"FUZZSERVE_PATCHES_OFF": "all"}, {}),
+    "off": ({OFF_ENV: ALL}, {}),
     "on": ({}, {}),
     "on+offload": ({}, OFFLOAD),
     # every patch but cpu_inproc: the model in a worker process, as stock vLLM runs it on CPU
-    "on-worker": ({"FUZZSERVE_PATCHES_OFF": "cpu_inproc"}, {}),
+    "on-worker": ({OFF_ENV: "cpu_inproc"}, {}),
 }
 # engines that run only the unfuzzed workloads (their reference and their A/B)
 UNFUZZED_ONLY = ("off", "on-worker")
@@ -118,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                          "the fixture model: what the patches cost next to a model's compute (e.g. 1024x4)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command_logging()
 
     from rich.progress import Progress
 
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     fresh = {(rnd, k): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
              for rnd in range(args.rounds) for i, k in enumerate(kinds)}
     warm = prompts(8, args.prompt_tokens, "plain", seed=0)
-    env0 = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_CPU_OMP_THREADS_BIND": args.omp_bind}
+    env0 = {**ENGINE_ENV, "VLLM_CPU_OMP_THREADS_BIND": args.omp_bind}
     host_cores = [int(c) for c in args.host_cores.split(",")] if args.host_cores else None
     hosts: dict[str, EngineHost] = {}
     runs: list[dict[str, Any]] = []

@@ -49,6 +49,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import use_engine_env
+from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
+
 log = logging.getLogger("fuzzserve.benchmarks.profile")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -233,13 +237,8 @@ def engine_steps(metrics_text: str, replica_ids: set[str] | None) -> tuple[float
 
 
 def replica_ids(cluster, app: str) -> set[str]:
-    """Unique ids of ``app``'s engine replicas (Ray actor names read ``SERVE_REPLICA::<app>#<deployment>#<id>``)."""
-    out = set()
-    for actor in cluster.actors(f"ServeReplica:{app}:"):
-        name = actor.get("name") or ""
-        if "Server" in name:
-            out.add(name.rsplit("#", 1)[-1])
-    return out
+    """Unique ids of ``app``'s engine replicas."""
+    return {replica_id(a.get("name") or "") for a in cluster.actors(replica_class_prefix(app, ENGINE_DEPLOYMENT_PREFIX))}
 
 
 def _scrape(urls: list[str]) -> str:
@@ -309,9 +308,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="wait before reading engine steps (Ray exports replica metrics every few seconds)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command_logging()
+    use_engine_env()
     if not PY_SPY.exists():
         raise SystemExit(f"py-spy not found at {PY_SPY} (it is installed with ray[serve]; run scripts/bootstrap.sh)")
     from benchmarks.serve_stack import _machine, prompts, start_vllm_server

@@ -43,6 +43,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import use_engine_env
+from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
+
 log = logging.getLogger("fuzzserve.benchmarks.routing_hits")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,12 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(names) - set(TARGETS))
     if unknown:
         ap.error(f"unknown targets {unknown}; known: {', '.join(TARGETS)}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command_logging()
+    use_engine_env()
     from benchmarks.serve_stack import _machine
     from fixture_model.build import ensure_model
-    from load_tests.replica_metrics import scrape
+    from load_tests.scraper import scrape
     from serve_app.local_cluster import LocalCluster
 
     ensure_model()
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.deploy(cfg, wait_ready=False)
         cluster.wait_http({f"/{t}" for t in names})
         for name in names:
-            replicas = {a["name"].rsplit("#", 1)[-1] for a in cluster.actors(f"ServeReplica:{name}:LLMServer")}
+            replicas = {replica_id(a["name"]) for a in cluster.actors(replica_class_prefix(name, ENGINE_DEPLOYMENT_PREFIX))}
             before = scrape(cluster.metrics_urls)
             t = time.monotonic()
             failed = asyncio.run(drive(f"{cluster.base_url}/{name}", bodies, args.concurrency))

@@ -42,6 +42,9 @@ from typing import Any
 log = logging.getLogger("fuzzserve.benchmarks")
 
 from benchmarks.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_config, table_markdown
+from patches.switches import ALL, OFF_ENV
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import ENGINE_ENV, use_engine_env
 
 REPO = Path(__file__).resolve().parents[1]
 # Pause before each run: a stock vLLM engine (EngineCore and worker) keeps
@@ -131,7 +134,7 @@ def start_vllm_server(model: Path, log_dir: Path):
             "--served-model-name", "fixture", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
             "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
     srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=log_dir / "vllm_server.log",
-                        env={"FUZZSERVE_PATCHES_OFF": "all", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"})
+                        env={**ENGINE_ENV, OFF_ENV: ALL})
     return srv, f"http://127.0.0.1:{port}"
 
 
@@ -139,7 +142,7 @@ def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> dict[str, An
     """The same prompts through ``LLM.generate`` in a child process (patches off, no HTTP)."""
     from testkit.engine_host import EngineHost
 
-    host = EngineHost(env={"FUZZSERVE_PATCHES_OFF": "all", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1"},
+    host = EngineHost(env={**ENGINE_ENV, OFF_ENV: ALL},
                       model=str(model), **ENGINE)
     try:
         params = {"temperature": 0.0, "max_tokens": out_tokens, "ignore_eos": True}
@@ -175,10 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         print(table_markdown())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx",):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command_logging()
+    use_engine_env()
     from fixture_model.build import ensure_model
 
     model = ensure_model()

@@ -1,6 +1,6 @@
 """The serving stacks ``serve_stack`` measures: one table, from which phases, labels and Serve configs derive.
 
-Each :class:`Target` names the phase (its own Ray cluster) it is measured in,
+Each :class:`StackTarget` names the phase (its own Ray cluster) it is measured in,
 a label, and the application arguments that make it what it is, so a
 comparison between two targets is a comparison between two rows that differ
 in the settings they name (tests/test_benchmarks.py checks the A/B pairs).
@@ -19,6 +19,11 @@ from typing import Any
 
 import yaml
 
+from patches.shm_wait import NAP_ENV
+from patches.switches import ALL, OFF_ENV
+from serve_app.cluster_env import HAPROXY
+from serve_app.engine_env import ENGINE_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED_CONFIG = REPO / "serve_config.yaml"
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
@@ -26,7 +31,7 @@ OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
 
 
 @dataclass(frozen=True)
-class Target:
+class StackTarget:
     name: str
     phase: str
     label: str
@@ -41,70 +46,70 @@ class Target:
 
 
 _DIRECT = {"direct": True, "stock": False}
-TARGETS: tuple[Target, ...] = (
-    Target("a", "-", "vLLM server, patches off"),
+TARGETS: tuple[StackTarget, ...] = (
+    StackTarget("a", "-", "vLLM server, patches off"),
     # Serve's default path (a router deployment in front of the replicas)
-    Target("b", "offstack", "stock ray.serve.llm, 1 replica", {"stock": True, "patches": False}),
-    Target("c0", "offstack", "fuzzserve 1 replica, patches off", {"stock": False, "patches": False}),
-    Target("c1", "offstack", "fuzzserve 1 replica, patches on, offloading off, s=0", {"stock": False, "offload": False}),
-    Target("c1s", "offstack", "as c1, shm_wait patch off (upstream spin)",
+    StackTarget("b", "offstack", "stock ray.serve.llm, 1 replica", {"stock": True, "patches": False}),
+    StackTarget("c0", "offstack", "fuzzserve 1 replica, patches off", {"stock": False, "patches": False}),
+    StackTarget("c1", "offstack", "fuzzserve 1 replica, patches on, offloading off, s=0", {"stock": False, "offload": False}),
+    StackTarget("c1s", "offstack", "as c1, shm_wait patch off (upstream spin)",
            {"stock": False, "offload": False, "patches_off": "shm_wait"}),
-    Target("c", "onstack", "fuzzserve 1 replica, patches on, s=0", {"stock": False}),
-    Target("cb", "onstack", "as c, engine threads bound to core 0", {"stock": False, "omp_bind": "0"}),
-    Target("d", "onstack", "fuzzserve 1 replica, fuzz mix", drives="c", fuzz=True),
-    Target("e", "onstack", "fuzzserve 2 replicas, s=0", {"stock": False, "replicas": 2}),
-    Target("c0b", "bound", "as c0, engine threads bound to core 0", {"stock": False, "patches": False, "omp_bind": "0"}),
-    Target("c1b", "bound", "as c1, engine threads bound to core 0", {"stock": False, "offload": False, "omp_bind": "0"}),
-    Target("eb", "bound", "as e, each replica's engine on its own core",
+    StackTarget("c", "onstack", "fuzzserve 1 replica, patches on, s=0", {"stock": False}),
+    StackTarget("cb", "onstack", "as c, engine threads bound to core 0", {"stock": False, "omp_bind": "0"}),
+    StackTarget("d", "onstack", "fuzzserve 1 replica, fuzz mix", drives="c", fuzz=True),
+    StackTarget("e", "onstack", "fuzzserve 2 replicas, s=0", {"stock": False, "replicas": 2}),
+    StackTarget("c0b", "bound", "as c0, engine threads bound to core 0", {"stock": False, "patches": False, "omp_bind": "0"}),
+    StackTarget("c1b", "bound", "as c1, engine threads bound to core 0", {"stock": False, "offload": False, "omp_bind": "0"}),
+    StackTarget("eb", "bound", "as e, each replica's engine on its own core",
            {"stock": False, "replicas": 2, "cores_per_replica": 1}),
-    Target("e1", "two", "as eb (the shipped config until 2026-11-25), alone",
+    StackTarget("e1", "two", "as eb (two replicas on the router path, each engine on its own core), alone",
            {"stock": False, "replicas": 2, "cores_per_replica": 1}),
-    Target("e1s", "twospin", "as e1 with shm_wait off (upstream spin), alone",
+    StackTarget("e1s", "twospin", "as e1 with shm_wait off (upstream spin), alone",
            {"stock": False, "replicas": 2, "cores_per_replica": 1, "patches_off": "shm_wait"}),
     # Ray's direct streaming (HAProxy forwards each request straight to a replica)
-    Target("bd", "direct", "stock ray.serve.llm, direct streaming + HAProxy", {"stock": True, "patches": False,
+    StackTarget("bd", "direct", "stock ray.serve.llm, direct streaming + HAProxy", {"stock": True, "patches": False,
                                                                               "direct": True}),
-    Target("f0", "direct", "fuzzserve direct (guard in replica), patches off", {**_DIRECT, "patches": False}),
-    Target("f", "direct", "fuzzserve direct (guard in replica), patches on, s=0", _DIRECT),
-    Target("fb", "direct", "as f, engine threads bound to core 0", {**_DIRECT, "omp_bind": "0"}),
-    Target("fbs", "direct", "as fb, shm_wait patch off (upstream spin)",
+    StackTarget("f0", "direct", "fuzzserve direct (guard in replica), patches off", {**_DIRECT, "patches": False}),
+    StackTarget("f", "direct", "fuzzserve direct (guard in replica), patches on, s=0", _DIRECT),
+    StackTarget("fb", "direct", "as f, engine threads bound to core 0", {**_DIRECT, "omp_bind": "0"}),
+    StackTarget("fbs", "direct", "as fb, shm_wait patch off (upstream spin)",
            {**_DIRECT, "omp_bind": "0", "patches_off": "shm_wait"}),
-    Target("fbr", "levers", "as fb (the levers phase's control)", {**_DIRECT, "omp_bind": "0"}),
-    Target("fbt", "levers", "as fb, user code on the replica's main event loop",
+    StackTarget("fbr", "levers", "as fb (the levers phase's control)", {**_DIRECT, "omp_bind": "0"}),
+    StackTarget("fbt", "levers", "as fb, user code on the replica's main event loop",
            {**_DIRECT, "omp_bind": "0", "user_code_thread": False}),
-    Target("fbq", "levers", "as fbt, access log off",
+    StackTarget("fbq", "levers", "as fbt, access log off",
            {**_DIRECT, "omp_bind": "0", "user_code_thread": False, "access_log": False}),
-    Target("fbn", "levers", "as fb, shm_wait nap 50 us", {**_DIRECT, "omp_bind": "0", "nap_s": 0.00005}),
-    Target("fbc", "levers", "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
+    StackTarget("fbn", "levers", "as fb, shm_wait nap 50 us", {**_DIRECT, "omp_bind": "0", "nap_s": 0.00005}),
+    StackTarget("fbc", "levers", "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
            {**_DIRECT, "cores_per_replica": 1}),
-    Target("fb1", "alone", "as fbc, the only application in its cluster", {**_DIRECT, "cores_per_replica": 1}),
-    Target("fb1s", "alonespin", "as fb1 with shm_wait off (upstream spin), alone",
+    StackTarget("fb1", "alone", "as fbc, the only application in its cluster", {**_DIRECT, "cores_per_replica": 1}),
+    StackTarget("fb1s", "alonespin", "as fb1 with shm_wait off (upstream spin), alone",
            {**_DIRECT, "cores_per_replica": 1, "patches_off": "shm_wait"}),
-    Target("fb1n", "alonenap", "as fb1 with a 50 us shm_wait nap, alone",
+    StackTarget("fb1n", "alonenap", "as fb1 with a 50 us shm_wait nap, alone",
            {**_DIRECT, "cores_per_replica": 1, "nap_s": 0.00005}),
     # what users deploy: serve_config.yaml itself, alone in its cluster, and the stacks it must beat
-    Target("S", "shipped", "serve_config.yaml with 2 replicas (direct, fuzz_affinity), alone", shipped={}),
-    Target("Se", "shippedeager", "as S, eager (enforce_eager: true), alone",
+    StackTarget("S", "shipped", "serve_config.yaml with 2 replicas (direct, fuzz_affinity), alone", shipped={}),
+    StackTarget("Se", "shippedeager", "as S, eager (enforce_eager: true), alone",
            shipped={"engine_kwargs": {"enforce_eager": True}}),
-    Target("Sw", "shippedworker", "as S with cpu_inproc off (the model in a worker process, as upstream), alone",
-           shipped={"env": {"FUZZSERVE_PATCHES_OFF": "cpu_inproc"}}),
-    Target("Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}),
-    Target("Sr", "shippedrouter", "as S on the router path (ingress: router), alone",
+    StackTarget("Sw", "shippedworker", "as S with cpu_inproc off (the model in a worker process, as upstream), alone",
+           shipped={"env": {OFF_ENV: "cpu_inproc"}}),
+    StackTarget("Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}),
+    StackTarget("Sr", "shippedrouter", "as S on the router path (ingress: router), alone",
            shipped={"args": {"ingress": "router"}}),
-    Target("St", "shippedthread", "as S, Serve runs the replicas' user code on their main event loop, alone",
+    StackTarget("St", "shippedthread", "as S, Serve runs the replicas' user code on their main event loop, alone",
            shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}),
-    Target("Sq", "shippedquiet", "as St with Serve's access log off, alone",
+    StackTarget("Sq", "shippedquiet", "as St with Serve's access log off, alone",
            shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
                     "logging_config": {"enable_access_log": False}}),
-    Target("Sb", "shippedbalance", "as S with fuzz_affinity's imbalanced_threshold 4 (8 shipped), alone",
+    StackTarget("Sb", "shippedbalance", "as S with fuzz_affinity's imbalanced_threshold 4 (8 shipped), alone",
            shipped={"router_kwargs": {"imbalanced_threshold": 4}}),
-    Target("So", "shippedopt", "as S with Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED=1 in the replicas, alone",
+    StackTarget("So", "shippedopt", "as S with Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED=1 in the replicas, alone",
            shipped={"env": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}}),
-    Target("b2", "stock2", "stock ray.serve.llm, 2 replicas, default path, alone",
+    StackTarget("b2", "stock2", "stock ray.serve.llm, 2 replicas, default path, alone",
            {"stock": True, "patches": False, "replicas": 2}),
-    Target("bd2", "stockdirect2", "stock ray.serve.llm, 2 replicas, direct streaming + HAProxy, alone",
+    StackTarget("bd2", "stockdirect2", "stock ray.serve.llm, 2 replicas, direct streaming + HAProxy, alone",
            {"stock": True, "patches": False, "replicas": 2, "direct": True}),
-    Target("ceil", "ceiling", "offline LLM.generate"),
+    StackTarget("ceil", "ceiling", "offline LLM.generate"),
 )
 BY_NAME = {t.name: t for t in TARGETS}
 LABELS = {t.name: t.label for t in TARGETS}
@@ -127,17 +132,17 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
         patches_off: str | None = None, cores_per_replica: int | None = None,
         user_code_thread: bool = True, access_log: bool = True, nap_s: float | None = None) -> dict[str, Any]:
     """One Serve application of a phase, at route ``/<name>``."""
-    env = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    env = dict(ENGINE_ENV)
     if nap_s is not None:
-        env["FUZZSERVE_SHM_NAP_S"] = str(nap_s)
+        env[NAP_ENV] = str(nap_s)
     if not user_code_thread:
         env["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] = "0"
     if omp_bind is not None:
         env["VLLM_CPU_OMP_THREADS_BIND"] = omp_bind
     if not patches:
-        env["FUZZSERVE_PATCHES_OFF"] = "all"
+        env[OFF_ENV] = ALL
     elif patches_off:
-        env["FUZZSERVE_PATCHES_OFF"] = patches_off
+        env[OFF_ENV] = patches_off
     if direct and stock:
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
     cfg = llm_config(model, replicas, offload=patches if offload is None else offload)
@@ -197,8 +202,8 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
     """(serve config, target -> route prefix, cluster env) of a phase.
 
     The cluster runs Serve's HAProxy exactly when one of the phase's
-    applications is on the direct path (phases measured before direct
-    streaming was shipped ran their router-path targets without it).
+    applications is on the direct path: a phase of router-path targets alone
+    runs them on Serve's Python proxy, as a cluster without HAProxy does.
     """
     mine = [BY_NAME[n] for n in PHASES[phase]]
     apps = [app(t.name, model, **t.app) if t.app is not None else shipped_app(t.name, **t.shipped)
@@ -206,7 +211,7 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
     routes = {a["name"]: a["route_prefix"] for a in apps}
     routes.update({t.name: routes[t.drives] for t in mine if t.drives})
     direct = any(is_direct(a) for a in apps)
-    env = {"RAY_SERVE_ENABLE_HA_PROXY": "1" if direct else "0"}
+    env = {HAPROXY: "1" if direct else "0"}
     cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
            "applications": apps}
     return cfg, routes, env

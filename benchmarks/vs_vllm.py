@@ -56,6 +56,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.host import HostCpuSampler, ray_processes
+from patches.switches import ALL, OFF_ENV
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import ENGINE_ENV, use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.vs_vllm")
 
@@ -65,8 +68,6 @@ MODEL_NAME = "fixture"
 # The engine settings the shipped config sets that change what is computed;
 # plain vLLM gets the same, everything else is vLLM's default.
 PLAIN_ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "1024")
-# What every vLLM process here needs: no model hub, a KV cache sized like one shipped replica's.
-VLLM_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
 BOOTSTRAP_SAMPLES = 10_000
 
 
@@ -134,7 +135,7 @@ def run_client(argv: list[str], result: Path, sampler: HostCpuSampler | None) ->
     from benchmarks import cpu_accounting
 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env={**os.environ, **VLLM_ENV})
+                            env={**os.environ, **ENGINE_ENV})
     before = after = None
     tail: list[str] = []
     for line in proc.stdout:
@@ -195,7 +196,7 @@ class PlainVllm:
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--served-model-name", MODEL_NAME, *PLAIN_ENGINE_ARGS, "--host", "127.0.0.1", "--port", str(port)]
         self.server = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=self.log_dir / "plain_vllm.log",
-                                    env={**VLLM_ENV, "FUZZSERVE_PATCHES_OFF": "all"})
+                                    env={**ENGINE_ENV, OFF_ENV: ALL})
         self.base_url = f"http://127.0.0.1:{port}"
         return self
 
@@ -354,9 +355,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command_logging()
+    use_engine_env()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     workload = Workload(args.input_len, args.output_len, args.prompts_per_concurrency, args.min_prompts,
                         args.warmup_prompts)

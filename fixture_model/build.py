@@ -5,7 +5,11 @@
 Prints the checkpoint directory. The build is deterministic (fixed seeds,
 fixed step count, single-process CPU training) and cached: the directory name
 carries a hash of this file and ``tasks.py``, so a change to either builds a
-new checkpoint and an unchanged tree reuses the old one.
+new checkpoint and an unchanged tree reuses the old one. The cache's
+``fixture`` entry (``.cache/models/fixture``, a link) names the checkpoint of
+the current tree: it is the path ``serve_config.yaml`` deploys
+(``model_source``), so building the model is the deployer's step, not the
+app's.
 
 Shape constraints found on the CPU backend: head_dim must be 64 (the CPU
 attention rejects 16) and the weights are float32.
@@ -65,9 +69,32 @@ def _fingerprint() -> str:
     return h.hexdigest()[:12]
 
 
+# Where the built models are kept (default: .cache/models/ of the project).
+CACHE_ENV = "FUZZSERVE_MODEL_CACHE"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV, DEFAULT_CACHE))
+
+
 def default_model_dir() -> Path:
-    base = Path(os.environ.get("FUZZSERVE_MODEL_CACHE", DEFAULT_CACHE))
-    return base / f"fixture-llama-{_fingerprint()}"
+    return cache_dir() / f"fixture-llama-{_fingerprint()}"
+
+
+def current_link() -> Path:
+    """The cache's ``fixture`` link to the current tree's checkpoint (what serve_config.yaml's model_source names)."""
+    return cache_dir() / "fixture"
+
+
+def _point_current_link(checkpoint: Path) -> None:
+    """Make :func:`current_link` name ``checkpoint`` (a relative link, replaced atomically)."""
+    link = current_link()
+    if link.is_symlink() and link.resolve() == checkpoint.resolve():
+        return
+    tmp = link.with_name(f".{link.name}.{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(os.path.relpath(checkpoint, link.parent))
+    os.replace(tmp, link)
 
 
 def build_tokenizer():
@@ -250,17 +277,20 @@ def evaluate_hf(model, tokenizer, examples) -> dict[str, float]:
 
 
 def ensure_model(out: Path | None = None, force: bool = False) -> Path:
-    """Return the checkpoint directory, building it first if needed."""
+    """Return the checkpoint directory, building it first if needed; the default one also becomes
+    :func:`current_link`'s."""
+    default = out is None
     out = Path(out) if out else default_model_dir()
-    if out.exists() and not force:
-        return out
-    if out.exists():
+    if out.exists() and force:
         import shutil
 
         shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    log.info("building fixture model into %s", out)
-    train(out)
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        log.info("building fixture model into %s", out)
+        train(out)
+    if default:
+        _point_current_link(out)
     return out
 
 
@@ -269,7 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: cached by content hash)")
     ap.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # its own progress at INFO, every library from WARNING up (as serve_app.command_logs does for the others)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fixture_model").setLevel(logging.INFO)
     path = ensure_model(args.out, args.force)
     print(path)
 

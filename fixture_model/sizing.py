@@ -26,7 +26,7 @@ import os
 import re
 from pathlib import Path
 
-from .build import ARCH, DEFAULT_CACHE, HERE, build_tokenizer
+from .build import ARCH, HERE, build_tokenizer, cache_dir
 
 log = logging.getLogger("fixture_model.sizing")
 
@@ -63,8 +63,7 @@ def _fingerprint() -> str:
 
 def ensure_sizing_model(hidden: int, layers: int, out: Path | None = None) -> Path:
     """Return the checkpoint directory of the (hidden, layers) model, building it first if needed."""
-    base = Path(os.environ.get("FUZZSERVE_MODEL_CACHE", DEFAULT_CACHE))
-    out = Path(out) if out else base / f"sizing-llama-{hidden}x{layers}-{_fingerprint()}"
+    out = Path(out) if out else cache_dir() / f"sizing-llama-{hidden}x{layers}-{_fingerprint()}"
     if out.exists():
         return out
     import torch
@@ -95,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: cached by shape)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # its own progress at INFO, every library from WARNING up (as serve_app.command_logs does for the others)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fixture_model").setLevel(logging.INFO)
     hidden, layers = parse_arch(f"{args.hidden}x{args.layers}")
     print(ensure_sizing_model(hidden, layers, args.out))
 

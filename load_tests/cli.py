@@ -23,24 +23,25 @@ import ipaddress
 import json
 import logging
 import os
-import random
-import signal
 import socket
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
+from patches.switches import OFF_ENV, is_off
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import use_engine_env
 from serve_app.routers import ROUTERS
 
+from .deploy import DEFAULT_REPLICAS, DeploySettings, deploy, probe_reference
 from .monitor import SETTLE_INTERVAL_S
 
 if TYPE_CHECKING:
-    from .client import RequestResult
-    from .monitor import InvariantChecker, Monitor
-    from .results import Fault, RunSummary
+    from .load_loop import RunConfig
+    from .results import RunSummary
+    from .target import LoadTarget
 
 log = logging.getLogger("fuzzserve.load_tests")
 
@@ -63,7 +64,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument("--config", type=Path, default=None, help="Serve config (default: serve_config.yaml)")
     dep.add_argument("--http-port", type=int, default=None, help="override the config's HTTP port")
     dep.add_argument("--patches-off", default=None,
-                     help="FUZZSERVE_PATCHES_OFF for the cluster, for A/B runs (e.g. 'accounting')")
+                     help=f"{OFF_ENV} for the cluster, for A/B runs (e.g. 'accounting')")
     dep.add_argument("--replicas", type=_replicas, default=DEFAULT_REPLICAS,
                      help=f"engine replicas (the config's engine_replicas; default {DEFAULT_REPLICAS}, so that the "
                           "request router and per-replica checks have several replicas to work on; 'fit': the "
@@ -99,12 +100,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     out.add_argument("--sweep-per-task", type=int, default=15)
     out.add_argument("--no-progress", action="store_true", help="no live progress bar")
     return ap.parse_args(argv)
-
-
-# A local deployment runs this many engine replicas unless told otherwise: the
-# shipped config's `engine_replicas: fit` gives one on a 2-core host, and the
-# load tests exist to check routing and per-replica counters across several.
-DEFAULT_REPLICAS = 2
 
 
 def _replicas(value: str) -> int | str:
@@ -149,185 +144,37 @@ def is_local(url: str) -> bool:
     return all(ipaddress.ip_address(a).is_loopback or a in local for a in addrs)
 
 
-class Target:
-    """Where the load goes and what the run may do to it.
+def run_config_from(args: argparse.Namespace) -> RunConfig:
+    from .load_loop import RunConfig
 
-    With a local cluster it knows each engine replica's ReplicaId and pid,
-    listed through Ray's state API before and after the load (under full
-    load that API can take over a minute to answer). During the load a
-    replica is dead when its pid is gone: a process-table lookup, cheap
-    enough for every scrape. Without a local cluster (``--url``) deaths are
-    read from the scraped data alone (``load_tests.monitor``).
-    """
-
-    def __init__(self, base_url: str, metrics_urls: list[str], api_key: str | None, cluster=None):
-        self.base_url, self.metrics_urls, self.api_key, self.cluster = base_url, metrics_urls, api_key, cluster
-        self.pids: dict[str, int] = {}
-        self.ever_listed: set[str] = set()
-        self.killed: set[str] = set()
-        self.listed_dead: list[str] = []  # listed by Ray's state API before or during the run, missing after it
-
-    def list_replicas(self) -> dict[str, int] | None:
-        """ReplicaId -> pid of the alive engine replicas (None without a local cluster or if Ray did not answer)."""
-        if self.cluster is None:
-            return None
-        try:
-            listed = {replica_id(a): a["pid"] for a in self.cluster.replicas()}
-        except Exception as e:  # a failed state query is not a finding about the replicas
-            log.warning("could not list replicas: %s", e)
-            return None
-        self.pids.update(listed)
-        self.ever_listed |= set(listed)
-        return listed
-
-    def dead(self) -> frozenset[str]:
-        import psutil
-
-        return frozenset(k for k, pid in self.pids.items() if not _running(psutil, pid)) | frozenset(self.killed)
+    return RunConfig(seed=args.seed, request_timeout_s=args.timeout, progress=not args.no_progress,
+                     scrape_interval_s=args.scrape_interval, settle_interval_s=args.settle_interval,
+                     settle_timeout_s=args.settle_timeout, probe_every_s=args.probe_every)
 
 
-def _running(psutil, pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def replica_id(actor: dict[str, Any]) -> str:
-    """Ray's ReplicaId label from a replica actor's name (``SERVE_REPLICA::app#deployment#<id>``)."""
-    return str(actor.get("name", "")).rsplit("#", 1)[-1]
-
-
-@dataclass
-class LoadRun:
-    """What :func:`run_load` hands back: every request's result and what the monitor saw."""
-
-    results: list[RequestResult]
-    started: int  # requests started, probes included (each ends as a result, or is lost)
-    checker: InvariantChecker
-    monitor: Monitor
-    faults: list[Fault]  # what the run did on purpose (replica kills)
-    wall_s: float
-
-
-async def run_load(target: Target, sc, args, t0: float) -> LoadRun:
-    """Drive the load, watch it, wait for quiescence.
-
-    ``args`` needs ``seed``, ``timeout`` and ``no_progress``; the monitor's and the probes' settings default
-    to the CLI's (monitoring/e2e.py calls this with only the first three).
-    """
-    import aiohttp
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from .client import RequestResult, send
-    from .monitor import InvariantChecker, Monitor
-    from .probes import probe_specs
-    from .profiles import drive
-    from .results import Fault
-    from .workload import draw
-
-    checker = InvariantChecker(sc.expected_violation_kinds)
-    monitor = Monitor(target.metrics_urls, checker, interval=getattr(args, "scrape_interval", 2.0), dead=target.dead,
-                      settle_interval=getattr(args, "settle_interval", SETTLE_INTERVAL_S), t0=t0)
-    results: list[RequestResult] = []
-    faults: list[Fault] = []
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    loop.add_signal_handler(signal.SIGINT, stop.set)
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    total = sc.profile.max_requests
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed} done"),
-                        TextColumn("{task.fields[status]}"), TimeElapsedColumn(), disable=args.no_progress)
-    task = progress.add_task(f"{sc.name}", total=total or sc.profile.duration_s, status="")
-    counts: dict[str, int] = {}
-
-    async def killer(victims: dict[str, int]):
-        await asyncio.sleep(sc.kill_replica_at_s)
-        import psutil
-
-        running = sorted(rid for rid, pid in victims.items() if _running(psutil, pid))
-        if not running:
-            log.error("no replica listed before the load is still running: nothing to kill")
-            return
-        rid = random.Random(args.seed).choice(running)
-        try:
-            psutil.Process(victims[rid]).kill()  # by pid: a replica of the cluster this run started
-        except psutil.NoSuchProcess:
-            log.error("replica %s (pid %d) exited before it could be killed", rid, victims[rid])
-            return
-        target.killed.add(rid)
-        faults.append(Fault("replica_kill", time.monotonic() - t0, {"replica": rid, "pid": victims[rid]}))
-        log.info("killed replica %s (pid %d) at %.0f s", rid, victims[rid], time.monotonic() - t0)
-
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
-        async def one(spec) -> None:
-            res = await send(session, target.base_url, spec, t0, timeout_s=args.timeout, headers=headers)
-            results.append(res)
-            counts[res.outcome] = counts.get(res.outcome, 0) + 1
-            progress.update(task, completed=len(results) if total else time.monotonic() - t0,
-                            status=" ".join(f"{k}={v}" for k, v in sorted(counts.items())))
-
-        probe_rounds: list[asyncio.Future] = []
-
-        async def prober(every_s: float = 60.0):
-            """The probe set every ``every_s`` s while the load runs (each probe counts as a started request;
-            a round is never cancelled half-way, so no probe goes missing)."""
-            nonlocal extra
-            rnd = 0
-            while True:
-                await asyncio.sleep(every_s)
-                specs = probe_specs(rnd, sc.mix)
-                extra += len(specs)
-                probe_rounds.append(asyncio.ensure_future(asyncio.gather(*(one(s) for s in specs))))
-                await asyncio.shield(probe_rounds[-1])
-                rnd += 1
-
-        extra = 0
-        listed = await asyncio.to_thread(target.list_replicas)
-        side = []
-        if sc.kill_replica_at_s is not None:
-            if not listed:
-                raise SystemExit("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
-            side.append(asyncio.create_task(killer(listed)))
-        if sc.probes:
-            side.append(asyncio.create_task(prober(getattr(args, "probe_every", 60.0))))
-        await monitor.baseline()
-        monitor.start()
-        with progress:
-            started = await drive(sc.profile, lambda i: one(draw(sc.mix, args.seed, i)), seed=args.seed, stop=stop)
-        for s in side:
-            s.cancel()
-        await asyncio.gather(*side, return_exceptions=True)
-        await asyncio.gather(*probe_rounds)  # a probe round in flight finishes: its requests count
-        wall = time.monotonic() - t0
-        await monitor.stop()
-        log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
-        await monitor.quiescent_check(getattr(args, "settle_timeout", 90.0))
-        final = await asyncio.to_thread(target.list_replicas)
-        if final is not None:
-            # every replica Ray listed during the run and no longer lists, whether or not the data saw it die
-            target.listed_dead = sorted(target.ever_listed - set(final))
-    loop.remove_signal_handler(signal.SIGINT)
-    return LoadRun(results, started + extra, checker, monitor, faults, wall)
+def deploy_settings_from(args: argparse.Namespace) -> DeploySettings:
+    return DeploySettings(config=args.config, http_port=args.http_port, patches_off=args.patches_off,
+                          replicas=args.replicas, routing=args.routing)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command_logging()
+    use_engine_env()
     from rich.console import Console
 
     from .fault_evidence import check_planned_faults
+    from .load_loop import run_load
     from .report import write_report
     from .results import EXIT_USAGE
     from .summary import summarize, unexpected_deaths
+    from .target import LoadTarget
 
     console = Console()
     try:
         sc = scenario_from(args)
+        run_config = run_config_from(args)
+        settings = deploy_settings_from(args)
     except ValueError as e:
         console.print(f"[red]bad load settings[/]: {e}")
         return EXIT_USAGE
@@ -348,21 +195,21 @@ def main(argv: list[str] | None = None) -> int:
                 return EXIT_USAGE
             if sc.kv_blocks or sc.max_num_seqs:
                 log.info("the scenario's engine settings (KV pool size) apply to local deployments only")
-            from .replica_metrics import discover_metrics_urls
+            from .scraper import discover_metrics_urls
 
-            target = Target(args.url.rstrip("/"), args.metrics_url or discover_metrics_urls(), api_key)
+            target = LoadTarget(args.url.rstrip("/"), args.metrics_url or discover_metrics_urls(), api_key)
         else:
             if sc.probes:
-                reference = probe_reference(sc, args, out, console, api_key)
-            cluster = deploy(sc, args, out, console)
-            target = Target(cluster.base_url, cluster.metrics_urls, api_key, cluster)
+                reference = probe_reference(sc, settings, out, console, api_key)
+            cluster = deploy(sc, settings, out, console)
+            target = LoadTarget(cluster.base_url, cluster.metrics_urls, api_key, cluster)
 
         console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
                       f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)")
         t0 = time.monotonic()
-        run = asyncio.run(run_load(target, sc, args, t0))
+        run = asyncio.run(run_load(target, sc, run_config, t0))
         fault_checks = check_planned_faults(sc.planned_faults, run.checker, run.faults,
-                                            accounting_on(args.patches_off))
+                                            not is_off("accounting", settings.patches_off))
         deaths = unexpected_deaths(run.checker, run.faults, target.listed_dead)
         summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths,
                             fault_checks)
@@ -373,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
 
         sweep = None
         if sweep_on:
-            sweep = run_http_sweep(target, args, console)
+            sweep = run_http_sweep(target, args.sweep_per_task, console)
     finally:
         if cluster is not None:
             with console.status("shutting the cluster down"):
@@ -382,40 +229,6 @@ def main(argv: list[str] | None = None) -> int:
                         run.results, summary, run.checker, sweep)
     print_summary(console, summary, path)
     return summary.exit_code
-
-
-def accounting_on(patches_off: str | None) -> bool:
-    off = {p.strip() for p in (patches_off or "").split(",")}
-    return not ({"accounting", "all"} & off)
-
-
-def probe_reference(sc, args, out: Path, console, api_key: str | None):
-    """Deploy the same config without faults, send the probe set twice, tear down: the fault-free answers."""
-    from .probes import answers, probe_specs, reference_is_stable
-
-    fault_free = sc.model_copy(update={"faults": None, "kill_replica_at_s": None})
-    cluster = deploy(fault_free, args, out / "reference", console)
-    target = Target(cluster.base_url, cluster.metrics_urls, api_key, cluster)
-    try:
-        async def rounds():
-            import aiohttp
-
-            from .client import send
-
-            headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-            t0 = time.monotonic()
-            async with aiohttp.ClientSession() as session:
-                got = []
-                for rnd in (0, 1):
-                    got.append(await asyncio.gather(*(send(session, target.base_url, s, t0, headers=headers)
-                                                      for s in probe_specs(rnd, sc.mix))))
-                return got
-
-        first, second = (answers(list(r)) for r in asyncio.run(rounds()))
-    finally:
-        with console.status("shutting the fault-free cluster down"):
-            cluster.close()
-    return {"answers": first, "problems": reference_is_stable(first, second)}
 
 
 def add_probe_verdict(summary: RunSummary, reference, results) -> None:
@@ -428,43 +241,13 @@ def add_probe_verdict(summary: RunSummary, reference, results) -> None:
     summary.failures.extend(f"probes: {p}" for p in verdict.problems)
 
 
-def deploy(sc, args, out: Path, console):
-    """Start a local cluster and deploy the config with the scenario's engine settings."""
-    import yaml
-
-    from fixture_model.build import ensure_model
-    from serve_app.local_cluster import DEFAULT_CONFIG, LocalCluster
-
-    ensure_model()
-    cfg = yaml.safe_load(Path(args.config or DEFAULT_CONFIG).read_text())
-    for app in cfg["applications"]:
-        for llm in app["args"]["llm_configs"]:
-            llm["engine_kwargs"] = sc.engine_overrides(llm.get("engine_kwargs", {}))
-        if args.routing:
-            app["args"]["routing"] = args.routing
-        app["args"]["engine_replicas"] = args.replicas
-    env = {"FUZZSERVE_PATCHES_OFF": args.patches_off} if args.patches_off else {}
-    cluster = LocalCluster(env=env, log_dir=out / "cluster")
-    t = time.monotonic()
-    try:
-        with console.status("starting a local Ray cluster and deploying (a few minutes on 2 cores)"):
-            cluster.start()
-            cluster.deploy(cfg, http_port=args.http_port)
-    except BaseException:
-        cluster.close()
-        raise
-    console.print(f"deployed in {time.monotonic() - t:.0f} s: {len(cluster.replicas())} engine replicas behind "
-                  f"{cluster.base_url}; cluster logs in {cluster.log_dir}")
-    return cluster
-
-
-def run_http_sweep(target: Target, args, console):
+def run_http_sweep(target: LoadTarget, per_task: int, console):
     from fixture_model.tasks import held_out_examples
 
     from .fuzz_sweep import http_generator, print_table, run_sweep
 
     with console.status("fuzz sweep through the deployment"):
-        points = run_sweep(http_generator(target.base_url, target.api_key), held_out_examples(args.sweep_per_task))
+        points = run_sweep(http_generator(target.base_url, target.api_key), held_out_examples(per_task))
     print_table(points)
     return points
 

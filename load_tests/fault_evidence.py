@@ -33,7 +33,7 @@ from pydantic.dataclasses import dataclass
 
 from patches.metrics import IMPOSSIBLE_LIES, LIE_KINDS
 
-from .replica_metrics import ReplicaCounters
+from .counters import ReplicaCounters
 
 if TYPE_CHECKING:
     from .monitor import InvariantChecker

@@ -14,12 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from serve_app.command_logs import command_logging
+from serve_app.engine_env import use_engine_env
 
 # The load's fuzz levels: 0, then 10 log-spaced strengths from 1 to 10. Scale mode
 # zeroes the embeddings for every s >= 1, so its sweep lives below 1, dense near
@@ -158,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the points as JSON here")
     ap.add_argument("--offload-gib", type=float, default=0.25, help="KV offload tier size (GiB)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    command_logging()
+    use_engine_env()
 
     from fixture_model.build import ensure_model
     from fixture_model.tasks import held_out_examples

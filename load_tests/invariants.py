@@ -1,7 +1,7 @@
 """The counter invariants, written once: every checker (the load-test monitor, the per-replica
 counters CLI, the engine and server tests) calls these functions.
 
-Each rule takes one replica's counters (:class:`~load_tests.replica_metrics.ReplicaCounters`)
+Each rule takes one replica's counters (:class:`~load_tests.counters.ReplicaCounters`)
 and returns :class:`Finding` s, empty when the rule holds. What a finding *means* for a run
 (a violation, or something a planned fault explains) is the caller's business; the rules
 only say what is wrong.
@@ -20,6 +20,10 @@ only say what is wrong.
 ``not_quiescent``
     a replica still has running or waiting requests when it should be idle.
 
+Which rules apply depends on what is known of the replica: over a run the
+monitor decides (:mod:`load_tests.monitor`); for one replica seen once,
+:func:`one_scrape` does (never negative; the sums only at rest, alive and idle).
+
 Accounting violations (``vllm:prompt_token_accounting_violations_total{kind}``
 growing) are not a rule of the counters: whether growth is a failure depends on
 the faults a run injects, so :func:`violations_grown` only measures it.
@@ -29,12 +33,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
-if TYPE_CHECKING:
-    from .replica_metrics import ReplicaCounters
-
-SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+from .counters import SOURCES, ReplicaCounters
 
 
 @dataclass
@@ -100,3 +101,17 @@ def violations_grown(before: ReplicaCounters | None, now: ReplicaCounters) -> di
     """How much each accounting-violation kind grew between two scrapes of one replica (only the kinds that grew)."""
     was = before.violations if before is not None else {}
     return {kind: v - was.get(kind, 0.0) for kind, v in now.violations.items() if v - was.get(kind, 0.0) > 0}
+
+
+def one_scrape(rc: ReplicaCounters) -> tuple[Literal["dead", "busy", "at rest"], list[Finding]]:
+    """What one scrape of one replica can tell, and the rules that hold for it.
+
+    Never negative, for every replica. The sums only at rest (alive and
+    idle): a dead replica's last export died mid-flight (Ray keeps it), and a
+    busy one has requests in flight.
+    """
+    if not rc.alive:
+        return "dead", negative(rc)
+    if busy(rc):
+        return "busy", negative(rc)
+    return "at rest", at_rest(rc)

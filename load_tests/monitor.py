@@ -50,7 +50,8 @@ import httpx
 
 from . import invariants
 from .invariants import Finding
-from .replica_metrics import ReplicaCounters, merge_pages
+from .counters import ReplicaCounters
+from .scraper import merge_pages
 
 # Under full load on 2 cores Ray's metrics agent can take many seconds to answer.
 SCRAPE_TIMEOUT_S = 30.0

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .client import RequestResult
-from .invariants import SOURCES
+from .counters import SOURCES
 from .monitor import InvariantChecker
 from .outcomes import OK_OUTCOMES
 from .results import Fault, RunSummary

@@ -1,30 +1,19 @@
-"""Turn per-request results and the monitor's findings into a verdict and the numbers a report shows.
+"""A run's numbers: per-request results and the monitor's findings turned into a :class:`~load_tests.results.RunSummary`.
 
 Pure functions over :class:`~load_tests.client.RequestResult` lists and an
-:class:`~load_tests.monitor.InvariantChecker`; no I/O. The result is a
-:class:`~load_tests.results.RunSummary` (``summary.json``).
+:class:`~load_tests.monitor.InvariantChecker`; no I/O. :func:`run_statistics`
+computes every figure of ``summary.json`` (outcomes, throughput, latencies,
+errors, invariants, replicas, the client/server cross-check, the planned
+faults' evidence); whether they fail the run is :mod:`load_tests.verdict`'s
+question; :func:`summarize` is the two together, what the CLI reports.
 
-The verdict fails a run on any of:
-
-* an invariant violation (negative / decreasing counter, sum mismatch at
-  quiescence, unexpected accounting violations);
-* a lost request: a stream that ended without ``[DONE]`` and without an
-  error (``truncated``), a ``timeout``, or a request the generator started
-  but has no result for;
-* an unexpected error: 5xx, a stream error event, a transport error, a 4xx
-  for a good request, a 200 for a bad one, or a 4xx that does not name the
-  field it should. A failed request that was in flight when the run itself
-  killed a replica, or started within ``KILL_GRACE_S`` after the kill, is
-  *explained* and reported apart: with direct streaming a killed replica
-  cuts its streams (the client sees ``truncated`` or a transport error, no
-  error event), and until Serve notices the death new requests can still
-  be routed to it. An explained request is never counted as ``ok``;
-* client/server disagreement: the engines finished fewer requests than the
-  clients saw complete, or more than were sent to them;
-* a replica that died without the run killing it (seen in the scraped data
-  in every mode; with a local deployment also through Ray's state API);
-* a planned fault that did not fire, or whose handling does not show
-  (:mod:`load_tests.fault_evidence`).
+A failed request that was in flight when the run itself killed a replica,
+or started within :data:`KILL_GRACE_S` after the kill, is *explained* and
+counted apart (``errors_explained_by_faults``): with direct streaming a
+killed replica cuts its streams (the client sees ``truncated`` or a
+transport error, no error event), and until Serve notices the death new
+requests can still be routed to it. An explained request is never counted
+as ``ok``.
 """
 
 from __future__ import annotations
@@ -38,16 +27,17 @@ import numpy as np
 
 from .client import RequestResult
 from .monitor import InvariantChecker
-from .outcomes import FAILURE_OUTCOMES, LOST_OUTCOMES
-from .replica_metrics import ReplicaCounters
+from .outcomes import FAILURE_OUTCOMES
+from .counters import ReplicaCounters
 from .results import (BadRequestProblem, BadRequests, ClientServer, Fault, Invariants, Latency, Percentiles,
                       ReplicaRecord, RunSummary, Throughput)
 from .scenarios import Slo
+from .verdict import verdict
 
 if TYPE_CHECKING:
     from .fault_evidence import FaultCheck
 
-__all__ = ["Fault", "Slo", "percentiles", "summarize", "server_cross_check", "unexpected_deaths",
+__all__ = ["Fault", "Slo", "percentiles", "run_statistics", "summarize", "server_cross_check", "unexpected_deaths",
            "explained_by_fault", "bad_request_problems", "error_signature"]
 
 PERCENTILES = (50, 90, 95, 99)
@@ -137,9 +127,11 @@ def unexpected_deaths(checker: InvariantChecker, faults: list[Fault], listed_dea
     return sorted((set(checker.deaths) | set(listed_dead)) - killed)
 
 
-def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
-              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()) -> RunSummary:
-    """``deaths``: replicas that died without the run killing them (:func:`unexpected_deaths`)."""
+def run_statistics(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
+                   wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()) -> RunSummary:
+    """Every figure of the run, with no verdict yet (``failures`` empty).
+
+    ``deaths``: replicas that died without the run killing them (:func:`unexpected_deaths`)."""
     outcomes = Counter(r.outcome for r in results)
     lost = started - len(results)
     if lost:
@@ -150,16 +142,15 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
             (explained if explained_by_fault(r, faults) else unexplained).append(r)
     ok = [r for r in results if r.outcome == "ok"]
     final = checker.final()
-    baseline = checker.baseline()
     cross = server_cross_check(results, final, replicas_died=bool(checker.deaths or any(
-        f.kind == "replica_kill" for f in faults) or deaths), baseline=baseline)
+        f.kind == "replica_kill" for f in faults) or deaths), baseline=checker.baseline())
     bad = bad_request_problems(results)
     out_tokens = sum(r.completion_tokens or r.chunks for r in ok)
 
     def rate(n: float) -> float:
         return n / wall_s if wall_s else 0.0
 
-    summary = RunSummary(
+    return RunSummary(
         wall_s=wall_s,
         started=started,
         outcomes=dict(outcomes),
@@ -199,33 +190,11 @@ def summarize(results: list[RequestResult], started: int, checker: InvariantChec
         client_server=cross,
         failures=[],
     )
-    reasons = summary.failures
-    if not checker.ok:
-        first = {}
-        for v in checker.violations:
-            first.setdefault(v.kind, v)
-        reasons.append(f"{len(checker.violations)} invariant violation(s): {summary.invariants.by_kind}; "
-                       + "; ".join(f"first {k} at t = {v.t:.0f} s: {v.message}" for k, v in first.items()))
-    lost_n = lost + sum(r.outcome in LOST_OUTCOMES for r in unexplained)
-    if lost_n:
-        reasons.append(f"{lost_n} lost request(s) (truncated / timed out / never finished, not explained by a "
-                       f"planned fault)")
-    if unexplained:
-        common = Counter(error_signature(r) for r in unexplained).most_common(3)
-        reasons.append(f"{len(unexplained)} unexpected error(s): {summary.errors_by_kind}; most common: "
-                       + "; ".join(f"({n}x) {sig}" for sig, n in common))
-    if bad:
-        reasons.append(f"{len(bad)} bad request(s) refused without naming the field")
-    reasons.extend(cross.problems)
-    if deaths:
-        when = {k: checker.deaths.get(k) for k in deaths}
-        reasons.append("replica(s) died without the run killing them: " + ", ".join(
-            f"{k}" + (f" (seen dead from t = {t:.0f} s)" if t is not None else " (gone from Ray's replica list)")
-            for k, t in when.items()))
-    for c in fault_checks:
-        if not c.fired:
-            reasons.append(f"planned fault {c.fault} did not fire: {c.evidence}")
-        reasons.extend(f"planned fault {c.fault}: {p}" for p in c.problems)
-    if not ok:
-        reasons.append("no request completed")
+
+
+def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
+              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()) -> RunSummary:
+    """:func:`run_statistics` with its verdict (``failures``, :func:`load_tests.verdict.verdict`)."""
+    summary = run_statistics(results, started, checker, faults, wall_s, slo, deaths, fault_checks)
+    summary.failures = verdict(summary, checker.violations)
     return summary

@@ -6,7 +6,7 @@
 Why a generator: a dashboard JSON is mostly boilerplate (grid positions,
 data-source references, legend options) around a dozen PromQL expressions;
 the expressions and the layout are what a reader should review, here. The
-output is checked against Grafana's schema (:mod:`monitoring.grafana_schema`)
+output is checked against Grafana's schema (:mod:`testkit.testkit.monitoring.grafana_schema`)
 and every expression is run through promtool against a real deployment's
 series (tests/test_monitoring_dashboard.py).
 
@@ -22,9 +22,11 @@ import json
 import sys
 from typing import Any
 
-from load_tests.invariants import SOURCES as PROMPT_SOURCES
+from load_tests.counters import HEALTH_GAUGE
+from load_tests.counters import SOURCES as PROMPT_SOURCES
+from serve_app.fuzz_traffic import EXPORTED as ADMITTED
 
-from .tools import DASHBOARD_FILE
+from .files import DASHBOARD_FILE
 
 DS = {"type": "prometheus", "uid": "${datasource}"}
 R = 'ReplicaId=~"$replica"'
@@ -55,7 +57,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
          "Ray keeps exporting a dead replica's series (Ray issue 65892): more exporting than healthy means "
          "stale series are in every sum (alert FuzzserveReplicaSeriesStale).",
          "short", False, [q("count(max by (ReplicaId) (ray_vllm_prompt_tokens_total))", "exporting vLLM series"),
-                          q("sum by (deployment) (ray_serve_deployment_replica_healthy)",
+                          q(f"sum by (deployment) ({HEALTH_GAUGE})",
                             "healthy in Serve: {{deployment}}", "B")]),
         ("Share of requests raising errors, per Serve deployment",
          "Errors / (errors + requests) of each deployment. Stock vLLM's accounting bug shows here: EngineCore "
@@ -94,8 +96,8 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
         ("Admitted requests per second by fuzz mode and strength",
          "Requests the guard admitted, by fuzz_mode (none = s 0) and fuzz_strength (the smallest power of ten "
          ">= s), all replicas of each application (Serve's replica label, not vLLM's ReplicaId: not filtered).",
-         "reqps", True, [q("sum by (fuzz_mode, fuzz_strength) (rate(ray_fuzzserve_admitted_requests_total"
-                           "[$__rate_interval]))", "{{fuzz_mode}} s <= {{fuzz_strength}}")]),
+         "reqps", True, [q(f"sum by (fuzz_mode, fuzz_strength) (rate({ADMITTED}[$__rate_interval]))",
+                           "{{fuzz_mode}} s <= {{fuzz_strength}}")]),
         ("Fuzzed share of admitted requests",
          "Admitted requests with fuzz_strength > 0 over all admitted requests, per application, over 5 minutes "
          "(recording rule fuzzserve:fuzzed_request_share:rate5m).",

@@ -2,7 +2,7 @@
 
 vLLM calls :func:`register` in each of its processes (frontend, EngineCore,
 workers). It checks the vLLM version, reads the on/off switches
-(``FUZZSERVE_PATCHES_OFF``, see ``_framework``) and applies each enabled
+(``FUZZSERVE_PATCHES_OFF``, see :mod:`patches.switches`) and applies each enabled
 patch through the ``PATCH`` its module declares (:mod:`patches.registry`:
 every upstream symbol it changes, and how). Each module's header documents
 what it changes, why, the upstream issue/PR, the versions it was verified on
@@ -38,11 +38,12 @@ _applied: set[str] = set()
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Safe to call more than once."""
-    from ._framework import check_vllm_version, disabled_patches, logger
+    from ._framework import check_vllm_version, logger
+    from .switches import OFF_ENV, disabled_patches
 
-    off = disabled_patches(list(PATCH_MODULES))
+    off = disabled_patches(PATCH_MODULES)
     if len(off) == len(PATCH_MODULES):
-        logger().info("fuzzserve patches: all switched off (FUZZSERVE_PATCHES_OFF)")
+        logger().info("fuzzserve patches: all switched off (%s)", OFF_ENV)
         return
     import vllm
 

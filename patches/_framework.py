@@ -9,15 +9,9 @@ which patches run and applies each through its ``PATCH``, and every change
 of every kind goes through :func:`install`, which will not apply the same
 change twice to the same thing.
 
-Environment:
-
-``FUZZSERVE_PATCHES_OFF``
-    Unset or empty: every patch on. ``all``: every patch off (stock vLLM, for
-    A/B runs in the same install). A comma-separated list of patch names:
-    those off. An unknown name is an error, not a silent no-op.
-``FUZZSERVE_ALLOW_UNVERIFIED_VLLM``
-    ``1`` lets the patches load on a vLLM version they were not verified on,
-    at your own risk. Without it they refuse with an error naming the version.
+The switches (``FUZZSERVE_PATCHES_OFF``, ``FUZZSERVE_ALLOW_UNVERIFIED_VLLM``)
+are named and parsed in :mod:`patches.switches`, the public module that the
+app and the tools use too.
 """
 
 from __future__ import annotations
@@ -29,8 +23,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-OFF_ENV = "FUZZSERVE_PATCHES_OFF"
-ALLOW_UNVERIFIED_ENV = "FUZZSERVE_ALLOW_UNVERIFIED_VLLM"
+from .switches import ALL, ALLOW_UNVERIFIED_ENV, OFF_ENV
 
 # Versions every patch in this package was verified on (each patch module's
 # header says the same under "Verified on"; tests/test_patch_registry.py checks it).
@@ -75,25 +68,9 @@ def check_vllm_version(installed: str, verified: tuple[str, ...] = VERIFIED_VLLM
     raise UnverifiedVllmError(
         f"fuzzserve patches were verified on vLLM {', '.join(verified)} but vLLM {installed} is "
         f"installed. They patch vLLM internals that change between releases, so they refuse to "
-        f"load. Install a verified version, switch the patches off with {OFF_ENV}=all, or set "
+        f"load. Install a verified version, switch the patches off with {OFF_ENV}={ALL}, or set "
         f"{ALLOW_UNVERIFIED_ENV}=1 to load them anyway at your own risk."
     )
-
-
-def disabled_patches(known: list[str], env: dict[str, str] | None = None) -> set[str]:
-    """Parse ``FUZZSERVE_PATCHES_OFF`` into the set of patch names that are off."""
-    raw = (env if env is not None else os.environ).get(OFF_ENV, "").strip()
-    if not raw:
-        return set()
-    if raw.lower() == "all":
-        return set(known)
-    names = {n.strip() for n in raw.split(",") if n.strip()}
-    unknown = names - set(known)
-    if unknown:
-        raise ValueError(
-            f"{OFF_ENV} names unknown patch(es) {sorted(unknown)}; known: {sorted(known)} or 'all'"
-        )
-    return names
 
 
 def change_key(make: Callable) -> str:

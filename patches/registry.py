@@ -1,9 +1,14 @@
-"""The registry of every upstream vLLM symbol the patches change: data that the code applies, lists and checks.
+"""The registry of every upstream vLLM symbol the patches change or rely on: data that the code applies, lists and
+checks.
 
 Each patch module declares what it changes as a :class:`Patch` named
 ``PATCH``: its :class:`Target` s, one per upstream symbol, and its header
 (the module docstring: what, why, upstream issue/PR, versions verified,
-when to remove it). ``patches.register`` applies each enabled patch through
+when to remove it). What the patches call, subclass or read of vLLM's
+internals *without* changing it is declared in
+:mod:`patches.vllm_internals` (kind ``relies_on``), and :func:`load` joins
+it to each patch's ``relies_on``: an upgrade that moves one of those breaks
+a patch as surely as one that moves a wrapped function. ``patches.register`` applies each enabled patch through
 ``PATCH.apply()``; the change itself is always made by
 :func:`patches._framework.install`, which never applies the same change
 twice. So the index below cannot drift from what runs:
@@ -31,23 +36,22 @@ Kinds of change:
 ``env_default``
     an environment variable vLLM reads, given a default (a user's own value
     wins).
+``relies_on``
+    nothing changed: a private or internal symbol a patch calls, subclasses
+    or reads (a class, a method with the parameters it passes, an attribute,
+    a module-level name), checked like the others and never applied.
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
-import os
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Literal
 
-from ._framework import install, logger
-
-Kind = Literal["wrap", "rebind", "class_swap", "env_default"]
-KINDS: tuple[Kind, ...] = ("wrap", "rebind", "class_swap", "env_default")
+from ._framework import logger
+from .target import Target  # the patch modules declare their targets through this module
 
 # The sections every patch module's header has, in this order (modelled on vllm-ascend's patch docs).
 HEADER_SECTIONS = ("What it changes", "Why", "Upstream", "Verified on", "Remove when")
@@ -61,105 +65,25 @@ def on_cpu() -> bool:
 
 
 @dataclass(frozen=True)
-class Target:
-    """One upstream symbol a patch changes.
-
-    ``symbol`` is ``module:Qualified.name`` (``vllm.v1.request:Request.__init__``;
-    for ``env_default``, ``vllm.envs:NAME``). What the patch relies on, checked
-    against every vLLM it is pointed at: ``params``, the parameters that must
-    come first (after ``self``), in this order (the patch passes them by
-    position); ``keywords``, parameters it passes or reads by name;
-    ``attrs``, attributes of the owning class or its instances it reads.
-    """
-
-    symbol: str
-    kind: Kind
-    why: str
-    make: Callable[..., Any] | None = None  # wrap / rebind: original -> replacement; class_swap: class -> subclass
-    value: str | None = None  # env_default
-    params: tuple[str, ...] = ()
-    keywords: tuple[str, ...] = ()
-    attrs: tuple[str, ...] = ()
-    applied_by: str | None = None  # rebind / class_swap: the wrap (its symbol) that applies it at run time
-    slot: str | None = None  # rebind / class_swap: the object's attribute replaced, if not the symbol's last name
-    when: Callable[[], bool] | None = None  # applied only where this holds
-    optional: bool = False  # absent in some builds (not importable, or not defined on that class itself): skipped
-
-    def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"{self.symbol}: unknown kind {self.kind!r}; one of {KINDS}")
-        if ":" not in self.symbol:
-            raise ValueError(f"{self.symbol}: a symbol is 'module:Qualified.name'")
-        if (self.kind == "env_default") != (self.value is not None) or (self.kind == "env_default") == (
-                self.make is not None):
-            raise ValueError(f"{self.symbol}: an env_default has a value and nothing to make; other kinds the reverse")
-        if (self.kind in ("rebind", "class_swap")) != (self.applied_by is not None):
-            raise ValueError(f"{self.symbol}: rebind and class_swap targets (only) name the wrap that applies them")
-
-    @property
-    def module(self) -> str:
-        return self.symbol.split(":", 1)[0]
-
-    @property
-    def qualname(self) -> str:
-        return self.symbol.split(":", 1)[1]
-
-    @property
-    def attr(self) -> str:
-        """The attribute replaced: the symbol's last name (``__class__`` for a class swap of an object)."""
-        return self.qualname.rsplit(".", 1)[-1]
-
-    def owner(self) -> Any:
-        """The module or class that holds the symbol in the installed vLLM (imports it)."""
-        obj: Any = importlib.import_module(self.module)
-        for part in self.qualname.split(".")[:-1]:
-            obj = getattr(obj, part)
-        return obj
-
-    def resolve(self) -> Any:
-        """The symbol's current value in the installed vLLM (a wrapper, if the patch is applied)."""
-        return getattr(self.owner(), self.attr)
-
-    def apply(self) -> bool:
-        """Apply a ``wrap`` or ``env_default`` (the kinds applied with the patch); False if it was already applied,
-        or was skipped (``when`` does not hold, or an ``optional`` symbol is absent)."""
-        if self.applied_by is not None:
-            raise TypeError(f"{self.symbol} is applied at run time by {self.applied_by}, on an object")
-        if self.when is not None and not self.when():
-            return False
-        if self.kind == "env_default":
-            if self.attr in os.environ:
-                return False
-            os.environ[self.attr] = self.value
-            return True
-        try:
-            owner = self.owner()
-        except (ImportError, AttributeError):
-            if self.optional:
-                return False
-            raise
-        if self.optional and isinstance(owner, type) and self.attr not in owner.__dict__:
-            return False
-        return install(owner, self.attr, self.make)
-
-    def apply_to(self, obj: Any, *args: Any) -> bool:
-        """Apply a ``rebind`` or ``class_swap`` to one object (``args`` go to ``make`` after the original)."""
-        if self.applied_by is None:
-            raise TypeError(f"{self.symbol} ({self.kind}) is applied with its patch, not to an object")
-        return install(obj, self.slot or self.attr, self.make, *args)
-
-
-@dataclass(frozen=True)
 class Patch:
-    """One patch module: its header (the module docstring) and its targets."""
+    """One patch module: its header (the module docstring), the targets it changes, and (joined by :func:`load`,
+    from :mod:`patches.vllm_internals`) the upstream symbols it relies on unchanged."""
 
     doc: str
     targets: tuple[Target, ...]
     module: str = ""
     header: dict[str, str] = field(default_factory=dict, compare=False)
+    relies_on: tuple[Target, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "header", parse_header(self.doc))
+        if any(t.kind == "relies_on" for t in self.targets) or any(t.kind != "relies_on" for t in self.relies_on):
+            raise ValueError("a patch's targets change vLLM; what it relies on unchanged goes in relies_on")
+
+    @property
+    def symbols(self) -> tuple[Target, ...]:
+        """Every upstream symbol of this patch: what it changes, then what it relies on."""
+        return self.targets + self.relies_on
 
     @property
     def name(self) -> str:
@@ -219,10 +143,14 @@ def patches() -> dict[str, Patch]:
 
 
 def load(module_name: str) -> Patch:
+    """The ``PATCH`` of a patch module, with its module name and what it relies on (:mod:`patches.vllm_internals`)."""
+    from .vllm_internals import RELIES_ON
+
     module: ModuleType = importlib.import_module(module_name)
     patch: Patch = module.PATCH
     if not patch.module:
         object.__setattr__(patch, "module", module_name)
+    object.__setattr__(patch, "relies_on", RELIES_ON.get(patch.name, ()))
     return patch
 
 
@@ -259,19 +187,22 @@ def index_markdown(all_patches: dict[str, Patch] | None = None) -> str:
     from ._framework import VERIFIED_VLLM
 
     n = sum(len(p.targets) for p in all_patches.values())
+    n_relied = sum(len(p.relies_on) for p in all_patches.values())
     lines = [
         "# Every change the patches make to vLLM",
         "",
         "Generated by `python -m patches --list > docs/patches.md` from the `PATCH` declarations of the patch "
-        "modules (`patches/registry.py`), which are also what `patches.register()` applies; a test keeps this "
-        "page equal to that output. `python -m patches --check` checks every symbol against the installed "
-        "vLLM, `python -m patches --check-against DIR` against another vLLM source tree (an upgrade starts "
-        "there).",
+        "modules (`patches/registry.py`), which are also what `patches.register()` applies, and from what they "
+        "rely on unchanged (`patches/vllm_internals.py`); a test keeps this page equal to that output. "
+        "`python -m patches --check` checks every symbol of both tables against the installed vLLM, "
+        "`python -m patches --check-against DIR` against another vLLM source tree (an upgrade starts there).",
         "",
-        f"Verified on vLLM {', '.join(VERIFIED_VLLM)}; {n} symbols in {len(all_patches)} patches. "
+        f"Verified on vLLM {', '.join(VERIFIED_VLLM)}; {n} symbols changed and {n_relied} relied on in "
+        f"{len(all_patches)} patches. "
         "Kinds: **wrap** (a function replaced, for every caller, by a wrapper that calls it), **rebind** (an "
         "attribute of one object replaced at run time), **class_swap** (an object's class, or a class it "
-        "creates things from, replaced by a subclass), **env_default** (a default for a variable vLLM reads).",
+        "creates things from, replaced by a subclass), **env_default** (a default for a variable vLLM reads), "
+        "**relies_on** (nothing changed: an internal symbol a patch calls, subclasses or reads).",
         "",
         "## Patches",
         "",
@@ -285,4 +216,8 @@ def index_markdown(all_patches: dict[str, Patch] | None = None) -> str:
     for name, p in all_patches.items():
         for t in p.targets:
             lines.append(f"| `{t.symbol}` | {t.kind} | {name} | {t.why} | {_relies_on(t)} | {_condition(t)} |")
+    lines += ["", "## Internals relied on, unchanged", "", "| symbol | patch | why | relies on |", "|---|---|---|---|"]
+    for name, p in all_patches.items():
+        for t in p.relies_on:
+            lines.append(f"| `{t.symbol}` | {name} | {t.why} | {_relies_on(t)} |")
     return "\n".join(line.replace("\n", " ") for line in lines) + "\n"

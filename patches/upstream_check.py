@@ -1,4 +1,4 @@
-"""Does every symbol the patches change still exist, as they expect it, in a given vLLM?
+"""Does every symbol the patches change or rely on still exist, as they expect it, in a given vLLM?
 
 Two checks over the registry (:mod:`patches.registry`), both per target:
 
@@ -9,8 +9,9 @@ Two checks over the registry (:mod:`patches.registry`), both per target:
     the parameters the patch passes by position (``params``, in order, first
     after ``self``) and by name (``keywords``), the attributes it reads
     (``attrs``: methods, class attributes, or ``self.<name>`` assigned in any
-    method of the class or its bases), and for an ``env_default`` that vLLM
-    still reads the variable (``vllm/envs.py``).
+    method of the class or its bases), for an ``env_default`` that vLLM
+    still reads the variable (``vllm/envs.py``), and for a module-level name
+    a patch relies on (``relies_on``) that the module still binds it.
 :func:`check_installed`
     the same on the installed vLLM's sources, plus an import of every symbol
     and :func:`inspect.signature` of the original behind any wrapper.
@@ -34,7 +35,7 @@ from .registry import Patch, Target
 
 
 @dataclass
-class Finding:
+class TargetCheck:
     patch: str
     target: Target
     problems: list[str] = field(default_factory=list)
@@ -123,6 +124,16 @@ class SourceTree:
                         return source, alias.name
         return None
 
+    def binds(self, module: str, name: str) -> bool:
+        """``module`` has ``name``: found by :meth:`find`, imported there, or served by its ``__getattr__``
+        (a module-level one that compares against the name)."""
+        if self.find(module, name) is not None or self._imported(module, name) is not None:
+            return True
+        tree = self.module(module)
+        getattr_ = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"), None) \
+            if tree else None
+        return getattr_ is not None and any(isinstance(n, ast.Constant) and n.value == name for n in ast.walk(tree))
+
     def find(self, module: str, name: str, depth: int = 0) -> tuple[str, ast.AST] | None:
         """A top-level class, function or assignment ``name`` of ``module``, through re-exports."""
         tree = self.module(module)
@@ -203,8 +214,8 @@ def _parameters(fn: ast.FunctionDef | ast.AsyncFunctionDef, method: bool) -> tup
     return names + [p.arg for p in a.kwonlyargs], a.kwarg is not None
 
 
-def check_target_in_tree(tree: SourceTree, target: Target) -> Finding:
-    f = Finding("", target)
+def check_target_in_tree(tree: SourceTree, target: Target) -> TargetCheck:
+    f = TargetCheck("", target)
     module = tree.module(target.module)
     if module is None:
         f.problems.append(f"module {target.module} not found")
@@ -214,6 +225,8 @@ def check_target_in_tree(tree: SourceTree, target: Target) -> Finding:
             f.problems.append(f"{target.module} no longer mentions {target.attr}")
         return f
     *path, name = target.qualname.split(".")
+    if not path and target.kind == "relies_on":
+        return _check_module_name(tree, target, f)
     if not path:  # a module-level function
         hit = tree.find(target.module, name)
         if hit is None or not isinstance(hit[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -251,13 +264,41 @@ def check_target_in_tree(tree: SourceTree, target: Target) -> Finding:
     return f
 
 
-def check_tree(all_patches: dict[str, Patch], root: Path) -> list[Finding]:
+def _check_module_name(tree: SourceTree, target: Target, f: TargetCheck) -> TargetCheck:
+    """A module-level name a patch relies on: bound there (defined, assigned or imported; or served by the
+    module's ``__getattr__``, which must mention it), and, for a class or function, what the patch uses of it."""
+    name = target.qualname
+    hit = tree.find(target.module, name)
+    if hit is None:
+        if tree.binds(target.module, name):
+            return f
+        f.problems.append(f"{target.module} binds no {name}")
+        return f
+    node = hit[1]
+    if isinstance(node, ast.ClassDef):
+        cls = _Class(*hit)
+        init = tree.lookup(cls, "__init__")
+        if target.params or target.keywords:
+            if init is not None and isinstance(init[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
+                f.problems += signature_problems(target, *_parameters(init[1], method=True))
+            else:  # a dataclass: its fields are its parameters
+                fields = [k for k in target.keywords if tree.lookup(cls, k) is None]
+                f.problems += [f"{name} has no field {k} (the patch passes it by name)" for k in fields]
+        for attr in target.attrs:
+            if tree.lookup(cls, attr) is None:
+                f.problems.append(f"{name} has no attribute {attr} (the patch reads it)")
+    elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        f.problems += signature_problems(target, *_parameters(node, method=False))
+    return f
+
+
+def check_tree(all_patches: dict[str, Patch], root: Path) -> list[TargetCheck]:
     """Every target of every patch against the vLLM source tree (or sdist) at ``root``; nothing imported from it."""
     out = []
     with source_root(root) as package_dir:
         tree = SourceTree(package_dir)
         for name, patch in all_patches.items():
-            for target in patch.targets:
+            for target in patch.symbols:
                 finding = check_target_in_tree(tree, target)
                 finding.patch = name
                 if target.optional and finding.problems:
@@ -289,6 +330,8 @@ def check_target_imported(target: Target) -> list[str]:
         owner = target.owner()
     except (ImportError, AttributeError) as e:
         return [f"cannot import {target.symbol}: {type(e).__name__}: {e}"]
+    if target.kind == "relies_on" and "." not in target.qualname:  # a module-level name: the module has it
+        return [] if hasattr(owner, target.attr) else [f"{target.module} has no {target.attr}"]
     if not hasattr(owner, target.attr):
         return [] if not isinstance(owner, type) else []  # an instance attribute: only the source says
     fn = _original(inspect.getattr_static(owner, target.attr))
@@ -308,7 +351,7 @@ def installed_root() -> Path:
     return Path(vllm.__file__).resolve().parent.parent
 
 
-def check_installed(all_patches: dict[str, Patch]) -> list[Finding]:
+def check_installed(all_patches: dict[str, Patch]) -> list[TargetCheck]:
     """:func:`check_tree` on the installed vLLM's sources, plus every symbol imported and its signature read."""
     findings = check_tree(all_patches, installed_root())
     for f in findings:
@@ -320,9 +363,9 @@ def check_installed(all_patches: dict[str, Patch]) -> list[Finding]:
     return findings
 
 
-def report(findings: list[Finding]) -> str:
+def report(findings: list[TargetCheck]) -> str:
     bad = [f for f in findings if f.problems]
-    lines = [f"{len(findings) - len(bad)} of {len(findings)} patched symbols as the patches expect them; "
+    lines = [f"{len(findings) - len(bad)} of {len(findings)} symbols changed or relied on as the patches expect them; "
              f"{len(bad)} moved or changed", ""]
     for f in findings:
         status = "MOVED" if f.problems else "ok"

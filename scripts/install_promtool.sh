@@ -3,7 +3,7 @@
 # from Debian's `prometheus` package: fetched with `apt-get download` and
 # unpacked with `dpkg -x`, never installed system-wide (no service, no user,
 # no /etc changes). The rule tests (tests/test_monitoring_rules.py) run the
-# real promtool; the end-to-end run (python -m monitoring.e2e) runs the server.
+# real promtool; the end-to-end run (python -m testkit.monitoring.e2e) runs the server.
 #
 # Idempotent: when .cache/tools/bin/promtool runs, it returns at once.
 # Needs Debian's apt repositories (and root for `apt-get update`, which runs

@@ -10,5 +10,5 @@
 #   scripts/main.sh --scenario chaos
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-python -m fixture_model.build >/dev/null
+echo "main: fixture model $(python -m fixture_model.build)" >&2
 exec python -m load_tests --scenario stress "$@"

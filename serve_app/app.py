@@ -5,8 +5,11 @@ pydantic model (:class:`FuzzServeArgs`, a superset of ``LLMServingArgs``),
 the engine replicas are ``ray.serve.llm``'s ``LLMServer`` deployments built by
 ``build_llm_deployment``. What this builder adds:
 
-* ``model_source: fixture`` resolves to the locally built fixture model
-  (no model hub is reachable);
+* a ``model_source`` that names a path under the project root (what
+  ``serve_config.yaml`` ships: ``.cache/models/fixture``, the fixture model
+  that ``python -m fixture_model.build`` builds) is made absolute, since
+  Serve's processes do not run in the project's directory
+  (:func:`resolve_model_source`); the builder builds no model;
 * ``ingress:`` picks the HTTP path. ``direct`` (the default, what
   ``serve_config.yaml`` ships): Ray's direct streaming through HAProxy, the
   checks and probes inside each engine replica
@@ -36,12 +39,14 @@ import copy
 import math
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from .cluster_env import HAPROXY_ENV
 from .guard import GuardConfig
+from .names import ENGINE_DEPLOYMENT_PREFIX
 from .routers import BODY_AWARE, ROUTERS, Routing
 
 
@@ -75,6 +80,9 @@ class FuzzServeArgs(BaseModel):
         """What every engine replica of this app is bound with (serve_app.core_binding.EngineServer)."""
         return {"engine_cores_per_replica": self.engine_cores_per_replica, "shm_wait": self.shm_wait}
 
+
+# Where a relative model_source is looked for: the project's root (serve_config.yaml's directory).
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 # What fit counts per engine replica besides its engine's cores: its HTTP frontend
 # (Serve's replica actor: vLLM's OpenAI app, AsyncLLM, tokenizing, streaming),
@@ -116,9 +124,24 @@ def max_replicas(deployment_config: dict[str, Any]) -> int | float:
     return 1 if n is None else n
 
 
+def resolve_model_source(source: str, root: Path | None = None) -> str:
+    """``source`` made absolute where it names a path under the project root; anything else (an absolute path, a
+    model hub id) unchanged. A relative path starting with ``.`` that does not exist is an error naming the fix."""
+    root = PROJECT_ROOT if root is None else root
+    if os.path.isabs(source):
+        return source
+    local = root / source
+    if local.exists():
+        return str(local.resolve())
+    if source.startswith("."):
+        raise ValueError(f"model_source {source!r}: no such path under {root} (the fixture model: build it with "
+                         "`python -m fixture_model.build` before deploying)")
+    return source
+
+
 def resolve_llm_configs(args: FuzzServeArgs, node_cpus: Callable[[], list[float]] | None = None,
                         ) -> list[dict[str, Any]]:
-    """The LLMConfig dicts with the fixture model resolved, replicas counted and the request router set.
+    """The LLMConfig dicts with local model paths resolved, replicas counted and the request router set.
 
     The request router is set wherever the deployment can run more than one
     replica (or on the router path, where the ingress calls through a handle);
@@ -129,10 +152,8 @@ def resolve_llm_configs(args: FuzzServeArgs, node_cpus: Callable[[], list[float]
     router_config = ROUTERS[args.routing]
     for cfg in configs:
         loading = cfg.setdefault("model_loading_config", {})
-        if loading.get("model_source") == "fixture":
-            from fixture_model.build import ensure_model
-
-            loading["model_source"] = str(ensure_model())
+        if isinstance(loading.get("model_source"), str):
+            loading["model_source"] = resolve_model_source(loading["model_source"])
         deployment = cfg.setdefault("deployment_config", {})
         if args.engine_replicas is not None:
             given = sorted({"num_replicas", "autoscaling_config"} & deployment.keys())
@@ -170,7 +191,7 @@ def engine_deployment(llm_config, server_kwargs: dict[str, Any]):
                              f"{', '.join(changed)} need the default server class")
         return build_llm_deployment(llm_config)
     # name_prefix keeps Serve's deployment name ("LLMServer:<model>") that dashboards and the monitor know
-    return build_llm_deployment(llm_config, deployment_cls=EngineServer, name_prefix="LLMServer:",
+    return build_llm_deployment(llm_config, deployment_cls=EngineServer, name_prefix=ENGINE_DEPLOYMENT_PREFIX,
                                 bind_kwargs=server_kwargs)
 
 

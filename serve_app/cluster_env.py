@@ -5,7 +5,8 @@ its proxy and HAProxy, the replicas), so they must be in the environment of
 ``ray start`` itself on every node; the application's ``runtime_env`` is
 too late for the controller and the proxy. ``scripts/env.sh`` exports them
 (``python -m serve_app.cluster_env`` prints the ``export`` lines it
-evaluates), :class:`serve_app.local_cluster.LocalCluster` sets them for the
+evaluates, and makes Ray's auth token where one is needed: :func:`ensure_auth_token`),
+:class:`serve_app.local_cluster.LocalCluster` sets them for the
 clusters the tests, benchmarks and load tests start, and the app builder
 refuses the direct path without the first two (:func:`serve_app.app.require_haproxy`).
 A value already in the environment wins everywhere (e.g.
@@ -31,27 +32,44 @@ variable                                               value  why
                                                               which runs before any API key is checked; a longer
                                                               body is routed on load (serve_app/ingress_router.py,
                                                               docs/security.md)
+``RAY_AUTH_MODE``                                      token  Ray 2.60's token authentication, on: ``ray start``,
+                                                              ``serve`` and ``ray.init`` must agree on the mode
+                                                              (a ``serve deploy`` that believes auth is off fails
+                                                              with "Missing authentication token")
+the engine environment (:mod:`serve_app.engine_env`)   ...    what every vLLM engine of the project runs with
 =====================================================  =====  ==================================================
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+from .engine_env import ENGINE_ENV
 
 HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
 FORWARD_BODY = "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"
 # Serve's HAProxy, and the body forwarded to the ingress request router, in the order require_haproxy checks them.
 HAPROXY_ENV = (HAPROXY, FORWARD_BODY)
+AUTH_MODE = "RAY_AUTH_MODE"
+AUTH_TOKEN = "RAY_AUTH_TOKEN"
+AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
 CLUSTER_ENV: dict[str, str] = {
     HAPROXY: "1",
     FORWARD_BODY: "1",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE": str(64 * 1024),
+    AUTH_MODE: "token",
+    **ENGINE_ENV,
 }
+BIN = Path(sys.executable).parent
 
 
-def with_cluster_env(env: dict[str, str]) -> dict[str, str]:
+def with_cluster_env(env: Mapping[str, str]) -> dict[str, str]:
     """``env`` with every :data:`CLUSTER_ENV` variable it does not set itself."""
     return {**CLUSTER_ENV, **env}
 
@@ -61,5 +79,26 @@ def exports() -> str:
     return "\n".join(f"export {k}=${{{k}:-{shlex.quote(v)}}}" for k, v in CLUSTER_ENV.items())
 
 
-if __name__ == "__main__":
+def ensure_auth_token(env: Mapping[str, str]) -> None:
+    """Create Ray's token file when token auth is on and no token exists (what ``ray.init`` does itself).
+
+    ``ray start`` refuses to start a token-auth cluster without a token, and
+    does not create one.
+    """
+    if env.get(AUTH_MODE, "").lower() != "token" or env.get(AUTH_TOKEN):
+        return
+    path = Path(env.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+    if not path.exists():
+        subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=dict(env), check=True,
+                       capture_output=True, timeout=120)
+
+
+def main() -> int:
+    """Print the export lines (for ``eval``); first make the auth token the exported environment needs."""
+    ensure_auth_token(with_cluster_env(os.environ))
     sys.stdout.write(exports() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -46,6 +46,8 @@ from typing import Any
 import psutil
 from ray.serve.llm import LLMServer
 
+from patches.switches import OFF_ENV, with_patch_off
+
 log = logging.getLogger("ray.serve")
 
 BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
@@ -114,12 +116,7 @@ def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None) -> l
 
 def switch_patch_off(name: str, environ: dict[str, str] | Any = os.environ) -> str:
     """Add patch ``name`` to ``FUZZSERVE_PATCHES_OFF`` in ``environ`` (kept as is when it says ``all``); the value."""
-    from patches._framework import OFF_ENV
-
-    names = [n.strip() for n in environ.get(OFF_ENV, "").split(",") if n.strip()]
-    if "all" not in (n.lower() for n in names) and name not in names:
-        names.append(name)
-    environ[OFF_ENV] = ",".join(names)
+    environ[OFF_ENV] = with_patch_off(name, environ.get(OFF_ENV))
     return environ[OFF_ENV]
 
 

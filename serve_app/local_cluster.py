@@ -26,7 +26,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterable
@@ -39,14 +38,14 @@ import psutil
 import yaml
 
 from serve_app.app import deep_update
-from serve_app.cluster_env import with_cluster_env
+from serve_app.cluster_env import BIN, ensure_auth_token, with_cluster_env
+from serve_app.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
 from serve_app.ports import free_port
 
 log = logging.getLogger("fuzzserve.local_cluster")
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_CONFIG = REPO / "serve_config.yaml"
-BIN = Path(sys.executable).parent
 
 
 class ClusterError(RuntimeError):
@@ -158,10 +157,8 @@ class LocalCluster:
     def _env(self) -> dict[str, str]:
         # Every node's environment as scripts/env.sh sets it for `ray start`
         # (serve_app.cluster_env); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out of one.
+        # (token auth included: the CLI and the cluster must agree on it).
         env = with_cluster_env({**os.environ, **self.env})
-        # The CLI and the cluster must agree on token auth (Ray 2.60 enables
-        # it for a new cluster only when a token file exists already).
-        env.setdefault("RAY_AUTH_MODE", "token")
         env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
         return env
 
@@ -248,7 +245,7 @@ class LocalCluster:
             return []
         return _json_list(out)
 
-    def actors(self, class_name_prefix: str = "ServeReplica:") -> list[dict[str, Any]]:
+    def actors(self, class_name_prefix: str = REPLICA_CLASS_PREFIX) -> list[dict[str, Any]]:
         """Alive actors whose class name starts with ``class_name_prefix`` (Ray's state API)."""
         out = self.cli("ray", "list", "actors", "--format", "json", "--filter", "state=ALIVE",
                        "--limit", "1000", "--detail", timeout=60)
@@ -317,9 +314,10 @@ class LocalCluster:
         except httpx.HTTPError:
             return False
 
-    def replicas(self, deployment_prefix: str = "ServeReplica:fuzzserve:LLMServer") -> list[dict[str, Any]]:
-        """Alive engine replicas: Ray actor records (``pid``, ``node_id``, ``name`` ...)."""
-        return self.actors(deployment_prefix)
+    def replicas(self, class_name_prefix: str = ENGINE_REPLICA_CLASS) -> list[dict[str, Any]]:
+        """Alive engine replicas of the shipped app: Ray actor records (``pid``, ``node_id``, ``name`` ...);
+        :func:`serve_app.names.replica_id` reads Serve's ReplicaId from a ``name``."""
+        return self.actors(class_name_prefix)
 
     # ---------------------------------------------------------------- close
     def close(self) -> None:
@@ -356,20 +354,6 @@ class LocalCluster:
             except Exception:
                 return
             time.sleep(2)
-
-
-def ensure_auth_token(env: dict[str, str]) -> None:
-    """Create Ray's token file when token auth is on and no token exists (what ``ray.init`` does itself).
-
-    ``ray start`` refuses to start a token-auth cluster without a token, and
-    does not create one.
-    """
-    if env.get("RAY_AUTH_MODE", "").lower() != "token" or env.get("RAY_AUTH_TOKEN"):
-        return
-    path = Path(env.get("RAY_AUTH_TOKEN_PATH") or Path.home() / ".ray" / "auth_token")
-    if not path.exists():
-        subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=env, check=True,
-                       capture_output=True, timeout=120)
 
 
 def _cpus(num_cpus: int | None) -> list[str]:

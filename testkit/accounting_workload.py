@@ -38,7 +38,7 @@ def offload_engine_kwargs(faults: dict[str, Any] | None = None, blocks: int = 24
 
 class EngineMetrics(dict):
     """``{name{source/kind}: value}`` for the tests' asserts, and ``samples``: the same counters and gauges as
-    ``(name, is_counter, labels, value)``, which ``load_tests.replica_metrics`` reads like any scrape."""
+    ``(name, is_counter, labels, value)``, which ``load_tests.counters`` reads like any scrape."""
 
     samples: list[tuple[str, bool, dict[str, str], float]]
 
@@ -63,7 +63,7 @@ def check_invariants(m: EngineMetrics) -> list[str]:
     """Violated invariants of an idle engine's metrics (empty when all hold): the load test's own rules
     (load_tests.invariants), on the engine's counters read the way a scrape is read."""
     from load_tests.invariants import at_rest
-    from load_tests.replica_metrics import counters_from_samples
+    from load_tests.counters import counters_from_samples
 
     [engine] = counters_from_samples(m.samples).values()
     return [f.message for f in at_rest(engine)]

@@ -7,12 +7,15 @@ the end of the session.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from patches.switches import ALL, OFF_ENV
+from serve_app.engine_env import ENGINE_ENV, use_engine_env
+
+# Before any test module imports vLLM or transformers (pytest imports this first).
+use_engine_env()
 
 from testkit.engine_host import EngineHost  # noqa: E402
 from testkit.serve import SERVE_API_KEY  # noqa: E402
@@ -25,7 +28,7 @@ from tests.markers import (pytest_collection_modifyitems, pytest_configure,  # n
 # multi-block (128-token blocks on CPU) shared prefixes.
 # VLLM_ALLOW_INSECURE_SERIALIZATION lets collective_rpc ship a function
 # (patches.fuzz.worker_stats) to the workers: tests only, never in serving.
-ENGINE_ENV = {"HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+TEST_ENGINE_ENV = {**ENGINE_ENV, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 ENGINE_KWARGS = dict(dtype="float32", seed=0, max_model_len=1024, max_num_seqs=32, enable_prefix_caching=True,
                      disable_log_stats=False)
 
@@ -38,7 +41,7 @@ def fixture_model() -> Path:
 
 
 def _host(model: Path, env: dict[str, str] | None = None, **kwargs) -> EngineHost:
-    return EngineHost(env={**ENGINE_ENV, **(env or {})}, model=str(model), **{**ENGINE_KWARGS, **kwargs})
+    return EngineHost(env={**TEST_ENGINE_ENV, **(env or {})}, model=str(model), **{**ENGINE_KWARGS, **kwargs})
 
 
 @pytest.fixture(scope="session")
@@ -65,7 +68,7 @@ def patched_engine(start_engine) -> EngineHost:
 @pytest.fixture(scope="session")
 def stock_engine(start_engine) -> EngineHost:
     """Stock vLLM in the same install (FUZZSERVE_PATCHES_OFF=all), eager."""
-    return start_engine({"FUZZSERVE_PATCHES_OFF": "all"}, enforce_eager=True)
+    return start_engine({OFF_ENV: ALL}, enforce_eager=True)
 
 
 # --------------------------------------------------------------------------

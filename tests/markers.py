@@ -3,8 +3,9 @@ a vLLM engine, trains the fixture model or starts a Ray cluster without saying s
 
 README's fast command, ``-m "not engine"``, promises no engine and no Ray
 cluster; that promise holds only if every test that starts one carries the
-marker. Two checks, both failing the offending test with a message that
-names what it started and the marker it lacks:
+marker; and the fast command runs every pure test only if no test carries
+a marker it does not need. Three checks, each failing the offending test
+with a message that names what it started (or did not) and the marker:
 
 * at collection, from the fixtures a test uses (:data:`FIXTURE_MARKERS`):
   a test that uses ``fixture_model`` (which trains the model on a fresh
@@ -22,6 +23,9 @@ names what it started and the marker it lacks:
   benchmark's ``main()``, a subprocess. A process started by a fixture is
   charged to the first test that requested the fixture; one started under
   a nested pytest run (a test of this check) is that run's business.
+* the other way round, while it runs: a test marked ``engine`` (and not
+  ``serve``) that uses no engine fixture and starts no engine and trains
+  nothing is a pure test kept out of the fast suite.
 
 Tests that carry both markers are not watched (nothing left to catch).
 """
@@ -165,15 +169,25 @@ def pytest_collection_modifyitems(config, items):
             setattr(item, _PROBLEM, f"uses {', '.join(uses)} but is not marked {', '.join(sorted(missing))}")
 
 
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     problem = getattr(item, _PROBLEM, None)
     if problem:
         pytest.fail(f"marker check: {item.nodeid} {problem} (tests/markers.py)", pytrace=False)
     wanted = {"engine", "serve"} - _markers(item)
+    if _must_start_an_engine(item):
+        wanted.add("engine")
     if wanted:
         setattr(item, _WATCH, (Watcher(wanted), len(_trained)))
     yield
+
+
+def _must_start_an_engine(item) -> bool:
+    """Marked engine (not serve: a cluster's engines are its business), with no engine fixture: it must start one."""
+    markers = _markers(item)
+    uses = set().union(*(FIXTURE_MARKERS.get(f, set()) for f in getattr(item, "fixturenames", ())))
+    return markers == {"engine"} and "engine" not in uses
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -187,9 +201,13 @@ def pytest_runtest_teardown(item, nextitem):
     found = watcher.stop()
     if "engine" in watcher.wanted and len(_trained) > trained_before:
         found.setdefault("engine", "trained the fixture model (fixture_model.build.train)")
-    if found:
-        item._fuzzserve_marker_violation = "; ".join(
-            f"started {what} without the {marker!r} marker" for marker, what in sorted(found.items()))
+    problems = [f"started {what} without the {marker!r} marker" for marker, what in sorted(found.items())
+                if marker not in _markers(item)]
+    if _must_start_an_engine(item) and "engine" not in found:
+        problems.append("is marked engine but started no engine and trained nothing: a pure test belongs in the "
+                        "fast suite")
+    if problems:
+        item._fuzzserve_marker_violation = "; ".join(problems)
 
 
 @pytest.hookimpl(hookwrapper=True)

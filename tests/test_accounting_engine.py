@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 
 from patches.kv_faults import worker_stats
+from patches.switches import OFF_ENV
 from testkit.accounting_workload import (MAX_TOKENS, check_invariants, metrics, offload_engine_kwargs, prompts,
                                        run_with_aborts)
 from testkit.engine_host import EngineError
@@ -109,7 +110,7 @@ def test_preemption_storm_and_client_aborts(start_engine, reference):
 
 def test_without_the_accounting_patch_the_lying_connector_breaks_the_engine(start_engine):
     """The checker can fail: stock accounting under the same lies dies or goes negative."""
-    engine = start_engine({"FUZZSERVE_PATCHES_OFF": "accounting"}, **offload_engine_kwargs({"seed": 2, "lying_rate": 0.3}))
+    engine = start_engine({OFF_ENV: "accounting"}, **offload_engine_kwargs({"seed": 2, "lying_rate": 0.3}))
     try:
         outs = engine.generate(PROMPTS, GREEDY)
     except EngineError as e:

@@ -10,9 +10,11 @@ import json
 
 import pytest
 
-pytestmark = pytest.mark.engine
+from patches.shm_wait import NAP_ENV
+from patches.switches import OFF_ENV
+from serve_app.cluster_env import HAPROXY
 
-
+@pytest.mark.engine
 def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     from benchmarks import loadgen_capacity
 
@@ -26,6 +28,7 @@ def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
 
 
+@pytest.mark.engine
 @pytest.mark.serve  # starts Ray clusters (the Serve targets)
 def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import serve_stack
@@ -46,6 +49,7 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     assert "python -m benchmarks.serve_stack --phases offstack,ceiling" in md and "| c0 |" in md
 
 
+@pytest.mark.engine
 def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import patch_overhead
 
@@ -140,6 +144,7 @@ def test_engine_steps_reads_vllm_and_ray_histograms():
     assert engine_steps(ray, set()) == (0.0, 0.0)
 
 
+@pytest.mark.engine
 def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
     """End to end on the cheapest target: py-spy attaches to the vLLM server's two processes and samples them."""
     from benchmarks import profile_stack
@@ -172,7 +177,7 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
         cfg, routes, env = ss.phase_config(phase, tmp_path)
         ServeDeploySchema.model_validate(cfg)
         assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
-        assert (env["RAY_SERVE_ENABLE_HA_PROXY"] == "1") == (phase in (
+        assert (env[HAPROXY] == "1") == (phase in (
             "direct", "levers", "alone", "alonespin", "alonenap", "shipped", "shippedeager", "shippedspin",
             "shippedworker", "shippedopt", "shippedbalance", "shippedthread", "shippedquiet", "stockdirect2")), phase
         for a in cfg["applications"]:  # no router-path target slipped onto the (now default) direct path
@@ -184,13 +189,13 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
     assert [n for n, e in env_of.items() if e.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD") == "0"] == ["fbt", "fbq"]
     assert [n for n, a in apps.items() if a.get("logging_config", {}).get("enable_access_log") is False] == ["fbq"]
-    assert [n for n, e in env_of.items() if "FUZZSERVE_SHM_NAP_S" in e] == ["fbn"]
-    assert env_of["fbn"]["FUZZSERVE_SHM_NAP_S"] == "5e-05"
+    assert [n for n, e in env_of.items() if NAP_ENV in e] == ["fbn"]
+    assert env_of["fbn"][NAP_ENV] == "5e-05"
     # fbc binds through the builder (engine_cores_per_replica), every other target through vLLM's variable
     assert [n for n, a in apps.items() if "engine_cores_per_replica" in a["args"]] == ["fbc"]
     assert apps["fbc"]["args"]["engine_cores_per_replica"] == 1 and "VLLM_CPU_OMP_THREADS_BIND" not in env_of["fbc"]
     assert all(e["VLLM_CPU_OMP_THREADS_BIND"] == "0" for n, e in env_of.items() if n != "fbc")
-    assert all("FUZZSERVE_PATCHES_OFF" not in e for e in env_of.values())
+    assert all(OFF_ENV not in e for e in env_of.values())
     assert all(a["args"]["ingress"] == "direct" for a in apps.values())
     [alone] = ss.phase_config("alone", tmp_path)[0]["applications"]
     assert alone["runtime_env"] == apps["fbc"]["runtime_env"] and alone["args"] == apps["fbc"]["args"]
@@ -198,23 +203,26 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     [spin] = ss.phase_config("alonespin", tmp_path)[0]["applications"]
     [nap] = ss.phase_config("alonenap", tmp_path)[0]["applications"]
     assert spin["args"] == nap["args"] == alone["args"]
-    assert spin["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "shm_wait"}
-    assert nap["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], "FUZZSERVE_SHM_NAP_S": "5e-05"}
+    assert spin["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], OFF_ENV: "shm_wait"}
+    assert nap["runtime_env"]["env_vars"] == {**alone["runtime_env"]["env_vars"], NAP_ENV: "5e-05"}
     bound = {a["name"]: a for a in ss.phase_config("bound", tmp_path)[0]["applications"]}
     [two] = ss.phase_config("two", tmp_path)[0]["applications"]
     [twospin] = ss.phase_config("twospin", tmp_path)[0]["applications"]
     assert two["args"] == twospin["args"] == bound["eb"]["args"] and two["runtime_env"] == bound["eb"]["runtime_env"]
-    assert twospin["runtime_env"]["env_vars"] == {**two["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "shm_wait"}
+    assert twospin["runtime_env"]["env_vars"] == {**two["runtime_env"]["env_vars"], OFF_ENV: "shm_wait"}
 
 
 def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
-    """S is serve_config.yaml itself (what users deploy); each S variant changes the one setting it names,
-    and the stock targets it is compared with differ from each other only in the path."""
+    """S is serve_config.yaml itself (what users deploy) with its replica count fixed (``engine_replicas: fit``
+    sizes it to the benchmark's cluster, not to the host); each S variant changes the one setting it names, and
+    the stock targets it is compared with differ from each other only in the path."""
     import yaml
 
     from benchmarks import targets as ss
 
     [shipped] = yaml.safe_load(ss.SHIPPED_CONFIG.read_text())["applications"]
+    assert shipped["args"]["engine_replicas"] == "fit"
+    shipped["args"]["engine_replicas"] = ss.STACK_REPLICAS
 
     def only(phase):
         [a] = ss.phase_config(phase, tmp_path)[0]["applications"]
@@ -240,7 +248,7 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
                                   "request_router_kwargs": {"imbalanced_threshold": 4}}}
     worker = only("shippedworker")
     assert worker["args"] == s["args"] and worker["runtime_env"]["env_vars"] == {
-        **s["runtime_env"]["env_vars"], "FUZZSERVE_PATCHES_OFF": "cpu_inproc"}
+        **s["runtime_env"]["env_vars"], OFF_ENV: "cpu_inproc"}
     assert only("shippedrouter")["args"] == {**s["args"], "ingress": "router"}
     thread, quiet = only("shippedthread"), only("shippedquiet")
     assert thread["args"] == quiet["args"] == s["args"] and "logging_config" not in thread

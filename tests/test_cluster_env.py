@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from serve_app.cluster_env import HAPROXY
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -21,8 +23,8 @@ def test_exports_set_every_variable_and_keep_a_value_already_set():
     base = {"PATH": os.environ["PATH"]}
     got = _shell(exports(), base)
     assert {k: got[k] for k in CLUSTER_ENV} == CLUSTER_ENV
-    got = _shell(exports(), {**base, "RAY_SERVE_ENABLE_HA_PROXY": "0"})
-    assert got["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
+    got = _shell(exports(), {**base, HAPROXY: "0"})
+    assert got[HAPROXY] == "0"
 
 
 def test_env_sh_evaluates_the_table():
@@ -40,9 +42,9 @@ def test_local_cluster_uses_the_table_and_lets_its_env_win():
     from serve_app.cluster_env import CLUSTER_ENV
     from serve_app.local_cluster import LocalCluster
 
-    env = LocalCluster(env={"RAY_SERVE_ENABLE_HA_PROXY": "0"})._env()
-    assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "0"
-    assert all(env[k] == v for k, v in CLUSTER_ENV.items() if k != "RAY_SERVE_ENABLE_HA_PROXY")
+    env = LocalCluster(env={HAPROXY: "0"})._env()
+    assert env[HAPROXY] == "0"
+    assert all(env[k] == v for k, v in CLUSTER_ENV.items() if k != HAPROXY)
 
 
 def test_the_direct_path_check_reads_the_same_names():

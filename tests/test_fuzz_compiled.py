@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 from patches.fuzz import worker_stats
+from patches.switches import ALL, OFF_ENV
 from testkit.engine_requests import PROMPTS, gauss, greedy, ids, scale
 
 pytestmark = pytest.mark.engine
@@ -22,7 +23,7 @@ def compiled_pair(start_engine, tmp_path_factory):
     cache_root = str(tmp_path_factory.mktemp("vllm-cache"))
     # The stock engine runs with the environment the plugin gives a patched one
     # (VLLM_USE_V2_MODEL_RUNNER=0), so vLLM's own cache key cannot tell them apart.
-    stock = start_engine({"FUZZSERVE_PATCHES_OFF": "all", "VLLM_CACHE_ROOT": cache_root,
+    stock = start_engine({OFF_ENV: ALL, "VLLM_CACHE_ROOT": cache_root,
                           "VLLM_USE_V2_MODEL_RUNNER": "0"}, enforce_eager=False)
     stock_out = {
         "neutral": ids(stock.generate(PROMPTS, greedy())),

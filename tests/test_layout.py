@@ -1,14 +1,50 @@
-"""Import rules of the repository's layout: packaged code never imports ``tests``, and a test imports helpers
-(``testkit``, ``tests.markers``, ``tests.upstream_vllm``) and fixtures (by name, from ``tests/conftest.py``),
-never another test module."""
+"""The directions of the repository's imports: shipped code never imports what exists to test or measure it;
+and a test module runs its tests, never another test (a shared helper instead).
+
+Each top-level package may import only the packages below it here; a test
+imports helpers (``testkit``, ``tests.markers``) and fixtures (by name, from
+``tests/conftest.py``), never another test module.
+
+============== ================================================================
+package        may import
+============== ================================================================
+patches        nothing of the project (it is a vLLM plugin)
+fixture_model  nothing of the project
+serve_app      patches: the production app builder takes its model from its
+               config, it does not build the fixture model
+load_tests     patches, serve_app, fixture_model (it deploys and sweeps it)
+monitoring     patches, serve_app, load_tests
+testkit        the shipped packages above
+benchmarks     the shipped packages and testkit
+============== ================================================================
+
+Within the shipped packages, a module whose name starts with ``_`` is its
+package's own (``patches._framework``): no other package imports it.
+
+An import is any ``import``/``from ... import`` anywhere in a file (a lazy
+one inside a function too) and ``importlib.import_module("...")`` with a
+literal name.
+"""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("patches", "serve_app", "load_tests", "fixture_model", "benchmarks", "monitoring", "testkit")
+SHIPPED = ("patches", "fixture_model", "serve_app", "load_tests", "monitoring")
+ALLOWED: dict[str, frozenset[str]] = {
+    "patches": frozenset(),
+    "fixture_model": frozenset(),
+    "serve_app": frozenset({"patches"}),
+    "load_tests": frozenset({"patches", "serve_app", "fixture_model"}),
+    "monitoring": frozenset({"patches", "serve_app", "load_tests"}),
+    "testkit": frozenset(SHIPPED),
+    "benchmarks": frozenset({*SHIPPED, "testkit"}),
+}
+PROJECT = frozenset({*ALLOWED, "tests"})
 
 
 def imported(source: str) -> set[str]:
@@ -19,40 +55,95 @@ def imported(source: str) -> set[str]:
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            names.add(node.args[0].value)
     return names
 
 
-def forbidden(source: str, in_tests: bool) -> list[str]:
-    """The imports of ``source`` its place forbids: any of ``tests`` outside tests/; in tests/, a test module
-    (``tests.test_*``) or ``tests.conftest``."""
+def forbidden(source: str, package: str) -> list[str]:
+    """The imports of ``source`` (a file of ``package``, or of ``tests``) that its place forbids."""
     bad = []
     for name in sorted(imported(source)):
         parts = name.split(".")
-        if parts[0] != "tests":
-            continue
-        if not in_tests or (len(parts) > 1 and (parts[1].startswith("test_") or parts[1] == "conftest")):
+        top = parts[0]
+        if package == "tests":
+            if top == "tests" and len(parts) > 1 and (parts[1].startswith("test_") or parts[1] == "conftest"):
+                bad.append(name)
+        elif top in PROJECT and top != package and top not in ALLOWED[package]:
             bad.append(name)
+        elif top != package and top in SHIPPED and any(p.startswith("_") and not p.startswith("__") for p in parts[1:]):
+            bad.append(name)  # another package's private module
     return bad
 
 
-def test_the_rule_catches_what_it_forbids():
-    assert forbidden("from tests.test_fuzz_engine import PROMPTS", in_tests=True) == [
-        "tests.test_fuzz_engine", "tests.test_fuzz_engine.PROMPTS"]
-    assert forbidden("from tests.conftest import X", in_tests=True)
-    assert forbidden("from tests import test_plugin", in_tests=True) == ["tests.test_plugin"]
-    assert forbidden("from tests.engine_host import EngineHost", in_tests=False)
-    assert forbidden("import tests.markers", in_tests=False)
-    assert forbidden("from tests.markers import classify\nfrom testkit.engine_host import EngineHost",
-                     in_tests=True) == []
-
-
-def test_no_test_module_is_imported():
+def violations(root: Path) -> dict[str, list[str]]:
+    """Every file under ``root``'s packages (and ``tests/``) with the imports its place forbids."""
     bad = {}
-    for package in PACKAGES:
-        for f in (REPO / package).rglob("*.py"):
-            if found := forbidden(f.read_text(), in_tests=False):
-                bad[str(f.relative_to(REPO))] = found
-    for f in (REPO / "tests").glob("*.py"):
-        if found := forbidden(f.read_text(), in_tests=True):
-            bad[str(f.relative_to(REPO))] = found
-    assert not bad, bad
+    for package in (*ALLOWED, "tests"):
+        for f in sorted((root / package).rglob("*.py")):
+            if found := forbidden(f.read_text(), package):
+                bad[str(f.relative_to(root))] = found
+    return bad
+
+
+@pytest.mark.parametrize("package, source, want", [
+    ("load_tests", "from testkit.echo_server import start", ["testkit.echo_server", "testkit.echo_server.start"]),
+    ("monitoring", "def f():\n    from testkit.monitoring import e2e", ["testkit.monitoring", "testkit.monitoring.e2e"]),
+    ("serve_app", "from fixture_model.build import ensure_model",
+     ["fixture_model.build", "fixture_model.build.ensure_model"]),
+    ("serve_app", "import load_tests.cli", ["load_tests.cli"]),
+    ("patches", "import importlib\nimportlib.import_module('serve_app.app')", ["serve_app.app"]),
+    ("fixture_model", "import benchmarks.host", ["benchmarks.host"]),
+    ("testkit", "from benchmarks import host", ["benchmarks", "benchmarks.host"]),
+    ("benchmarks", "import tests.markers", ["tests.markers"]),
+    ("serve_app", "from patches._framework import OFF_ENV", ["patches._framework", "patches._framework.OFF_ENV"]),
+    ("tests", "from patches import _framework", []),  # the tests of the plumbing itself
+    ("tests", "from tests.test_fuzz_engine import PROMPTS", ["tests.test_fuzz_engine", "tests.test_fuzz_engine.PROMPTS"]),
+    ("tests", "from tests import test_plugin", ["tests.test_plugin"]),
+    ("tests", "from tests.conftest import X", ["tests.conftest", "tests.conftest.X"]),
+])
+def test_the_rule_catches_what_it_forbids(package, source, want):
+    assert forbidden(source, package) == want
+
+
+@pytest.mark.parametrize("package, source", [
+    ("load_tests", "from serve_app.routers import ROUTERS\nfrom fixture_model.tasks import held_out_examples"),
+    ("benchmarks", "from testkit.engine_host import EngineHost\nfrom load_tests.summary import percentiles"),
+    ("tests", "from tests.markers import classify\nfrom testkit.engine_host import EngineHost"),
+    ("serve_app", "from .guard import GuardConfig\nimport ray"),
+])
+def test_the_rule_allows_the_directions_of_the_table(package, source):
+    assert forbidden(source, package) == []
+
+
+def test_a_planted_bad_import_in_a_tree_is_found(tmp_path):
+    for package in (*ALLOWED, "tests"):
+        (tmp_path / package).mkdir()
+    (tmp_path / "load_tests" / "ok.py").write_text("from serve_app.ports import free_port\n")
+    (tmp_path / "load_tests" / "rig.py").write_text("def start():\n    from testkit import echo_server\n")
+    assert violations(tmp_path) == {"load_tests/rig.py": ["testkit", "testkit.echo_server"]}
+
+
+def test_every_package_imports_only_below_it():
+    assert not violations(REPO), violations(REPO)
+
+
+def calls_to_tests(source: str) -> list[str]:
+    """The tests a test module calls itself (a test calling another runs it twice and ties it to file order)."""
+    tree = ast.parse(source)
+    tests = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+             and n.name.startswith("test_")}
+    return sorted({n.func.id for n in ast.walk(tree)
+                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in tests})
+
+
+def test_a_test_calling_another_is_found():
+    assert calls_to_tests("def test_a(x):\n    pass\n\ndef test_b(x):\n    test_a(x)\n") == ["test_a"]
+    assert calls_to_tests("def check_a(x):\n    pass\n\ndef test_b(x):\n    check_a(x)\n") == []
+
+
+def test_no_test_calls_another():
+    bad = {f.name: found for f in sorted((REPO / "tests").glob("test_*.py"))
+           if (found := calls_to_tests(f.read_text()))}
+    assert not bad, f"share a helper instead: {bad}"

@@ -1,6 +1,6 @@
 """The stress-test CLI, end to end, against a target broken on purpose: it must exit 1 and say what broke.
 
-The target is ``load_tests/echo_server.py`` with ``/metrics``: two pretend
+The target is ``testkit/echo_server.py`` with ``/metrics``: two pretend
 engine replicas whose counters it keeps exactly as an honest engine would,
 until ``--fault`` breaks one thing after 20 requests. Each run goes through
 the whole CLI (generator, monitor, verdict, report) with ``--url``, the mode
@@ -20,7 +20,8 @@ import threading
 
 import pytest
 
-from load_tests import cli, echo_server
+from load_tests import cli
+from testkit import echo_server
 
 # fault -> what the report's failures must say
 EXPECTED = {
@@ -104,7 +105,7 @@ def test_a_replica_reported_by_two_endpoints_fails_the_run(tmp_path):
 @pytest.mark.parametrize("fault, code", [(None, 0), ("decreasing_counter", 1)])
 def test_the_command_line_exit_code(tmp_path, fault, code):
     """`python -m load_tests` itself, as README and CI run it."""
-    server = subprocess.Popen([sys.executable, "-m", "load_tests.echo_server", "--port", "0", "--itl-ms", "5",
+    server = subprocess.Popen([sys.executable, "-m", "testkit.echo_server", "--port", "0", "--itl-ms", "5",
                                *(["--fault", fault] if fault else [])], stdout=subprocess.PIPE, text=True)
     try:
         port = int(server.stdout.readline().rsplit(":", 1)[-1])

@@ -1,4 +1,4 @@
-"""The load generator's own accounting, against a real HTTP peer whose behaviour is known (load_tests/echo_server.py).
+"""The load generator's own accounting, against a real HTTP peer whose behaviour is known (testkit/echo_server.py).
 
 Every request the generator starts must end as exactly one result with the
 right outcome (the server counts what it received), streams cut short must
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from load_tests import echo_server
+from testkit import echo_server
 from load_tests.client import send
 from load_tests.profiles import Profile, drive
 from load_tests.workload import BAD_REQUESTS, Mix, RequestSpec, draw
@@ -24,6 +24,14 @@ from load_tests.workload import BAD_REQUESTS, Mix, RequestSpec, draw
 def spec(i, prompt="count 1 2", stream=True, cancel=None, expect="ok", max_tokens=6, route="/v1/completions"):
     body = {"model": "fixture", "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
     return RequestSpec(i, route, body, stream=stream, cancel_after_chunks=cancel, expect=expect)
+
+
+async def handlers_done(server, timeout_s: float = 60.0) -> None:
+    """Until every request handler of the server has returned (a cancelled stream's handler notices the client
+    left only at its next write): the server's own count, not a guess at how long that takes."""
+    async with asyncio.timeout(timeout_s):
+        while server.stats["in_flight"]:
+            await asyncio.sleep(0.01)
 
 
 async def with_server(fn, itl_ms=0.0):
@@ -83,7 +91,7 @@ def test_cancellation_drops_the_connection_server_side():
     async def go(session, base, server):
         results = await asyncio.gather(*(send(session, base, spec(i, "!slow", cancel=2, max_tokens=30), t0=0.0)
                                          for i in range(5)))
-        await asyncio.sleep(0.5)
+        await handlers_done(server)
         return results, dict(server.stats)
 
     results, stats = asyncio.run(with_server(go))
@@ -114,7 +122,7 @@ def test_every_started_request_ends_as_one_result(profile):
             flight["now"] -= 1
 
         started = await drive(profile, one, seed=1)
-        await asyncio.sleep(0.2)
+        await handlers_done(server)
         return started, results, dict(server.stats), flight["max"]
 
     started, results, stats, max_flight = asyncio.run(with_server(go, itl_ms=1.0))

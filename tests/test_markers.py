@@ -20,7 +20,7 @@ from tests.markers import classify
 REPO = Path(__file__).resolve().parents[1]
 
 CASES = textwrap.dedent('''
-    import subprocess, sys, time
+    import os, subprocess, sys, time
     import pytest
 
     @pytest.fixture
@@ -31,7 +31,10 @@ CASES = textwrap.dedent('''
         code = "import sys, time; time.sleep(3)"
         if title:  # a process that takes an EngineCore title and has torch loaded, as vLLM's does
             code = f"import torch, setproctitle; setproctitle.setproctitle({title!r}); import time; time.sleep(3)"
-        p = subprocess.Popen(["bash", "-c", f'exec -a {argv0} {sys.executable} -c "{code}" {" ".join(args)}'])
+        # exec -a hides the interpreter's path: Python then finds its home (and the venv's torch) by
+        # looking argv0 up on PATH, so the venv's bin goes first whichever way pytest was started.
+        bin_dir = os.path.dirname(sys.executable)
+        p = subprocess.Popen(["bash", "-c", f'PATH={bin_dir}:$PATH exec -a {argv0} {sys.executable} -c "{code}" {" ".join(args)}'])
         time.sleep(2.5)
         p.kill(); p.wait()
 
@@ -60,6 +63,10 @@ CASES = textwrap.dedent('''
 
     def test_starts_nothing():
         _start("python")
+
+    @pytest.mark.engine
+    def test_starts_nothing_marked_engine():
+        _start("python")
 ''')
 
 CONFTEST = "from tests.markers import *  # noqa: F401,F403\n"
@@ -75,7 +82,8 @@ def test_the_check_fails_unmarked_tests_and_passes_their_marked_twins(tmp_path):
     assert r.returncode == 1, out[-3000:]
     failed = {line.split("::")[1].split()[0] for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))}
     assert failed == {"test_uses_the_model_unmarked", "test_starts_an_engine_unmarked",
-                      "test_starts_a_ray_node_marked_engine_only"}, out[-3000:]
+                      "test_starts_a_ray_node_marked_engine_only", "test_starts_nothing_marked_engine"}, out[-3000:]
+    assert "a pure test belongs in the fast suite" in out
     assert "uses fixture_model but is not marked engine" in out
     assert "without the 'engine' marker" in out and "without the 'serve' marker" in out
     for ok in ("test_uses_the_model_marked", "test_starts_an_engine_marked", "test_starts_a_ray_node_marked",
@@ -90,7 +98,7 @@ def test_what_counts_as_an_engine_or_a_cluster():
     assert classify(["VLLM::EngineCore"], "VLLM::EngineCor", psutil.Process().pid) == "engine", "this process has torch"
     assert classify(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--x"], "raylet") == "serve"
     assert classify(["/venv/bin/python", "/venv/bin/ray", "start", "--block", "--head"], "ray") == "serve"
-    assert classify(["/venv/bin/python", "-m", "load_tests.echo_server"], "python") is None
+    assert classify(["/venv/bin/python", "-m", "testkit.echo_server"], "python") is None
     assert classify(["/venv/bin/python", "-c", "...", "VLLM::EngineCore"], "python", pid=_bare_pid()) is None, \
         "a bare process that only takes the title (test_core_binding's) is not an engine"
 

@@ -15,7 +15,7 @@ import pytest
 from load_tests.client import RequestResult
 from load_tests.fault_evidence import check_planned_faults
 from load_tests.monitor import DEATH_BOUND, SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
-from load_tests.replica_metrics import ReplicaCounters
+from load_tests.counters import ReplicaCounters
 from load_tests.summary import Fault, Slo, server_cross_check, summarize, unexpected_deaths
 
 
@@ -133,8 +133,9 @@ class _LaggingExport:
 @pytest.mark.parametrize("settle_interval, sees_the_burst", [(6.0, False), (None, True)])
 def test_quiescence_waits_past_one_metrics_export(monkeypatch, settle_interval, sees_the_burst):
     """A burst that ended between two exports (4 requests done at 0.5 s, next export at 9.9 s): two idle scrapes
-    6 s apart agree on the values from before it (what made a Serve test see 0 of its 4 requests); the default
-    settle interval spans an export, so quiescence is reached on values that include it."""
+    closer than one export interval (6 s here) agree on the values from before it, and a check of the burst's
+    requests would see none of them; the default settle interval spans an export, so quiescence is reached on
+    values that include it."""
     import asyncio
 
     from load_tests.monitor import Monitor

@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from monitoring import dashboard as dashboard_mod
-from monitoring.fixtures import fixture_samples, ramped_series
-from monitoring.grafana_schema import schema_problems
-from monitoring.promtool import ExprCase, promtool, run_rule_tests
-from monitoring.tools import DASHBOARD_FILE, RULES_FILE
+from testkit.monitoring.fixtures import fixture_samples, ramped_series
+from testkit.monitoring.grafana_schema import schema_problems
+from testkit.monitoring.promtool import ExprCase, promtool, run_rule_tests
+from monitoring.files import DASHBOARD_FILE, RULES_FILE
 
 # Grafana's variables, replaced by what PromQL can evaluate: every replica, and a rate window
 # longer than two of the fixture's 15 s steps.

@@ -3,7 +3,7 @@
 Each alert gets a bad case (it must fire, with exactly these labels and this
 summary) and a good twin (it must stay silent). Then the same rules run on the
 series a real deployment exported (tests/fixtures/monitoring/, captured by
-``python -m monitoring.capture``): the healthy export raises only the alert
+``python -m testkit.monitoring.capture``): the healthy export raises only the alert
 its injected faults explain, and the same export with one replica's counters
 made inconsistent raises the invariant alert, with the real label set. Last,
 the checkers themselves can fail: a rule made wrong, and its unit tests fail.
@@ -21,11 +21,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from monitoring.e2e import e2e_config
-from monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_selector
-from monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests
-from monitoring.tools import RULES_FILE, SCRAPE_CONFIG
+from testkit.monitoring.e2e import e2e_config
+from testkit.monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_selector
+from testkit.monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests
+from monitoring.files import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
+from load_tests.counters import HEALTH_GAUGE
+from serve_app.fuzz_traffic import EXPORTED
 
 LABELS = {"ReplicaId": "r1", "WorkerId": "w1", "engine": "0", "model_name": "fixture", "instance": "127.0.0.1:8089",
           "job": "ray"}
@@ -45,7 +47,7 @@ CACHED = "ray_vllm_prompt_tokens_cached_total"
 VIOLATIONS = "ray_vllm_prompt_token_accounting_violations_total"
 CORRECTIONS = "ray_vllm_prompt_token_accounting_corrections_total"
 SUCCESS = "ray_vllm_request_success_total"
-HEALTHY = "ray_serve_deployment_replica_healthy"
+HEALTHY = HEALTH_GAUGE
 
 
 def parts(local_compute: str, local_cache_hit: str, external_kv_transfer: str) -> dict[str, str]:
@@ -164,7 +166,7 @@ def test_promtool_is_installed_by_the_project():
 
 
 def test_a_missing_promtool_is_an_error_not_a_skip(monkeypatch, tmp_path: Path):
-    from monitoring import tools
+    from testkit.monitoring import tools
 
     monkeypatch.setattr(tools, "TOOLS_BIN", tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))
@@ -247,7 +249,7 @@ def test_the_real_export_with_a_broken_sum_fires_on_that_replica():
     assert r.ok, r.output
 
 
-ADMITTED = "ray_fuzzserve_admitted_requests_total"
+ADMITTED = EXPORTED
 SHARE = "fuzzserve:fuzzed_request_share:rate5m"
 RATE = "fuzzserve:admitted_requests:rate5m"
 

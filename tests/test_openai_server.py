@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from serve_app.ports import free_port
+from serve_app.engine_env import ENGINE_ENV
 from testkit.server_process import ServerProcess
 from testkit.engine_requests import PROMPTS
 
@@ -25,7 +26,7 @@ def server(fixture_model, tmp_path_factory):
             "--num-gpu-blocks-override", "24", "--max-num-seqs", "16",
             "--host", "127.0.0.1", "--port", str(port)]
     log = tmp_path_factory.mktemp("openai-server") / "server.log"
-    srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", env={"VLLM_CPU_KVCACHE_SPACE": "1"}, log_path=log)
+    srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", env=ENGINE_ENV, log_path=log)
     yield f"http://127.0.0.1:{port}"
     srv.close()
 
@@ -101,7 +102,7 @@ def test_client_disconnects_mid_stream_keep_the_counters_consistent(server):
     from load_tests.invariants import at_rest
     from load_tests.monitor import InvariantChecker, Monitor
     from load_tests.prom_text import parse_samples, series, total
-    from load_tests.replica_metrics import fetch
+    from load_tests.scraper import fetch
     from testkit.accounting_workload import prompts
 
     async def run():

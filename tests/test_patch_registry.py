@@ -31,7 +31,7 @@ def registry() -> dict[str, Patch]:
 
 def test_every_patched_symbol_is_in_the_installed_vllm_as_the_patches_expect(registry):
     findings = check_installed(registry)
-    assert len(findings) == sum(len(p.targets) for p in registry.values())
+    assert len(findings) == sum(len(p.symbols) for p in registry.values())
     assert [f for f in findings if f.problems] == [], report(findings)
 
 
@@ -40,7 +40,7 @@ def test_the_docs_page_is_the_generated_index(registry):
     committed = (REPO / "docs" / "patches.md").read_text()
     assert committed == index_markdown(registry), "regenerate: python -m patches --list > docs/patches.md"
     for patch in registry.values():
-        for t in patch.targets:
+        for t in patch.symbols:
             assert f"`{t.symbol}`" in committed
 
 
@@ -140,6 +140,18 @@ EDITS = [
      "vllm.v1.core.sched.scheduler:Scheduler.make_stats", "Scheduler has only the abstract make_stats"),
     ("envs.py", '"VLLM_USE_V2_MODEL_RUNNER"', '"VLLM_USE_V3_MODEL_RUNNER"',
      "vllm.envs:VLLM_USE_V2_MODEL_RUNNER", "no longer mentions VLLM_USE_V2_MODEL_RUNNER"),
+    # what the patches rely on without changing it (patches/vllm_internals.py)
+    ("v1/kv_offload/cpu/gpu_worker.py", "def _fill_direct_ops(", "def _fill_direct_copy_ops(",
+     "vllm.v1.kv_offload.cpu.gpu_worker:SingleDirectionOffloadingHandler._fill_direct_ops",
+     "SingleDirectionOffloadingHandler has no _fill_direct_ops"),
+    ("v1/metrics/stats.py", "num_kv_fetch_reqs_by_stage:", "num_kv_fetch_reqs_per_stage:",
+     "vllm.v1.metrics.stats:SchedulerStats", "no attribute num_kv_fetch_reqs_by_stage"),
+    ("v1/engine/utils.py", "from vllm.platforms import current_platform", "from vllm import platforms",
+     "vllm.v1.engine.utils:current_platform", "vllm.v1.engine.utils binds no current_platform"),
+    ("utils/ompmultiprocessing.py", "rank: int, local_rank: int)", "rank: int, node_rank: int)",
+     "vllm.utils.ompmultiprocessing:OMPProcessManager.configure_omp_envs", "no parameter local_rank"),
+    ("v1/kv_offload/base.py", "    transfer_time: float | None = None", "    elapsed: float | None = None",
+     "vllm.v1.kv_offload.base:TransferResult", "has no field transfer_time"),
 ]
 
 
@@ -269,6 +281,52 @@ def test_env_default_applies_once_and_a_users_value_wins(monkeypatch):
     assert t.apply() is True and os.environ["FUZZSERVE_TEST_DEFAULT"] == "0" and t.apply() is False
     monkeypatch.setenv("FUZZSERVE_TEST_DEFAULT", "1")
     assert t.apply() is False and os.environ["FUZZSERVE_TEST_DEFAULT"] == "1"
+
+
+def test_a_relied_on_symbol_changes_nothing():
+    t = Target("fake_upstream:Engine.helper", "relies_on", "test")
+    with pytest.raises(TypeError, match="relied on"):
+        t.apply()
+    with pytest.raises(ValueError, match="relies_on changes nothing"):
+        Target("a:b", "relies_on", "test", make=doubled)
+    with pytest.raises(ValueError, match="relies_on"):
+        Patch('Patch ``x``: y.', (t,))
+
+
+def test_every_patch_relies_on_something_named_in_the_index(registry):
+    """The relied-on table covers every patch, and docs/patches.md lists it (joined by registry.load)."""
+    assert all(p.relies_on for p in registry.values()), {n for n, p in registry.items() if not p.relies_on}
+    assert all(t.kind == "relies_on" for p in registry.values() for t in p.relies_on)
+
+
+def undeclared(source: str, symbols: list[str]) -> list[str]:
+    """The vLLM names a patch module imports that no symbol of its patch (changed or relied on) declares: a
+    class or function (``vllm.x:Y``, or the owner of a declared ``vllm.x:Y.z``), or a module (``from vllm
+    import envs``: some symbol of ``vllm.envs``)."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if not (isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "vllm"):
+            continue
+        for alias in node.names:
+            symbol, module = f"{node.module}:{alias.name}", f"{node.module}.{alias.name}"
+            if not any(s == symbol or s.startswith(f"{symbol}.") or s.split(":")[0] == module for s in symbols):
+                out.append(symbol)
+    return out
+
+
+def test_every_vllm_name_a_patch_imports_is_declared(registry):
+    for patch in registry.values():
+        source = (REPO / (patch.module.replace(".", "/") + ".py")).read_text()
+        assert undeclared(source, [t.symbol for t in patch.symbols]) == [], \
+            f"{patch.module}: declare it in patches/vllm_internals.py (relies_on)"
+
+
+def test_an_undeclared_import_is_found():
+    symbols = ["vllm.v1.kv_offload.base:TransferResult", "vllm.envs:VLLM_ENABLE_V1_MULTIPROCESSING",
+               "vllm.utils.ompmultiprocessing:OMPProcessManager.__init__"]
+    assert undeclared("def f():\n    from vllm.v1.kv_offload.base import TransferResult, OffloadingWorker\n"
+                      "    from vllm import envs\n    from vllm.utils.ompmultiprocessing import OMPProcessManager\n",
+                      symbols) == ["vllm.v1.kv_offload.base:OffloadingWorker"]
 
 
 def test_a_target_is_checked_when_declared():

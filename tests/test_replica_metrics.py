@@ -6,8 +6,15 @@ import json
 
 import pytest
 
-from load_tests.replica_metrics import (ReplicaCounters, canonical, discover_metrics_urls, merge_pages,
-                                      replica_counters, table_check)
+from load_tests.counters import ReplicaCounters, canonical
+from load_tests.invariants import negative, quiescence
+from load_tests.replica_metrics import table_check
+from load_tests.scraper import discover_metrics_urls, merge_pages, replica_counters
+
+
+def sums(rc: ReplicaCounters) -> list[str]:
+    """The counters' identities that hold at rest (never negative, parts summing to the total), as messages."""
+    return [f.message for f in negative(rc) + quiescence(rc)]
 
 RAY = """\
 # HELP ray_vllm_prompt_tokens_total Number of prefill tokens processed.
@@ -49,16 +56,16 @@ def test_ray_export_is_split_per_replica():
     assert (r1.prompt_tokens, r1.prompt_tokens_cached, r1.running, r1.node) == (100, 40, 2, "n1")
     assert r1.by_source == {"local_compute": 60, "local_cache_hit": 30, "external_kv_transfer": 10}
     assert r1.requests_finished == {"length": 3, "abort": 1} and r1.requests_total == 4
-    assert r1.sum_problems() == []
+    assert sums(r1) == []
     assert r2.violations == {"connector_negative": 2}
-    [problem] = r2.sum_problems()
+    [problem] = sums(r2)
     assert "41" in problem and "40" in problem, "the checker reports a sum mismatch"
 
 
 def test_plain_vllm_server_is_one_replica():
     reps = replica_counters(VLLM)
     assert list(reps) == ["vllm"]
-    assert reps["vllm"].prompt_tokens == 12 and reps["vllm"].waiting == 1 and reps["vllm"].sum_problems() == []
+    assert reps["vllm"].prompt_tokens == 12 and reps["vllm"].waiting == 1 and sums(reps["vllm"]) == []
 
 
 @pytest.mark.parametrize("bad, needle", [
@@ -67,7 +74,7 @@ def test_plain_vllm_server_is_one_replica():
     (ReplicaCounters("r", prompt_tokens=float("nan")), "nan"),
 ])
 def test_sum_checker_catches_bad_snapshots(bad, needle):
-    assert any(needle in p for p in bad.sum_problems()), bad.sum_problems()
+    assert any(needle in p for p in sums(bad)), sums(bad)
 
 
 def test_counter_names():
@@ -133,7 +140,7 @@ def test_the_counters_cli_exits_1_on_any_problem(tmp_path, capsys):
     import asyncio
     import threading
 
-    from load_tests import echo_server
+    from testkit import echo_server
     from load_tests.replica_metrics import main
 
     loop = asyncio.new_event_loop()

@@ -181,8 +181,8 @@ def test_between_probes_the_router_counts_what_it_routed(queue_lens, monkeypatch
 
 def test_probes_are_single_flight_and_never_block_a_known_view(queue_lens, monkeypatch):
     """Many concurrent requests share one probe; once every replica has answered one, a slow probe (a busy
-    replica) no longer holds up routing. Waiting per request for its own probe is what made the route call
-    slow under load (0.7 s median at 256 streams)."""
+    replica) does not hold up routing: a request that waited for a probe of its own would make every route
+    call as slow as the busiest replica's answer."""
     import serve_app.routing as routing
 
     calls, gate = [], None

@@ -17,7 +17,8 @@ import httpx
 import pytest
 
 from load_tests.monitor import InvariantChecker, Monitor
-from load_tests.replica_metrics import ReplicaCounters
+from load_tests.counters import ReplicaCounters
+from load_tests.invariants import negative, quiescence
 from testkit.serve import SERVE_API_KEY
 from testkit.engine_requests import PROMPTS
 
@@ -50,13 +51,43 @@ def wait_quiet(cluster, timeout: float = 90) -> dict[str, ReplicaCounters]:
     return {k: rc for k, rc in checker.final().items() if k not in checker.stale}
 
 
-def test_probes_and_models(serve_cluster):
-    base = serve_cluster.base_url
+def check_probes_and_models(cluster) -> None:
+    base = cluster.base_url
     assert httpx.get(f"{base}/health", timeout=30).json() == {"status": "ok"}
     ready = httpx.get(f"{base}/ready", timeout=30)
     assert ready.status_code == 200 and ready.json()["models"] == ["fixture"]
     models = httpx.get(f"{base}/v1/models", headers=AUTH, timeout=30).json()
     assert [m["id"] for m in models["data"]] == ["fixture"]
+
+
+def check_api_key_auth(cluster) -> None:
+    body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2}
+    assert post(cluster, "/v1/completions", body, headers={}).status_code == 401
+    r = post(cluster, "/v1/completions", body, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{cluster.base_url}/v1/models", timeout=30).status_code == 401
+    assert post(cluster, "/v1/completions", body).status_code == 200
+
+
+def check_streaming(cluster, route: str, body: dict) -> None:
+    payload = {"model": "fixture", "max_tokens": 6, "temperature": 0, "stream": True,
+               "vllm_xargs": {"fuzz_strength": 0.5}, **body}
+    events = []
+    with httpx.stream("POST", f"{cluster.base_url}{route}", json=payload, headers=AUTH, timeout=120) as r:
+        assert r.status_code == 200
+        assert r.headers["content-type"].startswith("text/event-stream")
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[len("data: "):])
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert len(chunks) >= 2, "tokens arrive as separate events"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length" or any(
+        c["choices"] and c["choices"][0].get("finish_reason") for c in chunks)
+
+
+def test_probes_and_models(serve_cluster):
+    check_probes_and_models(serve_cluster)
 
 
 def test_completion_and_chat(serve_cluster):
@@ -74,20 +105,7 @@ def test_completion_and_chat(serve_cluster):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc a b c"}]}),
 ])
 def test_streaming(serve_cluster, route, body):
-    payload = {"model": "fixture", "max_tokens": 6, "temperature": 0, "stream": True,
-               "vllm_xargs": {"fuzz_strength": 0.5}, **body}
-    events = []
-    with httpx.stream("POST", f"{serve_cluster.base_url}{route}", json=payload, headers=AUTH, timeout=120) as r:
-        assert r.status_code == 200
-        assert r.headers["content-type"].startswith("text/event-stream")
-        for line in r.iter_lines():
-            if line.startswith("data: "):
-                events.append(line[len("data: "):])
-    assert events[-1] == "[DONE]"
-    chunks = [json.loads(e) for e in events[:-1]]
-    assert len(chunks) >= 2, "tokens arrive as separate events"
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length" or any(
-        c["choices"] and c["choices"][0].get("finish_reason") for c in chunks)
+    check_streaming(serve_cluster, route, body)
 
 
 def test_openai_client_with_fuzz(serve_cluster):
@@ -153,12 +171,7 @@ def test_other_bad_input_gets_clear_4xx_and_nothing_breaks(serve_cluster):
 
 
 def test_api_key_auth(serve_cluster):
-    body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2}
-    assert post(serve_cluster, "/v1/completions", body, headers={}).status_code == 401
-    r = post(serve_cluster, "/v1/completions", body, headers={"Authorization": "Bearer wrong"})
-    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
-    assert httpx.get(f"{serve_cluster.base_url}/v1/models", timeout=30).status_code == 401
-    assert post(serve_cluster, "/v1/completions", body).status_code == 200
+    check_api_key_auth(serve_cluster)
 
 
 # Routes of vLLM's app that build sampling parameters, off in the shipped config (guard.routes)
@@ -265,7 +278,7 @@ def test_replicas_on_both_nodes_report_their_own_counters(serve_cluster):
     assert len({c.node for c in counters.values()}) == 2, "each node's metrics port serves its own replica"
     for rc in counters.values():
         assert rc.prompt_tokens > 0 and rc.requests_total > 0, rc
-        assert rc.sum_problems() == [], rc
+        assert negative(rc) + quiescence(rc) == [], rc
         assert sum(rc.violations.values()) == 0, rc.violations
 
 
@@ -282,7 +295,9 @@ def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_pred
     from fixture_model.tasks import LETTERS, NUMBERS
     from serve_app.routing import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
 
-    replicas = {r["name"]: r["name"].rsplit("#", 1)[-1] for r in serve_cluster.replicas()}
+    from serve_app.names import replica_id
+
+    replicas = {r["name"]: replica_id(r["name"]) for r in serve_cluster.replicas()}
     assert len(replicas) == 2
     prefix = " ".join((LETTERS + NUMBERS)[i % 30] for i in range(400))
     assert len(prefix) > DEFAULT_PREFIX_CHARS
@@ -379,6 +394,9 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
 
     victim = serve_cluster.replicas()[0]
     victim_tree = [victim["pid"]] + [c.pid for c in psutil.Process(victim["pid"]).children(recursive=True)]
+    n = 16
+    # set at a stream's first token, or when it ends without one: the kill waits for every stream to be in flight
+    streaming = [asyncio.Event() for _ in range(n)]
 
     async def one(client, i):
         body = {"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 200, "temperature": 0,
@@ -397,14 +415,19 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
                         if "error" in data:
                             return ("stream_error", data["error"].get("code"))
                         received += streamed_tokens(data)
+                        if received:
+                            streaming[i].set()
         except httpx.HTTPError as e:
             return ("transport_error", type(e).__name__)
+        finally:
+            streaming[i].set()
         return ("ok", received) if done else ("truncated", received)
 
     async def load():
         async with httpx.AsyncClient(timeout=httpx.Timeout(180), headers=AUTH) as client:
-            tasks = [asyncio.create_task(one(client, i)) for i in range(16)]
-            await asyncio.sleep(3)
+            tasks = [asyncio.create_task(one(client, i)) for i in range(n)]
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in streaming)), 180)
+            assert not all(t.done() for t in tasks), "streams must still be running when the replica is killed"
             psutil.Process(victim["pid"]).kill()  # by pid: a replica process of our own cluster
             return await asyncio.wait_for(asyncio.gather(*tasks), 240)
 
@@ -536,9 +559,9 @@ def test_the_router_path_deploys_and_checks_requests_the_same_way(serve_cluster)
     serve_cluster.deploy(cfg)
     deployments = serve_cluster.serve_status()["applications"]["fuzzserve"]["deployments"]
     assert any(name.startswith("FuzzIngress") for name in deployments), deployments
-    test_probes_and_models(serve_cluster)
-    test_api_key_auth(serve_cluster)
+    check_probes_and_models(serve_cluster)
+    check_api_key_auth(serve_cluster)
     r = complete(serve_cluster, PROMPTS[0], {"fuzz_strength": -1})
     assert r.status_code == 400 and r.json()["error"]["param"] == "vllm_xargs.fuzz_strength", r.text
     assert text(complete(serve_cluster, PROMPTS[0])) == text(complete(serve_cluster, PROMPTS[0], {"fuzz_strength": 0}))
-    test_streaming(serve_cluster, "/v1/chat/completions", {"messages": [{"role": "user", "content": "abc a b c"}]})
+    check_streaming(serve_cluster, "/v1/chat/completions", {"messages": [{"role": "user", "content": "abc a b c"}]})

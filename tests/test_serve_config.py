@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from serve_app.cluster_env import FORWARD_BODY, HAPROXY
+from serve_app.engine_env import ENGINE_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -26,6 +29,17 @@ def no_ray_instance(monkeypatch):
     monkeypatch.setattr(ray, "get_runtime_context", lambda: types.SimpleNamespace(runtime_env={}))
 
 
+@pytest.fixture
+def built_fixture(monkeypatch, tmp_path) -> Path:
+    """A project root holding the fixture model's path (without training it): the builder resolves
+    serve_config.yaml's relative model_source against it."""
+    checkpoint = tmp_path / ".cache" / "models" / "fixture-llama-test"
+    checkpoint.mkdir(parents=True)
+    (checkpoint.parent / "fixture").symlink_to(checkpoint.name)
+    monkeypatch.setattr("serve_app.app.PROJECT_ROOT", tmp_path)
+    return checkpoint
+
+
 def load(name: str):
     from ray.serve.schema import ServeDeploySchema
 
@@ -33,7 +47,7 @@ def load(name: str):
 
 
 @pytest.mark.parametrize("name, kind", [("serve_config.yaml", "cpu"), ("serve_config.cuda.yaml", "gpu")])
-def test_config_parses_at_every_layer(name, kind, monkeypatch):
+def test_config_parses_at_every_layer(name, kind, built_fixture):
     from ray.serve.llm import LLMConfig
 
     from serve_app import app as app_module
@@ -43,8 +57,6 @@ def test_config_parses_at_every_layer(name, kind, monkeypatch):
     [application] = schema.applications
     assert application.import_path == "serve_app.app:build_app"
     args = FuzzServeArgs.model_validate(application.args)
-    # resolve without training the fixture model: only the path matters here
-    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/nonexistent/fixture"))
     for cfg in resolve_llm_configs(args, node_cpus=lambda: [4.0]):
         llm = LLMConfig.model_validate(cfg)
         assert llm.accelerator_config.kind == kind
@@ -125,14 +137,35 @@ def test_max_replicas(deployment_config, most):
     assert max_replicas(deployment_config) == most
 
 
-def test_cpu_config_resolves_the_fixture_model(monkeypatch):
+def test_cpu_config_resolves_the_fixture_model(built_fixture):
+    """serve_config.yaml names the fixture model by its path under the project root; the builder makes it
+    absolute (Serve's processes run elsewhere) and builds nothing."""
     from serve_app.app import FuzzServeArgs, resolve_llm_configs
 
-    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
     [application] = load("serve_config.yaml").applications
     [cfg] = resolve_llm_configs(FuzzServeArgs.model_validate(application.args), node_cpus=lambda: [2.0])
-    assert cfg["model_loading_config"]["model_source"] == "/built/fixture"
-    assert application.runtime_env["env_vars"]["HF_HUB_OFFLINE"] == "1"
+    assert cfg["model_loading_config"]["model_source"] == str(built_fixture.resolve())
+    assert application.runtime_env["env_vars"] == ENGINE_ENV, "serve_config.yaml repeats serve_app.engine_env's table"
+
+
+@pytest.mark.parametrize("source, exists, want", [
+    ("/abs/model", False, "/abs/model"),
+    ("Qwen/Qwen2.5-1.5B-Instruct", False, "Qwen/Qwen2.5-1.5B-Instruct"),  # a model hub id
+    ("models/m", True, "ROOT/models/m"),
+])
+def test_model_source_resolution(tmp_path, source, exists, want):
+    from serve_app.app import resolve_model_source
+
+    if exists:
+        (tmp_path / source).mkdir(parents=True)
+    assert resolve_model_source(source, root=tmp_path) == want.replace("ROOT", str(tmp_path.resolve()))
+
+
+def test_a_missing_fixture_model_names_the_build(tmp_path):
+    from serve_app.app import resolve_model_source
+
+    with pytest.raises(ValueError, match="python -m fixture_model.build"):
+        resolve_model_source(".cache/models/fixture", root=tmp_path)
 
 
 # routing name -> the class of Serve's request router it picks
@@ -240,15 +273,15 @@ def test_core_binding_with_the_models_own_server_class_is_refused():
         engine_deployment(cfg, {"engine_cores_per_replica": None, "shm_wait": False})
 
 
-HAPROXY_ON = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY": "1"}
+HAPROXY_ON = {HAPROXY: "1", FORWARD_BODY: "1"}
 
 
 @pytest.mark.parametrize("env, body_aware, missing", [
-    ({}, False, ["RAY_SERVE_ENABLE_HA_PROXY=1"]),
-    ({}, True, ["RAY_SERVE_ENABLE_HA_PROXY=1", "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1"]),
-    ({"RAY_SERVE_ENABLE_HA_PROXY": "1"}, True, ["RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY=1"]),
-    ({"RAY_SERVE_ENABLE_HA_PROXY": "true"}, False, ["RAY_SERVE_ENABLE_HA_PROXY=1"]),  # Serve reads only "1"
-    ({"RAY_SERVE_ENABLE_HA_PROXY": "1"}, False, []),
+    ({}, False, [f"{HAPROXY}=1"]),
+    ({}, True, [f"{HAPROXY}=1", f"{FORWARD_BODY}=1"]),
+    ({HAPROXY: "1"}, True, [f"{FORWARD_BODY}=1"]),
+    ({HAPROXY: "true"}, False, [f"{HAPROXY}=1"]),  # Serve reads only "1"
+    ({HAPROXY: "1"}, False, []),
     (HAPROXY_ON, True, []),
 ])
 def test_direct_path_refuses_a_cluster_without_haproxy(env, body_aware, missing):
@@ -263,7 +296,7 @@ def test_direct_path_refuses_a_cluster_without_haproxy(env, body_aware, missing)
     assert "FORWARD_BODY" in str(e.value) or not body_aware
 
 
-def test_direct_graph(monkeypatch):
+def test_direct_graph(monkeypatch, built_fixture):
     """ingress: direct builds FuzzServer (guard and probes inside) as the ingress deployment, named as the
     monitor knows it, with Ray's LLMRouter as its ingress request router where there are several replicas:
     what HAProxy asks for a replica."""
@@ -271,7 +304,6 @@ def test_direct_graph(monkeypatch):
 
     for k, v in HAPROXY_ON.items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
     monkeypatch.setattr("serve_app.app.cluster_node_cpus", lambda: [2.0, 2.0])  # two 2-core nodes: 2 replicas
     [application] = load("serve_config.yaml").applications
     graph = build_app(application.args)
@@ -295,15 +327,14 @@ def test_direct_graph(monkeypatch):
         build_app({**application.args, "llm_configs": [*application.args["llm_configs"], second]})
 
 
-def test_direct_graph_of_a_single_replica_has_no_router(monkeypatch):
+def test_direct_graph_of_a_single_replica_has_no_router(monkeypatch, built_fixture):
     """On one 2-core node fit gives one replica: HAProxy forwards to it without asking a router (no
     LLMRouter, no request router class, which Serve refuses on an ingress HAProxy balances), and the
     body need not be forwarded to a router that does not exist."""
     from serve_app.app import build_app
 
-    monkeypatch.setenv("RAY_SERVE_ENABLE_HA_PROXY", "1")
-    monkeypatch.delenv("RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY", raising=False)
-    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
+    monkeypatch.setenv(HAPROXY, "1")
+    monkeypatch.delenv(FORWARD_BODY, raising=False)
     monkeypatch.setattr("serve_app.app.cluster_node_cpus", lambda: [2.0])
     [application] = load("serve_config.yaml").applications
     graph = build_app(application.args)
@@ -313,11 +344,10 @@ def test_direct_graph_of_a_single_replica_has_no_router(monkeypatch):
     assert server._deployment_config.request_router_config.request_router_class.endswith("PowerOfTwoChoicesRequestRouter")
 
 
-def test_router_path_graph(monkeypatch):
+def test_router_path_graph(monkeypatch, built_fixture):
     """ingress: router keeps Serve's default path: a FuzzIngress deployment in front of EngineServer replicas."""
     from serve_app.app import build_app
 
-    monkeypatch.setattr("fixture_model.build.ensure_model", lambda: Path("/built/fixture"))
     [application] = load("serve_config.yaml").applications
     graph = build_app({**application.args, "ingress": "router", "ingress_deployment_config": {"num_replicas": 1},
                        "engine_replicas": 2})

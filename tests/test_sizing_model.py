@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fixture_model import sizing
+from fixture_model import build, sizing
 
 
 @pytest.mark.parametrize("text, want", [("1024x4", (1024, 4)), (" 64x1 ", (64, 1)), ("4096x32", (4096, 32))])
@@ -31,7 +31,7 @@ def test_llama_proportions():
 def test_build_is_cached_and_loads(tmp_path, monkeypatch):
     from transformers import AutoConfig, AutoTokenizer
 
-    monkeypatch.setenv("FUZZSERVE_MODEL_CACHE", str(tmp_path))
+    monkeypatch.setenv(build.CACHE_ENV, str(tmp_path))
     path = sizing.ensure_sizing_model(128, 1)
     assert path.parent == tmp_path and path.name.startswith("sizing-llama-128x1-")
     mtime = (path / "config.json").stat().st_mtime_ns

@@ -1,4 +1,4 @@
-"""The upstream-tests runner's verdict (tests/upstream_vllm.py), on synthetic results: it can fail.
+"""The upstream-tests runner's verdict (testkit/upstream_vllm.py), on synthetic results: it can fail.
 
 The runner itself is optional and slow (it fetches vLLM's sdist and runs
 hundreds of upstream tests twice); this checks, fast, that its comparison
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests import upstream_vllm as up
+from testkit import upstream_vllm as up
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
 <testcase classname="tests.v1.a" name="test_ok" time="0.1"/>

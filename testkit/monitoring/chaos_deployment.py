@@ -3,13 +3,12 @@
 Both need what a real deployment exports (series names, labels, Ray's
 service-discovery file) and the chaos scenario's faults, so that the
 accounting patch's violation and correction counters exist. The deploy itself
-is the load-test CLI's (:func:`load_tests.cli.deploy`): same config, same
+is the load tests' (:func:`load_tests.deploy.deploy`): same config, same
 engine overrides, same ``FUZZSERVE_PATCHES_OFF`` plumbing.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import subprocess
 import sys
@@ -33,11 +32,9 @@ def deploy(sc, out: Path, patches_off: str | None):
     """Start a local cluster and deploy serve_config.yaml with ``sc``'s engine settings (the CLI's own deploy)."""
     from rich.console import Console
 
-    from load_tests.cli import DEFAULT_REPLICAS, deploy as cli_deploy
+    from load_tests.deploy import DeploySettings, deploy as load_test_deploy
 
-    args = argparse.Namespace(config=None, routing=None, patches_off=patches_off, http_port=None,
-                              replicas=DEFAULT_REPLICAS)
-    return cli_deploy(sc, args, out, Console(stderr=True))
+    return load_test_deploy(sc, DeploySettings(patches_off=patches_off), out, Console(stderr=True))
 
 
 def smoke_load(base_url: str, metrics_urls: list[str], out: Path, duration_s: float, concurrency: int) -> int:

@@ -1,9 +1,9 @@
-"""Where the monitoring files and the Prometheus tools are.
+"""Where the Prometheus tools (promtool, the Prometheus server) are, for the monitoring tests and the e2e run.
 
-promtool and the Prometheus server come from Debian's ``prometheus`` package,
-unpacked into ``.cache/tools/`` by ``scripts/install_promtool.sh`` (which the
-project's bootstrap runs). ``FUZZSERVE_PROMTOOL`` / ``FUZZSERVE_PROMETHEUS``
-point at other binaries; a tool on PATH is the last resort.
+They come from Debian's ``prometheus`` package, unpacked into
+``.cache/tools/`` by ``scripts/install_promtool.sh`` (which the project's
+bootstrap runs). ``FUZZSERVE_PROMTOOL`` / ``FUZZSERVE_PROMETHEUS`` point at
+other binaries; a tool on PATH is the last resort.
 """
 
 from __future__ import annotations
@@ -12,12 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-MONITORING_DIR = Path(__file__).resolve().parent
-PROMETHEUS_DIR = MONITORING_DIR / "prometheus"
-RULES_FILE = PROMETHEUS_DIR / "fuzzserve-rules.yml"
-SCRAPE_CONFIG = PROMETHEUS_DIR / "prometheus.yml"
-DASHBOARD_FILE = MONITORING_DIR / "grafana" / "fuzzserve-dashboard.json"
+REPO = Path(__file__).resolve().parents[2]
 TOOLS_BIN = REPO / ".cache" / "tools" / "bin"
 INSTALL_HINT = "scripts/install_promtool.sh installs it (the bootstrap runs it)"
 

@@ -21,7 +21,7 @@ decoders:
    nested objects), and every query decodes as a query of a known data
    source (the panel's or the query's ``datasource.type``).
 
-``python -m monitoring.grafana_schema FILE...`` prints the problems and exits 1
+``python -m testkit.monitoring.grafana_schema FILE...`` prints the problems and exits 1
 if there are any.
 """
 

@@ -17,7 +17,9 @@ from typing import Any
 
 import yaml
 
-from .tools import RULES_FILE, tool
+from monitoring.files import RULES_FILE
+
+from .tools import tool
 
 
 @dataclass

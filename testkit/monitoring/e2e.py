@@ -1,16 +1,16 @@
 """End to end: a real Prometheus scrapes a deployment under the chaos scenario; which alerts fire.
 
-    python -m monitoring.e2e --patches off     # stock accounting: an invariant alert must fire
-    python -m monitoring.e2e --patches on      # the patches: no invariant alert may fire
-    python -m monitoring.e2e                   # both, one after the other
+    python -m testkit.monitoring.e2e --patches off     # stock accounting: an invariant alert must fire
+    python -m testkit.monitoring.e2e --patches on      # the patches: no invariant alert may fire
+    python -m testkit.monitoring.e2e                   # both, one after the other
 
 For each run: deploy serve_config.yaml with the chaos scenario's engine
 settings (KV load failures and delays, a lying connector, a KV pool small
-enough for preemption; :mod:`monitoring.chaos_deployment`), start the
+enough for preemption; :mod:`testkit.monitoring.chaos_deployment`), start the
 Prometheus server of ``scripts/install_promtool.sh`` with the project's own
 scrape config and rules (``monitoring/prometheus/``: Ray's service-discovery
-file as ``file_sd_configs``), drive the chaos load with the load-test CLI's
-own loop (:func:`load_tests.cli.run_load`: the replica kill included), keep
+file as ``file_sd_configs``), drive the chaos load with the load tests'
+own loop (:func:`load_tests.load_loop.run_load`: the replica kill included), keep
 the cluster up at rest long enough for the at-rest rules' windows, and record
 every alert Prometheus reports (state, when it became active, value, labels)
 to ``<out>/<run>/alerts.json`` and ``summary.md``.
@@ -48,10 +48,12 @@ from typing import Any
 import httpx
 import yaml
 
+from monitoring.files import RULES_FILE, SCRAPE_CONFIG
+from serve_app.command_logs import command_logging
 from serve_app.ports import free_port
 
 from .chaos_deployment import chaos_scenario, deploy
-from .tools import RULES_FILE, SCRAPE_CONFIG, tool
+from .tools import tool
 
 log = logging.getLogger("fuzzserve.monitoring")
 
@@ -161,7 +163,8 @@ class AlertRecorder(threading.Thread):
 
 def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_at_s: float | None,
              settle_s: float, interval_s: int) -> dict[str, Any]:
-    from load_tests.cli import Target, run_load
+    from load_tests.load_loop import RunConfig, run_load
+    from load_tests.target import LoadTarget
 
     out.mkdir(parents=True, exist_ok=True)
     sc = chaos_scenario(duration_s, concurrency, kill_at_s)
@@ -174,8 +177,8 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
         t0 = time.monotonic()
         recorder = AlertRecorder(prom, t0)
         recorder.start()
-        load_args = argparse.Namespace(seed=0, timeout=300.0, no_progress=True)
-        run = asyncio.run(run_load(Target(cluster.base_url, cluster.metrics_urls, None, cluster), sc, load_args, t0))
+        target = LoadTarget(cluster.base_url, cluster.metrics_urls, None, cluster)
+        run = asyncio.run(run_load(target, sc, RunConfig(seed=0, progress=False), t0))
         load_end = time.monotonic() - t0
         log.info("load done after %.0f s; %d requests; holding the cluster at rest for %.0f s", load_end,
                  run.started, settle_s)
@@ -237,9 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds to keep the cluster at rest after the load (the at-rest rules need 3 minutes)")
     ap.add_argument("--interval", type=int, default=5, help="scrape and rule-evaluation interval (s)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    command_logging()
     ok = True
     for patches in (("off", "on") if args.patches == "both" else (args.patches,)):
         result = run_once(patches, args.out / f"patches-{patches}", args.duration, args.concurrency, args.kill_at,

@@ -1,4 +1,4 @@
-"""pytest plugin for upstream vLLM's own tests (``python -m tests.upstream_vllm``): apply the patches first.
+"""pytest plugin for upstream vLLM's own tests (``python -m testkit.upstream_vllm``): apply the patches first.
 
 vLLM applies ``vllm.general_plugins`` (our patches) when it builds an engine
 or its config; upstream's unit tests often build schedulers, connectors and
@@ -6,8 +6,10 @@ loggers directly, so without this they would run unpatched. This does what
 every vLLM process does, once, before any test module is imported:
 ``load_general_plugins()``, which honours ``FUZZSERVE_PATCHES_OFF``.
 
-Not a module of the ``tests`` package on purpose: upstream's tree has its own
-``tests`` package, which the runs import.
+A folder of its own, put on the run's ``PYTHONPATH`` (pytest loads the plugin
+by its top-level name, ``-p fuzzserve_upstream``), not a module of a package of
+this project: the runs are rooted in upstream's tree, which has its own
+``tests`` package.
 """
 
 

@@ -1,8 +1,8 @@
 """Upstream vLLM 0.32.0's own unit tests for the areas the patches touch, run against the patched install,
 once with the patches on and once with ``FUZZSERVE_PATCHES_OFF=all``, outcome by outcome.
 
-    python -m tests.upstream_vllm            # fetch (first run), run both ways, compare; exit 1 on an unlisted difference
-    python -m tests.upstream_vllm --list     # only the tests it would run
+    python -m testkit.upstream_vllm            # fetch (first run), run both ways, compare; exit 1 on an unlisted difference
+    python -m testkit.upstream_vllm --list     # only the tests it would run
 
 Optional (not part of CI): it fetches the ``vllm==0.32.0`` sdist with pip
 (the sdist ships upstream's ``tests/``; about 2 minutes the first time,
@@ -23,7 +23,7 @@ patch that assumes a real engine can break vLLM for everyone else (it did:
 ``kv_faults`` validated a MagicMock's connector config). vLLM loads plugins
 only when an engine or its config is built, so a unit test would not see
 the patches at all; the ``fuzzserve_upstream`` pytest plugin
-(``tests/upstream_plugin/``) loads them first, as every vLLM process does.
+(``testkit/upstream_plugin/``) loads them first, as every vLLM process does.
 
 Verdict, per test (``docs/upstream_tests.md`` lists every difference):
 
@@ -52,12 +52,15 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
+from patches.switches import OFF_ENV
+from serve_app.engine_env import HF_HUB_OFFLINE
+
 REPO = Path(__file__).resolve().parents[1]
 CACHE = (REPO / ".cache" / "upstream").resolve()  # real path: pytest's test ids are relative to it
 VERSION = "0.32.0"
 SDIST = CACHE / f"vllm-{VERSION}.tar.gz"
 TREE = CACHE / f"vllm-{VERSION}"
-PLUGIN_DIR = REPO / "tests" / "upstream_plugin"
+PLUGIN_DIR = REPO / "testkit" / "upstream_plugin"
 HF_HOME = CACHE / "hf_home"
 # Models upstream's unit tests build configs from (shapes only, no weights): a local stand-in in a Hugging Face
 # cache, since no hub is reachable. facebook/opt-125m: transformers' OPTConfig defaults are its shapes
@@ -149,7 +152,7 @@ def ensure_stand_in_configs() -> Path:
 
 def run_once(tree: Path, paths: list[str], off: str, junit: Path, timeout: float) -> dict[str, tuple[str, str]]:
     """Run ``paths`` in a pytest subprocess with FUZZSERVE_PATCHES_OFF=``off``; test id -> (outcome, message)."""
-    env = {**os.environ, "FUZZSERVE_PATCHES_OFF": off, "HF_HUB_OFFLINE": "1", "HF_HOME": str(HF_HOME),
+    env = {**os.environ, OFF_ENV: off, HF_HUB_OFFLINE: "1", "HF_HOME": str(HF_HOME),
            "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)])}
     cmd = [sys.executable, "-m", "pytest", *paths, "--rootdir", str(tree), "-c", str(tree / "pyproject.toml"),
            "-p", "fuzzserve_upstream", "-p", "no:cacheprovider", "-q", "--timeout", "300",

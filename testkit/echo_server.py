@@ -6,7 +6,7 @@ checked (every request it sends is answered in a known way and counted here)
 and (b) the generator's capacity can be measured without an engine in the way
 (benchmarks/loadgen_capacity.py, side by side with vLLM's benchmark client).
 
-    python -m load_tests.echo_server --port 8100 [--itl-ms 0]
+    python -m testkit.echo_server --port 8100 [--itl-ms 0]
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or
 not; ``max_tokens`` tokens), ``GET /v1/models``, ``GET /stats`` (what it saw),
@@ -35,6 +35,8 @@ import json
 import time
 
 from aiohttp import web
+
+from load_tests.counters import HEALTH_GAUGE
 
 
 BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow")
@@ -141,7 +143,7 @@ class EchoServer:
                 running = r.running + (1 if self.fault == "stuck" and self.broken and r is self.replicas[0] else 0)
                 sample("ray_vllm_num_requests_running", "gauge", base, running)
                 sample("ray_vllm_num_requests_waiting", "gauge", base, 0)
-            sample("ray_serve_deployment_replica_healthy", "gauge",
+            sample(HEALTH_GAUGE, "gauge",
                    {"replica": r.name, "deployment": "LLMServer", "application": "echo"}, 1 if r.alive else 0)
         lines = []
         for family, (kind, samples) in families.items():

@@ -1,12 +1,12 @@
 """Capture what a real deployment exports, as fixtures for the rule and dashboard tests.
 
-    python -m monitoring.capture [--out out/monitoring-capture] [--duration 60]
+    python -m testkit.monitoring.capture [--out out/monitoring-capture] [--duration 60]
 
 Deploys serve_config.yaml under the chaos scenario's engine settings (patches
 on, so the accounting patch's violation and correction counters exist), drives
 the smoke request mix at it, waits for Ray's metrics agents to export, then
 saves the text of every node's metrics endpoint and Ray's service-discovery
-file to ``--out``. ``python -m monitoring.fixtures`` trims those to the
+file to ``--out``. ``python -m testkit.monitoring.fixtures`` trims those to the
 families the rules and the dashboard use (tests/fixtures/monitoring/).
 Starts a Ray cluster and engines: run it under the heavy-job lock.
 """
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from load_tests.replica_metrics import DISCOVERY_FILE
+from load_tests.scraper import DISCOVERY_FILE
+from serve_app.command_logs import command_logging
 
 from .chaos_deployment import chaos_scenario, deploy, smoke_load
 
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--export-wait", type=float, default=20.0, help="seconds to let Ray's agents export after the load")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    command_logging()
     args.out.mkdir(parents=True, exist_ok=True)
     sc = chaos_scenario(args.duration, args.concurrency, kill_at_s=None)
     cluster = deploy(sc, args.out / "deploy", patches_off=None)

@@ -1,8 +1,8 @@
 """The test fixtures: what a real deployment exported, trimmed to the families the rules and the dashboard use.
 
-    python -m monitoring.fixtures out/monitoring-capture   # capture dir -> tests/fixtures/monitoring/
+    python -m testkit.monitoring.fixtures out/monitoring-capture   # capture dir -> tests/fixtures/monitoring/
 
-``python -m monitoring.capture`` saves the full text of every node's metrics
+``python -m testkit.monitoring.capture`` saves the full text of every node's metrics
 endpoint (over a megabyte each: every histogram of Ray itself). The tests
 need only the families that ``monitoring/prometheus/fuzzserve-rules.yml`` and
 the dashboard name, with their labels exactly as exported, so this keeps
@@ -19,7 +19,9 @@ from pathlib import Path
 
 from load_tests.prom_text import Labels, parse_samples
 
-from .tools import DASHBOARD_FILE, REPO, RULES_FILE
+from monitoring.files import DASHBOARD_FILE, RULES_FILE
+
+from .tools import REPO
 
 FIXTURE_DIR = REPO / "tests" / "fixtures" / "monitoring"
 SCRAPE_JOB = "ray"

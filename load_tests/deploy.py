@@ -1,0 +1,97 @@
+"""A local deployment for a load run: a Ray cluster on this machine with the config deployed under a scenario's
+engine settings (faults, KV pool size), and the fault-free reference deployment the probes are compared with.
+
+How it is deployed is a typed :class:`DeploySettings` (the CLI builds one
+from its flags; ``testkit.monitoring`` builds one directly). The fixture
+model is built first (``fixture_model.build``), as any deployer of
+``serve_config.yaml`` must: the app builder builds no model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from patches.switches import OFF_ENV
+from serve_app.routers import Routing
+
+from .probes import ProbeAnswer, answers, probe_specs, reference_is_stable
+from .scenarios import Scenario
+from .target import LoadTarget
+
+# A local deployment runs this many engine replicas unless told otherwise: the
+# shipped config's `engine_replicas: fit` gives one on a 2-core host, and the
+# load tests exist to check routing and per-replica counters across several.
+DEFAULT_REPLICAS = 2
+
+
+class DeploySettings(BaseModel):
+    """How the load tests deploy the config locally (what differs from the config itself)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    config: Path | None = Field(None, description="the Serve config (default: serve_config.yaml)")
+    http_port: int | None = Field(None, description="overrides the config's HTTP port")
+    patches_off: str | None = Field(None, description=f"{OFF_ENV} for the cluster, for A/B runs")
+    replicas: int | Literal["fit"] = Field(DEFAULT_REPLICAS, description="the config's engine_replicas")
+    routing: Routing | None = Field(None, description="the engine replicas' request router (default: the config's)")
+
+
+def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
+    """Start a local cluster and deploy the config with the scenario's engine settings; the cluster."""
+    import yaml
+
+    from fixture_model.build import ensure_model
+    from serve_app.local_cluster import DEFAULT_CONFIG, LocalCluster
+
+    ensure_model()
+    cfg = yaml.safe_load(Path(settings.config or DEFAULT_CONFIG).read_text())
+    for app in cfg["applications"]:
+        for llm in app["args"]["llm_configs"]:
+            llm["engine_kwargs"] = sc.engine_overrides(llm.get("engine_kwargs", {}))
+        if settings.routing:
+            app["args"]["routing"] = settings.routing
+        app["args"]["engine_replicas"] = settings.replicas
+    env = {OFF_ENV: settings.patches_off} if settings.patches_off else {}
+    cluster = LocalCluster(env=env, log_dir=out / "cluster")
+    t = time.monotonic()
+    try:
+        with console.status("starting a local Ray cluster and deploying (a few minutes on 2 cores)"):
+            cluster.start()
+            cluster.deploy(cfg, http_port=settings.http_port)
+    except BaseException:
+        cluster.close()
+        raise
+    console.print(f"deployed in {time.monotonic() - t:.0f} s: {len(cluster.replicas())} engine replicas behind "
+                  f"{cluster.base_url}; cluster logs in {cluster.log_dir}")
+    return cluster
+
+
+def probe_reference(sc: Scenario, settings: DeploySettings, out: Path, console, api_key: str | None
+                    ) -> dict[str, list[ProbeAnswer] | list[str]]:
+    """Deploy the same config without faults, send the probe set twice, tear down: the fault-free answers."""
+    fault_free = sc.model_copy(update={"faults": None, "kill_replica_at_s": None})
+    cluster = deploy(fault_free, settings, out / "reference", console)
+    target = LoadTarget(cluster.base_url, cluster.metrics_urls, api_key, cluster)
+    try:
+        first, second = (answers(list(r)) for r in asyncio.run(_probe_rounds(target, sc)))
+    finally:
+        with console.status("shutting the fault-free cluster down"):
+            cluster.close()
+    return {"answers": first, "problems": reference_is_stable(first, second)}
+
+
+async def _probe_rounds(target: LoadTarget, sc: Scenario) -> list[list]:
+    import aiohttp
+
+    from .client import send
+
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        return [await asyncio.gather(*(send(session, target.base_url, s, t0, headers=target.headers)
+                                       for s in probe_specs(rnd, sc.mix)))
+                for rnd in (0, 1)]

@@ -1,0 +1,151 @@
+"""The load loop as a library call: :func:`run_load` drives a scenario's load at a :class:`~load_tests.target.LoadTarget`,
+watches every replica's counters while it runs, and waits for quiescence.
+
+How it runs is a typed :class:`RunConfig` (the CLI builds one from its
+flags, ``testkit.monitoring.e2e`` builds one directly); what it drives is the
+:class:`~load_tests.scenarios.Scenario` (profile, mix, planned replica kill,
+probes). What it hands back, :class:`LoadRun`, is every request's result and
+what the monitor saw; turning that into figures and a verdict is
+:mod:`load_tests.summary`'s job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .client import RequestResult, send
+from .monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
+from .probes import probe_specs
+from .profiles import drive
+from .results import Fault
+from .scenarios import Scenario
+from .target import LoadTarget
+from .workload import RequestSpec, draw
+
+log = logging.getLogger("fuzzserve.load_tests")
+
+
+class RunConfig(BaseModel):
+    """How a load run runs (the scenario says what it sends)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    seed: int = Field(0, description="the request mix's draws and the choice of the replica to kill")
+    request_timeout_s: float = Field(300.0, gt=0, description="per request")
+    progress: bool = Field(True, description="a live progress bar on the terminal")
+    scrape_interval_s: float = Field(2.0, gt=0, description="between the monitor's scrapes during the load")
+    settle_interval_s: float = Field(
+        SETTLE_INTERVAL_S, gt=0, description="between the idle scrapes that must agree at quiescence; must exceed "
+                                             "the cluster's metrics export interval (Ray: 10 s by default)")
+    settle_timeout_s: float = Field(90.0, ge=0, description="the final checks run anyway after this long "
+                                                            "(not_quiescent)")
+    probe_every_s: float = Field(60.0, gt=0, description="between probe rounds under the load (scenarios with probes)")
+
+
+@dataclass
+class LoadRun:
+    """What :func:`run_load` hands back: every request's result and what the monitor saw."""
+
+    results: list[RequestResult]
+    started: int  # requests started, probes included (each ends as a result, or is lost)
+    checker: InvariantChecker
+    monitor: Monitor
+    faults: list[Fault]  # what the run did on purpose (replica kills)
+    wall_s: float
+
+
+async def run_load(target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float) -> LoadRun:
+    """Drive the load, watch it, wait for quiescence; SIGINT stops starting new requests."""
+    return await _LoadLoop(target, scenario, config, t0).run()
+
+
+class _LoadLoop:
+    """One run's state: the results as they come, the progress bar, the probe rounds and the kill beside the load."""
+
+    def __init__(self, target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float):
+        self.target, self.sc, self.config, self.t0 = target, scenario, config, t0
+        self.checker = InvariantChecker(scenario.expected_violation_kinds)
+        self.monitor = Monitor(target.metrics_urls, self.checker, interval=config.scrape_interval_s, dead=target.dead,
+                               settle_interval=config.settle_interval_s, t0=t0)
+        self.results: list[RequestResult] = []
+        self.faults: list[Fault] = []
+        self.counts: dict[str, int] = {}
+        self.probes_started = 0
+        self.probe_rounds: list[asyncio.Future] = []
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 TextColumn("{task.completed} done"), TextColumn("{task.fields[status]}"),
+                                 TimeElapsedColumn(), disable=not config.progress)
+        self.task = self.progress.add_task(scenario.name, total=scenario.profile.max_requests or
+                                           scenario.profile.duration_s, status="")
+
+    async def one(self, session: aiohttp.ClientSession, spec: RequestSpec) -> None:
+        res = await send(session, self.target.base_url, spec, self.t0, timeout_s=self.config.request_timeout_s,
+                         headers=self.target.headers)
+        self.results.append(res)
+        self.counts[res.outcome] = self.counts.get(res.outcome, 0) + 1
+        done = len(self.results) if self.sc.profile.max_requests else time.monotonic() - self.t0
+        self.progress.update(self.task, completed=done,
+                             status=" ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))
+
+    async def prober(self, session: aiohttp.ClientSession) -> None:
+        """The probe set every ``probe_every_s`` while the load runs (each probe counts as a started request; a
+        round is never cancelled half-way, so no probe goes missing)."""
+        rnd = 0
+        while True:
+            await asyncio.sleep(self.config.probe_every_s)
+            specs = probe_specs(rnd, self.sc.mix)
+            self.probes_started += len(specs)
+            self.probe_rounds.append(asyncio.ensure_future(asyncio.gather(*(self.one(session, s) for s in specs))))
+            await asyncio.shield(self.probe_rounds[-1])
+            rnd += 1
+
+    async def killer(self, victims: dict[str, int]) -> None:
+        await asyncio.sleep(self.sc.kill_replica_at_s)
+        fault = await asyncio.to_thread(self.target.kill_one, victims, self.config.seed, self.t0)
+        if fault is not None:
+            self.faults.append(fault)
+
+    def side_tasks(self, session: aiohttp.ClientSession, listed: dict[str, int] | None) -> list[asyncio.Task]:
+        """What runs beside the load: the planned replica kill, the probe rounds."""
+        side = []
+        if self.sc.kill_replica_at_s is not None:
+            if not listed:
+                raise SystemExit("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
+            side.append(asyncio.create_task(self.killer(listed)))
+        if self.sc.probes:
+            side.append(asyncio.create_task(self.prober(session)))
+        return side
+
+    async def run(self) -> LoadRun:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGINT, stop.set)
+        connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
+        try:
+            async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+                side = self.side_tasks(session, await asyncio.to_thread(self.target.list_replicas))
+                await self.monitor.baseline()
+                self.monitor.start()
+                with self.progress:
+                    started = await drive(self.sc.profile, lambda i: self.one(session, draw(self.sc.mix, self.config.seed, i)),
+                                          seed=self.config.seed, stop=stop)
+                for s in side:
+                    s.cancel()
+                await asyncio.gather(*side, return_exceptions=True)
+                await asyncio.gather(*self.probe_rounds)  # a probe round in flight finishes: its requests count
+                wall = time.monotonic() - self.t0
+                await self.monitor.stop()
+                log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
+                await self.monitor.quiescent_check(self.config.settle_timeout_s)
+                await asyncio.to_thread(self.target.note_final_listing)
+        finally:
+            loop.remove_signal_handler(signal.SIGINT)
+        return LoadRun(self.results, started + self.probes_started, self.checker, self.monitor, self.faults, wall)

@@ -1,0 +1,70 @@
+"""Whether a run passed: the reasons its :class:`~load_tests.results.RunSummary` fails it, one line each.
+
+A pure function of the summary's figures (:mod:`load_tests.summary`) and the
+monitor's violations. A run fails on any of:
+
+* an invariant violation (negative / decreasing counter, sum mismatch at
+  quiescence, unexpected accounting violations);
+* a lost request: a stream that ended without ``[DONE]`` and without an
+  error (``truncated``), a ``timeout``, or a request the generator started
+  but has no result for (failures a planned replica kill explains are
+  counted apart, never here);
+* an unexpected error: 5xx, a stream error event, a transport error, a 4xx
+  for a good request, a 200 for a bad one, or a 4xx that does not name the
+  field it should;
+* client/server disagreement: the engines finished fewer requests than the
+  clients saw complete, or more than were sent to them;
+* a replica that died without the run killing it (seen in the scraped data
+  in every mode; with a local deployment also through Ray's state API);
+* a planned fault that did not fire, or whose handling does not show
+  (:mod:`load_tests.fault_evidence`);
+* no request completed at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from .outcomes import LOST_OUTCOMES
+
+if TYPE_CHECKING:
+    from .monitor import Violation
+    from .results import RunSummary
+
+
+def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
+    """Why ``summary``'s run failed, in the order above (empty: it passed)."""
+    reasons = []
+    if violations:
+        first = {}
+        for v in violations:
+            first.setdefault(v.kind, v)
+        reasons.append(f"{len(violations)} invariant violation(s): {summary.invariants.by_kind}; "
+                       + "; ".join(f"first {k} at t = {v.t:.0f} s: {v.message}" for k, v in first.items()))
+    errors = summary.errors_by_kind
+    lost = summary.outcomes.get("lost", 0) + sum(errors.get(o, 0) for o in LOST_OUTCOMES)
+    if lost:
+        reasons.append(f"{lost} lost request(s) (truncated / timed out / never finished, not explained by a "
+                       f"planned fault)")
+    if errors:
+        common = list(summary.errors_by_message.items())[:3]
+        reasons.append(f"{sum(errors.values())} unexpected error(s): {errors}; most common: "
+                       + "; ".join(f"({n}x) {sig}" for sig, n in common))
+    bad = summary.outcomes.get("rejected", 0) - summary.bad_requests.rejected_naming_the_field
+    if bad:
+        reasons.append(f"{bad} bad request(s) refused without naming the field")
+    reasons.extend(summary.client_server.problems)
+    if summary.unexpected_replica_deaths:
+        when = {k: summary.replicas[k].died_at if k in summary.replicas else None
+                for k in summary.unexpected_replica_deaths}
+        reasons.append("replica(s) died without the run killing them: " + ", ".join(
+            f"{k}" + (f" (seen dead from t = {t:.0f} s)" if t is not None else " (gone from Ray's replica list)")
+            for k, t in when.items()))
+    for c in summary.planned_faults:
+        if not c.fired:
+            reasons.append(f"planned fault {c.fault} did not fire: {c.evidence}")
+        reasons.extend(f"planned fault {c.fault}: {p}" for p in c.problems)
+    if not summary.outcomes.get("ok"):
+        reasons.append("no request completed")
+    return reasons

@@ -1,0 +1,181 @@
+"""What README.md and docs/*.md tell a reader to run or to open exists, as they say it: checked against the code.
+
+Three kinds of claim, read from the pages' text:
+
+* **commands**, ``python -m X [--flag ...]``: module ``X`` exists (found on
+  ``sys.path`` as a file, nothing imported), and every ``--flag`` a command
+  of one of this project's modules uses appears in that module's ``--help``;
+* **paths** that start in one of the project's top-level folders or files
+  (``serve_app/cluster_env.py``, ``docs/benchmarks/vs_vllm/``, a link
+  ``[...](serve.md#anchor)``): they exist (outputs under ``out/`` and
+  ``.cache/`` are made by the commands, and are not checked; upstream
+  vLLM's own test paths, ``tests/v1/...`` in docs/upstream_tests.md, are
+  another tree's: one of the runner's ``AREAS``, or in a folder of
+  ``tests/`` this repository does not have);
+* **names**, ``package.module.NAME`` of a project package: the module exists
+  and defines ``NAME`` (a name it only imports is defined elsewhere: the page
+  must name where).
+
+``docs/results_log.md`` is a dated log (its commands and paths are what they
+were on the day) and is not read; generated pages under ``docs/benchmarks/``
+and ``docs/load_tests/`` neither. The checks are shown to fail on a planted
+false command, flag, path and name.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "results_log.md")]
+PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model", "testkit", "benchmarks", "tests")
+TOP_FILES = ("serve_config.yaml", "serve_config.cuda.yaml", "pyproject.toml", "README.md")
+TOP = (*PACKAGES, "docs", "scripts", *TOP_FILES)
+GENERATED = ("out/", ".cache/")
+
+COMMAND = re.compile(r"python\s+-m\s+([A-Za-z_][\w.]*)([^\n`#|)]*)")
+FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
+CODE = re.compile(r"`([^`\n]+)`")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+DOTTED = re.compile(r"^(?:%s)(?:\.\w+)+$" % "|".join(PACKAGES))
+
+
+def module_file(name: str, run: bool = True) -> Path | None:
+    """Where ``python -m name`` would find its code (``run``), or where ``name``'s definitions are, looked up on
+    sys.path (nothing imported)."""
+    parts = name.split(".")
+    for root in (REPO, *map(Path, filter(None, sys.path))):
+        base = root.joinpath(*parts)
+        package = (base / "__main__.py", base / "__init__.py") if run else (base / "__init__.py",)
+        for candidate in (base.with_suffix(".py"), *package):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def upstream_test_path(path: str) -> bool:
+    """A path of upstream vLLM's own tests (docs/upstream_tests.md), not of this repository."""
+    from testkit.upstream_vllm import AREAS
+
+    parts = Path(path).parts
+    return parts[0] == "tests" and (any(path.startswith(p) for area in AREAS.values() for p in area.paths)
+                                    or (len(parts) > 2 and not (REPO / parts[0] / parts[1]).exists()))
+
+
+@functools.lru_cache(maxsize=None)
+def help_flags(module: str) -> frozenset[str]:
+    """The flags ``python -m module --help`` prints."""
+    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=300,
+                       cwd=REPO)
+    assert r.returncode == 0, f"python -m {module} --help failed: {r.stderr[-1000:]}"
+    return frozenset(FLAG.findall(r.stdout))
+
+
+def commands(text: str) -> list[tuple[str, list[str]]]:
+    """Every ``python -m X`` of a page, with the flags it passes."""
+    return [(m.group(1).rstrip("."), FLAG.findall(m.group(2))) for m in COMMAND.finditer(text)]
+
+
+def command_problems(text: str) -> list[str]:
+    problems = []
+    for module, flags in commands(text):
+        if module_file(module) is None:
+            problems.append(f"python -m {module}: no such module")
+        elif flags and module.split(".")[0] in PACKAGES:
+            problems += [f"python -m {module} {flag}: not in its --help" for flag in flags
+                         if flag not in help_flags(module)]
+    return problems
+
+
+def path_problems(text: str, page: Path) -> list[str]:
+    problems = []
+    for token in CODE.findall(text):
+        word = token.strip().split()[0] if token.strip() else ""
+        if word.startswith(TOP) and ("/" in word or word in TOP_FILES) and not word.startswith(GENERATED):
+            path = word.split("#")[0].split(":")[0].rstrip(",.;")
+            if "*" not in path and not (REPO / path).exists() and not upstream_test_path(path):
+                problems.append(f"`{token}`: no {path}")
+    for target in LINK.findall(text):
+        if target.startswith(("http://", "https://", "#", "mailto:")):
+            continue
+        path = target.split("#")[0]
+        if path and not (page.parent / path).exists():
+            problems.append(f"link ({target}): no {(page.parent / path).resolve().relative_to(REPO.resolve())}")
+    return problems
+
+
+def _defines(source: str, name: str) -> bool:
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            return True
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+    return False
+
+
+def name_problems(text: str) -> list[str]:
+    """``package.module.NAME`` in code spans: the longest prefix that is a module, then NAME defined in it."""
+    problems = []
+    for token in CODE.findall(text):
+        token = token.strip().rstrip("()")
+        if not DOTTED.match(token):
+            continue
+        parts = token.split(".")
+        for cut in range(len(parts), 0, -1):
+            path = module_file(".".join(parts[:cut]), run=False)
+            if path is not None and path.is_relative_to(REPO):
+                break
+        else:
+            problems.append(f"`{token}`: no such module")
+            continue
+        rest = parts[cut:]
+        if rest and not _defines(path.read_text(), rest[0]):
+            problems.append(f"`{token}`: {'.'.join(parts[:cut])} defines no {rest[0]}")
+    return problems
+
+
+def problems_of(page: Path, text: str | None = None) -> list[str]:
+    text = page.read_text() if text is None else text
+    return command_problems(text) + path_problems(text, page) + name_problems(text)
+
+
+PLANTED = """
+Run `python -m load_tests --scenario smoke --no-such-flag` or `python -m load_tests.nope`.
+The table is in `serve_app/no_such_table.py`; see [the guide](no_such_page.md#top).
+The kinds are `load_tests.scenarios.LYING_CONNECTOR_KINDS`.
+```bash
+python -m benchmarks.vs_vllm --pairs 5 --warp-speed   # a made-up flag
+```
+"""
+
+
+def test_the_checks_find_a_planted_false_command_flag_path_and_name():
+    assert problems_of(REPO / "docs" / "planted.md", PLANTED) == [
+        "python -m load_tests --no-such-flag: not in its --help",
+        "python -m load_tests.nope: no such module",
+        "python -m benchmarks.vs_vllm --warp-speed: not in its --help",
+        "`serve_app/no_such_table.py`: no serve_app/no_such_table.py",
+        "link (no_such_page.md#top): no docs/no_such_page.md",
+        "`load_tests.scenarios.LYING_CONNECTOR_KINDS`: load_tests.scenarios defines no LYING_CONNECTOR_KINDS",
+    ]
+
+
+def test_true_claims_pass():
+    text = ("`python -m load_tests --scenario smoke --url http://x`, `serve_app/cluster_env.py`, "
+            "[serve](serve.md#request-routing), `patches.metrics.LYING_CONNECTOR_KINDS`, `out/stress/report.md`, "
+            "`python -m pytest tests/test_docs.py`")
+    assert problems_of(REPO / "docs" / "x.md", text) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_page_says_what_the_code_does(page):
+    assert problems_of(page) == []
