@@ -106,10 +106,9 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
     if len(ok) != len(ps):
         bad = [r for r in results if r.outcome != "ok"][:3]
         raise RuntimeError(f"{base_url}: {len(ps) - len(ok)} of {len(ps)} requests failed: {[r.to_json() for r in bad]}")
-    # A fuzzed stream may carry no visible text at all (ignore_eos on noise-driven
-    # tokens that decode to ""): it has no TTFT, and counts for throughput only.
+    # TTFT by tokens (load_tests.client): a fuzzed stream whose tokens decode to "" has one too.
     return _stats(wall, [r.ttft for r in ok if r.ttft is not None], [x for r in ok for x in r.itl],
-                  sum(r.completion_tokens or r.chunks for r in ok), len(ok),
+                  sum(r.output_tokens for r in ok), len(ok),
                   [r.tpot for r in ok if r.tpot is not None])
 
 
@@ -120,7 +119,7 @@ def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int
     stats = {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall}
     for name, xs in (("ttft", ttft), ("itl", itl), ("tpot", tpot)):
         p = percentiles(xs, (50, 99))
-        stats |= {f"{name}_p50": p["p50"], f"{name}_p99": p["p99"]}
+        stats |= {f"{name}_p50": p["p50"], f"{name}_p99": p["p99"], f"{name}_count": p["count"]}
     return stats
 
 

@@ -72,8 +72,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument("--routing", choices=tuple(ROUTERS), default=None,
                      help="the engine replicas' request router (serve_app.routing; default: the config's)")
     load = ap.add_argument_group("load (overrides the scenario)")
-    load.add_argument("--profile", choices=("fixed", "ramp", "poisson"), default=None)
-    load.add_argument("--concurrency", type=int, default=None)
+    load.add_argument("--profile", choices=("fixed", "ramp", "poisson", "sweep"), default=None,
+                      help="sweep: the capacity search (load_tests.capacity), steps of --step-s seconds at 1, 2, "
+                           "4, ... in flight up to --concurrency; names the knee")
+    load.add_argument("--concurrency", type=int, default=None, help="in flight (sweep: the last step's)")
+    load.add_argument("--step-s", type=float, default=None, help="sweep: seconds per step (default 30)")
+    load.add_argument("--slo", type=json.loads, default=None,
+                      help='JSON overriding the scenario\'s latency targets, e.g. \'{"ttft_s": 2, "tpot_s": 0.2}\' '
+                           "(null unsets one)")
+    load.add_argument("--slo-attainment", type=float, default=0.95,
+                      help="sweep: share of a step's complete answers that must meet the SLO (default 0.95)")
+    load.add_argument("--repeat", type=_positive, default=1,
+                      help="run the profile N times on the one deployment; report each figure's median and spread")
     load.add_argument("--rate", type=float, default=None, help="poisson: requests per second")
     load.add_argument("--duration", type=float, default=None, help="seconds of load")
     load.add_argument("--requests", type=int, default=None, help="stop after this many requests")
@@ -102,6 +112,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def _positive(value: str) -> int:
+    n = int(value)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return n
+
+
 def _replicas(value: str) -> int | str:
     if value == "fit":
         return value
@@ -117,7 +134,7 @@ def scenario_from(args: argparse.Namespace):
     sc = SCENARIOS[args.scenario].model_copy(deep=True)
     prof = sc.profile.model_dump()
     for key, val in (("kind", args.profile), ("concurrency", args.concurrency), ("rate", args.rate),
-                     ("duration_s", args.duration), ("max_requests", args.requests)):
+                     ("duration_s", args.duration), ("max_requests", args.requests), ("step_s", args.step_s)):
         if val is not None:
             prof[key] = val
     if args.requests is not None and args.duration is None:
@@ -125,6 +142,13 @@ def scenario_from(args: argparse.Namespace):
     sc.profile = type(sc.profile).model_validate(prof)
     if args.mix:
         sc.mix = type(sc.mix).model_validate({**sc.mix.model_dump(), **args.mix})
+    if args.slo:
+        sc.slo = type(sc.slo).model_validate({**sc.slo.model_dump(), **args.slo})
+    if sc.profile.kind == "sweep" and (sc.kill_replica_at_s is not None or sc.probes):
+        raise ValueError(f"scenario {sc.name} kills a replica or sends probes: a capacity search does neither "
+                         "(pick a scenario without, e.g. stress or bench)")
+    if args.repeat > 1 and sc.kill_replica_at_s is not None:
+        raise ValueError("--repeat measures figures; a scenario that kills a replica is run once")
     if args.kill_replica_at is not None:
         sc.kill_replica_at_s = args.kill_replica_at
     if args.probes is not None:
@@ -163,11 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     use_engine_env()
     from rich.console import Console
 
-    from .fault_evidence import check_planned_faults
-    from .load_loop import run_load
     from .report import write_report
     from .results import EXIT_USAGE
-    from .summary import summarize, unexpected_deaths
     from .target import LoadTarget
 
     console = Console()
@@ -179,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]bad load settings[/]: {e}")
         return EXIT_USAGE
     out = args.out or Path("out") / sc.name
-    sweep_on = args.sweep if args.sweep is not None else sc.name != "smoke"
+    # the fuzz sweep after the load: on by default, except for smoke and the capacity search (its own minutes)
+    sweep_on = args.sweep if args.sweep is not None else (sc.name != "smoke" and sc.profile.kind != "sweep")
     api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
 
     cluster = None
@@ -205,19 +227,9 @@ def main(argv: list[str] | None = None) -> int:
             target = LoadTarget(cluster.base_url, cluster.metrics_urls, api_key, cluster)
 
         console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
-                      f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)")
-        t0 = time.monotonic()
-        run = asyncio.run(run_load(target, sc, run_config, t0))
-        fault_checks = check_planned_faults(sc.planned_faults, run.checker, run.faults,
-                                            not is_off("accounting", settings.patches_off))
-        deaths = unexpected_deaths(run.checker, run.faults, target.listed_dead)
-        summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths,
-                            fault_checks)
-        summary.scenario = sc
-        summary.patches_off = args.patches_off
-        if sc.probes:
-            add_probe_verdict(summary, reference, run.results)
-
+                      f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)"
+                      + (f", {args.repeat} runs" if args.repeat > 1 else ""))
+        runs = [one_run(target, sc, run_config, settings, args, reference) for _ in range(args.repeat)]
         sweep = None
         if sweep_on:
             sweep = run_http_sweep(target, args.sweep_per_task, console)
@@ -225,10 +237,49 @@ def main(argv: list[str] | None = None) -> int:
         if cluster is not None:
             with console.status("shutting the cluster down"):
                 cluster.close()
-    path = write_report(out, f"Load test: {sc.name}" + (f" (patches off: {args.patches_off})" if args.patches_off else ""),
-                        run.results, summary, run.checker, sweep)
+    title = f"Load test: {sc.name}" + (f" (patches off: {args.patches_off})" if args.patches_off else "")
+    if len(runs) == 1:
+        run, summary = runs[0]
+        path = write_report(out, title, run.results, summary, run.checker, sweep)
+    else:
+        from .repeats import combined
+
+        dirs = [out / f"run-{k + 1}" for k in range(len(runs))]
+        for d, (run, summary) in zip(dirs, runs):
+            write_report(d, f"{title}, run {d.name}", run.results, summary, run.checker)
+        run, _ = runs[-1]
+        summary = combined([s for _, s in runs], [str(d) for d in dirs])
+        path = write_report(out, f"{title}, {len(runs)} runs", run.results, summary, run.checker, sweep)
     print_summary(console, summary, path)
     return summary.exit_code
+
+
+def one_run(target: LoadTarget, sc, run_config: RunConfig, settings: DeploySettings, args: argparse.Namespace,
+            reference) -> tuple:
+    """One run of the scenario's profile at ``target``: its :class:`~load_tests.load_loop.LoadRun` and summary."""
+    from .capacity import SweepDriver
+    from .fault_evidence import check_planned_faults
+    from .load_loop import run_load
+    from .profiles import SweepPlan
+    from .summary import summarize, unexpected_deaths
+
+    driver = None
+    if sc.profile.kind == "sweep":
+        driver = SweepDriver(SweepPlan.from_profile(sc.profile, slo_attainment=args.slo_attainment), sc.slo,
+                             run_config.seed)
+    t0 = time.monotonic()
+    run = asyncio.run(run_load(target, sc, run_config, t0, driver))
+    fault_checks = check_planned_faults(sc.planned_faults, run.checker, run.faults,
+                                        not is_off("accounting", settings.patches_off))
+    deaths = unexpected_deaths(run.checker, run.faults, target.listed_dead)
+    summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths, fault_checks)
+    summary.scenario = sc
+    summary.patches_off = args.patches_off
+    if driver is not None:
+        summary.capacity = driver.result()
+    if sc.probes:
+        add_probe_verdict(summary, reference, run.results)
+    return run, summary
 
 
 def add_probe_verdict(summary: RunSummary, reference, results) -> None:
@@ -261,13 +312,29 @@ def print_summary(console, summary: RunSummary, path: Path) -> None:
     t.add_column("")
     t.add_row("requests", f"{summary.started} started; " + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())))
     tp = summary.throughput
-    t.add_row("throughput", f"{tp.requests_per_s:.2f} req/s, {tp.output_tokens_per_s:.0f} tok/s, "
-                            f"goodput {tp.goodput_requests_per_s:.2f} req/s")
-    ttft = summary.latency_s.ttft
-    t.add_row("TTFT p50 / p99", " / ".join("-" if v is None else f"{v * 1000:.0f} ms" for v in (ttft.p50, ttft.p99)))
+    t.add_row("throughput", f"{tp.requests_per_s:.2f} req/s ({tp.completed} complete), "
+                            f"{tp.output_tokens_per_s:.0f} tok/s")
+    t.add_row("goodput", f"{tp.goodput_requests_per_s:.2f} req/s ({tp.slo_met} of {tp.completed} met "
+                         f"{summary.slo.model_dump(exclude_none=True)})")
+    for name, p in summary.latency_s:
+        t.add_row(f"{name.upper()} p50 / p99", " / ".join("-" if v is None else f"{v * 1000:.0f} ms"
+                                                          for v in (p.p50, p.p99)) + f" ({p.requests} requests)")
     inv = summary.invariants
     t.add_row("invariants", f"{inv.scrapes} scrapes, {inv.violations} violations {inv.by_kind or ''}")
     t.add_row("replicas", ", ".join(f"{k}{' (dead)' if r.stale else ''}" for k, r in summary.replicas.items()))
+    if summary.capacity:
+        cap = summary.capacity
+        t.add_row("capacity", ", ".join(f"{st.concurrency}: {st.throughput.goodput_requests_per_s:.1f}"
+                                        + ("" if st.meets_slo else " (misses SLO)") for st in cap.steps)
+                  + " req/s goodput by requests in flight")
+        t.add_row("knee", "none met the SLO" if cap.knee is None else
+                  f"{cap.knee} in flight, {cap.knee_goodput_requests_per_s:.2f} req/s goodput; stopped: "
+                  f"{cap.stopped_because}")
+    if summary.repeats:
+        for name in ("requests_per_s", "goodput_requests_per_s", "ttft_p99_s", "knee_concurrency"):
+            if (sp := summary.repeats.figures.get(name)) is not None:
+                t.add_row(f"{name} over {summary.repeats.runs} runs",
+                          f"median {sp.median:.3g}, {sp.min:.3g} to {sp.max:.3g} ({sp.relative_spread or 0:.0%} spread)")
     for c in summary.planned_faults:
         t.add_row(f"fault {c.fault}", ("[green]fired[/]" if c.ok else "[red]not shown[/]") + f": {c.evidence}")
     for reason in summary.failures:

@@ -18,8 +18,16 @@ Every request ends as exactly one :class:`RequestResult` with an ``outcome``
     failures; ``truncated``: a 200 stream that ended without ``[DONE]`` and
     without an error event, the "silently dropped" case.
 
-Timing (monotonic clock, seconds): ``ttft`` (first content token), ``itl``
-(gaps between content chunks), ``e2e``.
+Timing (monotonic clock, seconds), by tokens, never by visible text (vLLM's
+``bench serve`` convention): ``ttft`` is the time to the first chunk that
+carries a token, even one whose text decodes to ``""`` (a fuzzed greedy
+answer often does); ``itl`` the gaps between such chunks; ``e2e`` the whole
+request. A chunk carries a token when it has a choice and is not chat's
+role announcement (``{"delta": {"role": "assistant", "content": ""}}``, sent
+before any token: vLLM's bench counts it, we do not) or a bare finish (an
+empty delta and a ``finish_reason``). A non-streamed request has no
+``ttft``: its figures are ``e2e`` and the output tokens from ``usage``
+(:meth:`load_tests.scenarios.Slo.met` says how it is judged).
 """
 
 from __future__ import annotations
@@ -55,10 +63,15 @@ class RequestResult:
     spec: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def output_tokens(self) -> int:
+        """Tokens the answer carried: the server's ``usage``, else the token chunks counted."""
+        return self.completion_tokens or self.chunks
+
+    @property
     def tpot(self) -> float | None:
         """Time per output token after the first (streams with >= 2 tokens)."""
-        n = self.completion_tokens or self.chunks
-        if self.ttft is None or self.e2e is None or not self.spec.get("stream") or not n or n < 2:
+        n = self.output_tokens
+        if self.ttft is None or self.e2e is None or not self.spec.get("stream") or n < 2:
             return None
         return (self.e2e - self.ttft) / (n - 1)
 
@@ -68,14 +81,20 @@ class RequestResult:
         return d
 
 
-def _content(chunk: dict[str, Any]) -> str | None:
+def carries_token(chunk: dict[str, Any]) -> bool:
+    """Whether a streamed chunk carries output tokens, whatever their text decodes to (see the module's doc)."""
     choices = chunk.get("choices") or []
-    if not choices:
-        return None
+    if not choices or not isinstance(choices[0], dict):
+        return False  # the usage summary at the end of a stream has no choice
     c = choices[0]
-    if "text" in c:
-        return c.get("text")
-    return (c.get("delta") or {}).get("content")
+    if "text" in c:  # completions: vLLM sends one chunk per engine step with tokens, never an empty one
+        return True
+    delta = c.get("delta") or {}
+    if delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls"):
+        return True
+    # chat: the speaker's announcement before any token, or a bare finish ({} and a finish_reason), carry none;
+    # a step whose tokens decode to "" still sends its (empty) content
+    return "role" not in delta and "content" in delta
 
 
 async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec, t0: float,
@@ -147,7 +166,7 @@ async def _read_stream(r: aiohttp.ClientResponse, res: RequestResult, spec: Requ
         choices = chunk.get("choices") or []
         if choices and choices[0].get("finish_reason"):
             res.finish_reason = choices[0]["finish_reason"]
-        if _content(chunk):
+        if carries_token(chunk):
             now = time.monotonic()
             if res.ttft is None:
                 res.ttft = now - start

@@ -15,6 +15,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -62,12 +63,23 @@ class LoadRun:
     wall_s: float
 
 
-async def run_load(target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float) -> LoadRun:
+# What starts the requests: called with the loop, ``one(index)`` (sends the index-th request of the mix and records
+# it) and the stop event; returns how many it started. The default follows the scenario's profile
+# (load_tests.profiles.drive); the capacity search steps through loads (load_tests.capacity.SweepDriver).
+Driver = Callable[["LoadLoop", Callable[[int], Awaitable[None]], asyncio.Event], Awaitable[int]]
+
+
+async def run_load(target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float,
+                   driver: Driver | None = None) -> LoadRun:
     """Drive the load, watch it, wait for quiescence; SIGINT stops starting new requests."""
-    return await _LoadLoop(target, scenario, config, t0).run()
+    return await LoadLoop(target, scenario, config, t0).run(driver)
 
 
-class _LoadLoop:
+async def _profile_driver(loop: LoadLoop, one: Callable[[int], Awaitable[None]], stop: asyncio.Event) -> int:
+    return await drive(loop.sc.profile, one, seed=loop.config.seed, stop=stop)
+
+
+class LoadLoop:
     """One run's state: the results as they come, the progress bar, the probe rounds and the kill beside the load."""
 
     def __init__(self, target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float):
@@ -124,7 +136,7 @@ class _LoadLoop:
             side.append(asyncio.create_task(self.prober(session)))
         return side
 
-    async def run(self) -> LoadRun:
+    async def run(self, driver: Driver | None = None) -> LoadRun:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, stop.set)
@@ -135,8 +147,8 @@ class _LoadLoop:
                 await self.monitor.baseline()
                 self.monitor.start()
                 with self.progress:
-                    started = await drive(self.sc.profile, lambda i: self.one(session, draw(self.sc.mix, self.config.seed, i)),
-                                          seed=self.config.seed, stop=stop)
+                    started = await (driver or _profile_driver)(
+                        self, lambda i: self.one(session, draw(self.sc.mix, self.config.seed, i)), stop)
                 for s in side:
                     s.cancel()
                 await asyncio.gather(*side, return_exceptions=True)

@@ -23,7 +23,7 @@ from .client import RequestResult
 from .counters import SOURCES
 from .monitor import InvariantChecker
 from .outcomes import OK_OUTCOMES
-from .results import Fault, RunSummary
+from .results import Capacity, Fault, Repeats, RunSummary
 
 
 def write_jsonl(path: Path, rows) -> None:
@@ -47,10 +47,11 @@ def plot_latency_cdf(results: list[RequestResult], path: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     ok = [r for r in results if r.outcome == "ok"]
-    series = {"TTFT (streams)": [r.ttft for r in ok if r.ttft is not None and r.spec.get("stream")],
-              "TPOT": [r.tpot for r in ok if r.tpot is not None],
-              "end-to-end": [r.e2e for r in ok if r.e2e is not None]}
+    series = {"TTFT (streams)": [r.ttft for r in ok if r.ttft is not None],
+              "TPOT (streams)": [r.tpot for r in ok if r.tpot is not None],
+              "end-to-end (all)": [r.e2e for r in ok if r.e2e is not None]}
     for ax, (name, values) in zip(axes, series.items()):
+        name = f"{name}, {len(values)} requests"
         if values:
             xs = np.sort(np.asarray(values)) * 1000
             ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs))
@@ -150,11 +151,16 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
     lines += ["## Load", "",
               f"{summary.started} requests in {summary.wall_s:.0f} s; outcomes: "
               + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())), "",
-              f"- throughput: {t.requests_per_s:.2f} req/s, {t.output_tokens_per_s:.1f} output tokens/s",
-              f"- goodput: {t.goodput_requests_per_s:.2f} req/s meeting {summary.slo.model_dump()}", "",
-              "| latency (ms) | p50 | p90 | p95 | p99 | mean |", "|---|---|---|---|---|---|"]
+              f"- throughput: {t.requests_per_s:.2f} req/s ({t.completed} complete answers), "
+              f"{t.output_tokens_per_s:.1f} output tokens/s",
+              f"- goodput: {t.goodput_requests_per_s:.2f} req/s ({t.slo_met} of the {t.completed} complete answers) "
+              f"meeting {summary.slo.model_dump()}: streams on TTFT and TPOT, the rest on end-to-end time "
+              f"(docs/load_tests.md#figures)", "",
+              "| latency (ms) | requests | values | p50 | p90 | p95 | p99 | mean |",
+              "|---|---|---|---|---|---|---|---|"]
     for name, p in summary.latency_s:
-        lines.append(f"| {name} | {_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | {_ms(p.p99)} | {_ms(p.mean)} |")
+        lines.append(f"| {name} | {p.requests} | {p.count} | {_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | "
+                     f"{_ms(p.p99)} | {_ms(p.mean)} |")
     faults = [{"kind": f.kind, "t": f.t, "detail": f.detail} for f in summary.faults]
     lines += ["", "## Errors", "",
               f"- unexpected, by kind: {summary.errors_by_kind or 'none'}",
@@ -172,6 +178,10 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
                   f"{'; '.join(c.problems) or '-'} |" for c in summary.planned_faults]
         lines.append("")
     lines += [f"Replicas that died without the run killing them: {summary.unexpected_replica_deaths or 'none'}", ""]
+    if summary.capacity:
+        lines += capacity_lines(summary.capacity)
+    if summary.repeats:
+        lines += repeats_lines(summary.repeats)
     if summary.probes:
         p = summary.probes
         lines += ["## Greedy probes under faults vs the fault-free deployment", "",
@@ -207,6 +217,66 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
     return "\n".join(lines) + "\n"
 
 
+def capacity_lines(cap: Capacity) -> list[str]:
+    knee = "none: no step met the SLO" if cap.knee is None else (
+        f"**{cap.knee} in flight**, {cap.knee_goodput_requests_per_s:.2f} req/s goodput")
+    plan = cap.plan
+    lines = ["## Capacity search (profile sweep)", "",
+             f"Steps of {plan.step_s:g} s at 1, 2, 4, ... in flight. Knee (the highest load whose goodput is within "
+             f"{plan.knee_within:.0%} of the best, {cap.best_goodput_requests_per_s:.2f} req/s, and at which at least "
+             f"{plan.slo_attainment:.0%} of the complete answers met the SLO, with no invariant violation and at most "
+             f"{plan.error_budget:.0%} failures): {knee}. Stopped: {cap.stopped_because}.", "",
+             "| in flight | requests | req/s | goodput | SLO met | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | "
+             "failures | violations | meets SLO |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for st in cap.steps:
+        t, lat = st.throughput, st.latency_s
+        met = "-" if st.slo_attainment is None else f"{st.slo_attainment:.0%}"
+        lines.append(f"| {st.concurrency} | {st.started} | {t.requests_per_s:.2f} | {t.goodput_requests_per_s:.2f} | "
+                     f"{met} | {_ms(lat.ttft.p50)} / {_ms(lat.ttft.p99)} ({lat.ttft.requests}) | "
+                     f"{_ms(lat.tpot.p50)} / {_ms(lat.tpot.p99)} ({lat.tpot.requests}) | {st.unexpected_failures} | "
+                     f"{st.violations} {' '.join(st.violation_kinds)} | {'yes' if st.meets_slo else 'no'} |")
+    return lines + [""]
+
+
+def repeats_lines(rep: Repeats) -> list[str]:
+    def fmt(name: str, v: float | None) -> str:
+        if v is None:
+            return "-"
+        return f"{v * 1000:.0f} ms" if name.endswith("_s") else f"{v:.2f}"
+
+    lines = [f"## {rep.runs} runs ({rep.passed} passed)", "",
+             "| figure | median | min | max | spread | each run |", "|---|---|---|---|---|---|"]
+    for name, sp in rep.figures.items():
+        spread = "-" if sp.relative_spread is None else f"{sp.relative_spread:.0%}"
+        lines.append(f"| {name} | {fmt(name, sp.median)} | {fmt(name, sp.min)} | {fmt(name, sp.max)} | {spread} | "
+                     + ", ".join(fmt(name, v) for v in sp.values) + " |")
+    return lines + ["", "Each run's report: " + ", ".join(f"[{Path(d).name}]({Path(d).name}/report.md)"
+                                                          for d in rep.reports), ""]
+
+
+def plot_capacity(cap: Capacity, path: Path) -> None:
+    plt = _plt()
+    xs = [st.concurrency for st in cap.steps]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
+    left.plot(xs, [st.throughput.requests_per_s for st in cap.steps], "o-", label="throughput")
+    left.plot(xs, [st.throughput.goodput_requests_per_s for st in cap.steps], "s--", label="SLO goodput")
+    left.set_ylabel("requests / s")
+    p99 = [(st.concurrency, st.latency_s.ttft.p99 * 1000) for st in cap.steps if st.latency_s.ttft.p99 is not None]
+    right.plot([x for x, _ in p99], [y for _, y in p99], "o-", color="tab:red", label="TTFT p99")
+    right.set_ylabel("ms")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("requests in flight")
+        if cap.knee is not None:
+            ax.axvline(cap.knee, color="grey", linestyle=":", label=f"knee ({cap.knee})")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("capacity search: throughput and goodput (left), TTFT p99 (right) against load")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
 def write_report(out: Path, title: str, results: list[RequestResult], summary: RunSummary,
                  checker: InvariantChecker, sweep=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
@@ -224,6 +294,9 @@ def write_report(out: Path, title: str, results: list[RequestResult], summary: R
     plot_counters(checker, out / "counters.png", summary.faults)
     if (out / "counters.png").exists():
         images.append("counters.png")
+    if summary.capacity and summary.capacity.steps:
+        plot_capacity(summary.capacity, out / "capacity.png")
+        images.append("capacity.png")
     if sweep:
         (out / "fuzz_sweep.json").write_text(json.dumps([asdict(p) for p in sweep], indent=2))
         plot_sweep(sweep, out / "fuzz_sweep.png")

@@ -22,9 +22,10 @@ from .fault_evidence import FaultCheck
 from .monitor import Violation
 from .outcomes import Counted, Outcome
 from .probes import ProbeVerdict
+from .profiles import SweepPlan
 from .scenarios import Scenario, Slo
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: every percentile row counts what it covers; goodput judges every request; sweep, repeats
 # The CLI's exit codes: the run passed; the run failed (RunSummary.failures says why); usage or set-up error.
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -43,6 +44,8 @@ class Fault:
 
 
 class Percentiles(_Record):
+    count: int = Field(description="values the row is computed over")
+    requests: int | None = Field(description="requests those values come from (None: not a per-request figure)")
     p50: float | None
     p90: float | None
     p95: float | None
@@ -51,13 +54,17 @@ class Percentiles(_Record):
 
 
 class Throughput(_Record):
-    requests_per_s: float = Field(description="complete answers (outcome ok) per second of load")
+    completed: int = Field(description="complete answers (outcome ok)")
+    requests_per_s: float = Field(description="complete answers per second of load")
     output_tokens_per_s: float
-    goodput_requests_per_s: float = Field(description="requests meeting every latency target of `slo` per second")
+    slo_met: int = Field(description="complete answers meeting the SLO under Slo.met's rule (streams on TTFT and "
+                                     "TPOT, the rest on end-to-end time)")
+    goodput_requests_per_s: float = Field(description="slo_met per second of load")
 
 
 class Latency(_Record):
-    """Seconds, over the requests that completed (outcome ok)."""
+    """Seconds, over the requests that completed (outcome ok) and have the figure: TTFT and ITL the streams that
+    produced a token, TPOT those with two or more, end-to-end every one (each row's ``requests`` says how many)."""
 
     ttft: Percentiles
     itl: Percentiles
@@ -130,10 +137,58 @@ class ClientServer(_Record):
                              description="present when a replica died: only the upper bound is checked")
 
 
+class SweepStep(_Record):
+    """One step of the capacity search (``load_tests.capacity``): its figures and verdicts."""
+
+    concurrency: int
+    t_start: float = Field(description="seconds since the run started")
+    wall_s: float
+    started: int
+    throughput: Throughput
+    latency_s: Latency
+    slo_attainment: float | None = Field(description="share of the complete answers that met the SLO")
+    unexpected_failures: int = Field(description="failed requests (lost included), none being planned")
+    violations: int = Field(description="invariant violations the monitor found during the step")
+    violation_kinds: list[str]
+    within_error_budget: bool
+    meets_slo: bool = Field(description="attainment reached, within the error budget, no violation")
+
+
+class Capacity(_Record):
+    """The capacity search's result (``summary.json``'s ``capacity``)."""
+
+    plan: SweepPlan
+    steps: list[SweepStep]
+    knee: int | None = Field(description="the highest concurrency whose goodput is within knee_within of the best "
+                                         "and that meets the SLO (None: no step did)")
+    knee_goodput_requests_per_s: float | None
+    best_goodput_requests_per_s: float
+    stopped_because: str
+
+
+class Spread(_Record):
+    """One figure over repeated runs."""
+
+    values: list[float | None] = Field(description="each run's, in order")
+    median: float | None
+    min: float | None
+    max: float | None
+    relative_spread: float | None = Field(description="(max - min) / median")
+
+
+class Repeats(_Record):
+    """The same profile run several times on one deployment (``--repeat N``): each figure's median and spread."""
+
+    runs: int
+    passed: int = Field(description="runs with no failure (the whole passes only if every one did)")
+    figures: dict[str, Spread]
+    reports: list[str] = Field(description="each run's report directory")
+
+
 class RunSummary(_Record):
     """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[2] = SCHEMA_VERSION
     wall_s: float
     started: int = Field(description="requests started (probes included); each ends as one outcome, or lost")
     outcomes: dict[Counted, int]
@@ -156,6 +211,10 @@ class RunSummary(_Record):
     patches_off: str | None = None
     probes: ProbeVerdict | None = Field(None, exclude_if=lambda v: v is None,
                                         description="greedy probes under faults vs a fault-free deployment (soak)")
+    capacity: Capacity | None = Field(None, exclude_if=lambda v: v is None,
+                                      description="the capacity search (profile sweep): its steps and knee")
+    repeats: Repeats | None = Field(None, exclude_if=lambda v: v is None,
+                                    description="--repeat N: every run's figures, their median and spread")
 
     @model_validator(mode="before")
     @classmethod

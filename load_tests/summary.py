@@ -37,7 +37,7 @@ from .verdict import verdict
 if TYPE_CHECKING:
     from .fault_evidence import FaultCheck
 
-__all__ = ["Fault", "Slo", "percentiles", "run_statistics", "summarize", "server_cross_check", "unexpected_deaths",
+__all__ = ["Fault", "Slo", "percentiles", "latency", "throughput", "run_statistics", "summarize", "server_cross_check", "unexpected_deaths",
            "explained_by_fault", "bad_request_problems", "error_signature"]
 
 PERCENTILES = (50, 90, 95, 99)
@@ -47,12 +47,38 @@ KILL_GRACE_S = 30.0
 
 
 def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
-    """``{"p50": ..., ..., "mean": ...}`` of ``values`` (None each when there are none): every latency figure
-    of the load tests and the benchmarks."""
+    """``{"p50": ..., ..., "mean": ..., "count": n}`` of ``values`` (None each when there are none): every latency
+    figure of the load tests and the benchmarks, with how many values it covers."""
     if not len(values):
-        return {f"p{p}": None for p in points} | {"mean": None}
+        return {f"p{p}": None for p in points} | {"mean": None, "count": 0}
     arr = np.asarray(values, dtype=float)
-    return {f"p{p}": float(np.percentile(arr, p)) for p in points} | {"mean": float(arr.mean())}
+    return {f"p{p}": float(np.percentile(arr, p)) for p in points} | {"mean": float(arr.mean()), "count": len(arr)}
+
+
+def latency(ok: Sequence[RequestResult]) -> Latency:
+    """The latency rows over the complete answers ``ok``, each over the requests that have the figure."""
+    def row(per_request: list[list[float]]) -> Percentiles:
+        have = [xs for xs in per_request if xs]
+        return Percentiles(**percentiles([x for xs in have for x in xs]), requests=len(have))
+
+    return Latency(ttft=row([[r.ttft] if r.ttft is not None else [] for r in ok]),
+                   itl=row([list(r.itl) if r.ttft is not None else [] for r in ok]),
+                   tpot=row([[r.tpot] if r.tpot is not None else [] for r in ok]),
+                   e2e=row([[r.e2e] if r.e2e is not None else [] for r in ok]))
+
+
+def throughput(results: Sequence[RequestResult], wall_s: float, slo: Slo) -> Throughput:
+    """Completed requests, output tokens and SLO goodput per second of ``wall_s`` (every request judged by
+    :meth:`Slo.met`)."""
+    ok = [r for r in results if r.outcome == "ok"]
+    met = sum(slo.met(r) for r in ok)
+
+    def rate(n: float) -> float:
+        return n / wall_s if wall_s else 0.0
+
+    return Throughput(completed=len(ok), requests_per_s=rate(len(ok)),
+                      output_tokens_per_s=rate(sum(r.output_tokens for r in ok)), slo_met=met,
+                      goodput_requests_per_s=rate(met))
 
 
 def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = KILL_GRACE_S) -> bool:
@@ -145,22 +171,13 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
     cross = server_cross_check(results, final, replicas_died=bool(checker.deaths or any(
         f.kind == "replica_kill" for f in faults) or deaths), baseline=checker.baseline())
     bad = bad_request_problems(results)
-    out_tokens = sum(r.completion_tokens or r.chunks for r in ok)
-
-    def rate(n: float) -> float:
-        return n / wall_s if wall_s else 0.0
-
     return RunSummary(
         wall_s=wall_s,
         started=started,
         outcomes=dict(outcomes),
-        throughput=Throughput(requests_per_s=rate(len(ok)), output_tokens_per_s=rate(out_tokens),
-                              goodput_requests_per_s=rate(sum(slo.met(r) for r in results))),
+        throughput=throughput(results, wall_s, slo),
         slo=slo,
-        latency_s=Latency(ttft=Percentiles(**percentiles([r.ttft for r in ok if r.ttft is not None])),
-                          itl=Percentiles(**percentiles([x for r in ok for x in r.itl])),
-                          tpot=Percentiles(**percentiles([r.tpot for r in ok if r.tpot is not None])),
-                          e2e=Percentiles(**percentiles([r.e2e for r in ok if r.e2e is not None]))),
+        latency_s=latency(ok),
         errors_by_kind=dict(Counter(r.outcome for r in unexplained)),
         errors_by_message=dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
         errors_explained_by_faults=dict(Counter(r.outcome for r in explained)),
@@ -176,7 +193,7 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
             expected_accounting_violations=checker.expected_violations,
             scrapes=len(checker.history), scrape_errors=checker.scrape_errors[:10],
             failed_scrapes=len(checker.scrape_errors),
-            scrape_seconds=Percentiles(**percentiles([h.scrape_s for h in checker.history[1:-1]])),
+            scrape_seconds=Percentiles(**percentiles([h.scrape_s for h in checker.history[1:-1]]), requests=None),
             first_scrape_t=checker.history[0].t if checker.history else None,
             last_scrape_t=checker.history[-1].t if checker.history else None),
         replicas={k: ReplicaRecord(stale=k in checker.stale, died_at=checker.deaths.get(k),

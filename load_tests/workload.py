@@ -54,6 +54,11 @@ class Mix(BaseModel):
     prefix_tokens: int = Field(600, ge=1, description="approximate length of each shared prefix")
     long_prompt_tokens: int = Field(900, ge=1)
     max_tokens: tuple[int, int] = (8, 48)
+    prompt_tokens: int | None = Field(None, ge=1, description="every prompt exactly this many random tokens (one "
+                                      "number word each), as vLLM bench's random dataset; None: the task prompts")
+    ignore_eos: bool = Field(False, description="answers run to max_tokens (vLLM's ignore_eos), for fixed lengths")
+    explicit_zero: float = Field(0.5, ge=0, le=1, description="share of unfuzzed requests that send "
+                                                              "fuzz_strength 0 (which must equal no fuzz)")
     model: str = "fixture"
 
     @model_validator(mode="after")
@@ -141,7 +146,10 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
 
     tail = _tails()[rng.randrange(len(_tails()))]
     tags: dict[str, Any] = {"kind": "chat" if chat else "completion", "task": tail.task}
-    if rng.random() < mix.long_prompt:
+    if mix.prompt_tokens is not None:
+        prompt = " ".join(str(rng.randrange(200)) for _ in range(mix.prompt_tokens))
+        tags.update(prompt="random", task=None)
+    elif rng.random() < mix.long_prompt:
         filler = [str(rng.randrange(200)) for _ in range(mix.long_prompt_tokens)]
         prompt = f"{' '.join(filler)} {tail.prompt}"
         tags["prompt"] = "long"
@@ -154,6 +162,8 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
         tags["prompt"] = "short"
 
     body: dict[str, Any] = {"model": mix.model, "max_tokens": max_tokens, "temperature": 0}
+    if mix.ignore_eos:
+        body["ignore_eos"] = True
     body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
     if rng.random() < mix.fuzz:
         mode = "gaussian" if rng.random() < mix.gaussian else "scale"
@@ -161,7 +171,7 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
         body["vllm_xargs"] = {"fuzz_strength": strength, "fuzz_mode": mode, "fuzz_seed": rng.randrange(4)}
         tags.update(fuzz_mode=mode, fuzz_strength=strength)
     else:
-        if rng.random() < 0.5:  # s = 0 sent explicitly half the time: must equal no fuzz at all
+        if rng.random() < mix.explicit_zero:  # s = 0 sent explicitly: must equal no fuzz at all
             body["vllm_xargs"] = {"fuzz_strength": 0.0}
         tags.update(fuzz_mode="none", fuzz_strength=0.0)
 

@@ -104,9 +104,11 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
          "percentunit", False, [q("fuzzserve:fuzzed_request_share:rate5m", "{{application}}")]),
     ]),
     ("Latency (vLLM's histograms, selected replicas)", [
-        ("Time to first token", "vllm:time_to_first_token_seconds quantiles.", "s", False,
+        ("Time to first token", "vllm:time_to_first_token_seconds quantiles: the engine's first token, whatever "
+         "its text, as the load tests' TTFT (docs/load_tests.md#figures), which adds the HTTP path.", "s", False,
          quantiles("ray_vllm_time_to_first_token_seconds")),
-        ("Time per output token", "vllm:request_time_per_output_token_seconds quantiles (TPOT).", "s", False,
+        ("Time per output token", "vllm:request_time_per_output_token_seconds quantiles (TPOT), by tokens as the "
+         "load tests' TPOT.", "s", False,
          quantiles("ray_vllm_request_time_per_output_token_seconds")),
     ]),
 ]

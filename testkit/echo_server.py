@@ -15,7 +15,10 @@ words asks for a behaviour: ``!400`` (an OpenAI 400 naming
 ``vllm_xargs.fuzz_strength``), ``!500``, ``!truncate`` (a stream that ends
 cleanly but without ``[DONE]``), ``!drop`` (the connection closed
 mid-stream), ``!error-event`` (an error event mid-stream), ``!slow`` (100 ms
-per token).
+per token), ``!empty-text`` (every token's text decodes to ``""``, as a fuzzed
+greedy answer's often does). Latencies are deterministic: ``--ttft-ms``
+before the first token, ``--itl-ms`` between tokens (a chat stream announces
+the speaker at once, before the first token, as vLLM's does).
 
 ``/metrics`` makes it a target for the whole stress-test CLI, not only its
 generator: it serves, in Ray's format, the vLLM counters of ``--replicas``
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import threading
 import time
 
 from aiohttp import web
@@ -39,7 +43,7 @@ from aiohttp import web
 from load_tests.counters import HEALTH_GAUGE
 
 
-BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow")
+BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow", "!empty-text")
 
 # What --fault breaks (after --fault-after requests), and what the CLI's verdict must then say.
 FAULTS = {
@@ -69,10 +73,13 @@ class PretendReplica:
 
 
 class EchoServer:
-    def __init__(self, itl_ms: float = 0.0, replicas: int = 2, fault: str | None = None, fault_after: int = 20):
+    def __init__(self, itl_ms: float = 0.0, replicas: int = 2, fault: str | None = None, fault_after: int = 20,
+                 ttft_ms: float = 0.0, empty_text: bool = False):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
         self.itl_s = itl_ms / 1000
+        self.ttft_s = ttft_ms / 1000
+        self.empty_text = empty_text  # every answer as if it had the !empty-text word
         self.stats = {"received": 0, "completed": 0, "disconnected": 0, "in_flight": 0, "max_in_flight": 0,
                       "by_behaviour": {}}
         self.replicas = [PretendReplica(f"echo-{i}") for i in range(max(1, replicas))]
@@ -198,13 +205,14 @@ class EchoServer:
         replica.prompt_tokens += len(str(text).split())
         itl = 0.1 if behaviour == "!slow" else self.itl_s
         created = int(time.time())
+        word = "" if behaviour == "!empty-text" or self.empty_text else " x"
         if not body.get("stream"):
-            await asyncio.sleep(itl * n)
+            await asyncio.sleep(self.ttft_s + itl * (n - 1))
             self.stats["completed"] += 1
             replica.generation_tokens += n
             self._finish(replica, "length")
             choice = {"index": 0, "finish_reason": "length"}
-            choice.update({"message": {"role": "assistant", "content": " x" * n}} if chat else {"text": " x" * n})
+            choice.update({"message": {"role": "assistant", "content": word * n}} if chat else {"text": word * n})
             return web.json_response({"id": "echo", "object": "chat.completion" if chat else "text_completion",
                                       "created": created, "model": body.get("model"), "choices": [choice],
                                       "usage": {"prompt_tokens": len(str(text).split()), "completion_tokens": n,
@@ -212,6 +220,12 @@ class EchoServer:
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         try:
+            if chat:  # the speaker's announcement, before any token
+                role = {"id": "echo", "created": created, "model": body.get("model"),
+                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                await resp.write(b"data: " + json.dumps(role).encode() + b"\n\n")
+            if self.ttft_s:
+                await asyncio.sleep(self.ttft_s)
             for i in range(n):
                 if behaviour == "!truncate" and i == n // 2:
                     self._finish(replica, "length")  # the engine finished it; the client never learns
@@ -225,12 +239,12 @@ class EchoServer:
                     self._finish(replica, "error")
                     await resp.write(b'data: {"error": {"message": "engine failed (asked for)", "code": 500}}\n\n')
                     return resp
-                delta = {"delta": {"content": " x"}} if chat else {"text": " x"}
+                delta = {"delta": {"content": word}} if chat else {"text": word}
                 chunk = {"id": "echo", "created": created, "model": body.get("model"),
                          "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 replica.generation_tokens += 1
-                if itl:
+                if itl and i < n - 1:
                     await asyncio.sleep(itl)
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {"prompt_tokens": len(str(text).split()), "completion_tokens": n}
@@ -262,11 +276,36 @@ async def start(port: int = 0, itl_ms: float = 0.0, host: str = "127.0.0.1", **k
     return runner, server, site._server.sockets[0].getsockname()[1]
 
 
+class EchoThread:
+    """The echo server on its own event loop in a thread (the CLI runs its own loop in the main thread)."""
+
+    def __init__(self, **kwargs):
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+
+        def serve():
+            asyncio.set_event_loop(self.loop)
+            self.runner, self.server, self.port = self.loop.run_until_complete(start(**kwargs))
+            started.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, daemon=True)
+        self.thread.start()
+        assert started.wait(30)
+
+    def close(self):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(30)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8100)
     ap.add_argument("--itl-ms", type=float, default=0.0, help="delay between streamed tokens")
+    ap.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first token")
+    ap.add_argument("--empty-text", action="store_true", help="every token's text is empty (as !empty-text)")
     ap.add_argument("--replicas", type=int, default=2, help="pretend engine replicas in /metrics")
     ap.add_argument("--fault", choices=sorted(FAULTS), default=None,
                     help="break it on purpose: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()))
@@ -275,7 +314,8 @@ def main(argv: list[str] | None = None) -> None:
 
     async def serve() -> None:
         runner, _server, port = await start(args.port, args.itl_ms, args.host, replicas=args.replicas,
-                                            fault=args.fault, fault_after=args.fault_after)
+                                            fault=args.fault, fault_after=args.fault_after, ttft_ms=args.ttft_ms,
+                                            empty_text=args.empty_text)
         print(f"echo server listening on {args.host}:{port}", flush=True)  # --port 0: the port it got
         try:
             await asyncio.Event().wait()

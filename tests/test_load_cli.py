@@ -12,16 +12,14 @@ process (the same code, without a second interpreter start per case).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from load_tests import cli
-from testkit import echo_server
+from testkit.echo_server import EchoThread
 
 # fault -> what the report's failures must say
 EXPECTED = {
@@ -35,29 +33,6 @@ EXPECTED = {
     "undercount": "engines completed",
     "stuck": "first not_quiescent at t =",
 }
-
-
-class EchoThread:
-    """The echo server on its own event loop in a thread (the CLI runs its own loop in the main thread)."""
-
-    def __init__(self, **kwargs):
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-
-        def serve():
-            asyncio.set_event_loop(self.loop)
-            self.runner, self.server, self.port = self.loop.run_until_complete(echo_server.start(**kwargs))
-            started.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        assert started.wait(30)
-
-    def close(self):
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(30)
 
 
 def cli_args(port: int, out, extra_metrics: int = 0) -> list[str]:

@@ -29,10 +29,11 @@ def test_outcomes_are_partitioned():
 
 
 def minimal(failures: list[str]) -> dict:
-    pct = dict.fromkeys(("p50", "p90", "p95", "p99", "mean"))
+    pct = dict.fromkeys(("p50", "p90", "p95", "p99", "mean")) | {"count": 0, "requests": 0}
     return {
         "wall_s": 1.0, "started": 1, "outcomes": {"ok": 1},
-        "throughput": {"requests_per_s": 1.0, "output_tokens_per_s": 1.0, "goodput_requests_per_s": 1.0},
+        "throughput": {"completed": 1, "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "slo_met": 1,
+                       "goodput_requests_per_s": 1.0},
         "slo": {}, "latency_s": {k: pct for k in ("ttft", "itl", "tpot", "e2e")}, "errors_by_kind": {},
         "errors_by_message": {}, "errors_explained_by_faults": {}, "first_unexpected_errors": [],
         "bad_requests": {"sent": 0, "rejected_naming_the_field": 0, "problems": []}, "faults": [],

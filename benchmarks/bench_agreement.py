@@ -1,0 +1,192 @@
+"""Do the stress CLI's figures agree with vLLM's own ``bench serve`` on the same target and workload?
+
+    python -m benchmarks.bench_agreement --url http://127.0.0.1:8000 [--concurrency 32 --requests 640]
+    python -m benchmarks.bench_agreement --echo        # against testkit/echo_server.py (what the test runs)
+
+Both clients drive the same deployment, one after the other, with the same
+workload: vLLM's random dataset shape (``--input-len`` prompt tokens,
+exactly ``--output-len`` output tokens with ``ignore_eos``, streamed
+completions, no fuzz) at ``--concurrency`` in flight, ``--requests``
+requests each. Ours is the stress-test CLI itself (``python -m load_tests
+--scenario bench``, its summary.json); theirs is ``vllm bench serve``
+(:mod:`benchmarks.vllm_bench_serve`, its ``--save-result`` JSON). Compared:
+request throughput, TTFT p50 and TPOT p50, each within ``--tolerance``
+(15 %). The API key, if the target needs one, comes from
+``FUZZSERVE_API_KEYS`` (vLLM's client reads it as ``OPENAI_API_KEY``).
+
+``--echo`` starts ``testkit/echo_server.py`` with deterministic latencies
+(``--ttft-ms``, ``--itl-ms``) and answers whose every token's text is
+empty, so that a client counting text instead of tokens would have no
+TTFT at all and disagree: ``tests/test_bench_agreement.py`` runs it in the
+fast suite. The tokenizer vLLM's client needs to make random prompts is
+the fixture's (``fixture_model.build.build_tokenizer``, no training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from serve_app.command_logs import command_logging
+
+log = logging.getLogger("fuzzserve.benchmarks.bench_agreement")
+REPO = Path(__file__).resolve().parent.parent
+FIGURES = ("requests_per_s", "ttft_p50_s", "tpot_p50_s")
+TOLERANCE = 0.15
+
+
+def save_tokenizer(out: Path) -> Path:
+    """The fixture tokenizer (built from code, nothing trained) in ``out``, for vLLM's random prompts."""
+    from fixture_model.build import build_tokenizer
+
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def theirs(url: str, tokenizer: Path, concurrency: int, requests: int, input_len: int, output_len: int,
+           work: Path, api_key: str | None) -> dict[str, Any]:
+    """``vllm bench serve``'s figures (its own JSON, seconds)."""
+    argv = [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", "openai", "--base-url", url,
+            "--endpoint", "/v1/completions", "--model", "fixture", "--tokenizer", str(tokenizer),
+            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
+            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
+            "--result-dir", str(work), "--result-filename", "vllm_bench.json", "--disable-tqdm"]
+    env = dict(os.environ) | ({"OPENAI_API_KEY": api_key} if api_key else {})
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
+    if proc.returncode:
+        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    res = json.loads((work / "vllm_bench.json").read_text())
+    return {"tool": "vllm bench serve", "requests": res["completed"], "failed": res.get("failed", 0),
+            "requests_per_s": res["request_throughput"], "ttft_p50_s": res["median_ttft_ms"] / 1000,
+            "tpot_p50_s": res["median_tpot_ms"] / 1000, "ttft_p99_s": res["p99_ttft_ms"] / 1000}
+
+
+def ours(url: str, concurrency: int, requests: int, input_len: int, output_len: int, work: Path,
+         api_key: str | None, metrics_urls: list[str], quick_settle: bool = False) -> dict[str, Any]:
+    """The stress-test CLI's figures (``python -m load_tests --scenario bench``, its summary.json)."""
+    mix = {"prompt_tokens": input_len, "max_tokens": [output_len, output_len]}
+    argv = [sys.executable, "-m", "load_tests", "--scenario", "bench", "--url", url, "--concurrency",
+            str(concurrency), "--requests", str(requests), "--mix", json.dumps(mix), "--no-sweep", "--no-progress",
+            "--out", str(work / "ours"), *(a for m in metrics_urls for a in ("--metrics-url", m))]
+    if api_key:
+        argv += ["--api-key", api_key]
+    if quick_settle:  # the echo server's counters are exact at once: no metrics export interval to wait out
+        argv += ["--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    summary_path = work / "ours" / "summary.json"
+    if not summary_path.exists():
+        raise RuntimeError(f"load_tests wrote no summary ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
+    s = json.loads(summary_path.read_text())
+    lat, tp = s["latency_s"], s["throughput"]
+    return {"tool": "python -m load_tests", "requests": tp["completed"], "passed": s["passed"],
+            "failures": s["failures"], "requests_per_s": tp["requests_per_s"], "ttft_p50_s": lat["ttft"]["p50"],
+            "tpot_p50_s": lat["tpot"]["p50"], "ttft_p99_s": lat["ttft"]["p99"],
+            "ttft_requests": lat["ttft"]["requests"]}
+
+
+def disagreements(mine: dict[str, Any], vllm: dict[str, Any], tolerance: float = TOLERANCE) -> list[str]:
+    """Each compared figure of ours further than ``tolerance`` from vLLM's (relative to vLLM's), or missing."""
+    out = []
+    for k in FIGURES:
+        a, b = mine.get(k), vllm.get(k)
+        if a is None or b is None or b <= 0:
+            out.append(f"{k}: ours {a}, vLLM's {b}: not comparable")
+        elif abs(a - b) > tolerance * b:
+            out.append(f"{k}: ours {a:.4g}, vLLM's {b:.4g} ({a / b - 1:+.0%}, beyond {tolerance:.0%})")
+    return out
+
+
+def table(mine: dict[str, Any], vllm: dict[str, Any]) -> str:
+    lines = ["| figure | python -m load_tests | vllm bench serve | ours / theirs |", "|---|---|---|---|"]
+    for k in (*FIGURES, "ttft_p99_s"):
+        a, b = mine.get(k), vllm.get(k)
+        ratio = f"{a / b:.3f}" if a and b else "-"
+        unit = (lambda v: f"{v:.2f}") if k.endswith("per_s") else (lambda v: f"{v * 1000:.1f} ms")
+        lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | {ratio} |")
+    lines.append(f"| requests measured | {mine.get('requests')} | {vllm.get('requests')} | |")
+    return "\n".join(lines)
+
+
+def start_echo(ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
+    """``testkit/echo_server.py`` on a free port, every token's text empty; (process, base URL)."""
+    proc = subprocess.Popen([sys.executable, "-m", "testkit.echo_server", "--port", "0", "--ttft-ms", str(ttft_ms),
+                             "--itl-ms", str(itl_ms), "--empty-text"], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            start_new_session=True)
+    line = proc.stdout.readline()
+    if "listening" not in line:
+        proc.kill()
+        raise RuntimeError(f"the echo server did not start: {line!r}")
+    return proc, f"http://127.0.0.1:{int(line.rsplit(':', 1)[-1])}"
+
+
+def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work: Path,
+               quick_settle: bool = False) -> dict[str, Any]:
+    api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
+    tokenizer = save_tokenizer(work / "tokenizer")
+    shape = (args.concurrency, args.requests, args.input_len, args.output_len)
+    runs: dict[str, dict[str, Any]] = {}
+    for who in args.order.split(","):
+        t0 = time.monotonic()
+        if who == "vllm":
+            runs[who] = theirs(url, tokenizer, *shape, work, api_key)
+        else:
+            runs[who] = ours(url, *shape, work, api_key, metrics_urls, quick_settle)
+        log.info("%s: %s (%.0f s)", who, runs[who], time.monotonic() - t0)
+    return {"ours": runs["ours"], "vllm": runs["vllm"],
+            "disagreements": disagreements(runs["ours"], runs["vllm"], args.tolerance)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_agreement", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = ap.add_mutually_exclusive_group(required=True)
+    where.add_argument("--url", help="a running deployment's base URL")
+    where.add_argument("--echo", action="store_true", help="start testkit/echo_server.py and compare on it")
+    ap.add_argument("--metrics-url", action="append", default=[],
+                    help="the deployment's metrics endpoints (default: Ray's service discovery file)")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--requests", type=int, default=640)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--ttft-ms", type=float, default=100.0, help="--echo: the server's time to first token")
+    ap.add_argument("--itl-ms", type=float, default=10.0, help="--echo: its time between tokens")
+    ap.add_argument("--order", default="vllm,ours", help="which client runs first")
+    ap.add_argument("--tolerance", type=float, default=TOLERANCE)
+    ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
+    args = ap.parse_args(argv)
+    command_logging()
+    echo = None
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            if args.echo:
+                echo, url = start_echo(args.ttft_ms, args.itl_ms)
+                metrics = [f"{url}/metrics"]
+            else:
+                url, metrics = args.url.rstrip("/"), args.metrics_url
+            result = compare_on(url, args, metrics, Path(tmp), quick_settle=args.echo)
+        finally:
+            if echo is not None:
+                echo.terminate()
+                echo.wait(10)
+    result["workload"] = {k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len")}
+    md = table(result["ours"], result["vllm"])
+    sys.stdout.write(md + "\n" + ("agree within %.0f%%\n" % (100 * args.tolerance) if not result["disagreements"]
+                                  else "DISAGREE: " + "; ".join(result["disagreements"]) + "\n"))
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "agreement.json").write_text(json.dumps(result, indent=2))
+        (args.out / "agreement.md").write_text(md + "\n")
+    return 1 if result["disagreements"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
