@@ -1,6 +1,7 @@
 """Do the stress CLI's figures agree with vLLM's own ``bench serve`` on the same target and workload?
 
     python -m benchmarks.bench_agreement --url http://127.0.0.1:8000 [--concurrency 32 --requests 640]
+    python -m benchmarks.bench_agreement --shipped     # serve_config.yaml in a fresh local cluster, as deployed
     python -m benchmarks.bench_agreement --echo        # against testkit/echo_server.py (what the test runs)
 
 Both clients drive the same deployment, one after the other, with the same
@@ -151,6 +152,13 @@ def main(argv: list[str] | None = None) -> int:
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running deployment's base URL")
     where.add_argument("--echo", action="store_true", help="start testkit/echo_server.py and compare on it")
+    where.add_argument("--shipped", action="store_true",
+                       help="deploy serve_config.yaml (ray start + serve deploy, a fresh single-node cluster, torn "
+                            "down after) and compare on it")
+    ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="--shipped: the Serve config")
+    ap.add_argument("--warmup", type=int, default=None,
+                    help="requests sent with vLLM's client before either measured run (default: 0 on the echo "
+                         "server, 200 otherwise: the engines' first batches compile)")
     ap.add_argument("--metrics-url", action="append", default=[],
                     help="the deployment's metrics endpoints (default: Ray's service discovery file)")
     ap.add_argument("--concurrency", type=int, default=32)
@@ -164,20 +172,36 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
     args = ap.parse_args(argv)
     command_logging()
-    echo = None
+    echo = shipped = None
+    warmup = args.warmup if args.warmup is not None else (0 if args.echo else 200)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             if args.echo:
                 echo, url = start_echo(args.ttft_ms, args.itl_ms)
                 metrics = [f"{url}/metrics"]
+            elif args.shipped:
+                from benchmarks.vs_vllm import Shipped
+
+                shipped = Shipped(args.config, Path(tmp) / "cluster").__enter__()
+                url, metrics = shipped.base_url, shipped.cluster.metrics_urls
             else:
                 url, metrics = args.url.rstrip("/"), args.metrics_url
+            if warmup:
+                log.info("warming up with %d requests (vLLM's client, not measured)", warmup)
+                api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
+                (Path(tmp) / "warmup").mkdir()
+                theirs(url, save_tokenizer(Path(tmp) / "tokenizer"), args.concurrency, warmup, args.input_len,
+                       args.output_len, Path(tmp) / "warmup", api_key)
             result = compare_on(url, args, metrics, Path(tmp), quick_settle=args.echo)
         finally:
             if echo is not None:
                 echo.terminate()
                 echo.wait(10)
+            if shipped is not None:
+                shipped.__exit__(None, None, None)
     result["workload"] = {k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len")}
+    result["target"] = "echo server" if args.echo else (f"{args.config} (shipped)" if args.shipped else args.url)
+    result["warmup_requests"] = warmup
     md = table(result["ours"], result["vllm"])
     sys.stdout.write(md + "\n" + ("agree within %.0f%%\n" % (100 * args.tolerance) if not result["disagreements"]
                                   else "DISAGREE: " + "; ".join(result["disagreements"]) + "\n"))

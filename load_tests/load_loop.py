@@ -95,7 +95,8 @@ class LoadLoop:
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  TextColumn("{task.completed} done"), TextColumn("{task.fields[status]}"),
                                  TimeElapsedColumn(), disable=not config.progress)
-        self.task = self.progress.add_task(scenario.name, total=scenario.profile.max_requests or
+        sweep = scenario.profile.kind == "sweep"  # its steps end it, not a count or a duration
+        self.task = self.progress.add_task(scenario.name, total=None if sweep else scenario.profile.max_requests or
                                            scenario.profile.duration_s, status="")
 
     async def one(self, session: aiohttp.ClientSession, spec: RequestSpec) -> None:

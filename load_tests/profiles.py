@@ -42,7 +42,8 @@ class Profile(BaseModel):
     ramp_s: float = Field(30.0, ge=0, description="ramp: seconds to reach full concurrency")
     duration_s: float | None = Field(None, gt=0)
     max_requests: int | None = Field(None, ge=1)
-    step_s: float = Field(30.0, gt=0, description="sweep: seconds of load per step")
+    step_s: float = Field(30.0, gt=0, description="sweep: seconds of load per step (duration_s and max_requests "
+                                                  "do not apply to a sweep)")
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
