@@ -12,7 +12,8 @@ requests each. Ours is the stress-test CLI itself (``python -m load_tests
 --scenario bench``, its summary.json); theirs is ``vllm bench serve``
 (:mod:`benchmarks.vllm_bench_serve`, its ``--save-result`` JSON). Compared:
 request throughput, TTFT p50 and TPOT p50, each within ``--tolerance``
-(15 %). The API key, if the target needs one, comes from
+(15 %); with ``--pairs N`` the clients take turns (vllm, ours, ours, vllm,
+...) and each client's median figure is compared. The API key, if the target needs one, comes from
 ``FUZZSERVE_API_KEYS`` (vLLM's client reads it as ``OPENAI_API_KEY``).
 
 ``--echo`` starts ``testkit/echo_server.py`` with deterministic latencies
@@ -29,6 +30,8 @@ import argparse
 import json
 import logging
 import os
+import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,17 +65,21 @@ def theirs(url: str, tokenizer: Path, concurrency: int, requests: int, input_len
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
             "--result-dir", str(work), "--result-filename", "vllm_bench.json", "--disable-tqdm"]
     env = dict(os.environ) | ({"OPENAI_API_KEY": api_key} if api_key else {})
+    before = _children_cpu_s()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
+    cpu = _children_cpu_s() - before
     if proc.returncode:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
     res = json.loads((work / "vllm_bench.json").read_text())
     return {"tool": "vllm bench serve", "requests": res["completed"], "failed": res.get("failed", 0),
             "requests_per_s": res["request_throughput"], "ttft_p50_s": res["median_ttft_ms"] / 1000,
-            "tpot_p50_s": res["median_tpot_ms"] / 1000, "ttft_p99_s": res["p99_ttft_ms"] / 1000}
+            "tpot_p50_s": res["median_tpot_ms"] / 1000, "ttft_p99_s": res["p99_ttft_ms"] / 1000,
+            "client_cpu_s": cpu}
 
 
 def ours(url: str, concurrency: int, requests: int, input_len: int, output_len: int, work: Path,
-         api_key: str | None, metrics_urls: list[str], quick_settle: bool = False) -> dict[str, Any]:
+         api_key: str | None, metrics_urls: list[str], quick_settle: bool = False,
+         scrape_interval_s: float | None = None) -> dict[str, Any]:
     """The stress-test CLI's figures (``python -m load_tests --scenario bench``, its summary.json)."""
     mix = {"prompt_tokens": input_len, "max_tokens": [output_len, output_len]}
     argv = [sys.executable, "-m", "load_tests", "--scenario", "bench", "--url", url, "--concurrency",
@@ -80,9 +87,13 @@ def ours(url: str, concurrency: int, requests: int, input_len: int, output_len: 
             "--out", str(work / "ours"), *(a for m in metrics_urls for a in ("--metrics-url", m))]
     if api_key:
         argv += ["--api-key", api_key]
+    if scrape_interval_s is not None:
+        argv += ["--scrape-interval", str(scrape_interval_s)]
     if quick_settle:  # the echo server's counters are exact at once: no metrics export interval to wait out
         argv += ["--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3"]
+    before = _children_cpu_s()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=REPO)
+    cpu = _children_cpu_s() - before
     summary_path = work / "ours" / "summary.json"
     if not summary_path.exists():
         raise RuntimeError(f"load_tests wrote no summary ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
@@ -91,7 +102,13 @@ def ours(url: str, concurrency: int, requests: int, input_len: int, output_len: 
     return {"tool": "python -m load_tests", "requests": tp["completed"], "passed": s["passed"],
             "failures": s["failures"], "requests_per_s": tp["requests_per_s"], "ttft_p50_s": lat["ttft"]["p50"],
             "tpot_p50_s": lat["tpot"]["p50"], "ttft_p99_s": lat["ttft"]["p99"],
-            "ttft_requests": lat["ttft"]["requests"]}
+            "ttft_requests": lat["ttft"]["requests"], "client_cpu_s": cpu}
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's finished children: a client's whole run, start-up included."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def disagreements(mine: dict[str, Any], vllm: dict[str, Any], tolerance: float = TOLERANCE) -> list[str]:
@@ -108,12 +125,13 @@ def disagreements(mine: dict[str, Any], vllm: dict[str, Any], tolerance: float =
 
 def table(mine: dict[str, Any], vllm: dict[str, Any]) -> str:
     lines = ["| figure | python -m load_tests | vllm bench serve | ours / theirs |", "|---|---|---|---|"]
-    for k in (*FIGURES, "ttft_p99_s"):
+    for k in (*FIGURES, "ttft_p99_s", "client_cpu_s"):
         a, b = mine.get(k), vllm.get(k)
         ratio = f"{a / b:.3f}" if a and b else "-"
-        unit = (lambda v: f"{v:.2f}") if k.endswith("per_s") else (lambda v: f"{v * 1000:.1f} ms")
+        unit = (lambda v: f"{v:.2f}") if k.endswith(("per_s", "cpu_s")) else (lambda v: f"{v * 1000:.1f} ms")
         lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | {ratio} |")
-    lines.append(f"| requests measured | {mine.get('requests')} | {vllm.get('requests')} | |")
+    lines.append(f"| requests measured (runs) | {mine.get('requests')} ({mine.get('runs', 1)}) | "
+                 f"{vllm.get('requests')} ({vllm.get('runs', 1)}) | |")
     return "\n".join(lines)
 
 
@@ -129,21 +147,39 @@ def start_echo(ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
     return proc, f"http://127.0.0.1:{int(line.rsplit(':', 1)[-1])}"
 
 
+def median_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each figure's median over runs of one client (``requests``: the sum)."""
+    out = {k: statistics.median(r[k] for r in runs) for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")
+           if all(r.get(k) for r in runs)}
+    return out | {"requests": sum(r["requests"] for r in runs), "runs": len(runs)}
+
+
 def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work: Path,
                quick_settle: bool = False) -> dict[str, Any]:
+    """``args.pairs`` pairs of runs, the order flipped every pair (vllm, ours, ours, vllm, ...); the medians."""
     api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
     tokenizer = save_tokenizer(work / "tokenizer")
     shape = (args.concurrency, args.requests, args.input_len, args.output_len)
-    runs: dict[str, dict[str, Any]] = {}
-    for who in args.order.split(","):
-        t0 = time.monotonic()
-        if who == "vllm":
-            runs[who] = theirs(url, tokenizer, *shape, work, api_key)
-        else:
-            runs[who] = ours(url, *shape, work, api_key, metrics_urls, quick_settle)
-        log.info("%s: %s (%.0f s)", who, runs[who], time.monotonic() - t0)
-    return {"ours": runs["ours"], "vllm": runs["vllm"],
-            "disagreements": disagreements(runs["ours"], runs["vllm"], args.tolerance)}
+    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
+    first = args.order.split(",")
+    for pair in range(args.pairs):
+        for who in (first if pair % 2 == 0 else first[::-1]):
+            if who == "ours" and not quick_settle:  # after the warm-up or vLLM's run
+                # Ray exports a replica's counters every few seconds: the CLI's baseline scrape must see the other
+                # client's requests, or its client/server cross-check counts them as its own
+                log.info("letting the counters settle for %.0f s", args.settle_s)
+                time.sleep(args.settle_s)
+            t0 = time.monotonic()
+            if who == "vllm":
+                run = theirs(url, tokenizer, *shape, work, api_key)
+            else:
+                run = ours(url, *shape, work, api_key, metrics_urls, quick_settle, args.scrape_interval)
+            run["pair"] = pair
+            runs[who].append(run)
+            log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
+    mine, vllm = median_figures(runs["ours"]), median_figures(runs["vllm"])
+    return {"ours": mine, "vllm": vllm, "runs": runs, "disagreements": disagreements(mine, vllm, args.tolerance),
+            "verdicts": [r.get("failures") for r in runs["ours"]]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,8 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--ttft-ms", type=float, default=100.0, help="--echo: the server's time to first token")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="--echo: its time between tokens")
-    ap.add_argument("--order", default="vllm,ours", help="which client runs first")
+    ap.add_argument("--order", default="vllm,ours", help="which client runs first (flipped every other pair)")
+    ap.add_argument("--pairs", type=int, default=1, help="pairs of runs; the figures compared are the medians")
+    ap.add_argument("--settle-s", type=float, default=25.0,
+                    help="seconds between the two runs on a real deployment (Ray exports counters every 10 s)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
+    ap.add_argument("--scrape-interval", type=float, default=None,
+                    help="our CLI's --scrape-interval (default: the CLI's own, 2 s)")
     ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
     args = ap.parse_args(argv)
     command_logging()
@@ -202,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     result["workload"] = {k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len")}
     result["target"] = "echo server" if args.echo else (f"{args.config} (shipped)" if args.shipped else args.url)
     result["warmup_requests"] = warmup
+    result["scrape_interval_s"] = args.scrape_interval
     md = table(result["ours"], result["vllm"])
     sys.stdout.write(md + "\n" + ("agree within %.0f%%\n" % (100 * args.tolerance) if not result["disagreements"]
                                   else "DISAGREE: " + "; ".join(result["disagreements"]) + "\n"))

@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     dep.add_argument("--replicas", type=_replicas, default=DEFAULT_REPLICAS,
                      help=f"engine replicas (the config's engine_replicas; default {DEFAULT_REPLICAS}, so that the "
                           "request router and per-replica checks have several replicas to work on; 'fit': the "
-                          "config's own sizing, one per 2 cores)")
+                          "config's own sizing in a cluster of the host's CPU count, as serve deploy on `ray start` gives: one "
+                          "replica per engine core + frontend core)")
     dep.add_argument("--routing", choices=tuple(ROUTERS), default=None,
                      help="the engine replicas' request router (serve_app.routing; default: the config's)")
     load = ap.add_argument_group("load (overrides the scenario)")
@@ -110,6 +111,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     out.add_argument("--sweep-per-task", type=int, default=15)
     out.add_argument("--no-progress", action="store_true", help="no live progress bar")
     return ap.parse_args(argv)
+
+
+def _unused(profile) -> set[str]:
+    """The profile's fields that do not apply to its kind (left out of what the CLI prints)."""
+    return {"duration_s", "max_requests", "ramp_s", "rate"} if profile.kind == "sweep" else \
+        {"step_s"} | ({"ramp_s"} if profile.kind != "ramp" else set())
 
 
 def _positive(value: str) -> int:
@@ -227,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
             target = LoadTarget(cluster.base_url, cluster.metrics_urls, api_key, cluster)
 
         console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
-                      f"profile {sc.profile.model_dump(exclude_none=True)}, metrics from {len(target.metrics_urls)} endpoint(s)"
+                      f"profile {sc.profile.model_dump(exclude_none=True, exclude=_unused(sc.profile))}, metrics from {len(target.metrics_urls)} endpoint(s)"
                       + (f", {args.repeat} runs" if args.repeat > 1 else ""))
         runs = [one_run(target, sc, run_config, settings, args, reference) for _ in range(args.repeat)]
         sweep = None

@@ -57,7 +57,10 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
             app["args"]["routing"] = settings.routing
         app["args"]["engine_replicas"] = settings.replicas
     env = {OFF_ENV: settings.patches_off} if settings.patches_off else {}
-    cluster = LocalCluster(env=env, log_dir=out / "cluster")
+    # 'fit' sizes the replicas to the cluster's CPUs: the cluster then has the host's own count, as `ray start`
+    # gives it (a fixed replica count runs in LocalCluster's default cluster, whatever the host)
+    sized = {"num_cpus": None} if settings.replicas == "fit" else {}
+    cluster = LocalCluster(env=env, log_dir=out / "cluster", **sized)
     t = time.monotonic()
     try:
         with console.status("starting a local Ray cluster and deploying (a few minutes on 2 cores)"):

@@ -60,7 +60,7 @@ class LoadRun:
     checker: InvariantChecker
     monitor: Monitor
     faults: list[Fault]  # what the run did on purpose (replica kills)
-    wall_s: float
+    wall_s: float  # the load's window: first request started to last answer (the figures' denominator)
 
 
 # What starts the requests: called with the loop, ``one(index)`` (sends the index-th request of the mix and records
@@ -147,6 +147,7 @@ class LoadLoop:
                 side = self.side_tasks(session, await asyncio.to_thread(self.target.list_replicas))
                 await self.monitor.baseline()
                 self.monitor.start()
+                load_start = time.monotonic()  # the load's window: not the replica listing or the baseline scrape
                 with self.progress:
                     started = await (driver or _profile_driver)(
                         self, lambda i: self.one(session, draw(self.sc.mix, self.config.seed, i)), stop)
@@ -154,7 +155,7 @@ class LoadLoop:
                     s.cancel()
                 await asyncio.gather(*side, return_exceptions=True)
                 await asyncio.gather(*self.probe_rounds)  # a probe round in flight finishes: its requests count
-                wall = time.monotonic() - self.t0
+                wall = time.monotonic() - load_start
                 await self.monitor.stop()
                 log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
                 await self.monitor.quiescent_check(self.config.settle_timeout_s)

@@ -24,10 +24,11 @@ def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server(tmp_path, capsy
     import json
 
     result = json.loads((tmp_path / "agreement.json").read_text())
-    ours, vllm = result["ours"], result["vllm"]
-    assert ours["passed"], ours["failures"]
+    ours, vllm = result["ours"], result["vllm"]  # each client's median figures (one run each here)
+    [run] = result["runs"]["ours"]
+    assert run["passed"], run["failures"]
     assert ours["requests"] == vllm["requests"] == 96
-    assert ours["ttft_requests"] == 96, "every stream that produced tokens has a TTFT, empty text or not"
+    assert run["ttft_requests"] == 96, "every stream that produced tokens has a TTFT, empty text or not"
     # the server's own latencies: 100 ms to the first token, 10 ms per token after it
     assert 0.095 < ours["ttft_p50_s"] < 0.15 and 0.0095 < ours["tpot_p50_s"] < 0.015
 
