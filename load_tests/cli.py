@@ -39,7 +39,8 @@ from .deploy import DEFAULT_REPLICAS, DeploySettings, deploy, probe_reference
 from .monitor import SETTLE_INTERVAL_S
 
 if TYPE_CHECKING:
-    from .load_loop import RunConfig
+    from .load_loop import LoadRun, RunConfig
+    from .scenarios import Scenario
     from .results import RunSummary
     from .target import LoadTarget
 
@@ -233,8 +234,9 @@ def main(argv: list[str] | None = None) -> int:
             cluster = deploy(sc, settings, out, console)
             target = LoadTarget(cluster.base_url, cluster.metrics_urls, api_key, cluster)
 
-        console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, "
-                      f"profile {sc.profile.model_dump(exclude_none=True, exclude=_unused(sc.profile))}, metrics from {len(target.metrics_urls)} endpoint(s)"
+        profile = sc.profile.model_dump(exclude_none=True, exclude=_unused(sc.profile))
+        console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, profile {profile}, "
+                      f"metrics from {len(target.metrics_urls)} endpoint(s)"
                       + (f", {args.repeat} runs" if args.repeat > 1 else ""))
         runs = [one_run(target, sc, run_config, settings, args, reference) for _ in range(args.repeat)]
         sweep = None
@@ -261,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     return summary.exit_code
 
 
-def one_run(target: LoadTarget, sc, run_config: RunConfig, settings: DeploySettings, args: argparse.Namespace,
-            reference) -> tuple:
+def one_run(target: LoadTarget, sc: Scenario, run_config: RunConfig, settings: DeploySettings,
+            args: argparse.Namespace, reference) -> tuple[LoadRun, RunSummary]:
     """One run of the scenario's profile at ``target``: its :class:`~load_tests.load_loop.LoadRun` and summary."""
     from .capacity import SweepDriver
     from .fault_evidence import check_planned_faults
