@@ -12,8 +12,10 @@ requests each. Ours is the stress-test CLI itself (``python -m load_tests
 --scenario bench``, its summary.json); theirs is ``vllm bench serve``
 (:mod:`benchmarks.vllm_bench_serve`, its ``--save-result`` JSON). Compared:
 request throughput, TTFT p50 and TPOT p50, each within ``--tolerance``
-(15 %); with ``--pairs N`` the clients take turns (vllm, ours, ours, vllm,
-...) and each client's median figure is compared. The API key, if the target needs one, comes from
+(15 %): the ratio ours / vLLM's of each pair of neighbouring runs, and with
+``--pairs N`` (the clients take turns: vllm, ours, ours, vllm, ...) the
+median of those ratios, as ``benchmarks.vs_vllm`` compares (the host's speed
+drifts by +-25 % within minutes, more than the tolerance). The API key, if the target needs one, comes from
 ``FUZZSERVE_API_KEYS`` (vLLM's client reads it as ``OPENAI_API_KEY``).
 
 ``--echo`` starts ``testkit/echo_server.py`` with deterministic latencies
@@ -111,27 +113,45 @@ def _children_cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def disagreements(mine: dict[str, Any], vllm: dict[str, Any], tolerance: float = TOLERANCE) -> list[str]:
-    """Each compared figure of ours further than ``tolerance`` from vLLM's (relative to vLLM's), or missing."""
+def ratios(mine: dict[str, Any], vllm: dict[str, Any]) -> dict[str, float | None]:
+    """Ours over vLLM's, per compared figure (None where either is missing)."""
+    return {k: mine[k] / vllm[k] if mine.get(k) is not None and vllm.get(k) else None
+            for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")}
+
+
+def median_pair_ratios(ours_runs: list[dict[str, Any]], vllm_runs: list[dict[str, Any]]) -> dict[str, float | None]:
+    """Per figure, the median over the pairs of ours / vLLM's in the same pair: the host's speed drifts by
+    +-25 % between runs, and a pair's two runs are neighbours (as benchmarks.vs_vllm compares)."""
+    per_pair = [ratios(a, b) for a, b in zip(ours_runs, vllm_runs)]
+    return {k: None if any(r[k] is None for r in per_pair) else statistics.median(r[k] for r in per_pair)
+            for k in per_pair[0]}
+
+
+def disagreements(ratio: dict[str, float | None], tolerance: float = TOLERANCE) -> list[str]:
+    """Each compared figure whose ratio (ours / vLLM's) is further than ``tolerance`` from 1, or missing."""
     out = []
     for k in FIGURES:
-        a, b = mine.get(k), vllm.get(k)
-        if a is None or b is None or b <= 0:
-            out.append(f"{k}: ours {a}, vLLM's {b}: not comparable")
-        elif abs(a - b) > tolerance * b:
-            out.append(f"{k}: ours {a:.4g}, vLLM's {b:.4g} ({a / b - 1:+.0%}, beyond {tolerance:.0%})")
+        r = ratio.get(k)
+        if r is None:
+            out.append(f"{k}: not measured by both clients: not comparable")
+        elif abs(r - 1) > tolerance:
+            out.append(f"{k}: ours / vLLM's = {r:.3f} ({r - 1:+.0%}, beyond {tolerance:.0%})")
     return out
 
 
-def table(mine: dict[str, Any], vllm: dict[str, Any]) -> str:
-    lines = ["| figure | python -m load_tests | vllm bench serve | ours / theirs |", "|---|---|---|---|"]
-    for k in (*FIGURES, "ttft_p99_s", "client_cpu_s"):
+def table(result: dict[str, Any]) -> str:
+    mine, vllm, pairs = result["ours"], result["vllm"], result["runs"]
+    lines = ["| figure | python -m load_tests (median) | vllm bench serve (median) | ours / theirs: median of "
+             "the pairs | each pair |", "|---|---|---|---|---|"]
+    per_pair = [ratios(a, b) for a, b in zip(pairs["ours"], pairs["vllm"])]
+    for k, r in result["ratios"].items():
         a, b = mine.get(k), vllm.get(k)
-        ratio = f"{a / b:.3f}" if a and b else "-"
         unit = (lambda v: f"{v:.2f}") if k.endswith(("per_s", "cpu_s")) else (lambda v: f"{v * 1000:.1f} ms")
-        lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | {ratio} |")
+        each = ", ".join("-" if p[k] is None else f"{p[k]:.2f}" for p in per_pair)
+        lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | "
+                     f"{'-' if r is None else f'{r:.3f}'} | {each} |")
     lines.append(f"| requests measured (runs) | {mine.get('requests')} ({mine.get('runs', 1)}) | "
-                 f"{vllm.get('requests')} ({vllm.get('runs', 1)}) | |")
+                 f"{vllm.get('requests')} ({vllm.get('runs', 1)}) | | |")
     return "\n".join(lines)
 
 
@@ -177,8 +197,9 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
             run["pair"] = pair
             runs[who].append(run)
             log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
-    mine, vllm = median_figures(runs["ours"]), median_figures(runs["vllm"])
-    return {"ours": mine, "vllm": vllm, "runs": runs, "disagreements": disagreements(mine, vllm, args.tolerance),
+    ratio = median_pair_ratios(runs["ours"], runs["vllm"])
+    return {"ours": median_figures(runs["ours"]), "vllm": median_figures(runs["vllm"]), "runs": runs,
+            "ratios": ratio, "disagreements": disagreements(ratio, args.tolerance),
             "verdicts": [r.get("failures") for r in runs["ours"]]}
 
 
@@ -244,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     result["target"] = "echo server" if args.echo else (f"{args.config} (shipped)" if args.shipped else args.url)
     result["warmup_requests"] = warmup
     result["scrape_interval_s"] = args.scrape_interval
-    md = table(result["ours"], result["vllm"])
+    md = table(result)
     sys.stdout.write(md + "\n" + ("agree within %.0f%%\n" % (100 * args.tolerance) if not result["disagreements"]
                                   else "DISAGREE: " + "; ".join(result["disagreements"]) + "\n"))
     if args.out:
