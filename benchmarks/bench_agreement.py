@@ -174,11 +174,9 @@ def median_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out | {"requests": sum(r["requests"] for r in runs), "runs": len(runs)}
 
 
-def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work: Path,
-               quick_settle: bool = False) -> dict[str, Any]:
+def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work: Path, tokenizer: Path,
+               api_key: str | None, quick_settle: bool = False) -> dict[str, Any]:
     """``args.pairs`` pairs of runs, the order flipped every pair (vllm, ours, ours, vllm, ...); the medians."""
-    api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
-    tokenizer = save_tokenizer(work / "tokenizer")
     shape = (args.concurrency, args.requests, args.input_len, args.output_len)
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
     first = args.order.split(",")
@@ -248,13 +246,14 @@ def main(argv: list[str] | None = None) -> int:
                 url, metrics = shipped.base_url, shipped.cluster.metrics_urls
             else:
                 url, metrics = args.url.rstrip("/"), args.metrics_url
+            api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
+            tokenizer = save_tokenizer(Path(tmp) / "tokenizer")
             if warmup:
                 log.info("warming up with %d requests (vLLM's client, not measured)", warmup)
-                api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
                 (Path(tmp) / "warmup").mkdir()
-                theirs(url, save_tokenizer(Path(tmp) / "tokenizer"), args.concurrency, warmup, args.input_len,
-                       args.output_len, Path(tmp) / "warmup", api_key)
-            result = compare_on(url, args, metrics, Path(tmp), quick_settle=args.echo)
+                theirs(url, tokenizer, args.concurrency, warmup, args.input_len, args.output_len, Path(tmp) / "warmup",
+                       api_key)
+            result = compare_on(url, args, metrics, Path(tmp), tokenizer, api_key, quick_settle=args.echo)
         finally:
             if echo is not None:
                 echo.terminate()

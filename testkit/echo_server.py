@@ -37,6 +37,7 @@ import asyncio
 import json
 import threading
 import time
+from pathlib import Path
 
 from aiohttp import web
 
@@ -297,6 +298,28 @@ class EchoThread:
         asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
+
+def cli_args(port: int, out, extra_metrics: int = 0) -> list[str]:
+    """``python -m load_tests`` arguments for a short smoke run against the echo server on ``port`` (its counters
+    settle at once, so the monitor's intervals are short); ``extra_metrics``: the endpoint listed that many more
+    times (a replica reported twice)."""
+    url = f"http://127.0.0.1:{port}"
+    return ["--scenario", "smoke", "--url", url, *["--metrics-url", f"{url}/metrics"] * (1 + extra_metrics),
+            "--duration", "2", "--concurrency", "8", "--mix", '{"bad": 0}', "--no-sweep", "--no-progress",
+            "--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3", "--out", str(out)]
+
+
+def run_cli(out, extra: list[str] = (), extra_metrics: int = 0, **echo) -> tuple[int, dict]:
+    """The stress-test CLI in this process against an echo server (``echo``: its settings, 5 ms between tokens
+    unless given), :func:`cli_args` then ``extra``; its exit code and summary.json."""
+    from load_tests import cli
+
+    server = EchoThread(**{"itl_ms": 5, **echo})
+    try:
+        code = cli.main(cli_args(server.port, out, extra_metrics) + list(extra))
+    finally:
+        server.close()
+    return code, json.loads((Path(out) / "summary.json").read_text())
 
 
 def main(argv: list[str] | None = None) -> None:

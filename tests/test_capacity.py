@@ -3,15 +3,12 @@ end to end through the CLI against ``testkit/echo_server.py``, where a broken co
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from load_tests import cli
 from load_tests.capacity import knee, stop_reason
 from load_tests.profiles import Profile, SweepPlan
 from load_tests.results import Latency, Percentiles, SweepStep, Throughput
-from testkit.echo_server import EchoThread
+from testkit.echo_server import run_cli
 
 
 def step(c: int, goodput: float, meets: bool = True, violations: int = 0, failures: int = 0, started: int = 100):
@@ -53,16 +50,7 @@ def test_the_knee_is_the_highest_load_near_the_best_goodput_that_meets_the_slo()
 
 
 def sweep_cli(tmp_path, **echo):
-    server = EchoThread(itl_ms=5, **echo)
-    url = f"http://127.0.0.1:{server.port}"
-    try:
-        code = cli.main(["--scenario", "smoke", "--url", url, "--metrics-url", f"{url}/metrics", "--profile", "sweep",
-                         "--concurrency", "8", "--step-s", "1", "--mix", '{"bad": 0}', "--no-progress",
-                         "--scrape-interval", "0.2", "--settle-interval", "0.3", "--settle-timeout", "3",
-                         "--out", str(tmp_path)])
-    finally:
-        server.close()
-    return code, json.loads((tmp_path / "summary.json").read_text())
+    return run_cli(tmp_path, ["--profile", "sweep", "--step-s", "1", "--scrape-interval", "0.2"], **echo)
 
 
 def test_a_sweep_through_the_cli_names_the_knee_and_plots_it(tmp_path):

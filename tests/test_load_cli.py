@@ -12,14 +12,13 @@ process (the same code, without a second interpreter start per case).
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
-from load_tests import cli
-from testkit.echo_server import EchoThread
+from testkit import echo_server
+from testkit.echo_server import cli_args
 
 # fault -> what the report's failures must say
 EXPECTED = {
@@ -35,20 +34,8 @@ EXPECTED = {
 }
 
 
-def cli_args(port: int, out, extra_metrics: int = 0) -> list[str]:
-    url = f"http://127.0.0.1:{port}"
-    return ["--scenario", "smoke", "--url", url, *["--metrics-url", f"{url}/metrics"] * (1 + extra_metrics),
-            "--duration", "2", "--concurrency", "8", "--mix", '{"bad": 0}', "--no-sweep", "--no-progress",
-            "--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3", "--out", str(out)]
-
-
 def run_cli(tmp_path, fault=None, extra_metrics=0):
-    echo = EchoThread(itl_ms=5, fault=fault, fault_after=20)
-    try:
-        code = cli.main(cli_args(echo.port, tmp_path, extra_metrics))
-    finally:
-        echo.close()
-    return code, json.loads((tmp_path / "summary.json").read_text())
+    return echo_server.run_cli(tmp_path, extra_metrics=extra_metrics, fault=fault, fault_after=20)
 
 
 def test_a_healthy_target_passes(tmp_path):

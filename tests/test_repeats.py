@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from load_tests import cli
 from load_tests.repeats import spread
-from testkit.echo_server import EchoThread
+from testkit.echo_server import run_cli
 
 
 def test_spread():
@@ -17,16 +16,7 @@ def test_spread():
 
 
 def run(tmp_path, **echo):
-    server = EchoThread(itl_ms=5, **echo)
-    url = f"http://127.0.0.1:{server.port}"
-    try:
-        code = cli.main(["--scenario", "smoke", "--url", url, "--metrics-url", f"{url}/metrics", "--duration", "2",
-                         "--concurrency", "8", "--mix", '{"bad": 0}', "--no-sweep", "--no-progress",
-                         "--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3",
-                         "--out", str(tmp_path), "--repeat", "2"])
-    finally:
-        server.close()
-    return code, json.loads((tmp_path / "summary.json").read_text())
+    return run_cli(tmp_path, ["--repeat", "2"], **echo)
 
 
 def test_two_runs_report_each_figure_over_both(tmp_path):
