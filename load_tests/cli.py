@@ -98,6 +98,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="greedy probes under the load vs a fault-free deployment (local only; default: the "
                            "scenario's, on for soak)")
     load.add_argument("--probe-every", type=float, default=60.0, help="seconds between probe rounds under the load")
+    ops = ap.add_argument_group("operations (redeploy, redeploy-lite, scale, node-loss)")
+    ops.add_argument("--redeploy-engine-kwargs", type=json.loads, default=None,
+                     help='JSON replacing the engine settings a redeploy changes, e.g. \'{"max_model_len": 99999}\' '
+                          "(new replicas that never become ready: the run must fail saying so)")
+    ops.add_argument("--converge-timeout", type=float, default=None,
+                     help="seconds a step may take to converge (default: the scenario's, 480)")
+    ops.add_argument("--declare-lost-nodes", action=argparse.BooleanOptionalAction, default=True,
+                     help="tell the monitor which node a node loss killed (--no-declare-lost-nodes: the monitor "
+                          "must then fail the run on the lost endpoint)")
     mon = ap.add_argument_group("monitor")
     mon.add_argument("--scrape-interval", type=float, default=2.0, help="seconds between scrapes during the load")
     mon.add_argument("--settle-interval", type=float, default=SETTLE_INTERVAL_S,
@@ -111,6 +120,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="run the fuzz sweep through the deployment after the load (default: on, except smoke)")
     out.add_argument("--sweep-per-task", type=int, default=15)
     out.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    out.add_argument("--record-metrics", type=Path, default=None,
+                     help="save what every node exported of the families monitoring/'s rules use, every 10 s of "
+                          "the run, to this JSON-lines file (input for promtool: testkit.monitoring.record)")
     return ap.parse_args(argv)
 
 
@@ -159,6 +171,16 @@ def scenario_from(args: argparse.Namespace):
         raise ValueError("--repeat measures figures; a scenario that kills a replica is run once")
     if args.kill_replica_at is not None:
         sc.kill_replica_at_s = args.kill_replica_at
+    if sc.operations is not None:
+        if sc.profile.kind == "sweep" or args.repeat > 1:
+            raise ValueError(f"scenario {sc.name} changes the deployment under the load: run it once, fixed load")
+        steps = tuple(s.model_copy(update={"engine_kwargs": args.redeploy_engine_kwargs})
+                      if s.kind == "redeploy" and args.redeploy_engine_kwargs is not None else s
+                      for s in sc.operations.steps)
+        sc.operations = sc.operations.model_copy(update={"steps": steps} | (
+            {"converge_timeout_s": args.converge_timeout} if args.converge_timeout else {}))
+    elif args.redeploy_engine_kwargs is not None or args.converge_timeout is not None:
+        raise ValueError(f"scenario {sc.name} has no operations (--redeploy-engine-kwargs, --converge-timeout)")
     if args.probes is not None:
         sc.probes = args.probes
     return sc
@@ -181,7 +203,8 @@ def run_config_from(args: argparse.Namespace) -> RunConfig:
 
     return RunConfig(seed=args.seed, request_timeout_s=args.timeout, progress=not args.no_progress,
                      scrape_interval_s=args.scrape_interval, settle_interval_s=args.settle_interval,
-                     settle_timeout_s=args.settle_timeout, probe_every_s=args.probe_every)
+                     settle_timeout_s=args.settle_timeout, probe_every_s=args.probe_every,
+                     declare_lost_nodes=args.declare_lost_nodes, record_metrics=args.record_metrics)
 
 
 def deploy_settings_from(args: argparse.Namespace) -> DeploySettings:
@@ -195,7 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     use_engine_env()
     from rich.console import Console
 
-    from .report import write_report
+    from .report import REPORT_FILES, write_report
     from .results import EXIT_USAGE
     from .target import LoadTarget
 
@@ -208,6 +231,10 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]bad load settings[/]: {e}")
         return EXIT_USAGE
     out = args.out or Path("out") / sc.name
+    if args.record_metrics is not None and args.record_metrics.resolve().parent == out.resolve() \
+            and args.record_metrics.name in REPORT_FILES:
+        console.print(f"[red]--record-metrics {args.record_metrics}[/]: the report writes that file; pick another name")
+        return EXIT_USAGE
     # the fuzz sweep after the load: on by default, except for smoke and the capacity search (its own minutes)
     sweep_on = args.sweep if args.sweep is not None else (sc.name != "smoke" and sc.profile.kind != "sweep")
     api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
@@ -218,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.url:
             if not args.allow_remote and not is_local(args.url):
                 console.print(f"[red]{args.url} is not on this machine[/]; pass --allow-remote to load it anyway")
+                return EXIT_USAGE
+            if sc.operations and "node_loss" in sc.operations.kinds or sc.cluster:
+                console.print(f"[red]scenario {sc.name} kills a node of a cluster it starts[/]: run it without --url")
                 return EXIT_USAGE
             if sc.faults or sc.kill_replica_at_s is not None or sc.probes:
                 console.print(f"[red]scenario {sc.name} injects faults or compares with a fault-free deployment "
@@ -278,8 +308,12 @@ def one_run(target: LoadTarget, sc: Scenario, run_config: RunConfig, settings: D
                              run_config.seed)
     t0 = time.monotonic()
     run = asyncio.run(run_load(target, sc, run_config, t0, driver))
+    from .operations import forced_kills
+
     fault_checks = check_planned_faults(sc.planned_faults, run.checker, run.faults,
-                                        not is_off("accounting", settings.patches_off))
+                                        not is_off("accounting", settings.patches_off),
+                                        forced_kills(getattr(target.cluster, "session_dir", None))
+                                        if sc.operations else [], target.listed_dead)
     deaths = unexpected_deaths(run.checker, run.faults, target.listed_dead)
     summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths, fault_checks)
     summary.scenario = sc

@@ -30,6 +30,10 @@ from patches.metrics import CORRECTIONS_METRIC, INJECTIONS_METRIC, VIOLATIONS_ME
 
 # Serve's controller: 1 per healthy replica, 0 once it is unhealthy or stopping (label "replica" = ReplicaId).
 HEALTH_GAUGE = "ray_serve_deployment_replica_healthy"
+# Serve's controller: failed health checks per replica (label "replica"); it grows when a replica crashes, hangs or
+# its node is lost, never when Serve stops a healthy replica (a redeploy, a scale-down): how a planned
+# retirement is told from a death (load_tests.operations). Ray cannot export 0: no series means no failure.
+HEALTH_CHECK_FAILURES = "ray_serve_health_check_failures_total"
 # The parts of vllm:prompt_tokens_by_source that sum to vllm:prompt_tokens.
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 
@@ -85,6 +89,7 @@ class ReplicaCounters:
     injections: dict[str, float] = field(default_factory=dict)
     gauges: bool = False  # the replica's vLLM gauges were in this scrape
     healthy: float | None = None  # Serve's health gauge for it, when the controller's node was scraped
+    health_check_failures: float = 0.0  # Serve's failed health checks of it (read with the health gauge)
 
     @property
     def alive(self) -> bool:

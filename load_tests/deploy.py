@@ -60,6 +60,9 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     # 'fit' sizes the replicas to the cluster's CPUs: the cluster then has the host's own count, as `ray start`
     # gives it (a fixed replica count runs in LocalCluster's default cluster, whatever the host)
     sized = {"num_cpus": None} if settings.replicas == "fit" else {}
+    if sc.cluster is not None:  # the scenario's nodes (node-loss: a worker to lose, room on the head to recover)
+        sized = {"workers": sc.cluster.workers, "num_cpus": sc.cluster.head_cpus,
+                 "worker_num_cpus": sc.cluster.worker_cpus}
     cluster = LocalCluster(env=env, log_dir=out / "cluster", **sized)
     t = time.monotonic()
     try:
@@ -69,8 +72,16 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     except BaseException:
         cluster.close()
         raise
-    console.print(f"deployed in {time.monotonic() - t:.0f} s: {len(cluster.replicas())} engine replicas behind "
-                  f"{cluster.base_url}; cluster logs in {cluster.log_dir}")
+    replicas = cluster.replicas()
+    for _ in range(sc.cluster.spare_workers if sc.cluster else 0):
+        cluster.add_worker(sc.cluster.worker_cpus)
+    console.print(f"deployed in {time.monotonic() - t:.0f} s: {len(replicas)} engine replicas behind "
+                  f"{cluster.base_url} on {len({r.get('node_id') for r in replicas})} of {len(cluster.nodes)} node(s); cluster logs in "
+                  f"{cluster.log_dir}")
+    if sc.cluster is not None and sc.cluster.workers and len({r.get("node_id") for r in replicas}) < 2:
+        cluster.close()
+        raise SystemExit(f"scenario {sc.name} needs a replica on a worker node, but Ray placed all "
+                         f"{len(replicas)} on one node")
     return cluster
 
 

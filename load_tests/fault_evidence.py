@@ -18,6 +18,14 @@ the verdict fails unless each planned fault shows in the data:
     the run killed a replica, the data shows that replica dead, and a
     replica first seen alive after the kill finished requests (the
     replacement serves).
+``redeploy``, ``scale``, ``node_loss``
+    each step of the scenario's operations (:mod:`load_tests.operations`)
+    was carried out and converged within its timeout; every replica that
+    left was retired by Serve or lost with the killed node (never a death
+    with failed health checks); replicas that came up after the step
+    finished requests; a redeploy's probes were refused (400 naming the key)
+    before it and accepted after it converged; a node loss took at least
+    one replica with it; and Serve force-killed no draining replica.
 
 Everything is counted from the scrape before the load, so earlier traffic on
 the deployment does not count.
@@ -38,7 +46,8 @@ from .counters import ReplicaCounters
 if TYPE_CHECKING:
     from .monitor import InvariantChecker
 
-PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill")
+PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill", "redeploy",
+                  "scale", "node_loss")
 
 
 @dataclass
@@ -74,8 +83,11 @@ def _grown(final: dict[str, ReplicaCounters], baseline: dict[str, ReplicaCounter
 
 
 def check_planned_faults(planned: tuple[str, ...] | list[str], checker: InvariantChecker,
-                         faults: list[Any], accounting_on: bool) -> list[FaultCheck]:
-    """One :class:`FaultCheck` per planned fault (``faults``: what the run did itself, e.g. replica kills)."""
+                         faults: list[Any], accounting_on: bool, forced_kills: list[str] = (),
+                         listed_dead: list[str] = ()) -> list[FaultCheck]:
+    """One :class:`FaultCheck` per planned fault (``faults``: what the run did itself, e.g. replica kills and
+    operations; ``forced_kills``: Serve's log lines for replicas it force-killed; ``listed_dead``: replicas Ray
+    listed during the run and not after it)."""
     unknown = set(planned) - set(PLANNED_FAULTS)
     if unknown:
         raise ValueError(f"unknown planned fault(s) {sorted(unknown)}; known: {PLANNED_FAULTS}")
@@ -105,6 +117,8 @@ def check_planned_faults(planned: tuple[str, ...] | list[str], checker: Invarian
                                      per_replica=grown))
         elif fault == "replica_kill":
             checks.append(_replica_kill(checker, faults, final, baseline))
+        else:
+            checks.append(_operation(fault, checker, faults, final, baseline, forced_kills, listed_dead))
     if not accounting_on:
         for c in checks:
             if c.fault in ("load_failures", "lying_connector"):
@@ -175,3 +189,67 @@ def _replica_kill(checker: InvariantChecker, faults: list[Any], final, baseline)
     else:
         problems.append("no replica that came up after the kill finished a request (no replacement served)")
     return FaultCheck("replica_kill", True, "; ".join(evidence) or "no evidence", problems, replacements)
+
+
+def _operation(kind: str, checker: InvariantChecker, faults: list[Any], final, baseline, forced_kills,
+               listed_dead) -> FaultCheck:
+    from .operations import planned_departures
+
+    steps = [f for f in faults if getattr(f, "kind", None) == kind]
+    if not steps:
+        return FaultCheck(kind, False, f"the run carried out no {kind}")
+    departures = planned_departures(checker, faults, listed_dead)
+    problems, evidence = [], []
+    for f in steps:
+        d = f.detail
+        what = f"{kind} at t = {f.t:.0f} s ({d.get('by')})"
+        if not d.get("converged"):
+            ray = d.get("ray", {})
+            problems.append(f"{what} did not converge: {d.get('why', 'the load ended first')}"
+                            + (f"; Ray: {ray}" if ray else ""))
+            continue
+        evidence.append(f"{what}: {len(d['replicas_before'])} -> {len(d['replicas_after'])} replicas serving, "
+                        f"converged in {d['converge_s']:.0f} s")
+        fresh = {k: final[k].requests_total - (baseline[k].requests_total if k in baseline else 0.0)
+                 for k in set(d["replicas_after"]) - set(d["replicas_before"]) if k in final}
+        if any(v <= 0 for v in fresh.values()) or len(fresh) < len(set(d["replicas_after"]) - set(d["replicas_before"])):
+            problems.append(f"{what}: a replica that came up for it finished no request: {fresh}")
+        if kind == "node_loss" and not d.get("replicas"):
+            problems.append(f"{what}: node {d.get('node')} held no replica (nothing was lost: place one there)")
+        if kind == "redeploy":
+            _probes(f, problems, evidence)
+    unplanned = sorted(k for k in checker.deaths if k not in departures)
+    gone = sorted(k for k in departures)
+    if gone:
+        evidence.append(f"left as planned: {len(gone)} replica(s)")
+    if unplanned:
+        problems.append(f"replica(s) died with failed health checks during the operations: {unplanned}")
+    if forced_kills:
+        problems.append(f"Serve force-killed {len(forced_kills)} draining replica(s) (requests cut at the graceful "
+                        f"shutdown timeout): {forced_kills[0]}")
+    return FaultCheck(kind, True, "; ".join(evidence) or "no evidence", problems, {"departures": departures})
+
+
+def _probes(f: Any, problems: list[str], evidence: list[str]) -> None:
+    """A redeploy's probes: refused naming the key before it, accepted once it converged."""
+    probes = f.detail.get("probes", [])
+    key = next(iter(f.detail["step"].get("allow_xargs") or ()), None)
+    if key is None:
+        return
+    before = [p for p in probes if p[0] < f.t]
+    after = [p for p in probes if p[0] >= f.detail["converged_t"]]
+    if not before or not after:
+        problems.append(f"probes of vllm_xargs.{key}: {len(before)} before the redeploy, {len(after)} after it "
+                        "converged (need both)")
+        return
+    refused = sum(p[1] == 400 and p[2] for p in before)
+    accepted = sum(p[1] == 200 for p in after)
+    evidence.append(f"probe vllm_xargs.{key}: {refused}/{len(before)} refused naming it before, "
+                    f"{accepted}/{len(after)} accepted after")
+    if refused < len(before):
+        problems.append(f"vllm_xargs.{key} before the redeploy: {len(before) - refused} probe(s) not refused naming it")
+    if accepted < len(after):
+        problems.append(f"vllm_xargs.{key} after the redeploy converged: {len(after) - accepted} probe(s) not accepted")
+    odd = [p for p in probes if p[1] not in (200, 400)]
+    if odd:
+        problems.append(f"{len(odd)} probe(s) got neither 200 nor 400, first at t = {odd[0][0]} s: {odd[0][1]}")

@@ -17,6 +17,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
@@ -49,6 +50,10 @@ class RunConfig(BaseModel):
     settle_timeout_s: float = Field(90.0, ge=0, description="the final checks run anyway after this long "
                                                             "(not_quiescent)")
     probe_every_s: float = Field(60.0, gt=0, description="between probe rounds under the load (scenarios with probes)")
+    declare_lost_nodes: bool = Field(True, description="a node loss is declared to the monitor (off: the failing "
+                                                       "twin, whose lost endpoint must fail the run)")
+    record_metrics: Path | None = Field(None, description="JSON-lines file for what the nodes exported of the "
+                                                          "rules' families, every 10 s (load_tests.record)")
 
 
 @dataclass
@@ -85,12 +90,20 @@ class LoadLoop:
     def __init__(self, target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float):
         self.target, self.sc, self.config, self.t0 = target, scenario, config, t0
         self.checker = InvariantChecker(scenario.expected_violation_kinds)
+        record = None
+        if config.record_metrics is not None:
+            from .record import MetricsRecorder
+
+            record = MetricsRecorder(config.record_metrics)
         self.monitor = Monitor(target.metrics_urls, self.checker, interval=config.scrape_interval_s, dead=target.dead,
-                               settle_interval=config.settle_interval_s, t0=t0)
+                               settle_interval=config.settle_interval_s, t0=t0, record=record)
         self.results: list[RequestResult] = []
         self.faults: list[Fault] = []
         self.counts: dict[str, int] = {}
         self.probes_started = 0
+        self.stop = asyncio.Event()  # ends the load early: SIGINT, or the scenario's operations done
+        self.operations_task: asyncio.Task | None = None
+        self.operator = None  # load_tests.operations.Operator, when the scenario has operations
         self.probe_rounds: list[asyncio.Future] = []
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  TextColumn("{task.completed} done"), TextColumn("{task.fields[status]}"),
@@ -120,6 +133,19 @@ class LoadLoop:
             await asyncio.shield(self.probe_rounds[-1])
             rnd += 1
 
+    async def operate(self, session: aiohttp.ClientSession) -> None:
+        """The scenario's operations, one after another; the load stops after the last one (load_tests.operations)."""
+        from .operations import Operator
+
+        operator = self.operator = Operator(self.sc.operations, self.target, self.checker, self.t0, self.stop,
+                                            self.faults, self.sc.mix.model, declare_lost=self.config.declare_lost_nodes)
+        try:
+            await operator.run(session)
+        finally:
+            for f in self.faults:
+                if f.kind == "redeploy":
+                    f.detail["probes"] = [[round(p["t"], 1), p["status"], p["names_key"]] for p in operator.probes]
+
     async def killer(self, victims: dict[str, int]) -> None:
         await asyncio.sleep(self.sc.kill_replica_at_s)
         fault = await asyncio.to_thread(self.target.kill_one, victims, self.config.seed, self.t0)
@@ -135,10 +161,13 @@ class LoadLoop:
             side.append(asyncio.create_task(self.killer(listed)))
         if self.sc.probes:
             side.append(asyncio.create_task(self.prober(session)))
+        if self.sc.operations:
+            self.operations_task = asyncio.create_task(self.operate(session))
+            side.append(self.operations_task)
         return side
 
     async def run(self, driver: Driver | None = None) -> LoadRun:
-        stop = asyncio.Event()
+        stop = self.stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGINT, stop.set)
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
@@ -152,7 +181,8 @@ class LoadLoop:
                     started = await (driver or _profile_driver)(
                         self, lambda i: self.one(session, draw(self.sc.mix, self.config.seed, i)), stop)
                 for s in side:
-                    s.cancel()
+                    if s is not self.operations_task or not (self.operator and self.operator.finished):
+                        s.cancel()  # the operations end the load themselves: they finish (Ray's last answers)
                 await asyncio.gather(*side, return_exceptions=True)
                 await asyncio.gather(*self.probe_rounds)  # a probe round in flight finishes: its requests count
                 wall = time.monotonic() - load_start

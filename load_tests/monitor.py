@@ -24,7 +24,10 @@ What fails a run, per kind of violation:
 ``scrape_failed``
     an endpoint unreadable for :data:`SCRAPE_FAILURE_BOUND` consecutive
     scrapes (a single failed scrape is recorded in ``scrape_errors`` only:
-    under full load Ray's metrics agent can miss a 30 s timeout once).
+    under full load Ray's metrics agent can miss a 30 s timeout once), unless
+    the run declared it lost (:meth:`InvariantChecker.lose_endpoint`: the
+    run killed that node): then its failures are recorded, its replicas are
+    dead from the loss, and quiescence no longer waits for it.
 
 Deaths are read from the same data, so they are checked against any
 deployment, ``--url`` included: a replica seen alive during the run (its
@@ -109,6 +112,7 @@ class InvariantChecker:
         self.scrape_errors: list[dict[str, Any]] = []
         self._failing: dict[str, tuple[float, int]] = {}  # endpoint -> (first failure t, consecutive failures)
         self._dead_since: dict[str, tuple[float, int]] = {}  # replica -> (first dead-looking t, consecutive)
+        self.lost_endpoints: dict[str, float] = {}  # endpoint -> when the run lost its node on purpose
 
     @property
     def ok(self) -> bool:
@@ -138,9 +142,25 @@ class InvariantChecker:
             self._check_accounting(key, prev[1] if prev else None, rc, snap.t)
             self.last[key] = (snap.t, rc)
 
+    def lose_endpoint(self, url: str, t: float) -> list[str]:
+        """The run killed the node behind ``url`` at ``t``: from then on its scrape failures are planned (recorded,
+        not violations), the replicas it reported are dead from ``t`` (stale: their last values are kept, never
+        compared again), and quiescence does not wait for it. The replicas it took down."""
+        self.lost_endpoints[url] = t
+        gone = sorted(k for k, (_t, rc) in self.last.items() if rc.node == url)
+        for key in gone:
+            self.deaths.setdefault(key, t)
+        self.stale |= set(gone)
+        return gone
+
+    def lost(self, url: str, t: float) -> bool:
+        return url in self.lost_endpoints and t >= self.lost_endpoints[url]
+
     def _endpoints(self, snap: Snapshot) -> None:
         for url, err in snap.errors.items():
-            self.scrape_errors.append({"t": snap.t, "url": url, "error": err})
+            self.scrape_errors.append({"t": snap.t, "url": url, "error": err, "planned": self.lost(url, snap.t)})
+            if self.lost(url, snap.t):
+                continue
             since, n = self._failing.get(url, (snap.t, 0))
             self._failing[url] = (since, n + 1)
             if n + 1 == SCRAPE_FAILURE_BOUND:
@@ -159,7 +179,7 @@ class InvariantChecker:
                 looks_dead.add(key)
         # seen before, absent now although its endpoint was read: its series are gone
         looks_dead |= {key for key, (_t, rc) in self.last.items()
-                       if key not in snap.replicas and rc.node not in snap.errors}
+                       if key not in snap.replicas and rc.node not in snap.errors and rc.node not in self.lost_endpoints}
         for key in list(self._dead_since):
             if key not in looks_dead:
                 del self._dead_since[key]
@@ -171,6 +191,14 @@ class InvariantChecker:
         never_alive = {key for key in snap.replicas if key not in self.first_alive}
         self.stale |= set(snap.dead) | set(self.deaths) | never_alive
         self.stale -= {key for key in self.first_alive if key not in self.deaths and key not in snap.dead}
+
+    def live(self) -> set[str]:
+        """The replicas alive at the last scrape (seen alive, not dead since; the operations' convergence test)."""
+        if not self.history:
+            return set()
+        snap = self.history[-1]
+        return {key for key, rc in snap.replicas.items()
+                if rc.alive and key not in self.deaths and key not in snap.dead}
 
     def _check_accounting(self, key: str, before: ReplicaCounters | None, now: ReplicaCounters, t: float) -> None:
         for kind, grew in invariants.violations_grown(before, now).items():
@@ -212,8 +240,9 @@ class Monitor:
 
     def __init__(self, urls: list[str], checker: InvariantChecker, interval: float = 2.0,
                  dead: Callable[[], frozenset[str]] | None = None, settle_interval: float = SETTLE_INTERVAL_S,
-                 t0: float | None = None):
+                 t0: float | None = None, record: Callable[[float, list], None] | None = None):
         self.urls, self.checker, self.interval = urls, checker, interval
+        self.record = record  # gets (t, [(url, text or error)]) of every scrape (load_tests.record)
         self.settle_interval = settle_interval
         self.dead = dead or frozenset
         self._task: asyncio.Task | None = None
@@ -232,6 +261,8 @@ class Monitor:
 
         pages = await asyncio.gather(*(page(u) for u in self.urls))
         result = await asyncio.to_thread(merge_pages, pages)
+        if self.record is not None:
+            await asyncio.to_thread(self.record, started - self._t0, pages)
         return Snapshot(started - self._t0, result.replicas, self.dead(), time.monotonic() - started,
                         result.errors, result.duplicates)
 
@@ -279,7 +310,8 @@ class Monitor:
             while True:
                 snap = await self.scrape_once(client)
                 gone = self.checker.stale | snap.dead
-                idle = not snap.errors and all(r.running == 0 and r.waiting == 0
+                errors = {u for u in snap.errors if not self.checker.lost(u, snap.t)}
+                idle = not errors and all(r.running == 0 and r.waiting == 0
                                                for k, r in snap.replicas.items() if k not in gone)
                 values = {k: r.counters() for k, r in snap.replicas.items()}
                 if idle and values == last or time.monotonic() > deadline:

@@ -25,6 +25,10 @@ from .monitor import InvariantChecker
 from .outcomes import OK_OUTCOMES
 from .results import Capacity, Fault, Repeats, RunSummary
 
+# The files above that every report writes (a run's other outputs must not take these names).
+REPORT_FILES = frozenset({"requests.jsonl", "summary.json", "metrics.jsonl", "report.md", "latency_cdf.png",
+                          "counters.png", "throughput.png", "fuzz_sweep.png", "capacity.png"})
+
 
 def write_jsonl(path: Path, rows) -> None:
     with path.open("w") as f:

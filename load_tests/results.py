@@ -91,6 +91,7 @@ class ScrapeError(_Record):
     t: float
     url: str
     error: str
+    planned: bool = Field(False, description="the endpoint's node was lost on purpose (a node-loss run)")
 
 
 class Invariants(_Record):

@@ -1,10 +1,12 @@
 """The named load scenarios: smoke, stress (the main job), chaos (stress plus faults), chaos-lite (CI's A/B),
-soak (chaos for 10 minutes, with probes).
+soak (chaos for 10 minutes, with probes), and the operations under load: redeploy, scale, node-loss (and
+redeploy-lite, CI's).
 
 A scenario is a load profile, a request mix, latency targets, and what to
 do to the deployment: engine-level faults (the ``kv_faults`` patch's seeded
 load failures, load delays and lying connector; a KV pool small enough for
-a preemption storm) and replica kills. Faults are configured at deploy time
+a preemption storm), replica kills, and operations on the whole deployment
+(redeploy, scale, node loss: :mod:`load_tests.operations`). Faults are configured at deploy time
 (``engine_overrides``), so fault scenarios need the CLI to deploy the app
 itself.
 
@@ -23,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from patches.fault_config import FaultConfig
 from patches.metrics import LYING_CONNECTOR_KINDS
 
+from .operations import OperationPlan, NodeLoss, Redeploy, Scale
 from .profiles import Profile
 from .workload import Mix
 
@@ -70,6 +73,18 @@ class Slo(BaseModel):
         return self.ttft_s + (self.tpot_s or 0.0) * max(tokens - 1, 0)
 
 
+class ClusterShape(BaseModel):
+    """The local cluster a scenario needs, when not LocalCluster's default (one node of 8 logical CPUs)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    workers: int = Field(0, ge=0, description="worker nodes beside the head")
+    head_cpus: int = Field(8, ge=1, description="the head's logical CPUs")
+    worker_cpus: int = Field(4, ge=1, description="each worker's logical CPUs")
+    spare_workers: int = Field(0, ge=0, description="workers started after the deploy, empty: room for Serve to "
+                                                    "reschedule replicas (Ray packs replicas onto the nodes it has)")
+
+
 class Scenario(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -85,6 +100,9 @@ class Scenario(BaseModel):
     preemption_storm: bool = Field(False, description="the KV pool is sized for a preemption storm: it must happen")
     probes: bool = Field(False, description="greedy probe set sent during the load and compared with a fault-free "
                                             "deployment of the same config (load_tests.probes)")
+    operations: OperationPlan | None = Field(None, description="redeploy / scale / node loss during the load "
+                                                               "(load_tests.operations); the load stops after them")
+    cluster: ClusterShape | None = Field(None, description="the local cluster's nodes (default: one)")
 
     @field_validator("faults")
     @classmethod
@@ -114,7 +132,7 @@ class Scenario(BaseModel):
         planned = [name for name, on in (("load_failures", f.load_failure_rate > 0), ("load_delays", f.load_delay_ms > 0),
                                          ("lying_connector", f.lying_rate > 0), ("preemption_storm", self.preemption_storm),
                                          ("replica_kill", self.kill_replica_at_s is not None)) if on]
-        return tuple(planned)
+        return tuple(planned) + (self.operations.kinds if self.operations else ())
 
     @property
     def expected_violation_kinds(self) -> tuple[str, ...]:
@@ -159,6 +177,20 @@ CHAOS = Scenario(
     kill_replica_at_s=30,
     preemption_storm=True,
 )
+
+# A redeploy that forces new replicas (an engine setting) and that a client can see (a vllm_xargs key the guard
+# refused before and allows after).
+REDEPLOY = Redeploy(after_s=40, engine_kwargs={"kv_offloading_size": 0.2}, allow_xargs=("fuzzserve_probe",))
+# The operations' runs last as long as their steps: the duration is only a cap.
+OPERATIONS_CAP_S = 1800
+
+
+def under_operations(name: str, description: str, steps: tuple, concurrency: int = 256, **kw: Any) -> Scenario:
+    """A scenario that runs ``steps`` (load_tests.operations) under a fixed load, which stops after them."""
+    plan = {k: kw.pop(k) for k in ("tail_s",) if k in kw}
+    return Scenario(name=name, description=description,
+                    profile=Profile(kind="fixed", concurrency=concurrency, duration_s=OPERATIONS_CAP_S),
+                    operations=OperationPlan(steps=steps, **plan), **kw)
 
 SCENARIOS: dict[str, Scenario] = {
     "smoke": Scenario(
@@ -207,4 +239,28 @@ SCENARIOS: dict[str, Scenario] = {
         kill_replica_at_s=120,
         probes=True,
     )),
+    "redeploy": under_operations(
+        "redeploy", "256 concurrent streams on 2 replicas; 40 s in, serve deploy of the app with a changed engine "
+                    "setting (kv_offloading_size, so Serve replaces every replica) and a newly allowed vllm_xargs "
+                    "key (a probe sees it refused before, accepted after); the load runs until the new replicas "
+                    "serve, plus 45 s. Nothing lost, no 5xx, old replicas retired cleanly",
+        (REDEPLOY,), slo=LOADED_SLO),
+    "redeploy-lite": under_operations(
+        "redeploy-lite", "CI's redeploy: 16 concurrent requests on 2 replicas, the redeploy 15 s in, the load until "
+                         "the new replicas serve plus 15 s",
+        (REDEPLOY.model_copy(update={"after_s": 15}),), concurrency=16, tail_s=15),
+    "scale": under_operations(
+        "scale", "256 concurrent streams while the engine deployment scales 2 -> 4 -> 1 -> 2 replicas "
+                 "(num_replicas in the YAML's deployments: section, changed in place), each step 40-60 s "
+                 "after the previous one converged; nothing lost, no 5xx, retired replicas not deaths",
+        (Scale(after_s=40, replicas=4), Scale(after_s=60, replicas=1), Scale(after_s=60, replicas=2)), slo=LOADED_SLO),
+    "node-loss": under_operations(
+        "node-loss", "256 concurrent streams on a three-node cluster (head and worker1 with one replica each, "
+                     "worker2 empty, started after the deploy); 40 s in, every process of worker1 is SIGKILLed; "
+                     "Serve must bring a replacement up on a surviving node; only the requests cut by the loss may "
+                     "fail, and the lost node's endpoint and series are declared, not violations",
+        (NodeLoss(after_s=40),), slo=LOADED_SLO,
+        # 2 CPUs a node: one replica each (a replica takes its engine core + its frontend's); Ray would pack both
+        # onto a bigger head. The spare node is where the replacement can go.
+        cluster=ClusterShape(workers=1, head_cpus=2, worker_cpus=2, spare_workers=1)),
 }

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from .counters import HEALTH_GAUGE, WANTED, ReplicaCounters, canonical, counters_from_samples
+from .counters import HEALTH_CHECK_FAILURES, HEALTH_GAUGE, WANTED, ReplicaCounters, canonical, counters_from_samples
 from .prom_text import parse_samples
 
 DISCOVERY_FILE = Path("/tmp/ray/prom_metrics_service_discovery.json")
@@ -61,14 +61,15 @@ def replica_counters(text: str, node: str = "") -> dict[str, ReplicaCounters]:
     return counters_from_samples(samples, node)
 
 
-def health_gauges(text: str) -> dict[str, float]:
-    """Serve's per-replica health gauge (``replica`` label -> 1 healthy / 0 not) from one endpoint's text."""
-    lines = [line for line in text.splitlines() if line.startswith(HEALTH_GAUGE) or line.startswith(f"# TYPE {HEALTH_GAUGE} ")]
+def health_gauges(text: str, name: str = HEALTH_GAUGE) -> dict[str, float]:
+    """Serve's per-replica series ``name`` (``replica`` label -> value) from one endpoint's text: the health gauge
+    (1 healthy / 0 not; the lowest where several series name one replica) or :data:`HEALTH_CHECK_FAILURES`."""
+    lines = [line for line in text.splitlines() if line.startswith(name) or line.startswith(f"# TYPE {name} ")]
     out: dict[str, float] = {}
-    for (_name, labels), value in parse_samples("\n".join(lines) + "\n").items():
+    for (sample, labels), value in parse_samples("\n".join(lines) + "\n").items():
         replica = dict(labels).get("replica")
-        if replica:
-            out[replica] = min(value, out.get(replica, value))
+        if replica and sample.startswith(name):  # also a counter exported as name_total
+            out[replica] = min(value, out.get(replica, value)) if name == HEALTH_GAUGE else out.get(replica, 0.0) + value
     return out
 
 
@@ -95,6 +96,7 @@ def merge_pages(pages: Iterable[tuple[str, str | BaseException]]) -> Scrape:
     """
     out = Scrape()
     health: dict[str, float] = {}
+    failures: dict[str, float] = {}
     for url, page in pages:
         if isinstance(page, BaseException):
             out.errors[url] = f"{type(page).__name__}: {page}"[:300]
@@ -102,6 +104,7 @@ def merge_pages(pages: Iterable[tuple[str, str | BaseException]]) -> Scrape:
         try:
             found = replica_counters(page, node=url)
             health.update(health_gauges(page))
+            failures.update(health_gauges(page, HEALTH_CHECK_FAILURES))
         except ValueError as e:  # the text is not Prometheus exposition: unreadable too
             out.errors[url] = f"unparsable: {e}"[:300]
             continue
@@ -112,6 +115,7 @@ def merge_pages(pages: Iterable[tuple[str, str | BaseException]]) -> Scrape:
                 out.replicas[key] = rc
     for key, rc in out.replicas.items():
         rc.healthy = health.get(key)
+        rc.health_check_failures = failures.get(key, 0.0)
     return out
 
 

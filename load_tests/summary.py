@@ -81,10 +81,15 @@ def throughput(results: Sequence[RequestResult], wall_s: float, slo: Slo) -> Thr
                       goodput_requests_per_s=rate(met))
 
 
+# Faults that cut what is in flight on purpose: a replica kill, a node loss. A redeploy or a scale-down explains
+# nothing: Serve drains the replicas it stops, so every request must complete.
+CUTTING_FAULTS = ("replica_kill", "node_loss")
+
+
 def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = KILL_GRACE_S) -> bool:
-    """A failed request that was in flight at a replica kill, or started within ``grace_s`` after it."""
+    """A failed request that was in flight at a replica kill or node loss, or started within ``grace_s`` after it."""
     end = r.start + (r.e2e or 0.0)
-    return any(f.kind == "replica_kill" and r.start <= f.t + grace_s and end >= f.t for f in faults)
+    return any(f.kind in CUTTING_FAULTS and r.start <= f.t + grace_s and end >= f.t for f in faults)
 
 
 def bad_request_problems(results: list[RequestResult]) -> list[BadRequestProblem]:
@@ -148,9 +153,13 @@ def error_signature(r: RequestResult) -> str:
 
 
 def unexpected_deaths(checker: InvariantChecker, faults: list[Fault], listed_dead: list[str] = ()) -> list[str]:
-    """Replicas that died (seen in the data, or missing from Ray's replica list) without the run killing them."""
+    """Replicas that died (seen in the data, or missing from Ray's replica list) without the run killing them,
+    losing their node, or an operation retiring them (:func:`load_tests.operations.planned_departures`)."""
+    from .operations import planned_departures
+
     killed = {f.detail.get("replica") for f in faults if f.kind == "replica_kill"}
-    return sorted((set(checker.deaths) | set(listed_dead)) - killed)
+    planned = set(planned_departures(checker, faults, list(listed_dead)))
+    return sorted((set(checker.deaths) | set(listed_dead)) - killed - planned)
 
 
 def run_statistics(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
@@ -169,7 +178,7 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
     ok = [r for r in results if r.outcome == "ok"]
     final = checker.final()
     cross = server_cross_check(results, final, replicas_died=bool(checker.deaths or any(
-        f.kind == "replica_kill" for f in faults) or deaths), baseline=checker.baseline())
+        f.kind in CUTTING_FAULTS for f in faults) or deaths), baseline=checker.baseline())
     bad = bad_request_problems(results)
     return RunSummary(
         wall_s=wall_s,

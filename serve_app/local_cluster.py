@@ -146,6 +146,8 @@ class LocalCluster:
     dashboard_port: int = 0
     gcs_port: int = 0
     http_port: int = 0
+    deployed_config: dict[str, Any] | None = None  # the last config deploy()/apply() sent
+    session_dir: Path | None = None  # the head's Ray session directory (its logs/: Serve's controller log)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -180,10 +182,19 @@ class LocalCluster:
             # (which serve the metrics port) may still fail to start and take
             # the node down. Fail here, not minutes later in a deploy.
             self._wait(lambda: all(n.metrics_up() for n in self.nodes), timeout, "every node's metrics endpoint")
+            latest = Path(tempfile.gettempdir()) / "ray" / "session_latest"
+            self.session_dir = latest.resolve() if latest.exists() else None
         except BaseException:
             self.close()
             raise
         return self
+
+    def add_worker(self, num_cpus: int | None = None, timeout: float = 180) -> RayNode:
+        """Start one more worker node (e.g. spare capacity after a deploy) and wait until it is alive and exporting."""
+        node = self._add_node(f"worker{len(self.nodes)}", ["--address", f"127.0.0.1:{self.gcs_port}", *_cpus(num_cpus)])
+        self._wait(lambda: len(self.alive_nodes()) == len(self.nodes), timeout, f"{len(self.nodes)} alive nodes")
+        self._wait(node.metrics_up, timeout, f"{node.name}'s metrics endpoint")
+        return node
 
     def _add_node(self, name: str, args: list[str]) -> RayNode:
         metrics = free_port()
@@ -245,6 +256,10 @@ class LocalCluster:
             return []
         return _json_list(out)
 
+    def all_nodes(self) -> list[dict[str, Any]]:
+        """Every node Ray knows, alive or dead (``state``: ALIVE / DEAD)."""
+        return _json_list(self.cli("ray", "list", "nodes", "--format", "json", timeout=60))
+
     def actors(self, class_name_prefix: str = REPLICA_CLASS_PREFIX) -> list[dict[str, Any]]:
         """Alive actors whose class name starts with ``class_name_prefix`` (Ray's state API)."""
         out = self.cli("ray", "list", "actors", "--format", "json", "--filter", "state=ALIVE",
@@ -271,14 +286,20 @@ class LocalCluster:
                http_port: int | None = None, timeout: float = 900, wait_ready: bool = True) -> dict[str, Any]:
         """``serve deploy`` the config; wait until every application is RUNNING and (``wait_ready``) ``/ready`` answers."""
         cfg = self.effective_config(config, args, http_port)
-        path = self.log_dir / "serve_config.effective.yaml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        self.cli("serve", "deploy", str(path))
+        self.apply(cfg, "effective")
         deadline = time.monotonic() + timeout
         self._wait(lambda: self._apps_running(), timeout, "the Serve applications to be RUNNING", interval=3)
         if wait_ready:
             self._wait(lambda: self._ready(), max(30.0, deadline - time.monotonic()), f"{self.base_url}/ready")
         return cfg
+
+    def apply(self, cfg: dict[str, Any], name: str) -> None:
+        """``serve deploy`` the config document ``cfg`` as it is (saved as ``serve_config.<name>.yaml`` in the log
+        directory) and return at once: Serve rolls it out in the background."""
+        path = self.log_dir / f"serve_config.{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        self.cli("serve", "deploy", str(path))
+        self.deployed_config = copy.deepcopy(cfg)
 
     def wait_http(self, route_prefixes: Iterable[str], timeout: float = 300) -> None:
         """Wait until ``GET <prefix>/v1/models`` answers 200 for every prefix (apps without ``/ready``)."""

@@ -26,7 +26,7 @@ from testkit.monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_sel
 from testkit.monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
-from load_tests.counters import HEALTH_GAUGE
+from load_tests.counters import HEALTH_CHECK_FAILURES, HEALTH_GAUGE
 from serve_app.fuzz_traffic import EXPORTED
 
 LABELS = {"ReplicaId": "r1", "WorkerId": "w1", "engine": "0", "model_name": "fixture", "instance": "127.0.0.1:8089",
@@ -48,6 +48,7 @@ VIOLATIONS = "ray_vllm_prompt_token_accounting_violations_total"
 CORRECTIONS = "ray_vllm_prompt_token_accounting_corrections_total"
 SUCCESS = "ray_vllm_request_success_total"
 HEALTHY = HEALTH_GAUGE
+FAILURES = HEALTH_CHECK_FAILURES
 
 
 def parts(local_compute: str, local_cache_hit: str, external_kv_transfer: str) -> dict[str, str]:
@@ -64,6 +65,13 @@ def deployment_counters(errors: str, requests: str) -> dict[str, str]:
            "job": "ray"}
     return {series_selector("ray_serve_deployment_error_counter_total", lab): errors,
             series_selector("ray_serve_deployment_request_counter_total", lab): requests}
+
+
+def failures(**replicas: str) -> dict[str, str]:
+    """Serve's failed health checks per replica, as its controller exports them."""
+    return {series_selector(FAILURES, {"application": "fuzzserve", "deployment": "LLMServer:fixture", "replica": r,
+                                       "instance": "127.0.0.1:8089", "job": "ray"}): values
+            for r, values in replicas.items()}
 
 
 def healthy(**replicas: str) -> dict[str, str]:
@@ -137,15 +145,28 @@ CASES = [
               {"FuzzserveAccountingCorrectionsHigh": []}),
     # --- a replica Serve no longer reports healthy, whose series Ray still exports
     AlertCase("a replica that died 3 minutes ago, its series frozen, fires",
-              {sel(PROMPT): "500x40", R2_PROMPT: "700x40", **healthy(r1="1x40", r2="1x8 0x32")}, "6m", {
+              {sel(PROMPT): "500x40", R2_PROMPT: "700x40", **healthy(r1="1x40", r2="1x8 0x32"),
+               **failures(r2="_x8 1x32")}, "6m", {
                   "FuzzserveReplicaSeriesStale": [Firing({"ReplicaId": "r2"},
-                      "replica r2 is not healthy in Serve, but its vLLM counters are still exported")]}),
+                      "replica r2 died (failed Serve's health checks), but its vLLM counters are still exported")]}),
+    AlertCase("a replica Serve retired 3 minutes ago (redeploy, scale-down: no failed health check) is silent",
+              {sel(PROMPT): "500x40", R2_PROMPT: "700x40", **healthy(r1="1x40", r2="1x8 0x32")}, "6m",
+              {"FuzzserveReplicaSeriesStale": [], "FuzzserveReplicaDied": []}),
     AlertCase("healthy replicas are silent",
               {sel(PROMPT): "500x40", R2_PROMPT: "700x40", **healthy(r1="1x40", r2="1x40")}, "5m",
               {"FuzzserveReplicaSeriesStale": []}),
-    AlertCase("a replica that died over 30 minutes ago (a redeploy an hour back) is silent again",
-              {sel(PROMPT): "500x200", R2_PROMPT: "700x200", **healthy(r1="1x200", r2="1x8 0x192")}, "45m",
-              {"FuzzserveReplicaSeriesStale": []}),
+    AlertCase("a replica that died over 30 minutes ago is silent again",
+              {sel(PROMPT): "500x200", R2_PROMPT: "700x200", **healthy(r1="1x200", r2="1x8 0x192"),
+               **failures(r2="_x8 1x192")}, "45m",
+              {"FuzzserveReplicaSeriesStale": [], "FuzzserveReplicaDied": []}),
+    # --- a replica that failed Serve's health checks (crashed, hung, lost its node)
+    AlertCase("a replica that failed health checks and is not healthy fires, its node's series gone or not",
+              {**healthy(r1="1x40", r2="1x8 0x32"), **failures(r2="_x8 1x2 3x30")}, "6m", {
+                  "FuzzserveReplicaDied": [Firing({"application": "fuzzserve", "deployment": "LLMServer:fixture",
+                                                   "replica": "r2"},
+                      "replica r2 of fuzzserve/LLMServer:fixture failed Serve's health checks and is not healthy")]}),
+    AlertCase("one failed health check of a replica that stays healthy is silent",
+              {**healthy(r1="1x40"), **failures(r1="_x8 1x32")}, "6m", {"FuzzserveReplicaDied": []}),
     AlertCase("no Serve health series: silent (a scrape gap is not a dead replica)",
               {sel(PROMPT): "500x40"}, "5m", {"FuzzserveReplicaSeriesStale": []}),
     # --- a deployment whose requests keep failing (stock accounting: EngineCore dies, replacements too)
@@ -292,6 +313,12 @@ def test_fuzz_traffic_records():
     ("> 0.1", "> 0.95"),
     ("[30m]) == 1", "[30m]) >= 0"),
     ('ray_serve_deployment_replica_healthy == 1, "ReplicaId"', 'ray_serve_deployment_replica_healthy >= 0, "ReplicaId"'),
+    ("(ray_serve_health_check_failures_total) > 0,", "(ray_serve_health_check_failures_total) >= 0 or "
+                                                    "ray_serve_deployment_replica_healthy,"),
+    ("unless on (replica) ray_serve_deployment_replica_healthy == 1", "unless on (replica) "
+                                                                      "ray_serve_deployment_replica_healthy == 2"),
+    ("ray_serve_health_check_failures_total unless ray_serve_health_check_failures_total offset 30m)",
+     "ray_serve_health_check_failures_total)"),
     ('{fuzz_mode!="none"}', '{fuzz_mode!="scale"}'),
     ('or 0 * sum by (application)', 'or sum by (application)'),
     ('sum by (application, fuzz_mode, fuzz_strength)', 'sum by (application, fuzz_mode)'),

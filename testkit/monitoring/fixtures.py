@@ -13,48 +13,17 @@ them back as Prometheus would store them after a scrape (``instance`` and
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
 from load_tests.prom_text import Labels, parse_samples
 
-from monitoring.files import DASHBOARD_FILE, RULES_FILE
+from monitoring.families import HISTOGRAM_SUFFIXES, referenced_families, trim
 
 from .tools import REPO
 
 FIXTURE_DIR = REPO / "tests" / "fixtures" / "monitoring"
 SCRAPE_JOB = "ray"
-_NAME = re.compile(r"\bray_[a-z0-9_]+")
-_SUFFIXES = ("_bucket", "_sum", "_count")
-
-
-def referenced_families(*files: Path) -> set[str]:
-    """Every ``ray_*`` metric family named in the rules and the dashboard (histogram suffixes stripped)."""
-    names = set()
-    for f in files or (RULES_FILE, DASHBOARD_FILE):
-        for name in _NAME.findall(f.read_text()):
-            for suffix in _SUFFIXES:
-                if name.endswith(suffix):
-                    name = name[: -len(suffix)]
-            names.add(name)
-    return names
-
-
-def _family_of(line: str) -> str:
-    if line.startswith("# "):
-        parts = line.split(" ", 3)
-        return parts[2] if len(parts) > 2 else ""
-    name = line.split("{", 1)[0].split(" ", 1)[0]
-    for suffix in _SUFFIXES:
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
-
-
-def trim(text: str, families: set[str]) -> str:
-    """The lines of ``text`` (Prometheus exposition) that belong to ``families``."""
-    return "".join(line + "\n" for line in text.splitlines() if _family_of(line) in families)
 
 
 def fixture_samples(directory: Path = FIXTURE_DIR) -> dict[tuple[str, Labels], float]:
@@ -74,7 +43,7 @@ def ramped_series(samples: dict[tuple[str, Labels], float], steps: int = 40) -> 
     grow by 5 % of their value per step, so every rate() sees traffic and buckets stay ordered; gauges stay."""
     out = {}
     for (name, labels), v in samples.items():
-        cumulative = name.endswith(("_total", *_SUFFIXES))
+        cumulative = name.endswith(("_total", *HISTOGRAM_SUFFIXES))
         out[series_selector(name, labels)] = f"{v:g}+{v / 20:g}x{steps}" if cumulative else f"{v:g}x{steps}"
     return out
 

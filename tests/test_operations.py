@@ -1,0 +1,274 @@
+"""The operations under load (load_tests.operations), their pure parts fed each bad case and its good twin.
+
+What a redeploy and a scale send to Serve, how the monitor treats a node the
+run killed, how a retired replica is told from a dead one, what the verdict
+requires of each operation, and the recorder that feeds the alert replay.
+The operations themselves run end to end in ``tests/test_operations_serve.py``
+(CI's redeploy-lite) and by hand (docs/load_tests.md, Operations).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import yaml
+
+from load_tests.cli import parse_args, scenario_from
+from load_tests.fault_evidence import check_planned_faults
+from load_tests.monitor import SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
+from load_tests.operations import (NodeLoss, OperationPlan, Redeploy, Scale, forced_kills, planned_departures,
+                                   redeployed_config, scaled_config)
+from load_tests.record import kept
+from load_tests.results import Fault
+from load_tests.scenarios import SCENARIOS
+from load_tests.summary import unexpected_deaths
+from monitoring.families import referenced_families
+from monitoring.files import RULES_FILE
+from serve_app.local_cluster import DEFAULT_CONFIG
+from testkit.monitoring.record import input_series
+from load_tests.counters import ReplicaCounters
+
+
+def rc(replica, node="n", prompt=100.0, local=60.0, hit=30.0, ext=10.0, cached=40.0, healthy=None, **fields):
+    return ReplicaCounters(replica=replica, node=node, prompt_tokens=prompt, prompt_tokens_cached=cached,
+                           by_source={"local_compute": local, "local_cache_hit": hit, "external_kv_transfer": ext},
+                           requests_finished={"length": 4.0}, gauges=True, healthy=healthy, **fields)
+
+
+def shipped() -> dict:
+    return yaml.safe_load(DEFAULT_CONFIG.read_text())
+
+
+# ---------------------------------------------------------------- what is sent to Serve
+
+
+def test_a_redeploy_changes_the_engine_and_allows_the_probe_key_and_nothing_else():
+    cfg = shipped()
+    new = redeployed_config(cfg, Redeploy(after_s=0, engine_kwargs={"kv_offloading_size": 0.2},
+                                          allow_xargs=("fuzzserve_probe",)))
+    assert cfg == shipped(), "the config redeployed from is not changed"
+    args, old = new["applications"][0]["args"], cfg["applications"][0]["args"]
+    assert args["llm_configs"][0]["engine_kwargs"] == {**old["llm_configs"][0]["engine_kwargs"],
+                                                       "kv_offloading_size": 0.2}
+    assert args["guard"]["xargs"]["allowed_extra_keys"] == ["fuzzserve_probe"]
+    rest = copy.deepcopy(new)
+    rest["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"] = 0.25
+    rest["applications"][0]["args"]["guard"]["xargs"]["allowed_extra_keys"] = []
+    assert rest == cfg
+    again = redeployed_config(new, Redeploy(after_s=0, allow_xargs=("fuzzserve_probe",)))
+    assert again["applications"][0]["args"]["guard"]["xargs"]["allowed_extra_keys"] == ["fuzzserve_probe"]
+
+
+def test_a_scale_overrides_num_replicas_in_the_deployments_section_not_the_args():
+    """Serve hashes the app's args into its code version: the same count under args would restart every replica."""
+    cfg = shipped()
+    new = scaled_config(cfg, 4)
+    assert new["applications"][0]["args"] == cfg["applications"][0]["args"]
+    assert new["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 4}]
+    assert scaled_config(new, 1)["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 1}]
+
+
+def test_the_operation_scenarios_plan_what_the_issue_asks():
+    assert [s.kind for s in SCENARIOS["redeploy"].operations.steps] == ["redeploy"]
+    assert SCENARIOS["redeploy"].profile.concurrency == 256
+    assert [s.replicas for s in SCENARIOS["scale"].operations.steps] == [4, 1, 2]
+    assert SCENARIOS["node-loss"].cluster.workers == 1 and SCENARIOS["node-loss"].cluster.spare_workers == 1
+    assert SCENARIOS["node-loss"].planned_faults == ("node_loss",)
+    assert SCENARIOS["redeploy-lite"].profile.concurrency == 16
+
+
+def test_the_cli_refuses_operation_flags_where_they_cannot_apply():
+    with pytest.raises(ValueError, match="no operations"):
+        scenario_from(parse_args(["--scenario", "stress", "--redeploy-engine-kwargs", "{}"]))
+    with pytest.raises(ValueError, match="run it once"):
+        scenario_from(parse_args(["--scenario", "scale", "--repeat", "2"]))
+    sc = scenario_from(parse_args(["--scenario", "redeploy", "--redeploy-engine-kwargs", '{"max_model_len": 99999}',
+                                   "--converge-timeout", "60"]))
+    assert sc.operations.steps[0].engine_kwargs == {"max_model_len": 99999}
+    assert sc.operations.converge_timeout_s == 60
+
+
+def test_a_plan_names_its_probe_key():
+    assert OperationPlan(steps=(Scale(after_s=1, replicas=2),)).probe_key is None
+    assert OperationPlan(steps=(Scale(after_s=1, replicas=2), Redeploy(after_s=1, allow_xargs=("k",)))).probe_key == "k"
+    with pytest.raises(ValueError):
+        OperationPlan(steps=())
+
+
+# ---------------------------------------------------------------- the monitor and a lost node
+
+
+def two_nodes(t, a=None, b=None, errors=None):
+    reps = {}
+    if a is not None:
+        reps["A"] = rc("A", node="u1", prompt=a, local=a, hit=0, ext=0, cached=0)
+    if b is not None:
+        reps["B"] = rc("B", node="u2", prompt=b, local=b, hit=0, ext=0, cached=0)
+    return Snapshot(float(t), reps, errors=errors or {})
+
+
+def lost_node_history(declare: bool) -> InvariantChecker:
+    c = InvariantChecker()
+    c.observe(two_nodes(0, 10, 10))
+    c.observe(two_nodes(1, 20, 20))
+    if declare:
+        assert c.lose_endpoint("u2", 1.5) == ["B"]
+    for t in range(2, 2 + SCRAPE_FAILURE_BOUND + 2):
+        c.observe(two_nodes(t, 20 + t, None, errors={"u2": "ConnectError"}))
+    c.check_quiescent(two_nodes(10, 30, None, errors={"u2": "ConnectError"}))
+    return c
+
+
+def test_a_declared_lost_node_is_not_a_scrape_failure_and_its_replicas_are_dead_from_the_loss():
+    c = lost_node_history(declare=True)
+    assert c.ok, c.violations
+    assert c.deaths == {"B": 1.5} and "B" in c.stale and "A" not in c.stale
+    assert all(e["planned"] for e in c.scrape_errors)
+    assert c.live() == {"A"}
+
+
+def test_an_undeclared_lost_node_fails_the_run_naming_its_endpoint():
+    c = lost_node_history(declare=False)
+    assert [v.kind for v in c.violations] == ["scrape_failed"]
+    assert c.violations[0].counter == "u2"
+
+
+def test_errors_of_a_lost_endpoint_before_the_loss_still_count():
+    c = InvariantChecker()
+    c.observe(two_nodes(0, 10, 10))
+    for t in (1, 2):
+        c.observe(two_nodes(t, 10, None, errors={"u2": "ConnectError"}))
+    c.lose_endpoint("u2", 5.0)
+    assert [v.kind for v in c.violations] == ["scrape_failed"]
+
+
+# ---------------------------------------------------------------- retired or dead
+
+
+def leaving(failures: float) -> InvariantChecker:
+    """Replica A serves, then Serve marks it unhealthy (health 0) at t = 3 with ``failures`` failed health checks."""
+    c = InvariantChecker()
+    c.observe(Snapshot(0.0, {"A": rc("A", healthy=1.0)}))  # N, the replacement, comes up during the run
+    for t in (1, 2):
+        c.observe(Snapshot(float(t), {"A": rc("A", healthy=1.0), "N": rc("N", healthy=1.0)}))
+    for t in range(3, 6):
+        c.observe(Snapshot(float(t), {"A": rc("A", healthy=0.0, health_check_failures=failures),
+                                      "N": rc("N", healthy=1.0)}))
+    return c
+
+
+@pytest.mark.parametrize("failures, planned", [(0.0, True), (1.0, False)])
+def test_a_replica_stopped_after_a_redeploy_is_retired_unless_it_failed_health_checks(failures, planned):
+    c = leaving(failures)
+    assert c.deaths == {"A": 3.0}
+    redeploy = [Fault("redeploy", 2.0, {})]
+    assert ("A" in planned_departures(c, redeploy)) is planned
+    assert unexpected_deaths(c, redeploy) == ([] if planned else ["A"])
+
+
+def test_without_an_operation_a_clean_stop_is_still_a_death():
+    assert unexpected_deaths(leaving(0.0), []) == ["A"]
+
+
+def test_a_death_before_the_operation_began_is_not_a_retirement():
+    assert unexpected_deaths(leaving(0.0), [Fault("scale", 4.0, {})]) == ["A"]
+
+
+def test_replicas_lost_with_the_node_are_planned_and_ray_listing_counts_too():
+    c = leaving(1.0)
+    loss = [Fault("node_loss", 2.0, {"node": "worker1", "replicas": ["A"]})]
+    assert unexpected_deaths(c, loss) == []
+    assert unexpected_deaths(c, loss, listed_dead=["X"]) == ["X"], "a replica Ray lost without an operation"
+
+
+# ---------------------------------------------------------------- the verdict's evidence
+
+
+def converged_redeploy(probes, converged=True):
+    detail = {"step": Redeploy(after_s=0, allow_xargs=("k",)).model_dump(), "replicas_before": ["A"],
+              "by": "serve deploy", "probes": probes, "converged": converged}
+    if converged:
+        detail.update(replicas_after=["N"], converged_t=4.0, converge_s=2.0)
+    else:
+        detail["why"] = "0 replica(s) serving after 480 s, want 1 new ones"
+    return Fault("redeploy", 2.0, detail)
+
+
+GOOD_PROBES = [[0.5, 400, True], [1.5, 400, True], [3.0, 200, False], [4.5, 200, False], [5.0, 200, False]]
+
+
+def evidence(fault, forced=(), failures=0.0):
+    c = leaving(failures)
+    return check_planned_faults(("redeploy",), c, [fault], True, list(forced))[0]
+
+
+def test_a_clean_redeploy_has_its_evidence():
+    check = evidence(converged_redeploy(GOOD_PROBES))
+    assert check.ok, check.problems
+    assert "2/2 refused naming it before, 2/2 accepted after" in check.evidence  # 3.0: during the rollout
+
+
+@pytest.mark.parametrize("fault, forced, failures, problem", [
+    (converged_redeploy(GOOD_PROBES, converged=False), (), 0.0, "did not converge: 0 replica(s) serving"),
+    (converged_redeploy([[0.5, 200, False], *GOOD_PROBES[1:]]), (), 0.0, "1 probe(s) not refused naming it"),
+    (converged_redeploy([*GOOD_PROBES[:-1], [5.0, 400, True]]), (), 0.0, "1 probe(s) not accepted"),
+    (converged_redeploy([*GOOD_PROBES, [6.0, 503, False]]), (), 0.0, "neither 200 nor 400"),
+    (converged_redeploy(GOOD_PROBES[2:]), (), 0.0, "0 before the redeploy"),
+    (converged_redeploy(GOOD_PROBES), ["... did not shut down after grace period, force-killing it"], 0.0,
+     "force-killed 1 draining replica"),
+    (converged_redeploy(GOOD_PROBES), (), 2.0, "died with failed health checks"),
+])
+def test_a_redeploy_that_misbehaves_fails_naming_what(fault, forced, failures, problem):
+    check = evidence(fault, forced, failures)
+    assert not check.ok and any(problem in p for p in check.problems), check.problems
+
+
+def test_an_operation_the_run_never_carried_out_did_not_fire():
+    check = check_planned_faults(("scale",), InvariantChecker(), [], True)[0]
+    assert not check.fired and "no scale" in check.evidence
+
+
+def test_a_node_loss_that_took_no_replica_proves_nothing():
+    fault = Fault("node_loss", 1.0, {"step": NodeLoss(after_s=0).model_dump(), "by": "SIGKILL", "node": "worker1",
+                                     "replicas": [], "replicas_before": ["A"], "replicas_after": ["A"],
+                                     "converged": True, "converged_t": 1.0, "converge_s": 0.0})
+    check = check_planned_faults(("node_loss",), leaving(0.0), [fault], True)[0]
+    assert any("held no replica" in p for p in check.problems)
+
+
+def test_forced_kills_are_read_from_the_controller_log(tmp_path):
+    logs = tmp_path / "logs" / "serve"
+    logs.mkdir(parents=True)
+    (logs / "controller_1.log").write_text("INFO ok\nWARNING Replica(id='x') did not shut down after grace period, "
+                                           "force-killing it.\n")
+    assert len(forced_kills(tmp_path)) == 1
+    assert forced_kills(None) == []
+
+
+# ---------------------------------------------------------------- the recording the alert replay reads
+
+
+def test_the_recorder_keeps_every_family_the_rules_name_and_no_histogram():
+    for family in referenced_families(RULES_FILE):
+        assert kept(f"{family}{{a=\"b\"}} 1"), family
+    assert kept("ray_vllm_generation_tokens_total{ReplicaId=\"r\"} 3")
+    assert not kept('ray_vllm_e2e_request_latency_seconds_bucket{le="1.0"} 3')
+    assert not kept("ray_serve_deployment_processing_latency_ms_count{deployment=\"d\"} 3")
+    assert not kept("# TYPE ray_vllm_e2e_request_latency_seconds histogram")
+    assert not kept("ray_node_cpu_utilization{} 3")
+
+
+def test_a_recording_becomes_promtool_series_that_end_when_their_target_goes():
+    text = "ray_vllm_prompt_tokens_total{ReplicaId=\"r1\",empty=\"\"} {v}\n"
+    records = [{"t": 0.0, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "1")},
+               {"t": 0.2, "url": "http://127.0.0.1:2/metrics", "text": text.replace("r1", "r2").replace("{v}", "5")},
+               {"t": 10.1, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "2")},
+               {"t": 10.0, "url": "http://127.0.0.1:2/metrics", "error": "ConnectError"},
+               {"t": 30.0, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "2")},
+               {"t": 30.0, "url": "http://127.0.0.1:2/metrics", "error": "ConnectError"}]
+    series, steps = input_series(records, step_s=10, after_s=60)
+    assert steps == 4
+    r1 = 'ray_vllm_prompt_tokens_total{ReplicaId="r1",instance="127.0.0.1:1",job="ray"}'
+    r2 = 'ray_vllm_prompt_tokens_total{ReplicaId="r2",instance="127.0.0.1:2",job="ray"}'
+    assert series == {r1: "1 2 _ 2 2x6", r2: "5 stale _x2"}
