@@ -41,6 +41,22 @@ class DeploySettings(BaseModel):
     routing: Routing | None = Field(None, description="the engine replicas' request router (default: the config's)")
 
 
+def scenario_config(cfg: dict, sc: Scenario, settings: DeploySettings) -> dict:
+    """The Serve config document ``cfg`` (changed in place) with the scenario's engine settings, the replica
+    count (or the scenario's autoscaling) and the routing of ``settings``."""
+    for app in cfg["applications"]:
+        for llm in app["args"]["llm_configs"]:
+            llm["engine_kwargs"] = sc.engine_overrides(llm.get("engine_kwargs", {}))
+        if settings.routing:
+            app["args"]["routing"] = settings.routing
+        app["args"]["engine_replicas"] = settings.replicas
+        if sc.autoscaling is not None:  # Serve's autoscaler sizes the deployment, not engine_replicas
+            app["args"]["engine_replicas"] = None
+            for llm in app["args"]["llm_configs"]:
+                llm.setdefault("deployment_config", {})["autoscaling_config"] = dict(sc.autoscaling)
+    return cfg
+
+
 def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     """Start a local cluster and deploy the config with the scenario's engine settings; the cluster."""
     import yaml
@@ -49,13 +65,7 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     from serve_app.local_cluster import DEFAULT_CONFIG, LocalCluster
 
     ensure_model()
-    cfg = yaml.safe_load(Path(settings.config or DEFAULT_CONFIG).read_text())
-    for app in cfg["applications"]:
-        for llm in app["args"]["llm_configs"]:
-            llm["engine_kwargs"] = sc.engine_overrides(llm.get("engine_kwargs", {}))
-        if settings.routing:
-            app["args"]["routing"] = settings.routing
-        app["args"]["engine_replicas"] = settings.replicas
+    cfg = scenario_config(yaml.safe_load(Path(settings.config or DEFAULT_CONFIG).read_text()), sc, settings)
     env = {OFF_ENV: settings.patches_off} if settings.patches_off else {}
     # 'fit' sizes the replicas to the cluster's CPUs: the cluster then has the host's own count, as `ray start`
     # gives it (a fixed replica count runs in LocalCluster's default cluster, whatever the host)

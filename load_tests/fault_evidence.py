@@ -18,7 +18,7 @@ the verdict fails unless each planned fault shows in the data:
     the run killed a replica, the data shows that replica dead, and a
     replica first seen alive after the kill finished requests (the
     replacement serves).
-``redeploy``, ``scale``, ``node_loss``
+``redeploy``, ``scale``, ``autoscale``, ``node_loss``
     each step of the scenario's operations (:mod:`load_tests.operations`)
     was carried out and converged within its timeout; every replica that
     left was retired by Serve or lost with the killed node (never a death
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from .monitor import InvariantChecker
 
 PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill", "redeploy",
-                  "scale", "node_loss")
+                  "scale", "autoscale", "node_loss")
 
 
 @dataclass

@@ -104,6 +104,7 @@ class LoadLoop:
         self.stop = asyncio.Event()  # ends the load early: SIGINT, or the scenario's operations done
         self.operations_task: asyncio.Task | None = None
         self.operator = None  # load_tests.operations.Operator, when the scenario has operations
+        self.level = None  # load_tests.operations.LoadLevel, when the operations change the load (autoscaling)
         self.probe_rounds: list[asyncio.Future] = []
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  TextColumn("{task.completed} done"), TextColumn("{task.fields[status]}"),
@@ -138,13 +139,21 @@ class LoadLoop:
         from .operations import Operator
 
         operator = self.operator = Operator(self.sc.operations, self.target, self.checker, self.t0, self.stop,
-                                            self.faults, self.sc.mix.model, declare_lost=self.config.declare_lost_nodes)
+                                            self.faults, self.sc.mix.model, declare_lost=self.config.declare_lost_nodes,
+                                            level=self.level)
         try:
             await operator.run(session)
         finally:
             for f in self.faults:
                 if f.kind == "redeploy":
                     f.detail["probes"] = [[round(p["t"], 1), p["status"], p["names_key"]] for p in operator.probes]
+
+    def levels_driver(self) -> Driver:
+        """The load at the level the scenario's autoscale steps set (load_tests.operations.drive_levels)."""
+        from .operations import LoadLevel, drive_levels
+
+        self.level = LoadLevel(self.sc.profile.concurrency)
+        return lambda _loop, one, stop: drive_levels(self.level, one, stop)
 
     async def killer(self, victims: dict[str, int]) -> None:
         await asyncio.sleep(self.sc.kill_replica_at_s)
@@ -173,6 +182,8 @@ class LoadLoop:
         connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=False)
         try:
             async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+                if driver is None and self.sc.operations and self.sc.operations.changes_load:
+                    driver = self.levels_driver()  # before the operator starts: it changes the level
                 side = self.side_tasks(session, await asyncio.to_thread(self.target.list_replicas))
                 await self.monitor.baseline()
                 self.monitor.start()

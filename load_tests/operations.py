@@ -21,6 +21,9 @@ serves while Serve's health gauge says healthy (:meth:`InvariantChecker.live`).
 * **scale**: the engine deployment's ``num_replicas`` in the YAML's
   ``deployments:`` section (Serve changes it in place: no replica restarts):
   converged when that many serve.
+* **autoscale**: the load changes to ``concurrency`` requests in flight (the
+  deployment runs Serve's ``autoscaling_config``; the scenario's low and high
+  load phases): converged when Serve's autoscaler has ``replicas`` serving.
 * **node_loss**: SIGKILL, by pid, a worker node's ``ray start --block``
   process and every process under it (raylet, agents, replicas, engines):
   the node is gone, not one replica. Its metrics endpoint is declared lost to
@@ -66,7 +69,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("fuzzserve.load_tests")
 
 # Replicas that change hands while the load runs are the operations' business; these are the Fault kinds.
-OPERATION_KINDS = ("redeploy", "scale", "node_loss")
+OPERATION_KINDS = ("redeploy", "scale", "autoscale", "node_loss")
+# Operations after which Serve stops healthy replicas on purpose (retirements, not deaths).
+RETIRING = ("redeploy", "scale", "autoscale")
 # Serve's controller log line when a replica did not drain within its graceful shutdown timeout.
 FORCE_KILL_LINE = re.compile(r"did not shut down after grace period, force-killing it")
 
@@ -92,12 +97,18 @@ class Scale(_Step):
     replicas: int = Field(ge=1, description="the engine deployment's num_replicas (changed in place)")
 
 
+class Autoscale(_Step):
+    kind: Literal["autoscale"] = "autoscale"
+    concurrency: int = Field(ge=1, description="the load's requests in flight from this step on")
+    replicas: int = Field(ge=1, description="the replicas Serve's autoscaler must reach at that load")
+
+
 class NodeLoss(_Step):
     kind: Literal["node_loss"] = "node_loss"
     node: str = Field("worker1", description="the local cluster's node to kill (a worker: the head holds Serve)")
 
 
-Operation = Annotated[Redeploy | Scale | NodeLoss, Field(discriminator="kind")]
+Operation = Annotated[Redeploy | Scale | Autoscale | NodeLoss, Field(discriminator="kind")]
 
 
 class OperationPlan(BaseModel):
@@ -111,6 +122,10 @@ class OperationPlan(BaseModel):
     @property
     def kinds(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(s.kind for s in self.steps))
+
+    @property
+    def changes_load(self) -> bool:
+        return any(isinstance(s, Autoscale) for s in self.steps)
 
     @property
     def probe_key(self) -> str | None:
@@ -151,7 +166,7 @@ def planned_departures(checker: InvariantChecker, faults: list[Fault], listed_de
     """Replicas that left because of an operation the run made, and why (the rest of the deaths are unplanned).
 
     * lost with a node the run killed (the node's replicas, from the monitor);
-    * retired: gone after a redeploy or scale began, with no failed health check (Serve stopped a healthy
+    * retired: gone after a redeploy, scale or autoscaling step began, with no failed health check (Serve stopped a healthy
       replica; a crash, a hang or a lost node fails its health checks first).
     """
     out: dict[str, str] = {}
@@ -159,7 +174,7 @@ def planned_departures(checker: InvariantChecker, faults: list[Fault], listed_de
         if f.kind == "node_loss":
             for key in f.detail.get("replicas", []):
                 out[key] = f"lost with node {f.detail.get('node')} at t = {f.t:.0f} s"
-    starts = [f.t for f in faults if f.kind in ("redeploy", "scale")]
+    starts = [f.t for f in faults if f.kind in RETIRING]
     if not starts:
         return out
     final, baseline = checker.final(), checker.baseline()
@@ -170,7 +185,7 @@ def planned_departures(checker: InvariantChecker, faults: list[Fault], listed_de
         failed = (final[key].health_check_failures - (baseline[key].health_check_failures if key in baseline else 0.0)
                   if key in final else 0.0)
         if failed <= 0:
-            op = max((f for f in faults if f.kind in ("redeploy", "scale") and (died is None or f.t <= died)),
+            op = max((f for f in faults if f.kind in RETIRING and (died is None or f.t <= died)),
                      key=lambda f: f.t, default=None)
             out[key] = f"retired by Serve after the {op.kind if op else 'operation'}" + (
                 f" at t = {op.t:.0f} s" if op else "") + " (no failed health check)"
@@ -181,9 +196,10 @@ class Operator:
     """Carries out an :class:`OperationPlan` beside the load (local cluster), or tells the operator to (``--url``)."""
 
     def __init__(self, plan: OperationPlan, target: LoadTarget, checker: InvariantChecker, t0: float,
-                 stop: asyncio.Event, faults: list[Fault], model: str, declare_lost: bool = True):
+                 stop: asyncio.Event, faults: list[Fault], model: str, declare_lost: bool = True,
+                 level: LoadLevel | None = None):
         self.plan, self.target, self.checker, self.t0, self.stop = plan, target, checker, t0, stop
-        self.model, self.declare_lost = model, declare_lost
+        self.model, self.declare_lost, self.level = model, declare_lost, level
         self.faults = faults  # the run's list: a step is recorded when it starts, completed when it converges
         self.probes: list[dict[str, Any]] = []
         self.views: list[asyncio.Task] = []  # Ray's view after each step (look), gathered at the end
@@ -219,7 +235,9 @@ class Operator:
         before = sorted(self.checker.live())
         t = self.now()
         detail: dict[str, Any] = {"step": step.model_dump(), "replicas_before": before, "converged": False}
-        if self.cluster is None:
+        if isinstance(step, Autoscale) and self.level is None:
+            raise SystemExit("an autoscale step needs the load to be driven by load_tests.operations.drive_levels")
+        if self.cluster is None and not isinstance(step, Autoscale):
             if isinstance(step, NodeLoss):
                 raise SystemExit("a node-loss step needs a local cluster (no --url): the run must know the node")
             what = (f"serve deploy your config with engine_kwargs {step.engine_kwargs} and guard.xargs."
@@ -231,6 +249,9 @@ class Operator:
             self.config = redeployed_config(self.config, step)
             await asyncio.to_thread(self.cluster.apply, self.config, f"redeploy-{len(self.faults) + 1}")
             detail["by"] = "serve deploy"
+        elif isinstance(step, Autoscale):
+            self.level.set(step.concurrency)
+            detail["by"] = f"load -> {step.concurrency} in flight (Serve's autoscaler)"
         elif isinstance(step, Scale):
             self.config = scaled_config(self.config, step.replicas)
             await asyncio.to_thread(self.cluster.apply, self.config, f"scale-{step.replicas}")
@@ -265,7 +286,7 @@ class Operator:
     async def converge(self, step: Operation, fault: Fault) -> bool:
         before = set(fault.detail["replicas_before"])
         lost = set(fault.detail.get("replicas", ()))
-        want = step.replicas if isinstance(step, Scale) else len(before)
+        want = step.replicas if isinstance(step, (Scale, Autoscale)) else len(before)
         deadline = time.monotonic() + self.plan.converge_timeout_s
         while time.monotonic() < deadline:
             live = self.checker.live()
@@ -303,7 +324,7 @@ class Operator:
             view["replicas"] = {a.get("name", "").rsplit("#", 1)[-1]: a.get("node_id", "")[:8]
                                 for a in self.cluster.replicas()}
             view["nodes"] = {n.get("node_id", "")[:8]: n.get("state") for n in self.cluster.all_nodes()}
-            apps = self.cluster.serve_status().get("applications") or {}
+            apps = self.cluster.serve_status(timeout=240).get("applications") or {}  # slow under the load
             view["apps"] = {name: {"status": a.get("status"), "message": (a.get("message") or "")[:500],
                                    "deployments": {d: {"status": s.get("status"), "message": (s.get("message") or "")[:500],
                                                        "replica_states": s.get("replica_states")}
@@ -330,6 +351,45 @@ class Operator:
             except Exception as e:  # recorded: a probe that cannot reach the app is evidence too
                 self.probes.append({"t": t, "status": None, "names_key": False, "error": f"{type(e).__name__}: {e}"[:200]})
             await asyncio.sleep(self.plan.probe_every_s)
+
+
+class LoadLevel:
+    """The load's requests in flight, which autoscale steps change while it runs (:func:`drive_levels`)."""
+
+    def __init__(self, concurrency: int):
+        self.concurrency = concurrency
+        self.changed = asyncio.Event()
+        self.history: list[tuple[float, int]] = []  # (monotonic time, concurrency) of each change
+
+    def set(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.history.append((time.monotonic(), concurrency))
+        self.changed.set()
+
+
+async def drive_levels(level: LoadLevel, one, stop: asyncio.Event) -> int:
+    """Keep ``level.concurrency`` requests in flight (``one(index)`` each) until ``stop``; a lower level lets the
+    surplus workers finish their request and end, a higher one starts more. How many were started."""
+    started = 0
+    workers: dict[int, asyncio.Task] = {}
+
+    async def worker(w: int) -> None:
+        nonlocal started
+        while not stop.is_set() and w < level.concurrency:
+            started += 1
+            await one(started - 1)
+
+    while not stop.is_set():
+        for w in range(level.concurrency):
+            if w not in workers or workers[w].done():
+                workers[w] = asyncio.create_task(worker(w))
+        level.changed.clear()
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(level.changed.wait())]
+        await asyncio.wait(waiters, timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
+        for f in waiters:
+            f.cancel()
+    await asyncio.gather(*workers.values())
+    return started
 
 
 def forced_kills(session_dir: Path | None) -> list[str]:

@@ -1,6 +1,6 @@
 """The named load scenarios: smoke, stress (the main job), chaos (stress plus faults), chaos-lite (CI's A/B),
-soak (chaos for 10 minutes, with probes), and the operations under load: redeploy, scale, node-loss (and
-redeploy-lite, CI's).
+soak (chaos for 10 minutes, with probes), and the operations under load: redeploy, scale, autoscale, node-loss
+(and redeploy-lite, CI's).
 
 A scenario is a load profile, a request mix, latency targets, and what to
 do to the deployment: engine-level faults (the ``kv_faults`` patch's seeded
@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from patches.fault_config import FaultConfig
 from patches.metrics import LYING_CONNECTOR_KINDS
 
-from .operations import OperationPlan, NodeLoss, Redeploy, Scale
+from .operations import Autoscale, NodeLoss, OperationPlan, Redeploy, Scale
 from .profiles import Profile
 from .workload import Mix
 
@@ -103,6 +103,8 @@ class Scenario(BaseModel):
     operations: OperationPlan | None = Field(None, description="redeploy / scale / node loss during the load "
                                                                "(load_tests.operations); the load stops after them")
     cluster: ClusterShape | None = Field(None, description="the local cluster's nodes (default: one)")
+    autoscaling: dict[str, Any] | None = Field(None, description="the engine deployment's autoscaling_config (Serve's "
+                                                                 "autoscaler sizes it; engine_replicas is left unset)")
 
     @field_validator("faults")
     @classmethod
@@ -263,4 +265,12 @@ SCENARIOS: dict[str, Scenario] = {
         # 2 CPUs a node: one replica each (a replica takes its engine core + its frontend's); Ray would pack both
         # onto a bigger head. The spare node is where the replacement can go.
         cluster=ClusterShape(workers=1, head_cpus=2, worker_cpus=2, spare_workers=1)),
+    "autoscale": under_operations(
+        "autoscale", "Serve's autoscaler sizes the engine deployment (1 to 2 replicas, 32 ongoing requests per "
+                     "replica as the target): 16 concurrent requests, then 256 until it runs 2 replicas, then 16 "
+                     "until it is back to 1; nothing lost, no 5xx, the retired replica not a death",
+        (Autoscale(after_s=60, concurrency=256, replicas=2), Autoscale(after_s=60, concurrency=16, replicas=1)),
+        concurrency=16, slo=LOADED_SLO,
+        autoscaling={"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 32,
+                     "upscale_delay_s": 10, "downscale_delay_s": 30}),
 }

@@ -14,8 +14,10 @@ monitor's violations. A run fails on any of:
   field it should;
 * client/server disagreement: the engines finished fewer requests than the
   clients saw complete, or more than were sent to them;
-* a replica that died without the run killing it (seen in the scraped data
-  in every mode; with a local deployment also through Ray's state API);
+* a replica that died without the run killing it, losing its node, or an
+  operation retiring it (seen in the scraped data in every mode; with a local
+  deployment also through Ray's state API:
+  :func:`load_tests.summary.unexpected_deaths`);
 * a planned fault that did not fire, or whose handling does not show
   (:mod:`load_tests.fault_evidence`);
 * no request completed at all.

@@ -32,6 +32,15 @@ variable                                               value  why
                                                               which runs before any API key is checked; a longer
                                                               body is routed on load (serve_app/ingress_router.py,
                                                               docs/security.md)
+``RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE``         2      two ingress request routers per proxy node (Serve's
+                                                              default: 1). A redeploy replaces the router too;
+                                                              with one, HAProxy's router pool named only the
+                                                              stopping one until the new one was pushed, and a
+                                                              request in that gap got 503 "Ingress request router
+                                                              failed: router_unreachable" (1 of 24086 in a
+                                                              redeploy at 256 streams: docs/load_tests.md). With
+                                                              two, HAProxy moves on to the other when a connection
+                                                              fails. Each costs no CPU reservation, one process
 ``RAY_AUTH_MODE``                                      token  Ray 2.60's token authentication, on: ``ray start``,
                                                               ``serve`` and ``ray.init`` must agree on the mode
                                                               (a ``serve deploy`` that believes auth is off fails
@@ -63,6 +72,7 @@ CLUSTER_ENV: dict[str, str] = {
     FORWARD_BODY: "1",
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE": str(64 * 1024),
+    "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "2",
     AUTH_MODE: "token",
     **ENGINE_ENV,
 }

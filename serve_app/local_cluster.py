@@ -312,8 +312,8 @@ class LocalCluster:
 
         self._wait(up, timeout, f"/v1/models of {', '.join(route_prefixes)}")
 
-    def serve_status(self) -> dict[str, Any]:
-        return yaml.safe_load(self.cli("serve", "status", timeout=60)) or {}
+    def serve_status(self, timeout: float = 60) -> dict[str, Any]:
+        return yaml.safe_load(self.cli("serve", "status", timeout=timeout)) or {}
 
     def _apps_running(self) -> bool:
         try:

@@ -53,3 +53,16 @@ def test_the_direct_path_check_reads_the_same_names():
 
     assert set(HAPROXY_ENV) <= set(CLUSTER_ENV)
     require_haproxy(True, dict(CLUSTER_ENV))  # what the table sets passes the builder's check
+
+
+def test_every_serve_variable_of_the_table_is_one_ray_serve_reads():
+    """A misspelt name would be ignored without a word: each RAY_SERVE_* name is read in Serve's own constants."""
+    import ray.serve._private.constants as constants
+
+    from serve_app.cluster_env import CLUSTER_ENV
+
+    source = Path(constants.__file__).read_text()
+    names = [k for k in CLUSTER_ENV if k.startswith("RAY_SERVE_")]
+    assert "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE" in names
+    assert [k for k in names if f'"{k}"' not in source] == []
+    assert '"RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODES"' not in source, "the check can fail"

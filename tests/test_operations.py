@@ -272,3 +272,75 @@ def test_a_recording_becomes_promtool_series_that_end_when_their_target_goes():
     r1 = 'ray_vllm_prompt_tokens_total{ReplicaId="r1",instance="127.0.0.1:1",job="ray"}'
     r2 = 'ray_vllm_prompt_tokens_total{ReplicaId="r2",instance="127.0.0.1:2",job="ray"}'
     assert series == {r1: "1 2 _ 2 2x6", r2: "5 stale _x2"}
+
+
+# ---------------------------------------------------------------- the load an autoscaling run changes
+
+
+def test_the_load_follows_its_level_up_and_down():
+    import asyncio
+
+    from load_tests.operations import LoadLevel, drive_levels
+
+    async def scenario():
+        level, stop = LoadLevel(2), asyncio.Event()
+        in_flight, peak = 0, []
+
+        async def one(i):
+            nonlocal in_flight
+            in_flight += 1
+            peak.append(in_flight)
+            await asyncio.sleep(0.01)
+            in_flight -= 1
+
+        task = asyncio.create_task(drive_levels(level, one, stop))
+        await asyncio.sleep(0.2)
+        low = max(peak)
+        level.set(8)
+        await asyncio.sleep(0.3)
+        high = max(peak[len(peak) // 2:])
+        level.set(1)
+        await asyncio.sleep(0.3)
+        peak.clear()
+        await asyncio.sleep(0.2)
+        after = max(peak)
+        stop.set()
+        started = await task
+        return low, high, after, started, in_flight
+
+    low, high, after, started, left = asyncio.run(scenario())
+    assert (low, high, after) == (2, 8, 1)
+    assert started > 20 and left == 0, "every started request finished"
+
+
+def test_the_autoscale_scenario_leaves_sizing_to_serve():
+    sc = SCENARIOS["autoscale"]
+    assert sc.operations.changes_load and sc.profile.concurrency == 16
+    assert [(s.concurrency, s.replicas) for s in sc.operations.steps] == [(256, 2), (16, 1)]
+    assert sc.autoscaling["max_replicas"] == 2 and sc.autoscaling["target_ongoing_requests"] == 32
+
+
+def test_the_autoscale_scenario_deploys_an_autoscaled_engine_behind_the_router(monkeypatch, tmp_path):
+    """What `--scenario autoscale` hands `serve deploy`, built by the app builder: Serve's autoscaling_config on
+    the engine deployment, no fixed count, and the fuzz-aware router (the deployment can run 2 replicas)."""
+    from load_tests.deploy import DeploySettings, scenario_config
+    from serve_app.app import build_app
+    from serve_app.cluster_env import HAPROXY_ENV
+
+    checkpoint = tmp_path / ".cache" / "models" / "fixture-llama-test"
+    checkpoint.mkdir(parents=True)
+    (checkpoint.parent / "fixture").symlink_to(checkpoint.name)
+    monkeypatch.setattr("serve_app.app.PROJECT_ROOT", tmp_path)
+    for k in HAPROXY_ENV:
+        monkeypatch.setenv(k, "1")
+    cfg = scenario_config(shipped(), SCENARIOS["autoscale"], DeploySettings())
+    args = cfg["applications"][0]["args"]
+    assert args["engine_replicas"] is None
+    graph = build_app(args)
+    server = graph._bound_deployment
+    autoscaling = server._deployment_config.autoscaling_config
+    assert (autoscaling.min_replicas, autoscaling.max_replicas, autoscaling.target_ongoing_requests) == (1, 2, 32)
+    assert server._deployment_config.request_router_config.request_router_class.endswith("FuzzAffinityRouter")
+    assert graph._ingress_request_router is not None
+    fixed = scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings())["applications"][0]["args"]
+    assert fixed["engine_replicas"] == 2 and "autoscaling_config" not in fixed["llm_configs"][0]["deployment_config"]
