@@ -196,8 +196,10 @@ def _operation(kind: str, checker: InvariantChecker, faults: list[Any], final, b
     from .operations import planned_departures
 
     steps = [f for f in faults if getattr(f, "kind", None) == kind]
+    failed = [f.detail["error"] for f in faults if getattr(f, "kind", None) == "operation_failed"
+              and f.detail["error"].startswith(f"{kind}:")]
     if not steps:
-        return FaultCheck(kind, False, f"the run carried out no {kind}")
+        return FaultCheck(kind, False, f"the run carried out no {kind}" + (f": {failed[0]}" if failed else ""))
     departures = planned_departures(checker, faults, listed_dead)
     problems, evidence = [], []
     for f in steps:

@@ -147,6 +147,7 @@ class LoadLoop:
             for f in self.faults:
                 if f.kind == "redeploy":
                     f.detail["probes"] = [[round(p["t"], 1), p["status"], p["names_key"]] for p in operator.probes]
+            self.faults.extend(Fault("operation_failed", operator.now(), {"error": e}) for e in operator.errors)
 
     def levels_driver(self) -> Driver:
         """The load at the level the scenario's autoscale steps set (load_tests.operations.drive_levels)."""

@@ -204,6 +204,7 @@ class Operator:
         self.probes: list[dict[str, Any]] = []
         self.views: list[asyncio.Task] = []  # Ray's view after each step (look), gathered at the end
         self.finished = False
+        self.errors: list[str] = []  # steps that could not be carried out, and why
         self.cluster = target.cluster
         self.config = copy.deepcopy(getattr(self.cluster, "deployed_config", None))
 
@@ -215,7 +216,12 @@ class Operator:
         try:
             for step in self.plan.steps:
                 await asyncio.sleep(step.after_s)
-                fault = await self.perform(step)
+                try:
+                    fault = await self.perform(step)
+                except Exception as e:  # e.g. `serve deploy` refused the config: the step never happened
+                    log.error("t = %.0f s: %s could not be carried out: %s", self.now(), step.kind, e)
+                    self.errors.append(f"{step.kind}: {type(e).__name__}: {e}"[:500])
+                    break
                 self.faults.append(fault)
                 if not await self.converge(step, fault):
                     break

@@ -344,3 +344,9 @@ def test_the_autoscale_scenario_deploys_an_autoscaled_engine_behind_the_router(m
     assert graph._ingress_request_router is not None
     fixed = scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings())["applications"][0]["args"]
     assert fixed["engine_replicas"] == 2 and "autoscaling_config" not in fixed["llm_configs"][0]["deployment_config"]
+
+
+def test_a_step_that_could_not_be_carried_out_is_named():
+    failed = Fault("operation_failed", 3.0, {"error": "scale: ClusterError: serve deploy failed (1): bad config"})
+    check = check_planned_faults(("scale",), InvariantChecker(), [failed], True)[0]
+    assert not check.fired and "serve deploy failed (1): bad config" in check.evidence
