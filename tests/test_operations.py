@@ -320,32 +320,6 @@ def test_the_autoscale_scenario_leaves_sizing_to_serve():
     assert sc.autoscaling["max_replicas"] == 2 and sc.autoscaling["target_ongoing_requests"] == 32
 
 
-def test_the_autoscale_scenario_deploys_an_autoscaled_engine_behind_the_router(monkeypatch, tmp_path):
-    """What `--scenario autoscale` hands `serve deploy`, built by the app builder: Serve's autoscaling_config on
-    the engine deployment, no fixed count, and the fuzz-aware router (the deployment can run 2 replicas)."""
-    from load_tests.deploy import DeploySettings, scenario_config
-    from serve_app.app import build_app
-    from serve_app.cluster_env import HAPROXY_ENV
-
-    checkpoint = tmp_path / ".cache" / "models" / "fixture-llama-test"
-    checkpoint.mkdir(parents=True)
-    (checkpoint.parent / "fixture").symlink_to(checkpoint.name)
-    monkeypatch.setattr("serve_app.app.PROJECT_ROOT", tmp_path)
-    for k in HAPROXY_ENV:
-        monkeypatch.setenv(k, "1")
-    cfg = scenario_config(shipped(), SCENARIOS["autoscale"], DeploySettings())
-    args = cfg["applications"][0]["args"]
-    assert args["engine_replicas"] is None
-    graph = build_app(args)
-    server = graph._bound_deployment
-    autoscaling = server._deployment_config.autoscaling_config
-    assert (autoscaling.min_replicas, autoscaling.max_replicas, autoscaling.target_ongoing_requests) == (1, 2, 32)
-    assert server._deployment_config.request_router_config.request_router_class.endswith("FuzzAffinityRouter")
-    assert graph._ingress_request_router is not None
-    fixed = scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings())["applications"][0]["args"]
-    assert fixed["engine_replicas"] == 2 and "autoscaling_config" not in fixed["llm_configs"][0]["deployment_config"]
-
-
 def test_a_step_that_could_not_be_carried_out_is_named():
     failed = Fault("operation_failed", 3.0, {"error": "scale: ClusterError: serve deploy failed (1): bad config"})
     check = check_planned_faults(("scale",), InvariantChecker(), [failed], True)[0]
