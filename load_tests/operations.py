@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
-from serve_app.names import ENGINE_DEPLOYMENT_PREFIX
+from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_id
 
 if TYPE_CHECKING:
     import aiohttp
@@ -327,7 +327,7 @@ class Operator:
         """What Ray says now: each engine replica's node, the nodes' states, the app's status and message."""
         view: dict[str, Any] = {}
         try:
-            view["replicas"] = {a.get("name", "").rsplit("#", 1)[-1]: a.get("node_id", "")[:8]
+            view["replicas"] = {replica_id(a.get("name", "")): a.get("node_id", "")[:8]
                                 for a in self.cluster.replicas()}
             view["nodes"] = {n.get("node_id", "")[:8]: n.get("state") for n in self.cluster.all_nodes()}
             apps = self.cluster.serve_status(timeout=240).get("applications") or {}  # slow under the load

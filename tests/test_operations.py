@@ -324,3 +324,15 @@ def test_a_step_that_could_not_be_carried_out_is_named():
     failed = Fault("operation_failed", 3.0, {"error": "scale: ClusterError: serve deploy failed (1): bad config"})
     check = check_planned_faults(("scale",), InvariantChecker(), [failed], True)[0]
     assert not check.fired and "serve deploy failed (1): bad config" in check.evidence
+
+
+def test_the_autoscale_scenario_hands_serve_an_autoscaling_config_and_no_fixed_count():
+    """What `--scenario autoscale` deploys (the config document; building it needs a Ray cluster: Serve's builder
+    starts one for an autoscaled deployment)."""
+    from load_tests.deploy import DeploySettings, scenario_config
+
+    args = scenario_config(shipped(), SCENARIOS["autoscale"], DeploySettings())["applications"][0]["args"]
+    assert args["engine_replicas"] is None
+    assert args["llm_configs"][0]["deployment_config"]["autoscaling_config"] == SCENARIOS["autoscale"].autoscaling
+    fixed = scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings())["applications"][0]["args"]
+    assert fixed["engine_replicas"] == 2 and "autoscaling_config" not in fixed["llm_configs"][0]["deployment_config"]

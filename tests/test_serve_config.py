@@ -356,27 +356,3 @@ def test_router_path_graph(monkeypatch, built_fixture):
     engine = ingress.init_kwargs["llm_deployments"]["fixture"]._bound_deployment
     assert engine.name == "LLMServer:fixture" and engine.func_or_class.__name__ == "EngineServer"
 
-
-def test_the_autoscale_scenario_deploys_an_autoscaled_engine_behind_the_router(monkeypatch, built_fixture):
-    """What `python -m load_tests --scenario autoscale` hands `serve deploy`, built by the app builder: Serve's
-    autoscaling_config on the engine deployment, no fixed count, and the fuzz-aware router (it can run 2)."""
-    from load_tests.deploy import DeploySettings, scenario_config
-    from load_tests.scenarios import SCENARIOS
-    from serve_app.app import build_app
-
-    for k, v in HAPROXY_ON.items():
-        monkeypatch.setenv(k, v)
-
-    def shipped() -> dict:
-        return yaml.safe_load((REPO / "serve_config.yaml").read_text())
-
-    args = scenario_config(shipped(), SCENARIOS["autoscale"], DeploySettings())["applications"][0]["args"]
-    assert args["engine_replicas"] is None
-    graph = build_app(args)
-    server = graph._bound_deployment
-    autoscaling = server._deployment_config.autoscaling_config
-    assert (autoscaling.min_replicas, autoscaling.max_replicas, autoscaling.target_ongoing_requests) == (1, 2, 32)
-    assert server._deployment_config.request_router_config.request_router_class.endswith("FuzzAffinityRouter")
-    assert graph._ingress_request_router is not None
-    fixed = scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings())["applications"][0]["args"]
-    assert fixed["engine_replicas"] == 2 and "autoscaling_config" not in fixed["llm_configs"][0]["deployment_config"]
