@@ -147,11 +147,15 @@ class InvariantChecker:
         not violations), the replicas it reported are dead from ``t`` (stale: their last values are kept, never
         compared again), and quiescence does not wait for it. The replicas it took down."""
         self.lost_endpoints[url] = t
-        gone = sorted(k for k, (_t, rc) in self.last.items() if rc.node == url)
+        gone = self.replicas_on(url)
         for key in gone:
             self.deaths.setdefault(key, t)
         self.stale |= set(gone)
         return gone
+
+    def replicas_on(self, url: str) -> list[str]:
+        """The replicas last reported by endpoint ``url`` (one node's)."""
+        return sorted(k for k, (_t, rc) in self.last.items() if rc.node == url)
 
     def lost(self, url: str, t: float) -> bool:
         return url in self.lost_endpoints and t >= self.lost_endpoints[url]

@@ -277,7 +277,7 @@ class Operator:
         if self.declare_lost:
             lost = self.checker.lose_endpoint(node.metrics_url, t)
         else:  # the failing twin: the monitor is not told, so the lost endpoint must fail the run
-            lost = sorted(k for k, (_t, rc) in self.checker.last.items() if rc.node == node.metrics_url)
+            lost = self.checker.replicas_on(node.metrics_url)
         procs = [psutil.Process(node.proc.pid), *node.descendants()]
         for p in procs:
             try:
