@@ -102,6 +102,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ops.add_argument("--redeploy-engine-kwargs", type=json.loads, default=None,
                      help='JSON replacing the engine settings a redeploy changes, e.g. \'{"max_model_len": 99999}\' '
                           "(new replicas that never become ready: the run must fail saying so)")
+    ops.add_argument("--scale-to", type=lambda v: [int(n) for n in v.split(",")], default=None, metavar="N[,N...]",
+                     help="the replica counts of the scale steps instead of the scenario's (2 -> 4 -> 1 -> 2), e.g. "
+                          "16: more replicas than the cluster holds (the run must fail naming the step)")
     ops.add_argument("--converge-timeout", type=float, default=None,
                      help="seconds a step may take to converge (default: the scenario's, 480)")
     ops.add_argument("--declare-lost-nodes", action=argparse.BooleanOptionalAction, default=True,
@@ -177,13 +180,30 @@ def scenario_from(args: argparse.Namespace):
         steps = tuple(s.model_copy(update={"engine_kwargs": args.redeploy_engine_kwargs})
                       if s.kind == "redeploy" and args.redeploy_engine_kwargs is not None else s
                       for s in sc.operations.steps)
+        if args.scale_to is not None:
+            steps = scale_steps(steps, args.scale_to, sc.name)
         sc.operations = sc.operations.model_copy(update={"steps": steps} | (
             {"converge_timeout_s": args.converge_timeout} if args.converge_timeout else {}))
-    elif args.redeploy_engine_kwargs is not None or args.converge_timeout is not None:
-        raise ValueError(f"scenario {sc.name} has no operations (--redeploy-engine-kwargs, --converge-timeout)")
+    elif args.redeploy_engine_kwargs is not None or args.converge_timeout is not None or args.scale_to is not None:
+        raise ValueError(f"scenario {sc.name} has no operations (--redeploy-engine-kwargs, --scale-to, "
+                         "--converge-timeout)")
     if args.probes is not None:
         sc.probes = args.probes
     return sc
+
+
+def scale_steps(steps: tuple, counts: list[int], scenario: str) -> tuple:
+    """``steps`` with its scale steps replaced by one per count (each waits as long as the one it replaces, or as
+    the last one); refuses a scenario without scale steps and a count below 1."""
+    from .operations import Scale
+
+    scales = [s for s in steps if isinstance(s, Scale)]
+    if not scales:
+        raise ValueError(f"scenario {scenario} has no scale steps (--scale-to): use --scenario scale")
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--scale-to wants replica counts of at least 1, got {counts}")
+    new = [Scale(after_s=scales[min(i, len(scales) - 1)].after_s, replicas=n) for i, n in enumerate(counts)]
+    return tuple(s for s in steps if not isinstance(s, Scale)) + tuple(new)
 
 
 def is_local(url: str) -> bool:
@@ -364,7 +384,9 @@ def print_summary(console, summary: RunSummary, path: Path) -> None:
                                                           for v in (p.p50, p.p99)) + f" ({p.requests} requests)")
     inv = summary.invariants
     t.add_row("invariants", f"{inv.scrapes} scrapes, {inv.violations} violations {inv.by_kind or ''}")
-    t.add_row("replicas", ", ".join(f"{k}{' (dead)' if r.stale else ''}" for k, r in summary.replicas.items()))
+    left = {k for c in summary.planned_faults for k in c.per_replica.get("departures", {})}
+    t.add_row("replicas", ", ".join(k + (" (left as planned)" if r.stale and k in left else " (dead)" if r.stale else "")
+                                    for k, r in summary.replicas.items()))
     if summary.capacity:
         cap = summary.capacity
         t.add_row("capacity", ", ".join(f"{st.concurrency}: {st.throughput.goodput_requests_per_s:.1f}"

@@ -220,6 +220,8 @@ def _operation(kind: str, checker: InvariantChecker, faults: list[Any], final, b
             problems.append(f"{what}: node {d.get('node')} held no replica (nothing was lost: place one there)")
         if kind == "redeploy":
             _probes(f, problems, evidence)
+        if "affinity" in d:
+            _affinity(d["affinity"], what, problems, evidence)
     unplanned = sorted(k for k in checker.deaths if k not in departures)
     gone = sorted(k for k in departures)
     if gone:
@@ -230,6 +232,16 @@ def _operation(kind: str, checker: InvariantChecker, faults: list[Any], final, b
         problems.append(f"Serve force-killed {len(forced_kills)} draining replica(s) (requests cut at the graceful "
                         f"shutdown timeout): {forced_kills[0]}")
     return FaultCheck(kind, True, "; ".join(evidence) or "no evidence", problems, {"departures": departures})
+
+
+def _affinity(check: dict[str, Any], what: str, problems: list[str], evidence: list[str]) -> None:
+    """A scale step's affinity check (load_tests.affinity): each key's requests on the replica the router hashes it to."""
+    if check.get("problems"):
+        problems += [f"{what}: routing affinity: {p}" for p in check["problems"]]
+        return
+    keys = check.get("keys", [])
+    evidence.append(f"affinity: {len(keys)} fuzz setting(s) + prefix, {sum(k['count'] for k in keys)} requests, each "
+                    f"on the replica the router's hash names (load paused {check.get('paused_s', 0):.0f} s)")
 
 
 def _probes(f: Any, problems: list[str], evidence: list[str]) -> None:

@@ -102,6 +102,8 @@ class LoadLoop:
         self.counts: dict[str, int] = {}
         self.probes_started = 0
         self.stop = asyncio.Event()  # ends the load early: SIGINT, or the scenario's operations done
+        self.gate = asyncio.Event()  # cleared while an operation pauses the load (an affinity check)
+        self.gate.set()
         self.operations_task: asyncio.Task | None = None
         self.operator = None  # load_tests.operations.Operator, when the scenario has operations
         self.level = None  # load_tests.operations.LoadLevel, when the operations change the load (autoscaling)
@@ -114,6 +116,7 @@ class LoadLoop:
                                            scenario.profile.duration_s, status="")
 
     async def one(self, session: aiohttp.ClientSession, spec: RequestSpec) -> None:
+        await self.gate.wait()  # paused: the request is sent on resuming (its timings start then)
         res = await send(session, self.target.base_url, spec, self.t0, timeout_s=self.config.request_timeout_s,
                          headers=self.target.headers)
         self.results.append(res)
@@ -140,7 +143,8 @@ class LoadLoop:
 
         operator = self.operator = Operator(self.sc.operations, self.target, self.checker, self.t0, self.stop,
                                             self.faults, self.sc.mix.model, declare_lost=self.config.declare_lost_nodes,
-                                            level=self.level)
+                                            level=self.level, gate=self.gate,
+                                            settle_s=self.config.settle_interval_s)
         try:
             await operator.run(session)
         finally:

@@ -118,6 +118,10 @@ class OperationPlan(BaseModel):
     converge_timeout_s: float = Field(480.0, gt=0, description="a step that has not converged by then fails the run")
     tail_s: float = Field(45.0, ge=0, description="load after the last step converged")
     probe_every_s: float = Field(5.0, gt=0, description="between guard probes (plans with allow_xargs)")
+    affinity_check: bool = Field(False, description="after each scale step converged: pause the load and check that "
+                                                    "a fuzz setting + prefix lands on the replica the router's hash "
+                                                    "names (load_tests.affinity)")
+    affinity_idle_timeout_s: float = Field(180.0, gt=0, description="for the paused deployment to go idle")
 
     @property
     def kinds(self) -> tuple[str, ...]:
@@ -197,9 +201,11 @@ class Operator:
 
     def __init__(self, plan: OperationPlan, target: LoadTarget, checker: InvariantChecker, t0: float,
                  stop: asyncio.Event, faults: list[Fault], model: str, declare_lost: bool = True,
-                 level: LoadLevel | None = None):
+                 level: LoadLevel | None = None, gate: asyncio.Event | None = None, settle_s: float = 11.0):
         self.plan, self.target, self.checker, self.t0, self.stop = plan, target, checker, t0, stop
         self.model, self.declare_lost, self.level = model, declare_lost, level
+        self.gate = gate  # set while the load may start requests (cleared for an affinity check)
+        self.settle_s = settle_s  # two idle scrapes this far apart mean idle (the monitor's settle interval)
         self.faults = faults  # the run's list: a step is recorded when it starts, completed when it converges
         self.probes: list[dict[str, Any]] = []
         self.views: list[asyncio.Task] = []  # Ray's view after each step (look), gathered at the end
@@ -225,6 +231,12 @@ class Operator:
                 self.faults.append(fault)
                 if not await self.converge(step, fault):
                     break
+                if self.plan.affinity_check and isinstance(step, Scale):
+                    try:
+                        await self.check_affinity(session, fault)
+                    except Exception as e:  # the verdict must hear of it: the check is part of the step
+                        log.error("t = %.0f s: affinity check failed: %s", self.now(), e)
+                        fault.detail["affinity"] = {"problems": [f"not carried out: {type(e).__name__}: {e}"[:500]]}
             await asyncio.sleep(self.plan.tail_s)
         finally:
             if prober is not None:
@@ -339,6 +351,68 @@ class Operator:
         except Exception as e:  # a slow state API is not a finding about the operation
             view["error"] = f"{type(e).__name__}: {e}"[:300]
         return view
+
+    # -------------------------------------------------------------- affinity
+    async def check_affinity(self, session: aiohttp.ClientSession, fault: Fault) -> None:
+        """Pause the load, check routing affinity on the replicas now serving (:mod:`load_tests.affinity`),
+        resume; the result goes to ``fault.detail["affinity"]`` (the verdict reads its problems)."""
+        from .affinity import AffinityCheck, affinity_keys
+
+        t, started = self.now(), time.monotonic()
+        if self.gate is None:
+            raise SystemExit("an affinity check needs the load loop's gate (load_tests.load_loop)")
+        self.gate.clear()
+        try:
+            before = await self.wait_idle(t)
+            if before is None:
+                check = AffinityCheck(t, [], {}, why=f"the deployment did not go idle within "
+                                                     f"{self.plan.affinity_idle_timeout_s:.0f} s of pausing the load")
+            else:
+                check = AffinityCheck(t, affinity_keys(sorted(before), self.model, self.prefix_chars()), before,
+                                      statuses=[])
+                for key in check.keys:
+                    for i in range(key.count):  # one after another: each sees an idle deployment
+                        check.statuses.append(await self.post(session, key.body(self.model, i)))
+                check.after = await self.wait_idle(self.now())
+        finally:
+            self.gate.set()
+        check.paused_s = time.monotonic() - started
+        fault.detail["affinity"] = check.to_json()
+        log.info("t = %.0f s: affinity on %d replica(s), load paused %.0f s: %s", self.now(), len(check.before),
+                 check.paused_s, "; ".join(check.problems()) or f"every key on its replica {check.served}")
+
+    async def wait_idle(self, since: float) -> dict[str, float] | None:
+        """Each live replica's requests_total once the monitor's scrapes since ``since`` show the deployment idle."""
+        from .affinity import idle_counts
+
+        deadline = time.monotonic() + self.plan.affinity_idle_timeout_s
+        while time.monotonic() < deadline:
+            counts = idle_counts(self.checker.history, since, self.settle_s, self.checker.deaths)
+            if counts is not None:
+                return counts
+            await asyncio.sleep(2.0)
+        return None
+
+    async def post(self, session: aiohttp.ClientSession, body: dict[str, Any]) -> int | None:
+        try:
+            async with session.post(f"{self.target.base_url}/v1/completions", json=body,
+                                    headers=self.target.headers) as r:
+                await r.read()
+                return r.status
+        except Exception as e:  # recorded as a failed request (None) in the check
+            log.warning("affinity request failed: %s: %s", type(e).__name__, e)
+            return None
+
+    def prefix_chars(self) -> int:
+        """The fuzz-aware router's prefix length as deployed (its default unless the config sets it)."""
+        from serve_app.routing import DEFAULT_PREFIX_CHARS
+
+        for app in (self.config or {}).get("applications", []):
+            for llm in app.get("args", {}).get("llm_configs", []):
+                router = llm.get("deployment_config", {}).get("request_router_config", {})
+                if "prefix_chars" in router.get("request_router_kwargs", {}):
+                    return int(router["request_router_kwargs"]["prefix_chars"])
+        return DEFAULT_PREFIX_CHARS
 
     # -------------------------------------------------------------- probes
     async def prober(self, session: aiohttp.ClientSession) -> None:

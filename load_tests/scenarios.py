@@ -189,7 +189,7 @@ OPERATIONS_CAP_S = 1800
 
 def under_operations(name: str, description: str, steps: tuple, concurrency: int = 256, **kw: Any) -> Scenario:
     """A scenario that runs ``steps`` (load_tests.operations) under a fixed load, which stops after them."""
-    plan = {k: kw.pop(k) for k in ("tail_s",) if k in kw}
+    plan = {k: kw.pop(k) for k in ("tail_s", "affinity_check") if k in kw}
     return Scenario(name=name, description=description,
                     profile=Profile(kind="fixed", concurrency=concurrency, duration_s=OPERATIONS_CAP_S),
                     operations=OperationPlan(steps=steps, **plan), **kw)
@@ -254,8 +254,11 @@ SCENARIOS: dict[str, Scenario] = {
     "scale": under_operations(
         "scale", "256 concurrent streams while the engine deployment scales 2 -> 4 -> 1 -> 2 replicas "
                  "(num_replicas in the YAML's deployments: section, changed in place), each step 40-60 s "
-                 "after the previous one converged; nothing lost, no 5xx, retired replicas not deaths",
-        (Scale(after_s=40, replicas=4), Scale(after_s=60, replicas=1), Scale(after_s=60, replicas=2)), slo=LOADED_SLO),
+                 "after the previous one converged; nothing lost, no 5xx, retired replicas not deaths; after "
+                 "each step the load pauses and each fuzz setting + prefix must land on the replica the router's "
+                 "hash names among those now serving",
+        (Scale(after_s=40, replicas=4), Scale(after_s=60, replicas=1), Scale(after_s=60, replicas=2)), slo=LOADED_SLO,
+        affinity_check=True),
     "node-loss": under_operations(
         "node-loss", "256 concurrent streams on a three-node cluster (head and worker1 with one replica each, "
                      "worker2 empty, started after the deploy); 40 s in, every process of worker1 is SIGKILLed; "

@@ -32,3 +32,13 @@ ENGINE_REPLICA_CLASS = replica_class_prefix(APP, ENGINE_DEPLOYMENT_PREFIX)
 def replica_id(actor_name: str) -> str:
     """Serve's ``ReplicaId`` (the metrics' label) from a replica actor's name ``SERVE_REPLICA::app#deployment#<id>``."""
     return actor_name.rsplit("#", 1)[-1]
+
+
+# Ray's prefix of a replica actor's name, which is also Serve's full replica id (ReplicaID.to_full_id_str).
+REPLICA_ACTOR_PREFIX = "SERVE_REPLICA::"
+
+
+def replica_full_id(replica: str, deployment: str, app: str = APP) -> str:
+    """Serve's full replica id (what a request router sees: ``ReplicaID.to_full_id_str()``, also the replica
+    actor's name) of ReplicaId ``replica`` of ``app``'s ``deployment``."""
+    return f"{REPLICA_ACTOR_PREFIX}{app}#{deployment}#{replica}"
