@@ -62,7 +62,7 @@ class AffinityKey:
 
 def home_replica(xargs: dict[str, Any] | None, live: list[str], model: str, prefix_chars: int) -> str:
     """The ReplicaId (of ``live``) that the fuzz-aware router prefers for :data:`PREFIX` under ``xargs``."""
-    from serve_app.routing import rendezvous, routing_key  # imports Ray: only when a check runs
+    from serve_app.routing_keys import rendezvous, routing_key
 
     full = {replica_full_id(r, ENGINE_DEPLOYMENT_PREFIX + model): r for r in live}
     request = types.SimpleNamespace(prompt=PREFIX, vllm_xargs=xargs)

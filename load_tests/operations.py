@@ -405,7 +405,7 @@ class Operator:
 
     def prefix_chars(self) -> int:
         """The fuzz-aware router's prefix length as deployed (its default unless the config sets it)."""
-        from serve_app.routing import DEFAULT_PREFIX_CHARS
+        from serve_app.routing_keys import DEFAULT_PREFIX_CHARS
 
         for app in (self.config or {}).get("applications", []):
             for llm in app.get("args", {}).get("llm_configs", []):

@@ -10,7 +10,7 @@ done here must be small and must not fail:
   8 MiB): a longer body arrives cut, flagged ``X-Body-Truncated``;
 * :func:`routing_view` parses those bytes once and keeps only what routing
   reads: the model name, the first ``prefix_chars`` characters of the prompt
-  or messages (:func:`serve_app.routing.request_text`), the fuzz keys of
+  or messages (:func:`serve_app.routing_keys.request_text`), the fuzz keys of
   ``vllm_xargs``. A body that does not parse (cut, not JSON, nested past
   Python's recursion limit) or has the wrong shape becomes an empty view:
   Ray's ``LLMRouter`` then routes on load alone, as it does for a body
@@ -37,7 +37,7 @@ from ray import serve
 from patches.fuzz_params import KEYS as FUZZ_KEYS
 
 from .ray_internals import LLMRouterBase
-from .routing import DEFAULT_PREFIX_CHARS, request_text
+from .routing_keys import DEFAULT_PREFIX_CHARS, request_text
 
 log = logging.getLogger("ray.serve.fuzzserve.ingress_router")
 

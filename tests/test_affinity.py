@@ -140,3 +140,16 @@ def test_the_scale_scenario_checks_affinity_and_the_cli_can_ask_for_a_scale_that
         scenario_from(parse_args(["--scenario", "stress", "--scale-to", "4"]))
     with pytest.raises(ValueError, match="at least 1"):
         scenario_from(parse_args(["--scenario", "scale", "--scale-to", "0"]))
+
+
+def test_predicting_a_home_does_not_import_ray_serve():
+    """Ray Serve's import reconfigures the process's logging (the scale run's log turned to JSON lines with every
+    scrape's HTTP request in it): the load generator predicts with serve_app.routing_keys alone."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from load_tests.affinity import affinity_keys; "
+            "affinity_keys(['a', 'b'], 'fixture', 512); "
+            "assert not [m for m in sys.modules if m.startswith('ray.serve')], 'ray.serve imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
