@@ -31,9 +31,18 @@ worker process take turns (on CPU vLLM runs each step synchronously: it
 turns async scheduling off there), so sharing the engine's cores costs
 them nothing either. The replica's own process is never pinned.
 
+When Serve renumbers the replicas (after a scale-down it reassigns local
+ranks to keep them contiguous, and tells each replica whose rank changed
+through ``reconfigure(user_config, rank=...)``), the replica re-pins its
+running engine, EngineCore and the processes under it, to the cores of its
+new rank (:meth:`EngineServer.reconfigure`). Without that, a 4 -> 1 -> 2
+scale left both engines on core 1 and core 0 idle (seen in the scale run:
+the survivor, rank 1 renumbered 0, kept core 1; the new replica got rank 1).
+
 Limits: ranks are per deployment, so two models' deployments on one node
-start at the same cores; a replica keeps the cores it started with if
-Serve later renumbers it.
+start at the same cores. A re-pinned engine's threads share its cores'
+set (vLLM's own binding at start puts each OpenMP thread on one core of it;
+with one core per replica the two are the same).
 """
 
 from __future__ import annotations
@@ -91,23 +100,28 @@ def bind_engine_threads(cores_per_replica: int, local_rank: int | None,
     return value
 
 
-def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None) -> list[int]:
+def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None, with_workers: bool = False) -> list[int]:
     """Pin every thread of each EngineCore child of ``parent_pid`` (this process) to ``cores``; their pids.
 
     Per thread, because the kernel keeps one CPU mask per thread and a
     process's threads already run when the engine has started; threads it
     starts later inherit the mask of the thread that starts them.
+    ``with_workers``: the processes under each EngineCore too (a re-bind:
+    with ``cpu_inproc`` off the model runs in EngineCore's worker, which
+    ``VLLM_CPU_OMP_THREADS_BIND`` bound at start).
     """
     pinned = []
     for child in psutil.Process(parent_pid).children():
         try:
             if not child.name().startswith(ENGINE_CORE_NAME):
                 continue
-            for thread in child.threads():
-                try:
-                    os.sched_setaffinity(thread.id, cores)
-                except ProcessLookupError:  # the thread ended meanwhile
-                    pass
+            procs = [child, *child.children(recursive=True)] if with_workers else [child]
+            for proc in procs:
+                for thread in proc.threads():
+                    try:
+                        os.sched_setaffinity(thread.id, cores)
+                    except ProcessLookupError:  # the thread ended meanwhile
+                        pass
         except psutil.NoSuchProcess:
             continue
         pinned.append(child.pid)
@@ -129,11 +143,14 @@ class EngineServer(LLMServer):
         if not shm_wait:  # before the engine starts: its processes inherit this environment
             log.info("shm_wait: false; this replica's engine runs with %s", switch_patch_off("shm_wait"))
         value = None
+        self._engine_cores_per_replica = engine_cores_per_replica
+        self._local_rank: int | None = None  # the rank the engine is bound for
         if engine_cores_per_replica is not None:
             from ray import serve
 
             rank = serve.get_replica_context().rank
-            value = bind_engine_threads(engine_cores_per_replica, None if rank is None else rank.local_rank)
+            self._local_rank = None if rank is None else rank.local_rank
+            value = bind_engine_threads(engine_cores_per_replica, self._local_rank)
         await super().__init__(llm_config, **kwargs)
         if value is not None:
             pids = pin_engine_cores({int(c) for c in value.split(",")})
@@ -141,3 +158,16 @@ class EngineServer(LLMServer):
                 log.info("EngineCore %s pinned to cores %s", pids, value)
             else:  # vLLM renamed or moved its engine process: the binding still holds for the model threads
                 log.warning("no %s child process found; EngineCore not pinned to cores %s", ENGINE_CORE_NAME, value)
+
+    def reconfigure(self, user_config: Any = None, rank: Any = None) -> None:
+        """Serve's hook (it passes ``rank`` because this method takes one): when Serve gives this replica another
+        local rank, re-pin the running engine to the cores of that rank."""
+        new = getattr(rank, "local_rank", None)
+        cores_per_replica = getattr(self, "_engine_cores_per_replica", None)  # None too before __init__ ran
+        if cores_per_replica is None or new is None or new == self._local_rank:
+            return
+        cores, shared = replica_cores(new, cores_per_replica, os.sched_getaffinity(0))
+        pids = pin_engine_cores(set(cores), with_workers=True)
+        log.info("replica local rank %s -> %d (Serve renumbered its replicas): EngineCore %s re-pinned to cores %s%s",
+                 self._local_rank, new, pids, ",".join(map(str, cores)), " (shared)" if shared else "")
+        self._local_rank = new

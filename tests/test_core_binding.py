@@ -130,3 +130,56 @@ def test_shm_wait_false_switches_only_that_patch_off_in_the_replicas_environment
     off = disabled_patches(list(PATCH_MODULES), env)
     assert "shm_wait" in off and off >= disabled_patches(list(PATCH_MODULES), {} if before is None else
                                                          {OFF_ENV: before})
+
+
+_ENGINE_WITH_WORKER = """
+import subprocess, sys, threading, time
+import setproctitle
+setproctitle.setproctitle("VLLM::EngineCore")
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1], "VLLM::Worker"], stdout=subprocess.PIPE, text=True)
+assert worker.stdout.readline().strip() == "ready"
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+print("ready", worker.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_replica_that_serve_renumbers_repins_its_running_engine_and_workers(request, caplog):
+    """Serve reassigns local ranks after a scale-down and calls ``reconfigure(user_config, rank=...)`` on a replica
+    whose ``reconfigure`` takes a rank (Ray's replica.py, call_reconfigure): the engine (a real EngineCore-titled
+    child with a worker below it) moves to the new rank's cores; the same rank, or no binding, changes nothing."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+    import types
+
+    import psutil
+
+    from serve_app.core_binding import EngineServer, replica_cores
+
+    assert "rank" in inspect.signature(EngineServer.reconfigure).parameters, "Serve passes rank only to such a method"
+    allowed = sorted(os.sched_getaffinity(0))
+    child = subprocess.Popen([sys.executable, "-c", _ENGINE_WITH_WORKER, _CHILD], stdout=subprocess.PIPE, text=True)
+    request.addfinalizer(child.wait)
+    request.addfinalizer(child.kill)
+    ready, worker_pid = child.stdout.readline().split()
+    request.addfinalizer(lambda: psutil.Process(int(worker_pid)).kill() if psutil.pid_exists(int(worker_pid)) else None)
+    engine, worker = psutil.Process(child.pid), psutil.Process(int(worker_pid))
+
+    def masks() -> set[frozenset[int]]:
+        return {frozenset(os.sched_getaffinity(t.id)) for p in (engine, worker) for t in p.threads()}
+
+    server = EngineServer.__new__(EngineServer)
+    server._engine_cores_per_replica, server._local_rank = None, None
+    server.reconfigure(None, rank=types.SimpleNamespace(local_rank=1))
+    assert masks() == {frozenset(allowed)}, "no engine_cores_per_replica: nothing is pinned"
+
+    server._engine_cores_per_replica, server._local_rank = 1, 0
+    server.reconfigure(None, rank=types.SimpleNamespace(local_rank=0))
+    assert masks() == {frozenset(allowed)}, "the rank it is bound for: nothing to do"
+    with caplog.at_level("INFO", logger="ray.serve"):
+        server.reconfigure(None, rank=types.SimpleNamespace(local_rank=1))
+    want = frozenset(replica_cores(1, 1, allowed)[0])
+    assert masks() == {want} and server._local_rank == 1
+    assert "local rank 0 -> 1" in caplog.text
