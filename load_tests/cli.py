@@ -335,7 +335,8 @@ def one_run(target: LoadTarget, sc: Scenario, run_config: RunConfig, settings: D
                                         forced_kills(getattr(target.cluster, "session_dir", None))
                                         if sc.operations else [], target.listed_dead)
     deaths = unexpected_deaths(run.checker, run.faults, target.listed_dead)
-    summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths, fault_checks)
+    summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths, fault_checks,
+                        operator_ok=run.operator_ok)
     summary.scenario = sc
     summary.patches_off = args.patches_off
     if driver is not None:

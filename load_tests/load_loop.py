@@ -66,6 +66,7 @@ class LoadRun:
     monitor: Monitor
     faults: list[Fault]  # what the run did on purpose (replica kills)
     wall_s: float  # the load's window: first request started to last answer (the figures' denominator)
+    operator_ok: int = 0  # complete answers to the operations' own requests (probes, affinity checks)
 
 
 # What starts the requests: called with the loop, ``one(index)`` (sends the index-th request of the mix and records
@@ -208,4 +209,5 @@ class LoadLoop:
                 await asyncio.to_thread(self.target.note_final_listing)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
-        return LoadRun(self.results, started + self.probes_started, self.checker, self.monitor, self.faults, wall)
+        return LoadRun(self.results, started + self.probes_started, self.checker, self.monitor, self.faults, wall,
+                       operator_ok=self.operator.completed if self.operator else 0)

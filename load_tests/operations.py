@@ -208,6 +208,7 @@ class Operator:
         self.settle_s = settle_s  # two idle scrapes this far apart mean idle (the monitor's settle interval)
         self.faults = faults  # the run's list: a step is recorded when it starts, completed when it converges
         self.probes: list[dict[str, Any]] = []
+        self.completed = 0  # this operator's requests answered 200 (the engines count them too)
         self.views: list[asyncio.Task] = []  # Ray's view after each step (look), gathered at the end
         self.finished = False
         self.errors: list[str] = []  # steps that could not be carried out, and why
@@ -398,6 +399,7 @@ class Operator:
             async with session.post(f"{self.target.base_url}/v1/completions", json=body,
                                     headers=self.target.headers) as r:
                 await r.read()
+                self.completed += r.status == 200
                 return r.status
         except Exception as e:  # recorded as a failed request (None) in the check
             log.warning("affinity request failed: %s: %s", type(e).__name__, e)
@@ -426,6 +428,7 @@ class Operator:
                 async with session.post(f"{self.target.base_url}/v1/completions", json=body,
                                         headers=self.target.headers) as r:
                     text = await r.text()
+                    self.completed += r.status == 200
                     self.probes.append({"t": t, "status": r.status, "names_key": key in text, "error": text[:200]
                                         if r.status != 200 else None})
             except Exception as e:  # recorded: a probe that cannot reach the app is evidence too

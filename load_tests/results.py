@@ -133,6 +133,9 @@ class ClientServer(_Record):
     engine_completed: float
     engine_finished: float
     sent_past_router: int
+    operator_ok: int = Field(0, description="complete answers to the operations' own requests (a redeploy's guard "
+                                            "probes, the scale steps' affinity checks), sent beside the load; "
+                                            "counted with client_ok and sent_past_router")
     problems: list[str] = Field(default_factory=list)
     note: str | None = Field(None, exclude_if=lambda v: v is None,
                              description="present when a replica died: only the upper bound is checked")

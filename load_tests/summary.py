@@ -107,7 +107,8 @@ def bad_request_problems(results: list[RequestResult]) -> list[BadRequestProblem
 
 
 def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCounters],
-                       replicas_died: bool, baseline: dict[str, ReplicaCounters] | None = None) -> ClientServer:
+                       replicas_died: bool, baseline: dict[str, ReplicaCounters] | None = None,
+                       operator_ok: int = 0) -> ClientServer:
     """Compare what the clients saw complete with what the engines counted as finished.
 
     Each request that reaches an engine finishes there exactly once (stop,
@@ -117,6 +118,8 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
     finished in the engine before the abort arrived, hence the range. The
     engines' counts are taken relative to ``baseline`` (the scrape before the
     run), so earlier traffic on a long-lived deployment does not count.
+    ``operator_ok``: complete answers to requests the run's operations sent
+    beside the load (not in ``results``; the engines count them too).
     """
     baseline = baseline or {}
 
@@ -125,13 +128,13 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
         return sum(v - (before.requests_finished.get(reason, 0.0) if before else 0.0)
                    for reason, v in rc.requests_finished.items() if reasons is None or reason in reasons)
 
-    ok = sum(r.outcome == "ok" for r in results)
+    ok = sum(r.outcome == "ok" for r in results) + operator_ok
     cancelled = sum(r.outcome == "cancelled" for r in results)
-    sent_to_engines = sum(r.outcome not in ("rejected",) for r in results)
+    sent_to_engines = sum(r.outcome not in ("rejected",) for r in results) + operator_ok
     completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
     finished = sum(delta(k, rc, None) for k, rc in final.items())
-    out = ClientServer(client_ok=ok, client_cancelled=cancelled, engine_completed=completed,
-                       engine_finished=finished, sent_past_router=sent_to_engines)
+    out = ClientServer(client_ok=ok - operator_ok, client_cancelled=cancelled, engine_completed=completed,
+                       engine_finished=finished, sent_past_router=sent_to_engines, operator_ok=operator_ok)
     if replicas_died:
         # A dead replica's last export can lag its last completions by a few
         # seconds, so only the upper bound is sound.
@@ -163,7 +166,8 @@ def unexpected_deaths(checker: InvariantChecker, faults: list[Fault], listed_dea
 
 
 def run_statistics(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
-                   wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()) -> RunSummary:
+                   wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = (),
+                   operator_ok: int = 0) -> RunSummary:
     """Every figure of the run, with no verdict yet (``failures`` empty).
 
     ``deaths``: replicas that died without the run killing them (:func:`unexpected_deaths`)."""
@@ -178,7 +182,7 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
     ok = [r for r in results if r.outcome == "ok"]
     final = checker.final()
     cross = server_cross_check(results, final, replicas_died=bool(checker.deaths or any(
-        f.kind in CUTTING_FAULTS for f in faults) or deaths), baseline=checker.baseline())
+        f.kind in CUTTING_FAULTS for f in faults) or deaths), baseline=checker.baseline(), operator_ok=operator_ok)
     bad = bad_request_problems(results)
     return RunSummary(
         wall_s=wall_s,
@@ -219,8 +223,9 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
 
 
 def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
-              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = ()) -> RunSummary:
+              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = (),
+              operator_ok: int = 0) -> RunSummary:
     """:func:`run_statistics` with its verdict (``failures``, :func:`load_tests.verdict.verdict`)."""
-    summary = run_statistics(results, started, checker, faults, wall_s, slo, deaths, fault_checks)
+    summary = run_statistics(results, started, checker, faults, wall_s, slo, deaths, fault_checks, operator_ok)
     summary.failures = verdict(summary, checker.violations)
     return summary

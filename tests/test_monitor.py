@@ -256,6 +256,11 @@ def test_cross_check_client_against_engine_counters():
     assert server_cross_check(res, extra, False).problems, "more completions than requests"
     phantom = {"r1": rc(finished={"length": 2.0, "abort": 5.0})}
     assert "got past the router" in server_cross_check(res, phantom, False).problems[0]
+    # an operation's own requests (a redeploy's probes, an affinity check) are counted by the engines too
+    with_operator = {"r1": rc(finished={"length": 5.0, "abort": 1.0})}
+    assert "more than the 2 complete" in server_cross_check(res, with_operator, False).problems[0]
+    cross = server_cross_check(res, with_operator, False, operator_ok=3)
+    assert cross.problems == [] and (cross.client_ok, cross.operator_ok) == (2, 3)
 
 
 def summary_of(results, started=None, checker=None, faults=(), fault_checks=()):
