@@ -33,8 +33,10 @@ from fixture_model.tasks import LETTERS, NUMBERS
 
 from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id
 
+from .invariants import busy
+
 if TYPE_CHECKING:
-    from .monitor import Snapshot
+    from .monitor import InvariantChecker, Snapshot
 
 # A prompt prefix longer than any router's prefix_chars default (512): every request of a key shares its key.
 PREFIX = " ".join((LETTERS + NUMBERS)[i % 30] for i in range(300))
@@ -83,18 +85,17 @@ def affinity_keys(live: list[str], model: str, prefix_chars: int) -> list[Affini
     return [AffinityKey(found[r], r, j + 1) for j, r in enumerate(order)]
 
 
-def idle_counts(history: list[Snapshot], since: float, settle_s: float, deaths: dict[str, float] | frozenset = frozenset(),
-                ) -> dict[str, float] | None:
+def idle_counts(checker: InvariantChecker, since: float, settle_s: float) -> dict[str, float] | None:
     """Each live replica's ``requests_total`` once the deployment is idle: the last scrape taken after ``since``
     and a scrape at least ``settle_s`` (more than a metrics export) before it, both idle and error-free, agree.
     None while that is not so."""
-    snaps = [s for s in history if s.t >= since]
+    snaps = [s for s in checker.history if s.t >= since]
     if not snaps:
         return None
 
     def idle(s: Snapshot) -> dict[str, float] | None:
-        live = {k: rc for k, rc in s.replicas.items() if rc.alive and k not in deaths and k not in s.dead}
-        if s.errors or not live or any(rc.running or rc.waiting for rc in live.values()):
+        live = checker.live_in(s)
+        if s.errors or not live or any(busy(rc) for rc in live.values()):
             return None
         return {k: rc.requests_total for k, rc in live.items()}
 

@@ -198,10 +198,11 @@ class InvariantChecker:
 
     def live(self) -> set[str]:
         """The replicas alive at the last scrape (seen alive, not dead since; the operations' convergence test)."""
-        if not self.history:
-            return set()
-        snap = self.history[-1]
-        return {key for key, rc in snap.replicas.items()
+        return set(self.live_in(self.history[-1])) if self.history else set()
+
+    def live_in(self, snap: Snapshot) -> dict[str, ReplicaCounters]:
+        """The replicas alive in scrape ``snap`` and not dead by now, with their counters."""
+        return {key: rc for key, rc in snap.replicas.items()
                 if rc.alive and key not in self.deaths and key not in snap.dead}
 
     def _check_accounting(self, key: str, before: ReplicaCounters | None, now: ReplicaCounters, t: float) -> None:

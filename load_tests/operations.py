@@ -369,7 +369,7 @@ class Operator:
                 check = AffinityCheck(t, [], {}, why=f"the deployment did not go idle within "
                                                      f"{self.plan.affinity_idle_timeout_s:.0f} s of pausing the load")
             else:
-                check = AffinityCheck(t, affinity_keys(sorted(before), self.model, self.prefix_chars()), before,
+                check = AffinityCheck(t, affinity_keys(list(before), self.model, self.prefix_chars()), before,
                                       statuses=[])
                 for key in check.keys:
                     for i in range(key.count):  # one after another: each sees an idle deployment
@@ -388,22 +388,28 @@ class Operator:
 
         deadline = time.monotonic() + self.plan.affinity_idle_timeout_s
         while time.monotonic() < deadline:
-            counts = idle_counts(self.checker.history, since, self.settle_s, self.checker.deaths)
+            counts = idle_counts(self.checker, since, self.settle_s)
             if counts is not None:
                 return counts
             await asyncio.sleep(2.0)
         return None
 
     async def post(self, session: aiohttp.ClientSession, body: dict[str, Any]) -> int | None:
+        """An affinity request's status; None if it could not be sent."""
         try:
-            async with session.post(f"{self.target.base_url}/v1/completions", json=body,
-                                    headers=self.target.headers) as r:
-                await r.read()
-                self.completed += r.status == 200
-                return r.status
+            return (await self.complete(session, body))[0]
         except Exception as e:  # recorded as a failed request (None) in the check
             log.warning("affinity request failed: %s: %s", type(e).__name__, e)
             return None
+
+    async def complete(self, session: aiohttp.ClientSession, body: dict[str, Any]) -> tuple[int, str]:
+        """One completion request of this operator's own (not the load's): its status and body. Those answered
+        200 are counted (:attr:`completed`): the engines count them too."""
+        async with session.post(f"{self.target.base_url}/v1/completions", json=body,
+                                headers=self.target.headers) as r:
+            text = await r.text()
+        self.completed += r.status == 200
+        return r.status, text
 
     def prefix_chars(self) -> int:
         """The fuzz-aware router's prefix length as deployed (its default unless the config sets it)."""
@@ -425,12 +431,9 @@ class Operator:
         while True:
             t = self.now()
             try:
-                async with session.post(f"{self.target.base_url}/v1/completions", json=body,
-                                        headers=self.target.headers) as r:
-                    text = await r.text()
-                    self.completed += r.status == 200
-                    self.probes.append({"t": t, "status": r.status, "names_key": key in text, "error": text[:200]
-                                        if r.status != 200 else None})
+                status, text = await self.complete(session, body)
+                self.probes.append({"t": t, "status": status, "names_key": key in text, "error": text[:200]
+                                    if status != 200 else None})
             except Exception as e:  # recorded: a probe that cannot reach the app is evidence too
                 self.probes.append({"t": t, "status": None, "names_key": False, "error": f"{type(e).__name__}: {e}"[:200]})
             await asyncio.sleep(self.plan.probe_every_s)

@@ -128,12 +128,13 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
         return sum(v - (before.requests_finished.get(reason, 0.0) if before else 0.0)
                    for reason, v in rc.requests_finished.items() if reasons is None or reason in reasons)
 
-    ok = sum(r.outcome == "ok" for r in results) + operator_ok
+    client_ok = sum(r.outcome == "ok" for r in results)
+    ok = client_ok + operator_ok  # every complete answer the engines gave, the load's and the operations'
     cancelled = sum(r.outcome == "cancelled" for r in results)
     sent_to_engines = sum(r.outcome not in ("rejected",) for r in results) + operator_ok
     completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
     finished = sum(delta(k, rc, None) for k, rc in final.items())
-    out = ClientServer(client_ok=ok - operator_ok, client_cancelled=cancelled, engine_completed=completed,
+    out = ClientServer(client_ok=client_ok, client_cancelled=cancelled, engine_completed=completed,
                        engine_finished=finished, sent_past_router=sent_to_engines, operator_ok=operator_ok)
     if replicas_died:
         # A dead replica's last export can lag its last completions by a few

@@ -70,17 +70,25 @@ def snap(t, errors=None, **totals):
                                for k, v in totals.items()}, errors=errors or {})
 
 
+def seen(*snaps: Snapshot) -> InvariantChecker:
+    """A checker that observed ``snaps`` (the monitor's scrapes during a pause)."""
+    c = InvariantChecker()
+    for s in snaps:
+        c.observe(s)
+    return c
+
+
 def test_idle_means_two_idle_scrapes_a_settle_interval_apart_that_agree():
     history = [snap(0, A=5, B=5), snap(10, A=9, B=5), snap(14, A=9, B=5), snap(26, A=9, B=5)]
-    assert idle_counts(history, since=0, settle_s=11) == {"A": 9, "B": 5}
-    assert idle_counts(history[:3], since=0, settle_s=11) is None, "4 s apart: an export may fall between"
-    assert idle_counts(history, since=15, settle_s=11) is None, "scrapes before the pause do not count"
+    assert idle_counts(seen(*history), since=0, settle_s=11) == {"A": 9, "B": 5}
+    assert idle_counts(seen(*history[:3]), since=0, settle_s=11) is None, "4 s apart: an export may fall between"
+    assert idle_counts(seen(*history), since=15, settle_s=11) is None, "scrapes before the pause do not count"
     busy = [*history[:3], snap(26, A=counters("A", 9, running=1.0), B=5)]
-    assert idle_counts(busy, since=0, settle_s=11) is None
+    assert idle_counts(seen(*busy), since=0, settle_s=11) is None
     failing = [*history[:3], snap(26, errors={"u": "ConnectError"}, A=9, B=5)]
-    assert idle_counts(failing, since=0, settle_s=11) is None
+    assert idle_counts(seen(*failing), since=0, settle_s=11) is None
     retired = [snap(10, A=9, B=counters("B", 3, healthy=0.0)), snap(22, A=9)]
-    assert idle_counts(retired, since=0, settle_s=11) == {"A": 9}, "a retired replica is not live"
+    assert idle_counts(seen(*retired), since=0, settle_s=11) == {"A": 9}, "a retired replica is not live"
 
 
 def check(after, statuses=None, before=None):

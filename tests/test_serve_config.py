@@ -355,4 +355,3 @@ def test_router_path_graph(monkeypatch, built_fixture):
     assert "FuzzIngress" in ingress.func_or_class.__name__ and ingress.num_replicas == 1
     engine = ingress.init_kwargs["llm_deployments"]["fixture"]._bound_deployment
     assert engine.name == "LLMServer:fixture" and engine.func_or_class.__name__ == "EngineServer"
-
