@@ -370,6 +370,8 @@ def run_http_sweep(target: LoadTarget, per_task: int, console):
 def print_summary(console, summary: RunSummary, path: Path) -> None:
     from rich.table import Table
 
+    from .report import ingress_retries_line
+
     name = summary.scenario.name if summary.scenario else "load test"
     t = Table(title=f"{name}: {'PASSED' if summary.passed else 'FAILED'}")
     t.add_column("")
@@ -384,6 +386,8 @@ def print_summary(console, summary: RunSummary, path: Path) -> None:
         t.add_row(f"{name.upper()} p50 / p99", " / ".join("-" if v is None else f"{v * 1000:.0f} ms"
                                                           for v in (p.p50, p.p99)) + f" ({p.requests} requests)")
     inv = summary.invariants
+    if summary.ingress_retries.requests:
+        t.add_row("ingress retries", ingress_retries_line(summary))
     t.add_row("invariants", f"{inv.scrapes} scrapes, {inv.violations} violations {inv.by_kind or ''}")
     left = {k for c in summary.planned_faults for k in c.per_replica.get("departures", {})}
     t.add_row("replicas", ", ".join(k + (" (left as planned)" if r.stale and k in left else " (dead)" if r.stale else "")

@@ -18,6 +18,20 @@ Every request ends as exactly one :class:`RequestResult` with an ``outcome``
     failures; ``truncated``: a 200 stream that ended without ``[DONE]`` and
     without an error event, the "silently dropped" case.
 
+A refusal at the ingress is retried, as the ``openai`` client would (it
+retries any 503, twice, after 0.5 s and 1 s): Serve's HAProxy answers 503
+with ``X-Serve-Reason: router_unreachable`` (no ingress request router
+answered) or ``unknown_replica_id`` (the router named a replica HAProxy's
+config does not have yet) *before* it picks a backend, so no replica saw the
+request and sending it again cannot run it twice. Both happen in the moments
+a replica set changes (a router or engine replica replaced, HAProxy reloaded
+with the new list: docs/load_tests.md#refused-at-the-ingress). Only these
+two reasons are retried: any other 5xx, and a router that answered but
+failed (``router_non_200``), is the request's outcome at once. Every
+refusal is kept in ``ingress_refusals``; the timings run from the first
+attempt, as the retrying client's user waits through them; a request still
+refused after the retries ends ``server_error``.
+
 Timing (monotonic clock, seconds), by tokens, never by visible text (vLLM's
 ``bench serve`` convention): ``ttft`` is the time to the first chunk that
 carries a token, even one whose text decodes to ``""`` (a fuzzed greedy
@@ -43,6 +57,12 @@ import aiohttp
 from .outcomes import Outcome
 from .workload import RequestSpec
 
+# The refusals of Serve's HAProxy that come before any replica is chosen and say the replica set is changing
+# (its ingress_request_router.lua: the reason goes out in X-Serve-Reason with the 503).
+RETRIED_INGRESS_REASONS = frozenset({"router_unreachable", "unknown_replica_id"})
+# The openai client's retry schedule for a 503 (max_retries=2, starting at 0.5 s, doubling).
+INGRESS_RETRY_DELAYS_S = (0.5, 1.0)
+
 
 @dataclass
 class RequestResult:
@@ -61,6 +81,7 @@ class RequestResult:
     error_param: str | None = None
     text: str | None = None  # the answer, kept only for specs tagged keep_text (the soak's greedy probes)
     spec: dict[str, Any] = field(default_factory=dict)
+    ingress_refusals: list[str] = field(default_factory=list)  # each refusal at the ingress, by reason, in order
 
     @property
     def output_tokens(self) -> int:
@@ -97,30 +118,35 @@ def carries_token(chunk: dict[str, Any]) -> bool:
     return "role" not in delta and "content" in delta
 
 
+def ingress_refusal(status: int, headers: Any) -> str | None:
+    """The reason of a refusal at the ingress that is safe to retry (see the module's doc), else None."""
+    reason = headers.get("X-Serve-Reason")
+    return reason if status == 503 and reason in RETRIED_INGRESS_REASONS else None
+
+
 async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec, t0: float,
-               timeout_s: float = 300.0, headers: dict[str, str] | None = None) -> RequestResult:
-    """Send ``spec``; never raises for anything the server or network does."""
+               timeout_s: float = 300.0, headers: dict[str, str] | None = None,
+               ingress_retry_delays_s: tuple[float, ...] = INGRESS_RETRY_DELAYS_S) -> RequestResult:
+    """Send ``spec``, again after a refusal at the ingress (the module's doc); never raises for anything the
+    server or network does."""
     res = RequestResult(index=spec.index, outcome="transport_error", start=time.monotonic() - t0,
                         spec=spec.to_json())
     start = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            async with session.post(f"{base_url}{spec.route}", data=spec.payload(),
-                                    headers={"content-type": "application/json", **(headers or {})}) as r:
-                res.status = r.status
-                if r.status != 200:
-                    await _read_error(r, res, spec)
-                elif spec.stream:
-                    await _read_stream(r, res, spec, start)
-                else:
-                    body = await r.json(content_type=None)
-                    res.e2e = time.monotonic() - start  # no TTFT without a stream
-                    _usage(res, body.get("usage"))
-                    choices = body.get("choices") or [{}]
-                    res.finish_reason = choices[0].get("finish_reason")
-                    if spec.tags.get("keep_text"):
-                        res.text = choices[0].get("text", (choices[0].get("message") or {}).get("content"))
-                    res.outcome = "ok" if spec.expect == "ok" else "unexpected_ok"
+            for retry_after in (*ingress_retry_delays_s, None):
+                async with session.post(f"{base_url}{spec.route}", data=spec.payload(),
+                                        headers={"content-type": "application/json", **(headers or {})}) as r:
+                    res.status = r.status
+                    refusal = ingress_refusal(r.status, r.headers)
+                    if refusal:
+                        res.ingress_refusals.append(refusal)
+                    if refusal and retry_after is not None:
+                        await r.read()
+                    else:
+                        await _read_answer(r, res, spec, start)
+                        break
+                await asyncio.sleep(retry_after)
     except TimeoutError:
         res.outcome, res.error = "timeout", f"no complete answer within {timeout_s}s"
     except (aiohttp.ClientError, ConnectionError, json.JSONDecodeError) as e:
@@ -130,6 +156,22 @@ async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec,
     if res.e2e is None:
         res.e2e = time.monotonic() - start
     return res
+
+
+async def _read_answer(r: aiohttp.ClientResponse, res: RequestResult, spec: RequestSpec, start: float) -> None:
+    if r.status != 200:
+        await _read_error(r, res, spec)
+    elif spec.stream:
+        await _read_stream(r, res, spec, start)
+    else:
+        body = await r.json(content_type=None)
+        res.e2e = time.monotonic() - start  # no TTFT without a stream
+        _usage(res, body.get("usage"))
+        choices = body.get("choices") or [{}]
+        res.finish_reason = choices[0].get("finish_reason")
+        if spec.tags.get("keep_text"):
+            res.text = choices[0].get("text", (choices[0].get("message") or {}).get("content"))
+        res.outcome = "ok" if spec.expect == "ok" else "unexpected_ok"
 
 
 async def _read_error(r: aiohttp.ClientResponse, res: RequestResult, spec: RequestSpec) -> None:

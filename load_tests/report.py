@@ -30,6 +30,13 @@ REPORT_FILES = frozenset({"requests.jsonl", "summary.json", "metrics.jsonl", "re
                           "counters.png", "throughput.png", "fuzz_sweep.png", "capacity.png"})
 
 
+def ingress_retries_line(summary: RunSummary) -> str:
+    """The refusals at the ingress the client sent again, in one line (the report and the CLI table)."""
+    ir = summary.ingress_retries
+    return (f"{ir.requests} request(s), {ir.answered} answered on a retry; refusals {ir.refusals} "
+            f"(docs/load_tests.md#refused-at-the-ingress)") if ir.requests else "none"
+
+
 def write_jsonl(path: Path, rows) -> None:
     with path.open("w") as f:
         for row in rows:
@@ -170,6 +177,7 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
               f"- unexpected, by kind: {summary.errors_by_kind or 'none'}",
               f"- unexpected, most common messages: {summary.errors_by_message or 'none'}",
               f"- explained by injected faults: {summary.errors_explained_by_faults or 'none'}",
+              f"- refused at the ingress and sent again: {ingress_retries_line(summary)}",
               f"- bad requests sent {summary.bad_requests.sent}, refused naming the field "
               f"{summary.bad_requests.rejected_naming_the_field}",
               f"- faults injected: {faults or 'none'}", ""]

@@ -189,6 +189,16 @@ class Repeats(_Record):
     reports: list[str] = Field(description="each run's report directory")
 
 
+class IngressRetries(_Record):
+    """Requests Serve's HAProxy refused before any replica saw them, and the client sent again
+    (:mod:`load_tests.client`: only ``router_unreachable`` and ``unknown_replica_id``)."""
+
+    requests: int = Field(description="requests refused at the ingress at least once")
+    refusals: dict[str, int] = Field(description="refusals by X-Serve-Reason, every attempt counted")
+    answered: int = Field(description="of those requests, the ones a retry got an answer for (any outcome but "
+                                      "server_error); the rest are server_error and fail the run")
+
+
 class RunSummary(_Record):
     """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
 
@@ -202,6 +212,7 @@ class RunSummary(_Record):
     errors_by_kind: dict[Outcome, int] = Field(description="failed requests not explained by a planned fault")
     errors_by_message: dict[str, int] = Field(description="the 5 most common messages of those, numbers blanked")
     errors_explained_by_faults: dict[Outcome, int]
+    ingress_retries: IngressRetries
     first_unexpected_errors: list[dict[str, Any]] = Field(description="the first 5, as lines of requests.jsonl")
     bad_requests: BadRequests
     faults: list[Fault] = Field(description="what the run did on purpose (replica kills)")

@@ -29,8 +29,8 @@ from .client import RequestResult
 from .monitor import InvariantChecker
 from .outcomes import FAILURE_OUTCOMES
 from .counters import ReplicaCounters
-from .results import (BadRequestProblem, BadRequests, ClientServer, Fault, Invariants, Latency, Percentiles,
-                      ReplicaRecord, RunSummary, Throughput)
+from .results import (BadRequestProblem, BadRequests, ClientServer, Fault, IngressRetries, Invariants, Latency,
+                      Percentiles, ReplicaRecord, RunSummary, Throughput)
 from .scenarios import Slo
 from .verdict import verdict
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .fault_evidence import FaultCheck
 
 __all__ = ["Fault", "Slo", "percentiles", "latency", "throughput", "run_statistics", "summarize", "server_cross_check", "unexpected_deaths",
-           "explained_by_fault", "bad_request_problems", "error_signature"]
+           "explained_by_fault", "ingress_retries", "bad_request_problems", "error_signature"]
 
 PERCENTILES = (50, 90, 95, 99)
 # After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
@@ -90,6 +90,14 @@ def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = K
     """A failed request that was in flight at a replica kill or node loss, or started within ``grace_s`` after it."""
     end = r.start + (r.e2e or 0.0)
     return any(f.kind in CUTTING_FAULTS and r.start <= f.t + grace_s and end >= f.t for f in faults)
+
+
+def ingress_retries(results: Sequence[RequestResult]) -> IngressRetries:
+    """The requests refused at the ingress and sent again (:mod:`load_tests.client`), and how they ended."""
+    refused = [r for r in results if r.ingress_refusals]
+    return IngressRetries(requests=len(refused),
+                          refusals=dict(Counter(reason for r in refused for reason in r.ingress_refusals)),
+                          answered=sum(r.outcome != "server_error" for r in refused))
 
 
 def bad_request_problems(results: list[RequestResult]) -> list[BadRequestProblem]:
@@ -195,6 +203,7 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
         errors_by_kind=dict(Counter(r.outcome for r in unexplained)),
         errors_by_message=dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
         errors_explained_by_faults=dict(Counter(r.outcome for r in explained)),
+        ingress_retries=ingress_retries(results),
         first_unexpected_errors=[r.to_json() for r in unexplained[:5]],
         bad_requests=BadRequests(sent=sum(r.spec.get("expect") == "4xx" for r in results),
                                  rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),

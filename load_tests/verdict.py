@@ -12,6 +12,11 @@ monitor's violations. A run fails on any of:
 * an unexpected error: 5xx, a stream error event, a transport error, a 4xx
   for a good request, a 200 for a bad one, or a 4xx that does not name the
   field it should;
+* a refusal at the ingress (:mod:`load_tests.client` retries those) in a run
+  that changed no replica on purpose: with the replica set standing still,
+  HAProxy's router list and its backends do not change, so a refusal says
+  the ingress is broken, whether or not a retry got an answer (one still
+  refused after the retries is a 5xx above anyway);
 * client/server disagreement: the engines finished fewer requests than the
   clients saw complete, or more than were sent to them;
 * a replica that died without the run killing it, losing its node, or an
@@ -29,6 +34,10 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from .outcomes import LOST_OUTCOMES
+
+# What the run does on purpose that changes the replica set, so HAProxy's router and replica lists: a replica
+# kill (target.py) and the operations (operations.py's step kinds).
+REPLICA_SET_CHANGES = ("replica_kill", "redeploy", "scale", "autoscale", "node_loss")
 
 if TYPE_CHECKING:
     from .monitor import Violation
@@ -53,6 +62,11 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
         common = list(summary.errors_by_message.items())[:3]
         reasons.append(f"{sum(errors.values())} unexpected error(s): {errors}; most common: "
                        + "; ".join(f"({n}x) {sig}" for sig, n in common))
+    changes = [f for f in summary.faults if f.kind in REPLICA_SET_CHANGES]
+    if summary.ingress_retries.requests and not changes:
+        ir = summary.ingress_retries
+        reasons.append(f"{ir.requests} request(s) refused at the ingress ({ir.refusals}) with no replica change "
+                       f"under way; {ir.answered} answered on a retry")
     bad = summary.outcomes.get("rejected", 0) - summary.bad_requests.rejected_naming_the_field
     if bad:
         reasons.append(f"{bad} bad request(s) refused without naming the field")

@@ -40,7 +40,9 @@ variable                                               value  why
                                                               failed: router_unreachable" (1 of 24086 in a
                                                               redeploy at 256 streams: docs/load_tests.md). With
                                                               two, HAProxy moves on to the other when a connection
-                                                              fails. Each costs no CPU reservation, one process
+                                                              fails (fewer such refusals, not none: see
+                                                              docs/load_tests.md#refused-at-the-ingress). Each
+                                                              costs no CPU reservation, one process
 ``RAY_AUTH_MODE``                                      token  Ray 2.60's token authentication, on: ``ray start``,
                                                               ``serve`` and ``ray.init`` must agree on the mode
                                                               (a ``serve deploy`` that believes auth is off fails

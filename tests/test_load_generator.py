@@ -185,3 +185,83 @@ def test_the_mix_reaches_every_kind():
     assert any(s.cancel_after_chunks for s in specs) and any(not s.stream for s in specs)
     bad = {s.tags.get("bad") for s in specs if s.expect == "4xx"}
     assert len(bad) == len({p for _c, _s, p in BAD_REQUESTS} | {"malformed_json"}) - 1 or len(bad) >= 8
+
+
+# ---------------------------------------------------------------- refusals at the ingress
+
+
+async def with_ingress(refusals: int, fn, status: int = 503, reason: str | None = "router_unreachable"):
+    """A server that refuses the first ``refusals`` requests as Serve's HAProxy refuses at its ingress router
+    (503, ``X-Serve-Reason``, its text body), then answers: the number of requests it saw, and ``fn``'s result."""
+    from aiohttp import web
+
+    seen = []
+
+    async def handle(request):
+        seen.append(await request.json())
+        if len(seen) <= refusals:
+            return web.Response(status=status, text=f"Ingress request router failed: {reason}",
+                                headers={"X-Serve-Reason": reason} if reason else {})
+        return web.json_response({"choices": [{"text": " 1", "finish_reason": "length"}],
+                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            port = site._server.sockets[0].getsockname()[1]
+            result = await fn(session, f"http://127.0.0.1:{port}")
+            return len(seen), result
+    finally:
+        await runner.cleanup()
+
+
+def send_once(refusals, **server):
+    async def go(session, base):
+        return await send(session, base, spec(0, stream=False), t0=0.0, ingress_retry_delays_s=(0.01, 0.02))
+
+    return asyncio.run(with_ingress(refusals, go, **server))
+
+
+@pytest.mark.parametrize("reason", ["router_unreachable", "unknown_replica_id"])
+def test_a_refusal_at_the_ingress_is_sent_again_and_kept(reason):
+    seen, res = send_once(2, reason=reason)
+    assert seen == 3 and res.outcome == "ok" and res.ingress_refusals == [reason, reason]
+
+
+def test_a_request_refused_after_every_retry_is_a_server_error():
+    seen, res = send_once(5)
+    assert seen == 3, "the first try and two retries, as the openai client"
+    assert res.outcome == "server_error" and res.status == 503 and res.ingress_refusals == ["router_unreachable"] * 3
+    assert res.error == "Ingress request router failed: router_unreachable"
+
+
+@pytest.mark.parametrize("status, reason", [(503, "router_non_200"), (503, None), (500, "router_unreachable")])
+def test_other_5xx_are_never_sent_again(status, reason):
+    """A router that answered but failed, a 503 from anywhere else, a 500: the request may have run, or the
+    fault is not a passing gap; its outcome is the first answer."""
+    seen, res = send_once(1, status=status, reason=reason)
+    assert seen == 1 and res.outcome == "server_error" and res.ingress_refusals == []
+
+
+def test_the_operators_own_requests_are_sent_again_after_a_refusal_at_the_ingress():
+    """A redeploy's probes and the affinity check's requests count what the engines count: one refused at the
+    ingress never reached an engine, so it is sent again and counted once."""
+    from types import SimpleNamespace
+
+    from load_tests.monitor import InvariantChecker
+    from load_tests.operations import Operator, OperationPlan, Scale
+
+    async def go(session, base):
+        target = SimpleNamespace(base_url=base, headers={}, cluster=None)
+        op = Operator(OperationPlan(steps=(Scale(after_s=0, replicas=1),)), target, InvariantChecker(), 0.0,
+                      asyncio.Event(), [], "fixture")
+        status, _ = await op.complete(session, {"model": "fixture", "prompt": "probe", "max_tokens": 1})
+        return status, op.completed
+
+    seen, (status, completed) = asyncio.run(with_ingress(1, go))
+    assert seen == 2 and status == 200 and completed == 1

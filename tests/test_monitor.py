@@ -287,6 +287,35 @@ def test_verdict_fails_on_lost_and_unexpected_requests():
     assert "(1x) stream_error: EngineCore encountered an issue." in line, "the engine death is named"
 
 
+def test_refusals_at_the_ingress_fail_a_run_that_changed_no_replica():
+    """A retried refusal is not a lost request, but with the replica set standing still it says the ingress is
+    broken; during a redeploy (HAProxy reloading its router and replica lists) it is what Serve does."""
+    ok = [result(i, "ok") for i in range(3)]
+    retried = result(3, "ok", ingress_refusals=["router_unreachable"])
+    still = result(4, "server_error", status=503, error="Ingress request router failed: router_unreachable",
+                   ingress_refusals=["router_unreachable"] * 3)
+    steady = summary_of(ok + [retried])
+    assert steady.ingress_retries.model_dump() == {"requests": 1, "refusals": {"router_unreachable": 1},
+                                                   "answered": 1}
+    assert not steady.passed and "refused at the ingress" in steady.failures[0]
+    redeploy = Fault("redeploy", 1.0, {})
+    assert summary_of(ok + [retried], faults=[redeploy]).passed, "answered on a retry while replicas changed"
+    failed = summary_of(ok + [retried, still], faults=[redeploy])
+    assert failed.ingress_retries.answered == 1 and failed.ingress_retries.refusals == {"router_unreachable": 4}
+    assert not failed.passed and failed.errors_by_kind == {"server_error": 1}, "refused after every retry"
+    assert not summary_of(ok + [retried], faults=[Fault("operation_failed", 1.0, {})]).passed
+
+
+def test_every_replica_changing_operation_may_meet_ingress_refusals():
+    from typing import get_args
+
+    from load_tests.operations import Operation
+    from load_tests.verdict import REPLICA_SET_CHANGES
+
+    kinds = {get_args(m.model_fields["kind"].annotation)[0] for m in get_args(get_args(Operation)[0])}
+    assert kinds | {"replica_kill"} == set(REPLICA_SET_CHANGES)
+
+
 def test_errors_around_a_replica_kill_are_explained():
     fault = Fault("replica_kill", 5.0, {"replica": "r9"})
     res = [result(0, "ok"), result(1, "stream_error", start=4.0, e2e=2.0), result(2, "server_error", start=60.0)]
