@@ -5,8 +5,10 @@ deploys serve_config.yaml with 2 engine replicas, drives 16 concurrent
 requests of the full mix, and 15 s in ``serve deploy``s the app with a
 changed engine setting (Serve replaces every replica, one at a time) and a
 newly allowed ``vllm_xargs`` key; the load runs until the new replicas serve,
-plus 15 s. The run must pass: nothing lost, no 5xx, both old replicas
-retired (not dead), the probe refused before and accepted after. The
+plus 15 s. The run must pass: nothing lost, no 5xx (a refusal at the
+ingress, which HAProxy answers before any replica sees the request, is sent
+again and counted: load_tests/client.py), both old replicas retired (not
+dead), the probe refused before and accepted after. The
 scenarios at 256 streams (redeploy, scale, node-loss) and the failing twins
 are run by hand: docs/load_tests.md, Operations.
 """
