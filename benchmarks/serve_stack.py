@@ -98,7 +98,9 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
             if fuzz:
                 body["vllm_xargs"] = fuzz_xargs(i)
             spec = RequestSpec(i, "/v1/completions", body, stream=True)
-            results.append(await send(session, base_url, spec, t0, timeout_s=600, headers=headers))
+            # no retry of a refusal at the ingress: vLLM's bench serve counts one as failed, and so does this
+            results.append(await send(session, base_url, spec, t0, timeout_s=600, headers=headers,
+                                      ingress_retry_delays_s=()))
 
         await drive(Profile(kind="fixed", concurrency=concurrency, max_requests=len(ps)), one)
     wall = time.monotonic() - t0

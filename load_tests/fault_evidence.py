@@ -245,12 +245,14 @@ def _affinity(check: dict[str, Any], what: str, problems: list[str], evidence: l
 
 
 def _probes(f: Any, problems: list[str], evidence: list[str]) -> None:
-    """A redeploy's probes: refused naming the key before it, accepted once it converged."""
+    """A redeploy's probes ``[sent, status, names the key, answered]``: those answered before the redeploy began
+    refused naming the key, those sent after it converged accepted (one in flight across either moment may get
+    either answer)."""
     probes = f.detail.get("probes", [])
     key = next(iter(f.detail["step"].get("allow_xargs") or ()), None)
     if key is None:
         return
-    before = [p for p in probes if p[0] < f.t]
+    before = [p for p in probes if p[3] < f.t]
     after = [p for p in probes if p[0] >= f.detail["converged_t"]]
     if not before or not after:
         problems.append(f"probes of vllm_xargs.{key}: {len(before)} before the redeploy, {len(after)} after it "

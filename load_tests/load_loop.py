@@ -151,7 +151,8 @@ class LoadLoop:
         finally:
             for f in self.faults:
                 if f.kind == "redeploy":
-                    f.detail["probes"] = [[round(p["t"], 1), p["status"], p["names_key"]] for p in operator.probes]
+                    f.detail["probes"] = [[round(p["t"], 1), p["status"], p["names_key"], round(p["answered"], 1)]
+                                          for p in operator.probes]
             self.faults.extend(Fault("operation_failed", operator.now(), {"error": e}) for e in operator.errors)
 
     def levels_driver(self) -> Driver:

@@ -443,9 +443,10 @@ class Operator:
             try:
                 status, text = await self.complete(session, body)
                 self.probes.append({"t": t, "status": status, "names_key": key in text, "error": text[:200]
-                                    if status != 200 else None})
+                                    if status != 200 else None, "answered": self.now()})
             except Exception as e:  # recorded: a probe that cannot reach the app is evidence too
-                self.probes.append({"t": t, "status": None, "names_key": False, "error": f"{type(e).__name__}: {e}"[:200]})
+                self.probes.append({"t": t, "status": None, "names_key": False, "error": f"{type(e).__name__}: {e}"[:200],
+                                    "answered": self.now()})
             await asyncio.sleep(self.plan.probe_every_s)
 
 

@@ -20,6 +20,12 @@ greedy answer's often does). Latencies are deterministic: ``--ttft-ms``
 before the first token, ``--itl-ms`` between tokens (a chat stream announces
 the speaker at once, before the first token, as vLLM's does).
 
+``refused_xargs`` are ``vllm_xargs`` keys it refuses (400 naming
+``vllm_xargs.KEY``, as the project's guard does), and :meth:`EchoServer.redeploy`
+does what a ``serve deploy`` of a changed config does to it: every replica
+replaced by a new one, the old ones stopped (health 0), the keys allowed.
+With them a test can play the operator of the CLI's ``--url`` operations.
+
 ``/metrics`` makes it a target for the whole stress-test CLI, not only its
 generator: it serves, in Ray's format, the vLLM counters of ``--replicas``
 pretend engine replicas (requests are dealt round-robin), kept exactly as
@@ -75,7 +81,7 @@ class PretendReplica:
 
 class EchoServer:
     def __init__(self, itl_ms: float = 0.0, replicas: int = 2, fault: str | None = None, fault_after: int = 20,
-                 ttft_ms: float = 0.0, empty_text: bool = False):
+                 ttft_ms: float = 0.0, empty_text: bool = False, refused_xargs: tuple[str, ...] = ()):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
         self.itl_s = itl_ms / 1000
@@ -84,6 +90,7 @@ class EchoServer:
         self.stats = {"received": 0, "completed": 0, "disconnected": 0, "in_flight": 0, "max_in_flight": 0,
                       "by_behaviour": {}}
         self.replicas = [PretendReplica(f"echo-{i}") for i in range(max(1, replicas))]
+        self.refused_xargs = set(refused_xargs)
         self.fault, self.fault_after = fault, fault_after
         self._dealt = 0
         self._drop_at: int | None = None  # echo-0's prompt_tokens when its counter dropped (decreasing_counter)
@@ -100,6 +107,18 @@ class EchoServer:
         app.router.add_get("/stats", self.get_stats)
         app.router.add_get("/metrics", self.metrics)
         return app
+
+    def redeploy(self, allow_xargs: tuple[str, ...] = ()) -> list[str]:
+        """A new replica for every live one, the old ones stopped (Serve's health gauge 0, their counters kept as
+        a stopped replica's stay exported; in-flight requests finish on them), ``allow_xargs`` allowed from now
+        on: the new replicas' names."""
+        old = [r for r in self.replicas if r.alive]
+        new = [PretendReplica(f"echo-{len(self.replicas) + i}") for i in range(len(old))]
+        self.replicas += new
+        for r in old:
+            r.alive = False
+        self.refused_xargs -= set(allow_xargs)
+        return [r.name for r in new]
 
     def _replica(self) -> PretendReplica:
         alive = [r for r in self.replicas if r.alive] or self.replicas
@@ -191,6 +210,9 @@ class EchoServer:
             return _error(400, "vllm_xargs.fuzz_strength must be >= 0", "vllm_xargs.fuzz_strength")
         if behaviour == "!500":
             return _error(500, "internal error (asked for)", None)
+        refused = sorted(set(body.get("vllm_xargs") or {}) & self.refused_xargs)
+        if refused:
+            return _error(400, f"vllm_xargs key {refused[0]!r} is not allowed", f"vllm_xargs.{refused[0]}")
         if self.broken and self.fault == "lost_stream" and body.get("stream") and self.stats["received"] % 5 == 0:
             behaviour = "!truncate"
         replica = self._replica()
@@ -268,7 +290,7 @@ async def start(port: int = 0, itl_ms: float = 0.0, host: str = "127.0.0.1", **k
                 ) -> tuple[web.AppRunner, EchoServer, int]:
     """Start on the running event loop; returns (runner, server, port). ``await runner.cleanup()`` stops it.
 
-    ``kwargs``: the :class:`EchoServer`'s (``replicas``, ``fault``, ``fault_after``)."""
+    ``kwargs``: the :class:`EchoServer`'s (``replicas``, ``fault``, ``fault_after``, ``refused_xargs``)."""
     server = EchoServer(itl_ms, **kwargs)
     runner = web.AppRunner(server.app(), access_log=None)
     await runner.setup()

@@ -78,3 +78,56 @@ def test_the_command_line_exit_code(tmp_path, fault, code):
         server.wait(30)
     assert proc.returncode == code, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ("PASSED" if code == 0 else "decrease") in proc.stdout
+
+
+# ---------------------------------------------------------------- --url operations: the test is the operator
+
+
+def run_redeploy_by_hand(tmp_path, operator_acts: bool):
+    """``--scenario redeploy-lite --url``: the CLI tells the operator when to redeploy and judges the step from
+    the scraped data; this test is the operator (it redeploys the echo server when told, or never)."""
+    import json
+    import logging
+
+    from load_tests import cli
+
+    server = echo_server.EchoThread(itl_ms=5, refused_xargs=("fuzzserve_probe",))
+    told = []
+
+    class Operator(logging.Handler):
+        def emit(self, record):
+            if record.getMessage().startswith("operator, at t ="):
+                told.append(record.getMessage())
+                if operator_acts:
+                    server.loop.call_soon_threadsafe(server.server.redeploy, ("fuzzserve_probe",))
+
+    handler = Operator()
+    logging.getLogger("fuzzserve.load_tests").addHandler(handler)
+    url = f"http://127.0.0.1:{server.port}"
+    try:
+        code = cli.main(["--scenario", "redeploy-lite", "--url", url, "--metrics-url", f"{url}/metrics",
+                         "--concurrency", "8", "--mix", '{"bad": 0}', "--no-sweep", "--no-progress",
+                         "--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3",
+                         "--converge-timeout", "10", "--out", str(tmp_path)])
+    finally:
+        logging.getLogger("fuzzserve.load_tests").removeHandler(handler)
+        server.close()
+    return code, json.loads((tmp_path / "summary.json").read_text()), told
+
+
+def test_a_redeploy_left_to_the_operator_is_told_and_judged_from_the_data(tmp_path):
+    code, summary, told = run_redeploy_by_hand(tmp_path, operator_acts=True)
+    assert len(told) == 1 and "serve deploy your config" in told[0] and "fuzzserve_probe" in told[0], told
+    assert code == 0 and summary["passed"], summary["failures"]
+    (fault,) = summary["faults"]
+    assert fault["detail"]["by"] == "operator" and fault["detail"]["converged"]
+    assert fault["detail"]["replicas_before"] == ["echo-0", "echo-1"]
+    assert fault["detail"]["replicas_after"] == ["echo-2", "echo-3"]
+    (check,) = summary["planned_faults"]
+    assert check["ok"] and "refused naming it before" in check["evidence"], check
+
+
+def test_a_redeploy_the_operator_never_does_fails_naming_the_step(tmp_path):
+    code, summary, told = run_redeploy_by_hand(tmp_path, operator_acts=False)
+    assert len(told) == 1 and code == 1
+    assert any("did not converge" in f and "want 2 new ones" in f for f in summary["failures"]), summary["failures"]

@@ -197,7 +197,9 @@ def converged_redeploy(probes, converged=True):
     return Fault("redeploy", 2.0, detail)
 
 
-GOOD_PROBES = [[0.5, 400, True], [1.5, 400, True], [3.0, 200, False], [4.5, 200, False], [5.0, 200, False]]
+# [sent, status, names the key, answered]; the redeploy began at t = 2 and converged at t = 4
+GOOD_PROBES = [[0.5, 400, True, 0.6], [1.5, 400, True, 1.6], [3.0, 200, False, 3.1], [4.5, 200, False, 4.6],
+               [5.0, 200, False, 5.1]]
 
 
 def evidence(fault, forced=(), failures=0.0):
@@ -209,13 +211,15 @@ def test_a_clean_redeploy_has_its_evidence():
     check = evidence(converged_redeploy(GOOD_PROBES))
     assert check.ok, check.problems
     assert "2/2 refused naming it before, 2/2 accepted after" in check.evidence  # 3.0: during the rollout
+    # sent before the redeploy began and answered after it: in flight across it, either answer is right
+    assert evidence(converged_redeploy([*GOOD_PROBES, [1.9, 200, False, 2.1], [3.9, 400, True, 4.1]])).ok
 
 
 @pytest.mark.parametrize("fault, forced, failures, problem", [
     (converged_redeploy(GOOD_PROBES, converged=False), (), 0.0, "did not converge: 0 replica(s) serving"),
-    (converged_redeploy([[0.5, 200, False], *GOOD_PROBES[1:]]), (), 0.0, "1 probe(s) not refused naming it"),
-    (converged_redeploy([*GOOD_PROBES[:-1], [5.0, 400, True]]), (), 0.0, "1 probe(s) not accepted"),
-    (converged_redeploy([*GOOD_PROBES, [6.0, 503, False]]), (), 0.0, "neither 200 nor 400"),
+    (converged_redeploy([[0.5, 200, False, 0.6], *GOOD_PROBES[1:]]), (), 0.0, "1 probe(s) not refused naming it"),
+    (converged_redeploy([*GOOD_PROBES[:-1], [5.0, 400, True, 5.1]]), (), 0.0, "1 probe(s) not accepted"),
+    (converged_redeploy([*GOOD_PROBES, [6.0, 503, False, 6.1]]), (), 0.0, "neither 200 nor 400"),
     (converged_redeploy(GOOD_PROBES[2:]), (), 0.0, "0 before the redeploy"),
     (converged_redeploy(GOOD_PROBES), ["... did not shut down after grace period, force-killing it"], 0.0,
      "force-killed 1 draining replica"),

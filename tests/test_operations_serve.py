@@ -55,7 +55,7 @@ def test_the_probe_saw_the_guard_change_only_after_the_rollout(redeploy_run):
     _proc, summary = redeploy_run
     (fault,) = summary["faults"]
     probes = fault["detail"]["probes"]
-    before = [p for p in probes if p[0] < fault["t"]]
+    before = [p for p in probes if p[3] < fault["t"]]
     after = [p for p in probes if p[0] >= fault["detail"]["converged_t"]]
-    assert before and all(status == 400 and named for _t, status, named in before), before
-    assert after and all(status == 200 for _t, status, _named in after), after
+    assert before and all(status == 400 and named for _t, status, named, _answered in before), before
+    assert after and all(status == 200 for _t, status, _named, _answered in after), after
