@@ -150,8 +150,8 @@ class LoadLoop:
             await operator.run(session)
         finally:
             for f in self.faults:
-                if f.kind == "redeploy":
-                    f.detail["probes"] = [[round(p["t"], 1), p["status"], p["names_key"], round(p["answered"], 1)]
+                if f.kind == "redeploy":  # to the ms: a probe answered just after the step began is not before it
+                    f.detail["probes"] = [[round(p["t"], 3), p["status"], p["names_key"], round(p["answered"], 3)]
                                           for p in operator.probes]
             self.faults.extend(Fault("operation_failed", operator.now(), {"error": e}) for e in operator.errors)
 
