@@ -49,6 +49,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -124,6 +126,25 @@ def ingress_refusal(status: int, headers: Any) -> str | None:
     return reason if status == 503 and reason in RETRIED_INGRESS_REASONS else None
 
 
+@asynccontextmanager
+async def post_past_ingress_refusals(session: aiohttp.ClientSession, url: str, refusals: list[str],
+                                     delays_s: tuple[float, ...] = INGRESS_RETRY_DELAYS_S,
+                                     **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+    """POST ``url`` (``kwargs``: aiohttp's); a refusal at the ingress (:func:`ingress_refusal`) is appended to
+    ``refusals``, read away, and the request sent again after each of ``delays_s`` in turn. Yields the first
+    response that is not such a refusal, or the last refusal."""
+    for retry_after in (*delays_s, None):
+        async with session.post(url, **kwargs) as r:
+            refusal = ingress_refusal(r.status, r.headers)
+            if refusal:
+                refusals.append(refusal)
+            if refusal is None or retry_after is None:
+                yield r
+                return
+            await r.read()
+        await asyncio.sleep(retry_after)
+
+
 async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec, t0: float,
                timeout_s: float = 300.0, headers: dict[str, str] | None = None,
                ingress_retry_delays_s: tuple[float, ...] = INGRESS_RETRY_DELAYS_S) -> RequestResult:
@@ -134,19 +155,11 @@ async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec,
     start = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            for retry_after in (*ingress_retry_delays_s, None):
-                async with session.post(f"{base_url}{spec.route}", data=spec.payload(),
-                                        headers={"content-type": "application/json", **(headers or {})}) as r:
-                    res.status = r.status
-                    refusal = ingress_refusal(r.status, r.headers)
-                    if refusal:
-                        res.ingress_refusals.append(refusal)
-                    if refusal and retry_after is not None:
-                        await r.read()
-                    else:
-                        await _read_answer(r, res, spec, start)
-                        break
-                await asyncio.sleep(retry_after)
+            async with post_past_ingress_refusals(
+                    session, f"{base_url}{spec.route}", res.ingress_refusals, ingress_retry_delays_s,
+                    data=spec.payload(), headers={"content-type": "application/json", **(headers or {})}) as r:
+                res.status = r.status
+                await _read_answer(r, res, spec, start)
     except TimeoutError:
         res.outcome, res.error = "timeout", f"no complete answer within {timeout_s}s"
     except (aiohttp.ClientError, ConnectionError, json.JSONDecodeError) as e:

@@ -58,7 +58,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_id
 
-from .client import INGRESS_RETRY_DELAYS_S, ingress_refusal
+from .client import post_past_ingress_refusals
 
 if TYPE_CHECKING:
     import aiohttp
@@ -408,16 +408,13 @@ class Operator:
         """One completion request of this operator's own (not the load's): its status and body. Those answered
         200 are counted (:attr:`completed`): the engines count them too. A refusal at the ingress is sent again,
         as the load's requests are (:mod:`load_tests.client`)."""
-        for retry_after in (*INGRESS_RETRY_DELAYS_S, None):
-            async with session.post(f"{self.target.base_url}/v1/completions", json=body,
-                                    headers=self.target.headers) as r:
-                text = await r.text()
-            refusal = ingress_refusal(r.status, r.headers)
-            if refusal is None or retry_after is None:
-                break
-            log.info("t = %.0f s: the operator's request was refused at the ingress (%s); sending it again",
-                     self.now(), refusal)
-            await asyncio.sleep(retry_after)
+        refusals: list[str] = []
+        async with post_past_ingress_refusals(session, f"{self.target.base_url}/v1/completions", refusals,
+                                              json=body, headers=self.target.headers) as r:
+            text = await r.text()
+        if refusals:
+            log.info("t = %.0f s: the operator's request was refused at the ingress %d time(s) (%s), then "
+                     "answered %d", self.now(), len(refusals), refusals, r.status)
         self.completed += r.status == 200
         return r.status, text
 

@@ -62,8 +62,7 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
         common = list(summary.errors_by_message.items())[:3]
         reasons.append(f"{sum(errors.values())} unexpected error(s): {errors}; most common: "
                        + "; ".join(f"({n}x) {sig}" for sig, n in common))
-    changes = [f for f in summary.faults if f.kind in REPLICA_SET_CHANGES]
-    if summary.ingress_retries.requests and not changes:
+    if summary.ingress_retries.requests and not any(f.kind in REPLICA_SET_CHANGES for f in summary.faults):
         ir = summary.ingress_retries
         reasons.append(f"{ir.requests} request(s) refused at the ingress ({ir.refusals}) with no replica change "
                        f"under way; {ir.answered} answered on a retry")
