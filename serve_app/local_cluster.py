@@ -38,7 +38,7 @@ import psutil
 import yaml
 
 from serve_app.app import deep_update
-from serve_app.cluster_env import BIN, ensure_auth_token, with_cluster_env
+from serve_app.cluster_env import BIN, prepare_node, with_cluster_env
 from serve_app.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
 from serve_app.ports import free_port
 
@@ -165,7 +165,7 @@ class LocalCluster:
         return env
 
     def start(self, timeout: float = 180) -> LocalCluster:
-        ensure_auth_token(self._env())
+        prepare_node(self._env())
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="fuzzserve-cluster-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.gcs_port, self.dashboard_port = free_port(), free_port()

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from patches.fuzz_params import KEYS as FUZZ_KEYS
 from patches.fuzz_params import FuzzParamError, FuzzSpec, parse_fuzz_args
@@ -38,8 +38,11 @@ RESERVED_KEYS = ("kv_transfer_params", "ec_transfer_params", "kv_cache_report_mo
 # the engine as they are (session_id: the session the KV connector pins).
 RESERVED_TOP_LEVEL = ("kv_transfer_params", "ec_transfer_params", "session_id")
 # Request headers that carry the same: vLLM reads the session from X-Session-ID
-# when the body has none (vllm/entrypoints/generate/base/serving.py).
-RESERVED_HEADERS = ("x-session-id",)
+# when the body has none (vllm/entrypoints/generate/base/serving.py), and Ray
+# reads it in either spelling (- or _); Serve's multiplexed model id makes
+# ray.serve.llm look for a LoRA adapter (a 500 where none is configured).
+# Compared in lower case with "_" read as "-".
+RESERVED_HEADERS = ("x-session-id", "serve-multiplexed-model-id")
 # Fields whose value the engine compiles into a grammar (structured outputs):
 # the compile is paid per request, and grows with the schema.
 GRAMMAR_FIELDS = ("structured_outputs", "response_format", "guided_json", "guided_regex", "guided_choice",
@@ -68,8 +71,11 @@ class RequestLimits(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_n: int = Field(8, ge=1, description="most sequences per request (n, best_of)")
-    max_batch: int = Field(16, ge=1, description="most conversations in one /v1/chat/completions/batch request")
+    max_n: int = Field(8, ge=1, description="most sequences per prompt (n, best_of)")
+    max_batch: int = Field(16, ge=1, description="most prompts in one /v1/completions request, or conversations in "
+                                                 "one /v1/chat/completions/batch request")
+    max_sequences: int = Field(16, ge=1, description="most sequences one request asks for on any generate route: "
+                                                     "its prompts (or conversations) x n")
     beam_search: bool = Field(False, description="whether use_beam_search is accepted at all")
     max_beam_width: int = Field(4, ge=1, description="most beams (n with use_beam_search)")
     max_grammar_bytes: int = Field(16384, ge=1, description="most bytes of structured-output specs "
@@ -121,25 +127,65 @@ def check_xargs(xargs: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[
     return (forwarded or None), spec
 
 
-def _number(body: dict[str, Any], key: str) -> int | None:
-    value = body.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+# The values vLLM will use, read the way vLLM reads them. vLLM's request models validate in pydantic's lax mode,
+# so "64", 64.0 and "6_4" are n = 64 and "true", "yes", 1 are use_beam_search = True: a check of the JSON token
+# alone lets them through. These adapters are built from the same types as vLLM 0.32's fields (CompletionRequest
+# and ChatCompletionRequest: n int, use_beam_search bool, prompt the union below; tests/test_guard_coercion.py keeps
+# them equal to vLLM's own), and a value they cannot read is left to vLLM's own 400.
+_INT = TypeAdapter(int)
+_BOOL = TypeAdapter(bool)
+_PROMPT = TypeAdapter(list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]] | str | list[str]
+                      | None)
+
+
+def _as(adapter: TypeAdapter, value: Any) -> Any:
+    try:
+        return adapter.validate_python(value)
+    except ValidationError:
+        return None
+
+
+def prompt_count(prompt: Any) -> int:
+    """How many prompts a completion's ``prompt`` is, as vLLM reads it: a string or one list of token ids is one;
+    a list of strings, or of token-id lists, is one per item."""
+    value = _as(_PROMPT, prompt)
+    if value is None or isinstance(value, str):
+        return 1
+    if value and all(isinstance(v, int) for v in value):
+        return 1
+    return max(1, len(value))
 
 
 def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, batch: bool = False) -> None:
-    """Refuse a body that asks for more than ``limits`` allow, naming the field (vLLM checks types itself)."""
-    beam = body.get("use_beam_search") is True
+    """Refuse a body that asks for more than ``limits`` allow, judging the values vLLM will use, naming the field
+    (vLLM refuses what it cannot read itself)."""
+    beam = "use_beam_search" in body and _as(_BOOL, body["use_beam_search"]) is True
     if beam and not limits.beam_search:
         raise RequestRejected("use_beam_search is not accepted by this deployment", "use_beam_search")
     most = limits.max_beam_width if beam else limits.max_n
+    per_prompt = 1
     for key in ("n", "best_of"):
-        n = _number(body, key)
-        if n is not None and n > most:
-            what = "beam width" if beam else "sequences per request"
+        n = _as(_INT, body[key]) if body.get(key) is not None else None
+        if n is None:
+            continue
+        if n > most:
+            what = "beam width" if beam else "sequences per prompt"
             raise RequestRejected(f"{key} must be <= {most} ({what} this deployment allows), got {n}", key)
-    if batch and isinstance(body.get("messages"), list) and len(body["messages"]) > limits.max_batch:
-        raise RequestRejected(f"messages must hold <= {limits.max_batch} conversations in one batch request, "
-                              f"got {len(body['messages'])}", "messages")
+        per_prompt = max(per_prompt, n)
+    if batch and isinstance(body.get("messages"), list):
+        prompts, field = len(body["messages"]), "messages"
+        unit = "conversations in one batch request"
+    elif "prompt" in body:
+        prompts, field, unit = prompt_count(body["prompt"]), "prompt", "prompts in one request"
+    else:
+        prompts, field, unit = 1, None, ""
+    if prompts > limits.max_batch:
+        raise RequestRejected(f"{field} must hold <= {limits.max_batch} {unit}, got {prompts}", field)
+    if prompts * per_prompt > limits.max_sequences:
+        param = field if prompts > 1 else "n"
+        raise RequestRejected(f"{param}: this request asks for {prompts} x {per_prompt} = {prompts * per_prompt} "
+                              f"sequences (prompts x n); this deployment allows <= {limits.max_sequences} per request",
+                              param)
     grammar = {k: body[k] for k in GRAMMAR_FIELDS if body.get(k) is not None}
     if grammar:
         size = len(json.dumps(grammar, separators=(",", ":")))

@@ -81,7 +81,8 @@ class PretendReplica:
 
 class EchoServer:
     def __init__(self, itl_ms: float = 0.0, replicas: int = 2, fault: str | None = None, fault_after: int = 20,
-                 ttft_ms: float = 0.0, empty_text: bool = False, refused_xargs: tuple[str, ...] = ()):
+                 ttft_ms: float = 0.0, empty_text: bool = False, refused_xargs: tuple[str, ...] = (),
+                 record_bodies: str | None = None):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
         self.itl_s = itl_ms / 1000
@@ -94,6 +95,8 @@ class EchoServer:
         self.fault, self.fault_after = fault, fault_after
         self._dealt = 0
         self._drop_at: int | None = None  # echo-0's prompt_tokens when its counter dropped (decreasing_counter)
+        # every parsed request body, one JSON line each (what each client sent: tests compare two clients' bodies)
+        self._bodies = open(record_bodies, "a", buffering=1) if record_bodies else None
 
     @property
     def broken(self) -> bool:
@@ -201,6 +204,8 @@ class EchoServer:
             body = await request.json()
         except json.JSONDecodeError:
             return _error(400, "the request body is not valid JSON", None)
+        if self._bodies is not None:
+            self._bodies.write(json.dumps({"route": request.path, "body": body}) + "\n")
         chat = request.path.endswith("/chat/completions")
         text = ((body.get("messages") or [{}])[-1] or {}).get("content", "") if chat else body.get("prompt", "")
         behaviour = next((b for b in BEHAVIOURS if b in str(text)), "")
@@ -355,12 +360,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--fault", choices=sorted(FAULTS), default=None,
                     help="break it on purpose: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()))
     ap.add_argument("--fault-after", type=int, default=20, help="requests received before the fault starts")
+    ap.add_argument("--record-bodies", default=None, help="append every request body received to this file "
+                                                          "(JSON lines: route, body)")
     args = ap.parse_args(argv)
 
     async def serve() -> None:
         runner, _server, port = await start(args.port, args.itl_ms, args.host, replicas=args.replicas,
                                             fault=args.fault, fault_after=args.fault_after, ttft_ms=args.ttft_ms,
-                                            empty_text=args.empty_text)
+                                            empty_text=args.empty_text, record_bodies=args.record_bodies)
         print(f"echo server listening on {args.host}:{port}", flush=True)  # --port 0: the port it got
         try:
             await asyncio.Event().wait()

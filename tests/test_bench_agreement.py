@@ -13,19 +13,20 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.bench_agreement import FIGURES, disagreements, main, median_pair_ratios, ratios
+from benchmarks.bench_agreement import FIGURES, compare_figures, main, verdict
 
 
-def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server(tmp_path, capsys):
-    # two pairs, compared as the median of each pair's ratio: a pair's runs are neighbours in time, so a burst
-    # of other work on the host moves both (a single pair under a saturated host can be off by 2x)
-    code = main(["--echo", "--concurrency", "8", "--requests", "96", "--input-len", "16", "--output-len", "32",
-                 "--pairs", "2", "--out", str(tmp_path)])
+def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server_sending_the_same_bodies(tmp_path, capsys):
+    # two pairs (a smoke run: the protocol's six would take minutes), compared as the median of each pair's ratio
+    bodies = tmp_path / "bodies.jsonl"
+    code = main(["--echo", "--concurrency", "8", "--requests", "96", "--input-len", "32", "--output-len", "32",
+                 "--pairs", "2", "--smoke", "--record-bodies", str(bodies), "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     import json
 
     result = json.loads((tmp_path / "agreement.json").read_text())
+    assert result["verdict"] == "agrees" and result["below_protocol"]
     ours, vllm = result["ours"], result["vllm"]  # each client's median figures
     for run in result["runs"]["ours"]:
         assert run["passed"], run["failures"]
@@ -33,25 +34,48 @@ def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server(tmp_path, capsy
     assert ours["requests"] == vllm["requests"] == 192
     # the server's own latencies: 100 ms to the first token, 10 ms per token after it
     assert 0.095 < ours["ttft_p50_s"] < 0.15 and 0.0095 < ours["tpot_p50_s"] < 0.015
+    # what the server received: 384 bodies, every prompt once, and the two clients' bodies equal but for the words
+    received = [json.loads(line) for line in bodies.read_text().splitlines()]
+    assert len(received) == 384 and {r["route"] for r in received} == {"/v1/completions"}
+    prompts = [r["body"]["prompt"] for r in received]
+    assert len(set(prompts)) == 384, "no prompt sent twice, by either client"
+    assert {len(p.split()) for p in prompts} == {31}
+    shapes = {json.dumps({**r["body"], "prompt": None}, sort_keys=True) for r in received}
+    assert len(shapes) == 1, f"the clients' bodies differ beyond the prompt: {shapes}"
+    (shape,) = shapes
+    assert json.loads(shape) == {"model": "fixture", "prompt": None, "max_tokens": 32, "temperature": 0,
+                                 "ignore_eos": True, "repetition_penalty": 1.0, "logprobs": None, "stream": True,
+                                 "stream_options": {"include_usage": True}}
 
 
-@pytest.mark.parametrize("figure", FIGURES)
-def test_the_comparison_fails_a_figure_off_by_more_than_the_tolerance(figure):
-    vllm = {"requests_per_s": 20.0, "ttft_p50_s": 0.1, "tpot_p50_s": 0.01}
-    assert disagreements(ratios(dict(vllm), vllm)) == []
-    assert disagreements(ratios(vllm | {figure: vllm[figure] * 1.14}, vllm)) == []
-    off = disagreements(ratios(vllm | {figure: vllm[figure] * 1.2}, vllm))
-    assert len(off) == 1 and off[0].startswith(figure) and "+20%" in off[0]
-    missing = disagreements(ratios(vllm | {figure: None}, vllm))  # e.g. a TTFT the client never measured
-    assert len(missing) == 1 and "not comparable" in missing[0]
+def _runs(values):
+    return [{k: v for k, v in zip(FIGURES, row)} | {"ttft_p99_s": 1.0, "client_cpu_s": 1.0} for row in values]
+
+
+def test_a_figure_agrees_only_when_its_whole_interval_is_within_the_tolerance():
+    vllm = _runs([(20.0, 0.1, 0.01)] * 6)
+    same = compare_figures(_runs([(20.0, 0.1, 0.01)] * 6), vllm)
+    assert all(same[k]["verdict"] == "agrees" for k in FIGURES) and verdict(same) == "agrees"
+    # ours 20 % off in every pair: the interval lies wholly outside 1 +- 0.15
+    off = compare_figures(_runs([(24.0, 0.1, 0.01)] * 6), vllm)
+    assert off["requests_per_s"]["verdict"] == "disagrees" and verdict(off) == "disagrees"
+    # a median inside the tolerance with an interval reaching beyond it is not agreement
+    wide = compare_figures(_runs([(20.0, 0.1, 0.01)] * 3 + [(26.0, 0.1, 0.01)] * 3), vllm)
+    assert wide["requests_per_s"]["verdict"] == "inconclusive" and verdict(wide) == "inconclusive"
 
 
 def test_pairs_are_compared_as_the_median_of_each_pairs_ratio():
     """A drifting host moves both clients of a pair: neighbours are compared, then the median is taken."""
-    base = {"requests_per_s": 20.0, "ttft_p50_s": 0.1, "tpot_p50_s": 0.01}
-    vllm = [base, {k: v * 1.5 for k, v in base.items()}, base]  # the host was faster during the second pair
-    ours = [dict(base), {k: v * 1.5 for k, v in base.items()}, {k: v * 1.3 for k, v in base.items()}]
-    assert median_pair_ratios(ours, vllm)["requests_per_s"] == pytest.approx(1.0)
-    assert disagreements(median_pair_ratios(ours, vllm)) == []
-    slow = [{k: v * 0.8 for k, v in r.items()} for r in vllm]  # ours 20 % off in every pair
-    assert len(disagreements(median_pair_ratios(slow, vllm))) == 3
+    vllm = _runs([(20.0, 0.1, 0.01), (30.0, 0.15, 0.015), (20.0, 0.1, 0.01), (20.0, 0.1, 0.01)])
+    ours = _runs([(20.0, 0.1, 0.01), (30.0, 0.15, 0.015), (20.0, 0.1, 0.01), (20.0, 0.1, 0.01)])
+    assert compare_figures(ours, vllm)["requests_per_s"]["ratios"] == pytest.approx([1.0] * 4)
+
+
+def test_a_figure_one_client_did_not_measure_is_not_comparable_and_void_pairs_count_nowhere():
+    vllm = _runs([(20.0, 0.1, 0.01)] * 2)
+    ours = _runs([(20.0, None, 0.01)] * 2)
+    figures = compare_figures(ours, vllm)
+    assert figures["ttft_p50_s"]["verdict"] == "not comparable" and verdict(figures) == "disagrees"
+    ours = _runs([(20.0, 0.1, 0.01), (40.0, 0.1, 0.01)])
+    ours[1]["void"] = "128 prompt tokens from the prefix cache"
+    assert compare_figures(ours, vllm)["requests_per_s"]["ratios"] == [1.0]

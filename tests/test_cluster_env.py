@@ -66,3 +66,42 @@ def test_every_serve_variable_of_the_table_is_one_ray_serve_reads():
     assert "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE" in names
     assert [k for k in names if f'"{k}"' not in source] == []
     assert '"RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODES"' not in source, "the check can fail"
+
+
+def test_the_auth_token_is_made_and_kept_readable_by_its_user_only(tmp_path):
+    """Ray writes its token 0644 in a 0755 directory; the token is the key to running code on the cluster."""
+    from serve_app.cluster_env import AUTH_MODE, AUTH_TOKEN_PATH, ensure_auth_token
+
+    token = tmp_path / "ray" / "auth_token"
+    token.parent.mkdir(mode=0o755)
+    token.write_text("t" * 64)
+    token.chmod(0o644)  # as Ray leaves it
+    assert ensure_auth_token({AUTH_MODE: "token", AUTH_TOKEN_PATH: str(token)}) == token
+    assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
+    assert token.read_text() == "t" * 64, "the token itself is kept"
+    assert ensure_auth_token({AUTH_MODE: "disabled"}) is None
+
+
+def test_serves_haproxy_files_go_to_a_directory_only_this_user_can_enter(tmp_path):
+    from serve_app.cluster_env import CLUSTER_ENV, ensure_haproxy_dir, haproxy_dir, haproxy_env
+
+    d = ensure_haproxy_dir(tmp_path / "fzs")
+    assert d.stat().st_mode & 0o777 == 0o700
+    (tmp_path / "open").mkdir(mode=0o755)
+    (tmp_path / "open").chmod(0o755)
+    assert ensure_haproxy_dir(tmp_path / "open").stat().st_mode & 0o777 == 0o700  # readable by others: closed
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared").chmod(0o777)
+    import pytest
+
+    with pytest.raises(PermissionError, match="writable by other users"):
+        ensure_haproxy_dir(tmp_path / "shared")  # others may have planted files there: refused, not adopted
+    (tmp_path / "link").symlink_to(tmp_path / "fzs")
+    with pytest.raises(PermissionError, match="not this user's own directory"):
+        ensure_haproxy_dir(tmp_path / "link")
+    # every path Ray takes for HAProxy lies in that directory, and the admin socket's full path (Ray adds a
+    # 56-character node id and a temporary suffix) fits a Unix socket path
+    paths = haproxy_env(haproxy_dir())
+    assert all(CLUSTER_ENV[k] == v for k, v in paths.items())
+    assert all(Path(v) == haproxy_dir() or Path(v).parent == haproxy_dir() for v in paths.values())
+    assert len(paths["RAY_SERVE_HAPROXY_SOCKET_PATH"]) + 1 + 56 + 16 < 108

@@ -49,7 +49,7 @@ def client(environ_keys: str = "", on_admitted=None, **config) -> TestClient:
             os.environ.pop("TEST_GUARD_KEYS")
         else:
             os.environ["TEST_GUARD_KEYS"] = old
-    return TestClient(app)
+    return TestClient(app, base_url="http://127.0.0.1:8000")
 
 
 def test_valid_fuzz_request_passes_unchanged():
@@ -261,7 +261,8 @@ def test_a_slow_body_gets_408():
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [], "root_path": ""}
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"host", b"localhost")],
+             "root_path": ""}
     asyncio.run(asyncio.wait_for(guard(scope, receive, send), 5))
     start = next(m for m in sent if isinstance(m, dict) and m["type"] == "http.response.start")
     assert start["status"] == 408
@@ -312,3 +313,19 @@ def test_a_stream_that_fails_midway_ends_with_an_error_event():
     err = json.loads(out[1][len("data: "):])["error"]
     assert err["code"] == 500 and "ActorDiedError" in err["message"]
     assert asyncio.run(collect(healthy())) == ["data: 1\n\n", "data: [DONE]\n\n"]
+
+
+@pytest.mark.parametrize("host, ok", [("127.0.0.1:8000", True), ("localhost:8000", True), ("[::1]:8000", True),
+                                      ("127.0.0.2", True), ("LOCALHOST", True), ("evil.example:8000", False),
+                                      ("10.0.0.5:8000", False), ("", False), ("localhost.evil.example", False)])
+def test_without_keys_only_requests_addressed_to_this_machine_are_answered(host, ok):
+    """DNS rebinding: a page whose name resolves to 127.0.0.1 makes the browser send that name as Host."""
+    r = client("").post("/v1/completions", json={"model": "m"}, headers={"host": host})
+    assert r.status_code == (200 if ok else 403), r.text
+    if not ok:
+        assert r.json()["error"]["param"] == "Host"
+    assert client("").get("/health", headers={"host": "evil.example"}).status_code == 200, "probes stay open"
+    # with keys, the key decides and any Host is fine (a gateway in front names itself)
+    keyed = client("k1").post("/v1/completions", json={"model": "m"},
+                              headers={"host": host or "x", "authorization": "Bearer k1"})
+    assert keyed.status_code == 200

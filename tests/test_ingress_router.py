@@ -112,3 +112,67 @@ def test_the_route_serve_freezes_can_resolve_every_name_it_uses():
     missing = [n for n in fn.__code__.co_names if n not in fn.__globals__ and not hasattr(builtins, n)
                and n not in ("body", "route")]  # attribute names (request.body(), LLMRouterBase.route)
     assert not missing, f"names the frozen route cannot resolve: {missing}"
+
+
+def _route_app():
+    """The router's body handling in front of an app that echoes what it got (the real route is a Serve method)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from serve_app.ingress_router import read_route_body
+
+    async def route(request):
+        body = await read_route_body(request)
+        return body if not isinstance(body, bytes) else JSONResponse({"bytes": len(body)})
+
+    return Starlette(routes=[Route("/internal/route", route, methods=["POST"])])
+
+
+def test_the_routers_own_port_refuses_a_body_over_the_bound_before_reading_it():
+    from starlette.testclient import TestClient
+
+    from serve_app.ingress_router import ROUTE_BODY_LIMIT
+
+    c = TestClient(_route_app())
+    assert c.post("/internal/route", content=b"x" * ROUTE_BODY_LIMIT).json() == {"bytes": ROUTE_BODY_LIMIT}
+    r = c.post("/internal/route", content=b"x" * (ROUTE_BODY_LIMIT + 1))
+    assert r.status_code == 413 and str(ROUTE_BODY_LIMIT) in r.json()["detail"]
+    # declared too long: refused on the header alone
+    r = c.post("/internal/route", content=b"{}", headers={"content-length": str(10 * ROUTE_BODY_LIMIT)})
+    assert r.status_code == 413
+
+
+def test_a_streamed_body_is_cut_off_at_the_bound_without_reading_the_rest():
+    import asyncio
+
+    from starlette.requests import Request
+
+    from serve_app.ingress_router import bounded_body
+
+    sent = []
+
+    async def receive():  # an endless chunked body: 4 KiB per message
+        sent.append(1)
+        return {"type": "http.request", "body": b"x" * 4096, "more_body": True}
+
+    scope = {"type": "http", "method": "POST", "path": "/internal/route", "headers": []}
+    assert asyncio.run(bounded_body(Request(scope, receive), limit=64 * 1024)) is None
+    assert len(sent) == 17, "stopped at the first chunk past the bound"
+
+
+def test_a_body_that_never_arrives_gets_408(monkeypatch):
+    import asyncio
+
+    from starlette.requests import Request
+
+    import serve_app.ingress_router as ir
+
+    monkeypatch.setattr(ir, "ROUTE_BODY_TIMEOUT_S", 0.2)
+
+    async def receive():
+        await asyncio.sleep(10)
+
+    scope = {"type": "http", "method": "POST", "path": "/internal/route", "headers": []}
+    r = asyncio.run(ir.read_route_body(Request(scope, receive)))
+    assert r.status_code == 408

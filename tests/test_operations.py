@@ -53,7 +53,8 @@ def test_a_redeploy_changes_the_engine_and_allows_the_probe_key_and_nothing_else
                                                        "kv_offloading_size": 0.2}
     assert args["guard"]["xargs"]["allowed_extra_keys"] == ["fuzzserve_probe"]
     rest = copy.deepcopy(new)
-    rest["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"] = 0.25
+    rest["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"] = \
+        old["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"]
     rest["applications"][0]["args"]["guard"]["xargs"]["allowed_extra_keys"] = []
     assert rest == cfg
     again = redeployed_config(new, Redeploy(after_s=0, allow_xargs=("fuzzserve_probe",)))

@@ -211,6 +211,135 @@ def test_sessions_and_expensive_parameters_are_refused_naming_the_field(serve_cl
     assert post(serve_cluster, "/v1/completions", {**body, "n": 2}).status_code == 200
 
 
+def test_coerced_caps_prompt_lists_and_limit_headers_are_refused_deployed(serve_cluster):
+    """What vLLM would coerce past a token check (n "64", beam search "true"), a prompt list of more prompts or
+    sequences than allowed, and the headers with which Ray would lift its own request timeout: each gets 400
+    naming the field or header on the deployed config; an ordinary request on the same connection pool is served."""
+    body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2}
+    for extra, headers, param in (({"n": "64"}, AUTH, "n"), ({"n": 64.0}, AUTH, "n"),
+                                  ({"use_beam_search": "true"}, AUTH, "use_beam_search"),
+                                  ({"use_beam_search": 1}, AUTH, "use_beam_search"),
+                                  ({"prompt": ["count 1"] * 17}, AUTH, "prompt"),
+                                  ({"prompt": ["count 1"] * 4, "n": 5}, AUTH, "prompt"),
+                                  ({}, {**AUTH, "x-request-timeout-seconds": "0"}, "x-request-timeout-seconds"),
+                                  ({}, {**AUTH, "X_Request_Timeout_Seconds": "-1"}, "x-request-timeout-seconds"),
+                                  ({}, {**AUTH, "x-request-disconnect-disabled": "?1"},
+                                   "x-request-disconnect-disabled"),
+                                  ({}, {**AUTH, "x_session_id": "other"}, "x-session-id"),
+                                  ({}, {**AUTH, "serve_multiplexed_model_id": "lora"}, "serve-multiplexed-model-id")):
+        r = post(serve_cluster, "/v1/completions", {**body, **extra}, headers=headers)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, headers, r.text)
+    # without a key the limit headers are refused too: the edge runs before anything else
+    r = httpx.get(f"{serve_cluster.base_url}/health", headers={"x-request-timeout-seconds": "0"}, timeout=30)
+    assert r.status_code == 400
+    ok = post(serve_cluster, "/v1/completions", {**body, "prompt": ["count 1", "count 2"], "n": 2})
+    assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
+
+
+def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
+    """Serve's HAProxy admin socket (mode 666, level admin) lies in a 0700 directory of this user; Ray's token is
+    0600 in a 0700 directory."""
+    from pathlib import Path
+
+    from serve_app.cluster_env import AUTH_TOKEN_PATH, haproxy_dir
+
+    d = haproxy_dir()
+    assert d.stat().st_mode & 0o777 == 0o700 and d.stat().st_uid == os.getuid()
+    sockets = list(d.glob("*/admin.sock"))
+    assert sockets, f"Serve's admin socket is not under {d}: {list(d.iterdir())}"
+    assert not Path("/tmp/haproxy-serve").exists() or not list(Path("/tmp/haproxy-serve").glob("*/admin.sock"))
+    token = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+    assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
+    # the config HAProxy runs has serve_app/haproxy_edge.sh's edits (a Ray whose template moved fails here)
+    cfg = next(d.glob("*/haproxy.cfg")).read_text()
+    for line in ("timeout http-request 10s", "timeout client 30s", "timeout http-keep-alive 30s",
+                 "bind 127.0.0.1:9101", "bind 127.0.0.1:8404"):
+        assert f"\n    {line}\n" in cfg or f"\n  {line}\n" in cfg, f"{line!r} missing from Serve's HAProxy config"
+    import psutil
+
+    listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
+                 and c.laddr.port in (8404, 9101)}
+    assert listening and {a.ip for a in listening} == {"127.0.0.1"}, listening
+
+
+def test_the_routers_own_port_refuses_a_large_body_before_reading_it(serve_cluster):
+    """Any local process can reach the ingress request router's own HTTP port, without HAProxy's 64 KiB bound:
+    the router bounds it itself (413), and a body within the bound is still routed (200)."""
+    import psutil
+
+    routers = [p for p in psutil.process_iter(["cmdline"]) if "LLMRouter" in " ".join(p.info["cmdline"] or [])]
+    ports = sorted({c.laddr.port for p in routers for c in p.net_connections("tcp")
+                    if c.status == psutil.CONN_LISTEN and 30000 <= c.laddr.port <= 31000})
+    assert ports, "no ingress request router listening on Serve's direct-ingress ports"
+    for port in ports:
+        url = f"http://127.0.0.1:{port}/internal/route"
+        small = httpx.post(url, json={"model": "fixture", "prompt": "count 1 2"}, timeout=30)
+        assert small.status_code == 200, small.text
+        big = httpx.post(url, content=b'{"prompt": "' + b"x" * (1 << 20) + b'"}', timeout=30)
+        assert big.status_code == 413, big.text
+
+
+def _closed_after(sock, trickle: bytes = b"", limit_s: float = 60) -> tuple[float, bytes]:
+    """Seconds until the server closes (or answers) ``sock``, sending ``trickle`` one byte every 0.5 s meanwhile."""
+    import socket
+
+    t0 = time.monotonic()
+    sock.settimeout(0.5)
+    for i in range(int(limit_s / 0.5)):
+        if i < len(trickle):
+            try:
+                sock.send(trickle[i:i + 1])
+            except OSError:
+                return time.monotonic() - t0, b""
+        try:
+            return time.monotonic() - t0, sock.recv(200)
+        except socket.timeout:
+            continue
+    return time.monotonic() - t0, b"still open"
+
+
+def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(serve_cluster):
+    """Serve's HAProxy with the cluster's settings: a connection that sends nothing, or trickles its headers one
+    byte every 0.5 s, is closed within 10 s (timeout http-request, added by serve_app/haproxy_edge.sh); a stream
+    whose reader stops reading is cut within 30 s (timeout client) and its request leaves the engine; requests
+    meanwhile are served. Before: 3600 s for each, no bound at all for the trickle."""
+    import socket
+
+    from urllib.parse import urlparse
+
+    port = urlparse(serve_cluster.base_url).port
+    idle = socket.create_connection(("127.0.0.1", port))
+    trickle = socket.create_connection(("127.0.0.1", port))
+    stalled = socket.create_connection(("127.0.0.1", port))
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    body = json.dumps({"model": "fixture", "prompt": "count 1 2", "max_tokens": 900, "ignore_eos": True,
+                       "stream": True, "temperature": 0}).encode()
+    stalled.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Authorization: {AUTH['Authorization']}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    sent_at = time.monotonic()
+    took, answer = _closed_after(idle)
+    assert took < 15 and (answer == b"" or b"408" in answer), (took, answer)
+    took, answer = _closed_after(trickle, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200)
+    assert took < 15 and (answer == b"" or b"408" in answer), (took, answer)
+    assert complete(serve_cluster, "count 1 2").status_code == 200, "others are served meanwhile"
+    # the stalled reader, never read for 45 s: by then the server must have given up on the connection (its
+    # answer is in the socket buffers or cut off; either way the connection ends) and the engines hold nothing
+    time.sleep(max(0.0, 45 - (time.monotonic() - sent_at)))
+    stalled.settimeout(10)
+    got = b""
+    while True:
+        try:
+            chunk = stalled.recv(1 << 16)
+        except socket.timeout:
+            raise AssertionError(f"the stalled reader's connection is still open after 45 s ({len(got)} bytes)")
+        except ConnectionResetError:
+            break
+        if not chunk:
+            break
+        got += chunk
+    assert sum(c.running for c in wait_quiet(serve_cluster).values()) == 0
+
+
 def test_hostile_bodies_before_auth_leave_other_clients_served(serve_cluster, record_property):
     """8 MiB, deeply nested and wrongly typed bodies without a key, sent while normal clients are served:
     with two replicas each goes through the ingress request router before any replica checks its key.

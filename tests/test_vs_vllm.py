@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 import types
+from pathlib import Path
 
 import pytest
 
@@ -102,60 +103,137 @@ def test_ray_processes_finds_every_kind_of_ray_process_and_nothing_else():
 
 
 def test_plain_vllm_refuses_to_start_or_go_on_while_ray_is_alive(tmp_path):
-    from benchmarks.vs_vllm import PlainVllm, ProtocolError, require_no_ray
+    from benchmarks.arms import ProtocolError, load_config, plain_vllm, require_no_ray
+    from benchmarks.vs_vllm import REPO
 
+    config = load_config(REPO / "serve_config.yaml")
     with pytest.raises(ProtocolError, match="alone on the host") as e:
-        PlainVllm(tmp_path / "model", tmp_path, find_ray=lambda: ["4242 raylet"]).__enter__()
+        plain_vllm(config, tmp_path / "model", tmp_path, find_ray=lambda: ["4242 raylet"]).__enter__()
     assert "4242 raylet" in str(e.value) and "ray stop" in str(e.value)
     require_no_ray("now", lambda: [])  # nothing alive: fine
     # a Ray process that appears during the plain phase voids it
-    plain = PlainVllm(tmp_path / "model", tmp_path, find_ray=lambda: ["7 ray::ServeController"])
+    plain = plain_vllm(config, tmp_path / "model", tmp_path, find_ray=lambda: ["7 ray::ServeController"])
     with pytest.raises(ProtocolError, match="after the run"):
         plain.check("after the run")
 
 
 def test_shipped_phase_must_leave_no_ray_process(monkeypatch, tmp_path):
-    import benchmarks.vs_vllm as vs
+    import benchmarks.arms as arms
 
-    phase = vs.Shipped(tmp_path / "serve_config.yaml", tmp_path)
+    phase = arms.Shipped(tmp_path / "serve_config.yaml", tmp_path)
     phase.cluster = types.SimpleNamespace(close=lambda: None)
-    monkeypatch.setattr(vs, "ray_processes", lambda: ["9 raylet"])
-    with pytest.raises(vs.ProtocolError, match="left Ray processes behind"):
+    monkeypatch.setattr(arms, "ray_processes", lambda: ["9 raylet"])
+    with pytest.raises(arms.ProtocolError, match="left Ray processes behind"):
         phase.__exit__(None, None, None)
-    monkeypatch.setattr(vs, "ray_processes", lambda: [])
+    monkeypatch.setattr(arms, "ray_processes", lambda: [])
     phase.__exit__(None, None, None)
 
 
-def test_phases_interleave_abba():
-    from benchmarks.vs_vllm import phase_order
+def test_arms_take_their_settings_from_the_config():
+    """plain gets only what changes the computation; engine gets a replica's engine (every engine_kwarg, the
+    runtime_env, a rank-0 replica's cores, our patches on); the no-offload twins lose only the offload keys."""
+    from benchmarks.arms import load_config, make_arm, without_offloading
+    from benchmarks.vs_vllm import REPO
+    from patches.switches import ALL, OFF_ENV
 
-    assert phase_order(3) == [(0, "plain"), (0, "shipped"), (1, "shipped"), (1, "plain"),
-                              (2, "plain"), (2, "shipped")]
+    config = load_config(REPO / "serve_config.yaml")
+    kwargs = config["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]
+    plain = make_arm("plain", config, Path("/m"), Path("/tmp/arms-test"))
+    assert plain.flags == ["--dtype", "float32", "--max-model-len", str(kwargs["max_model_len"])]
+    assert plain.env == {OFF_ENV: ALL} and plain.engine_cores is None
+    engine = make_arm("engine", config, Path("/m"), Path("/tmp/arms-test"))
+    assert "--kv-offloading-size" in engine.flags and "--enable-prefix-caching" in engine.flags
+    assert "--no-enforce-eager" in engine.flags  # compiled, as the replica
+    assert engine.env[OFF_ENV] in ("", None) or engine.env[OFF_ENV] != ALL
+    assert engine.env["VLLM_CPU_KVCACHE_SPACE"] == config["applications"][0]["runtime_env"]["env_vars"][
+        "VLLM_CPU_KVCACHE_SPACE"]
+    assert engine.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and engine.engine_cores == [0]
+    bare = make_arm("engine-nooffload", config, Path("/m"), Path("/tmp/arms-test"))
+    assert [f for f in engine.flags if f not in bare.flags] == ["--kv-offloading-size", str(kwargs[
+        "kv_offloading_size"]), "--kv-offloading-backend", "native"]
+    twin = without_offloading(config)["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]
+    assert set(kwargs) - set(twin) == {"kv_offloading_size", "kv_offloading_backend"}
+    assert "kv_offloading_size" in kwargs, "without_offloading copies; the config itself is unchanged"
 
 
-def _run(stack, pair, c, req_per_s, cpu, completed=100):
+def test_engine_flags_are_ones_vllms_server_parses():
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from benchmarks.arms import engine_flags
+
+    parser = FlexibleArgumentParser()
+    AsyncEngineArgs.add_cli_args(parser)
+    args = parser.parse_args(engine_flags({"dtype": "float32", "enforce_eager": False, "enable_prefix_caching": True,
+                                           "kv_offloading_size": 0.25, "kv_offloading_backend": "native",
+                                           "max_model_len": 1024}))
+    assert (args.dtype, args.enforce_eager, args.enable_prefix_caching, args.kv_offloading_size,
+            args.kv_offloading_backend, args.max_model_len) == ("float32", False, True, 0.25, "native", 1024)
+
+
+def test_phases_interleave_in_blocks_abc_cba():
+    from benchmarks.pair_stats import block_order
+
+    assert block_order(["plain", "shipped"], 2) == [(0, "plain"), (0, "shipped"), (1, "shipped"), (1, "plain")]
+    assert [a for _, a in block_order(["a", "b", "c"], 4)] == list("abccbaabccba")
+
+
+def test_pairs_are_even_and_at_least_six_unless_a_smoke_run():
+    from benchmarks.pair_stats import check_pairs
+
+    check_pairs(6)
+    check_pairs(2, smoke=True)
+    for bad, smoke in ((5, False), (3, True), (4, False), (0, True)):
+        with pytest.raises(ValueError, match="--pairs"):
+            check_pairs(bad, smoke=smoke)
+
+
+def _run(stack, pair, label, req_per_s, cpu, completed=100, ttft=1.0, void=None):
     from benchmarks.vs_vllm import Run
 
-    return Run(stack=stack, pair=pair, concurrency=c, completed=completed, failed=0, duration_s=1.0,
-               req_per_s=req_per_s, output_tok_per_s=0.0, ttft_ms={"p50": 1, "p99": 2}, tpot_ms={"p50": 1, "p99": 2},
-               itl_ms={"p50": 1, "p99": 2}, window_s=1.0, host_cpu_s=cpu * completed,
-               host_cpu_s_per_request=cpu, host_busy_cores=2.0)
+    return Run(stack=stack, pair=pair, label=label, concurrency=32, completed=completed, failed=0, duration_s=1.0,
+               req_per_s=req_per_s, output_tok_per_s=0.0, ttft_ms={"p50": ttft, "p99": 2 * ttft},
+               tpot_ms={"p50": 1, "p99": 2}, itl_ms={"p50": 1, "p99": 2}, window_s=1.0, host_cpu_s=cpu * completed,
+               host_cpu_s_per_request=cpu, host_busy_cores=2.0, void=void)
 
 
 def test_ratios_are_pairwise_with_a_bootstrap_interval_that_covers_the_median():
     from benchmarks.vs_vllm import compare
 
-    runs = [_run("plain", 0, 32, 100, 0.020), _run("shipped", 0, 32, 90, 0.022),
-            _run("shipped", 1, 32, 120, 0.017), _run("plain", 1, 32, 100, 0.020),
-            _run("plain", 2, 32, 50, 0.040), _run("shipped", 2, 32, 50, 0.040),
-            _run("plain", 3, 32, 80, 0.025)]  # an unpaired run counts nowhere
-    r = compare(runs)[32]
-    assert r["req_per_s"]["ratios"] == pytest.approx([0.9, 1.2, 1.0])
-    assert r["req_per_s"]["median"] == pytest.approx(1.0)
-    lo, hi = r["req_per_s"]["ci90"]
+    runs = [_run("plain", 0, "c32", 100, 0.020), _run("shipped", 0, "c32", 90, 0.022, ttft=2.0),
+            _run("shipped", 1, "c32", 120, 0.017), _run("plain", 1, "c32", 100, 0.020),
+            _run("plain", 2, "c32", 50, 0.040), _run("shipped", 2, "c32", 50, 0.040),
+            _run("plain", 3, "c32", 80, 0.025)]  # an unpaired run counts nowhere
+    r = compare(runs)["c32"]["shipped/plain"]
+    assert r["figures"]["req_per_s"]["ratios"] == pytest.approx([0.9, 1.2, 1.0])
+    assert r["figures"]["req_per_s"]["median"] == pytest.approx(1.0)
+    lo, hi = r["figures"]["req_per_s"]["ci90"]
     assert lo <= 1.0 <= hi and lo >= 0.9 and hi <= 1.2
-    assert r["host_cpu_per_request"]["median"] == pytest.approx(1.0)
-    assert r["requests"] == {"plain": 300, "shipped": 300} and r["req_per_s"]["pairs"] == 3
+    assert r["figures"]["host_cpu_s_per_request"]["median"] == pytest.approx(1.0)
+    assert r["figures"]["ttft_p50"]["ratios"] == pytest.approx([2.0, 1.0, 1.0])
+    assert r["requests"] == {"plain": 300, "shipped": 300} and r["figures"]["req_per_s"]["pairs"] == 3
+
+
+def test_three_arms_compare_each_with_plain_and_shipped_with_engine_and_void_runs_count_nowhere():
+    from benchmarks.vs_vllm import compare
+
+    runs = [_run("plain", 0, "c1", 10, 0.1), _run("engine", 0, "c1", 12, 0.1), _run("shipped", 0, "c1", 9, 0.1),
+            _run("shipped", 1, "c1", 8, 0.1), _run("engine", 1, "c1", 16, 0.1),
+            _run("plain", 1, "c1", 8, 0.1, void="cold run with cache hits")]
+    r = compare(runs)["c1"]
+    assert set(r) == {"engine/plain", "shipped/plain", "shipped/engine"}
+    assert r["engine/plain"]["figures"]["req_per_s"]["ratios"] == pytest.approx([1.2])  # pair 1's plain is void
+    assert r["shipped/engine"]["figures"]["req_per_s"]["ratios"] == pytest.approx([0.75, 0.5])
+
+
+def test_a_cold_run_with_any_cache_hit_is_void_and_a_reuse_run_is_not():
+    from benchmarks.server_counters import CacheCounters
+    from benchmarks.vs_vllm import void_reason
+
+    assert void_reason("cold", CacheCounters(requests=100, prompt_tokens=12800)) is None
+    assert "1 prompt tokens from the prefix cache" in void_reason("cold", CacheCounters(prefix_cache_hits=1))
+    assert "128 from the offload tier" in void_reason("cold", CacheCounters(external_hits=128))
+    assert void_reason("reuse", CacheCounters(prefix_cache_hits=5000, external_hits=9000)) is None
 
 
 def test_summarize_run_takes_the_host_cpu_of_the_clients_own_window():
@@ -172,24 +250,32 @@ def test_summarize_run_takes_the_host_cpu_of_the_clients_own_window():
         return 3.0
 
     sampler.busy_between = busy
-    run = summarize_run("plain", 0, 32, data, {}, sampler)
+    run = summarize_run("plain", 0, "c32", 32, data, {}, sampler)
     assert captured["window"] == (5.0, 7.5)  # first send to last successful response; the failed one is out
     assert run.host_cpu_s_per_request == pytest.approx(1.5) and run.host_busy_cores == pytest.approx(3.0 / 2.5)
     assert (run.completed, run.failed) == (2, 1)
 
 
-def test_the_client_is_vllms_own_with_vllms_own_arguments(tmp_path):
-    """Every argument the benchmark passes is one vLLM's `bench serve` parser accepts, and the entry point
-    is vLLM's (benchmarks/vllm_bench_serve.py adds nothing)."""
+def test_the_client_is_vllms_own_and_sends_exactly_our_prompts_in_order(tmp_path):
+    """Every argument is one vLLM's `bench serve` parser accepts, and vLLM's own dataset code, given them, samples
+    exactly the prompts of the file, in file order, none twice (no shuffle, no oversampling to fill a count)."""
+    from vllm.benchmarks.datasets import get_samples
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from benchmarks.vs_vllm import Workload, bench_argv
+    from benchmarks.prompts import PromptBook
+    from benchmarks.vs_vllm import bench_argv
+    from fixture_model.build import build_tokenizer
 
-    argv = bench_argv("http://127.0.0.1:1", tmp_path, 32, 300, 0, Workload(), tmp_path, "r.json")
+    prompts = PromptBook(3).unique("run", 20, 128)
+    dataset = prompts.write_jsonl(tmp_path / "run.jsonl")
+    argv = bench_argv("http://127.0.0.1:1", tmp_path, 8, dataset, 25, 64, tmp_path, "r.json")
     assert argv[1:3] == ["-m", "benchmarks.vllm_bench_serve"]
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args(argv[3:])
-    assert (args.dataset_name, args.max_concurrency, args.num_prompts, args.ignore_eos) == ("random", 32, 300, True)
+    assert (args.dataset_name, args.max_concurrency, args.ignore_eos, args.temperature) == ("custom", 8, True, 0.0)
     assert args.save_detailed, "per-request start times and latencies are what the host CPU window is read from"
+    samples = get_samples(args, build_tokenizer())  # 25 asked of a 20-prompt file: no oversampling
+    assert [s.prompt for s in samples] == list(prompts.prompts)
+    assert {s.prompt_len for s in samples} == {128} and {s.expected_output_len for s in samples} == {64}

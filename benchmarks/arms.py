@@ -1,0 +1,250 @@
+"""The stacks the headline benchmark compares ("arms"), each started fresh for one phase and torn down after.
+
+* ``plain``: vLLM's own OpenAI server with vLLM's defaults, every patch of
+  ours off (``FUZZSERVE_PATCHES_OFF=all``), the same model, dtype and
+  ``max_model_len`` as the shipped config, **alone on the host**: it refuses
+  to start, and a run is void, while any Ray process is alive. What a user
+  who weighs this project against vLLM would run.
+* ``engine``: the same vLLM OpenAI server with our patches on and a
+  replica's engine: every ``engine_kwargs`` of the config's model
+  (offloading, prefix caching, compiled), its ``runtime_env`` variables (the
+  KV pool), the engine's compute threads and EngineCore pinned to the cores
+  a rank-0 replica gets (``engine_cores_per_replica``), the ``cpu_inproc``
+  patch running the model inside EngineCore. No Ray: set against ``plain``
+  it says what our engine features cost or gain; set against ``shipped``,
+  what the Serve path (HAProxy, the replica's frontend, the guard, Ray's
+  direct streaming) costs.
+* ``shipped``: the config exactly as ``ray start`` + ``serve deploy`` runs
+  it, in a fresh single-node cluster with Ray's own CPU count, the HTTP port
+  moved to a free one, nothing else deployed.
+* ``engine-nooffload``, ``shipped-nooffload``: the same without KV
+  offloading (``kv_offloading_*`` removed from the engine's arguments), for
+  the reuse workload: what the offload tier itself buys.
+* a variant of any arm: its name, then ``+NAME=VALUE`` for each environment
+  variable its processes get on top (``ray start``'s for a shipped arm, the
+  server's otherwise), e.g. ``shipped+RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``:
+  how a lever is measured against the arm without it. Lower-case names are
+  the arm's own options: ``pin=none`` (engine arms) leaves EngineCore's
+  threads unpinned (only the compute threads are bound, by vLLM);
+  ``config=PATH`` takes the arm's settings from another Serve config (a
+  lever in the YAML measured against the shipped one).
+
+Every arm exposes ``base_url`` and ``metrics_urls`` (the server's own
+counters: :mod:`benchmarks.server_counters`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.host import ray_processes
+from patches.switches import ALL, OFF_ENV
+
+log = logging.getLogger("fuzzserve.benchmarks.arms")
+
+MODEL_NAME = "fixture"
+OFFLOAD_KEYS = ("kv_offloading_size", "kv_offloading_backend")
+# What a plain server takes from the config: what changes the computation (and so must match), nothing else.
+PLAIN_KEYS = ("dtype", "max_model_len")
+ARMS = ("plain", "engine", "shipped", "engine-nooffload", "shipped-nooffload")
+ARM_OPTIONS = ("pin", "config")  # lower-case NAME=VALUE items of a variant: the arm's own options, not environment
+
+
+class ProtocolError(RuntimeError):
+    """The measurement would not be the one the benchmark promises (e.g. Ray alive during a plain run)."""
+
+
+def require_no_ray(what: str, find=ray_processes) -> None:
+    """Raise :class:`ProtocolError` naming them if any Ray process is alive."""
+    alive = find()
+    if alive:
+        raise ProtocolError(f"{what}: plain vLLM must be measured alone on the host, but Ray processes are alive "
+                            f"(stop them: `ray stop`, or `serve shutdown -y && ray stop`):\n  " + "\n  ".join(alive[:20]))
+
+
+# ----------------------------------------------------------------------------- the config
+def load_config(path: Path) -> dict[str, Any]:
+    return yaml.safe_load(Path(path).read_text())
+
+
+def model_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The (single) application's first ``llm_configs`` entry."""
+    return config["applications"][0]["args"]["llm_configs"][0]
+
+
+def without_offloading(config: dict[str, Any]) -> dict[str, Any]:
+    """The config with KV offloading removed from every model's engine arguments (a copy)."""
+    cfg = copy.deepcopy(config)
+    for app in cfg["applications"]:
+        for llm in app["args"]["llm_configs"]:
+            for k in OFFLOAD_KEYS:
+                llm.get("engine_kwargs", {}).pop(k, None)
+    return cfg
+
+
+def engine_flags(engine_kwargs: dict[str, Any]) -> list[str]:
+    """``engine_kwargs`` as vLLM's server flags (``True`` -> ``--x``, ``False`` -> ``--no-x``, dicts as JSON)."""
+    argv: list[str] = []
+    for key, value in engine_kwargs.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(flag)
+        elif value is False:
+            argv.append("--no-" + key.replace("_", "-"))
+        elif value is not None:
+            argv += [flag, json.dumps(value) if isinstance(value, (dict, list)) else str(value)]
+    return argv
+
+
+def replica_engine_settings(config: dict[str, Any], offload: bool = True) -> tuple[list[str], dict[str, str], int | None]:
+    """What a rank-0 replica of the config's model runs: vLLM flags, environment, engine cores per replica."""
+    llm = model_config(config)
+    kwargs = dict(llm.get("engine_kwargs", {}))
+    if not offload:
+        for k in OFFLOAD_KEYS:
+            kwargs.pop(k, None)
+    env = {k: str(v) for k, v in config["applications"][0].get("runtime_env", {}).get("env_vars", {}).items()}
+    return engine_flags(kwargs), env, config["applications"][0]["args"].get("engine_cores_per_replica")
+
+
+# ----------------------------------------------------------------------------- vLLM's server
+class VllmServer:
+    """vLLM's OpenAI server in a process group of its own, alone on the host (no Ray process alive)."""
+
+    def __init__(self, name: str, model: Path, log_dir: Path, flags: list[str], env: dict[str, str],
+                 engine_cores: list[int] | None = None, find_ray=ray_processes):
+        self.name, self.model, self.log_dir = name, model, log_dir
+        self.flags, self.env, self.engine_cores, self._find_ray = flags, env, engine_cores, find_ray
+        self.server = None
+        self.replicas = 1
+
+    def __enter__(self) -> VllmServer:
+        from serve_app.engine_env import ENGINE_ENV
+        from serve_app.ports import free_port
+        from testkit.server_process import ServerProcess
+
+        require_no_ray(f"before starting {self.name}", self._find_ray)
+        port = free_port()
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
+                "--served-model-name", MODEL_NAME, *self.flags, "--host", "127.0.0.1", "--port", str(port)]
+        log.info("%s: %s", self.name, " ".join(argv[3:]))
+        self.server = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=self.log_dir / f"{self.name}.log",
+                                    env={**ENGINE_ENV, **self.env})
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.metrics_urls = [f"{self.base_url}/metrics"]
+        if self.engine_cores is not None:
+            from serve_app.cpu_cores import pin_engine_cores
+
+            pinned = pin_engine_cores(self.engine_cores, parent_pid=self.server.proc.pid)
+            if not pinned:
+                self.server.close()
+                raise ProtocolError(f"{self.name}: no EngineCore process under the server to pin to "
+                                    f"{self.engine_cores}")
+            log.info("%s: EngineCore %s pinned to cores %s", self.name, pinned, self.engine_cores)
+        return self
+
+    def check(self, when: str) -> None:
+        require_no_ray(when, self._find_ray)
+
+    def __exit__(self, *exc) -> None:
+        self.server.close()
+
+
+def plain_vllm(config: dict[str, Any], model: Path, log_dir: Path, find_ray=ray_processes) -> VllmServer:
+    """vLLM's defaults, every patch off; only the settings that change what is computed come from the config."""
+    kwargs = model_config(config).get("engine_kwargs", {})
+    return VllmServer("plain", model, log_dir, engine_flags({k: kwargs[k] for k in PLAIN_KEYS if k in kwargs}),
+                      {OFF_ENV: ALL}, find_ray=find_ray)
+
+
+def patched_vllm(config: dict[str, Any], model: Path, log_dir: Path, offload: bool = True,
+                 find_ray=ray_processes) -> VllmServer:
+    """A replica's engine (our patches, its engine arguments, environment and cores) behind vLLM's own server."""
+    from serve_app.cpu_cores import BIND_ENV, replica_cores
+
+    flags, env, cores_per_replica = replica_engine_settings(config, offload)
+    cores = None
+    if cores_per_replica:
+        cores, _ = replica_cores(0, cores_per_replica, sorted(os.sched_getaffinity(0)))
+        env[BIND_ENV] = ",".join(map(str, cores))
+    env[OFF_ENV] = os.environ.get(OFF_ENV, "")  # our patches on, unless the caller switched some off
+    return VllmServer("engine" if offload else "engine-nooffload", model, log_dir, flags, env, cores, find_ray)
+
+
+# ----------------------------------------------------------------------------- the shipped stack
+class Shipped:
+    """The config as ``ray start`` + ``serve deploy`` runs it, in a fresh single-node cluster."""
+
+    def __init__(self, config: dict[str, Any] | Path, log_dir: Path, name: str = "shipped",
+                 env: dict[str, str] | None = None):
+        self.config, self.log_dir, self.name, self.env = config, log_dir, name, env or {}
+
+    def __enter__(self) -> Shipped:
+        from serve_app.local_cluster import LocalCluster
+        from serve_app.ports import free_port
+
+        # num_cpus=None: Ray counts the host's cores, as a plain `ray start --head` does
+        self.cluster = LocalCluster(num_cpus=None, log_dir=self.log_dir, env=dict(self.env))
+        self.cluster.start()
+        try:
+            self.cluster.deploy(self.config, http_port=free_port())
+            self.replicas = len(self.cluster.replicas())
+        except BaseException:
+            self.cluster.close()
+            raise
+        self.base_url = self.cluster.base_url
+        self.metrics_urls = self.cluster.metrics_urls
+        return self
+
+    def check(self, when: str) -> None:
+        pass
+
+    def __exit__(self, *exc) -> None:
+        self.cluster.close()
+        left = ray_processes()
+        if left:
+            raise ProtocolError(f"the {self.name} phase's cluster left Ray processes behind:\n  " + "\n  ".join(left))
+
+
+def parse_arm(name: str) -> tuple[str, dict[str, str]]:
+    """``"shipped+A=1+B=2"`` -> ("shipped", {"A": "1", "B": "2"}); refuses an unknown base or a bad variable."""
+    base, *extra = name.split("+")
+    if base not in ARMS:
+        raise ValueError(f"unknown arm {base!r}; known: {', '.join(ARMS)} (a variant: ARM+NAME=VALUE)")
+    env = {}
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep or not key.isidentifier():
+            raise ValueError(f"arm {name!r}: {item!r} is not NAME=VALUE")
+        if key.islower() and key not in ARM_OPTIONS:
+            raise ValueError(f"arm {name!r}: unknown option {key!r}; known: {', '.join(ARM_OPTIONS)}")
+        env[key] = value
+    return base, env
+
+
+def make_arm(name: str, config: dict[str, Any], model: Path, log_dir: Path):
+    """A fresh arm by name (:data:`ARMS`, or a variant: ``ARM+NAME=VALUE...``), not yet started."""
+    base, extra = parse_arm(name)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if "config" in extra:
+        config = load_config(Path(extra.pop("config")))
+    if base == "plain":
+        arm = plain_vllm(config, model, log_dir)
+    elif base in ("engine", "engine-nooffload"):
+        arm = patched_vllm(config, model, log_dir, offload=base == "engine")
+    else:
+        return Shipped(config if base == "shipped" else without_offloading(config), log_dir, name, extra)
+    options = {k: extra.pop(k) for k in list(extra) if k in ARM_OPTIONS}
+    if options.get("pin") == "none":
+        arm.engine_cores = None
+    arm.name = name
+    arm.env.update(extra)
+    return arm
