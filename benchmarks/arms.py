@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import logging
 import os
 import sys
@@ -56,6 +57,11 @@ OFFLOAD_KEYS = ("kv_offloading_size", "kv_offloading_backend")
 PLAIN_KEYS = ("dtype", "max_model_len")
 ARMS = ("plain", "engine", "shipped", "engine-nooffload", "shipped-nooffload")
 ARM_OPTIONS = ("pin", "config")  # lower-case NAME=VALUE items of a variant: the arm's own options, not environment
+
+
+def slug(name: str) -> str:
+    """An arm's name as a file name (variants carry '=', '/', '+')."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 class ProtocolError(RuntimeError):
@@ -136,8 +142,8 @@ class VllmServer:
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--served-model-name", MODEL_NAME, *self.flags, "--host", "127.0.0.1", "--port", str(port)]
         log.info("%s: %s", self.name, " ".join(argv[3:]))
-        self.server = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=self.log_dir / f"{self.name}.log",
-                                    env={**ENGINE_ENV, **self.env})
+        self.server = ServerProcess(argv, f"http://127.0.0.1:{port}/health",
+                                    log_path=self.log_dir / f"{slug(self.name)}.log", env={**ENGINE_ENV, **self.env})
         self.base_url = f"http://127.0.0.1:{port}"
         self.metrics_urls = [f"{self.base_url}/metrics"]
         if self.engine_cores is not None:

@@ -58,7 +58,7 @@ from typing import Any
 
 from benchmarks import pair_stats
 from benchmarks.arms import ARMS, MODEL_NAME, ProtocolError, load_config, make_arm, model_config, parse_arm, \
-    require_no_ray
+    require_no_ray, slug
 from benchmarks.host import HostCpuSampler
 from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
@@ -257,6 +257,7 @@ def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, 
             if not pairs:
                 continue
             out[label][f"{cand}/{ref}"] = {
+                "candidate": cand, "reference": ref,
                 "figures": {f: pair_stats.median_ratio([(by[p, ref].figure(f), by[p, cand].figure(f))
                                                         for p in pairs]) for f in FIGURES},
                 "requests": {s: sum(by[p, s].completed for p in pairs) for s in (ref, cand)},
@@ -293,7 +294,7 @@ def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, 
               "|---|---|---|---|" + "---|" * len(FIGURES)]
     for label, comps in ratios.items():
         for name, r in comps.items():
-            ref, cand = name.split("/")[1], name.split("/")[0]
+            ref, cand = r["reference"], r["candidate"]
             figs = r["figures"]
             lines.append(f"| {label} | {name} | {figs['req_per_s']['pairs']} | {r['requests'][ref]} / "
                          f"{r['requests'][cand]} ({r['failed'][ref]} / {r['failed'][cand]} failed) | "
@@ -372,7 +373,7 @@ def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[i
         part = PromptSet(f"{warm.name}-c{c}", warm.prompts[i::len(workload.runs())], "unique")
         if not len(part):
             continue
-        name = f"warmup-{pair}-{stack}-c{c}.json"
+        name = f"warmup-{pair}-{slug(stack)}-c{c}.json"
         data, _ = run_client(bench_argv(arm.base_url, model, c, part.write_jsonl(
             work / "prompts" / f"{part.name}.jsonl"), len(part), workload.output_len, work, name), work / name)
         warmed += int(data["completed"])
@@ -381,7 +382,7 @@ def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[i
     for label, c in workload.runs():
         prompts = plan[pair, label]
         arm.check(f"pair {pair} before the {label} run")
-        name = f"{stack}-{pair}-{label}.json"
+        name = f"{slug(stack)}-{pair}-{label}.json"
         data, roles = run_client(bench_argv(arm.base_url, model, c, prompts.write_jsonl(
             work / "prompts" / f"{prompts.name}.jsonl"), len(prompts), workload.output_len, work, name), work / name)
         arm.check(f"pair {pair} after the {label} run")
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     with HostCpuSampler() as sampler:
         for pair, stack in pair_stats.block_order(arms, args.pairs):
             log.info("pair %d: %s", pair, stack)
-            with make_arm(stack, config, model, work / f"{stack}-{pair}") as arm:
+            with make_arm(stack, config, model, work / f"{slug(stack)}-{pair}") as arm:
                 meta["replicas"][f"{pair}-{stack}"] = arm.replicas
                 runs += run_phase(arm, stack, pair, workload, plan, model, work, sampler)
             meta["protocol"].append(f"pair {pair} {stack}: " + (
