@@ -63,7 +63,7 @@ from benchmarks.host import HostCpuSampler
 from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
 from serve_app.command_logs import command_logging
-from serve_app.engine_env import ENGINE_ENV, use_engine_env
+from serve_app.engine_env import ENGINE_ENV, KV_CACHE_SPACE, use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.vs_vllm")
 
@@ -145,7 +145,7 @@ def kv_bytes_per_token(model: Path, dtype_bytes: int = 4) -> int:
 def local_pool_tokens(config: dict[str, Any], model: Path) -> int:
     """Tokens the local KV pool of a replica holds (``VLLM_CPU_KVCACHE_SPACE`` GiB; plain vLLM gets the same)."""
     gib = int(config["applications"][0].get("runtime_env", {}).get("env_vars", {}).get(
-        "VLLM_CPU_KVCACHE_SPACE", ENGINE_ENV["VLLM_CPU_KVCACHE_SPACE"]))
+        KV_CACHE_SPACE, ENGINE_ENV[KV_CACHE_SPACE]))
     return gib * 2**30 // kv_bytes_per_token(model)
 
 

@@ -64,14 +64,6 @@ variable                                               value  why
                                                               3600 s, an hour per stalled socket); a server
                                                               that is silent for longer (a queued request)
                                                               does not count: measured with HAProxy 2.8.25
-``RAY_SERVE_HAPROXY_CLOSE_SPREAD_TIME_S``              1      when Serve restarts HAProxy (every replica or router
-                                                              change), the old process closes its clients' idle
-                                                              kept-alive connections within 1 s instead of
-                                                              serving their next request with its old router pool
-                                                              (Serve's ``option idle-close-on-response``; routers
-                                                              it names may be stopped: 503 router_unreachable).
-                                                              Reproduced and removed without Ray
-                                                              (docs/load_tests.md#refused-at-the-ingress)
 ``RAY_SERVE_HAPROXY_BINARY_PATH``,                     ...    ``serve_app/haproxy_edge.sh``, which adds to Ray's
 ``FUZZSERVE_HAPROXY_REAL``                                    HAProxy config what its template has no variable
                                                               for: ``timeout http-request 10s`` (a request's
@@ -144,7 +136,6 @@ CLUSTER_ENV: dict[str, str] = {
     AUTH_MODE: "token",
     EDGE_CALLBACK: "serve_app.edge:middlewares",
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_TIMEOUT_S),
-    "RAY_SERVE_HAPROXY_CLOSE_SPREAD_TIME_S": "1",
     **haproxy_env(haproxy_dir()),
     **haproxy_binary_env(),
     **ENGINE_ENV,

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from starlette.testclient import TestClient
 
 from serve_app.edge import RAY_CONTROL_HEADERS, RefuseRayControlHeaders, middlewares
-from tests.test_guard import client
+from testkit.guard_app import guarded_client as client
 
 
 async def reached(request: Request):

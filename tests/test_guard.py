@@ -11,45 +11,13 @@ import json
 
 import pytest
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
 from starlette.routing import Route
-from starlette.testclient import TestClient
 
 from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
 from serve_app.fuzz_traffic import labels
 from serve_app.guard import GuardConfig, RequestGuard
 from serve_app.route_policy import DEFAULT_ROUTES
-
-
-# Paths the echo app serves: every kind of route vLLM's app has (checked, read, open, refused) and one unknown.
-APP_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/responses",
-             "/v1/messages", "/invocations", "/tokenize", "/v1/models", "/v1/models/{model:path}", "/metrics",
-             "/health", "/ping", "/docs", "/openapi.json", "/inference/v1/generate", "/v1/responses/{rid}",
-             "/other")
-
-
-async def echo(request: Request):
-    raw = await request.body()
-    return JSONResponse({"path": request.url.path, "body": json.loads(raw) if raw else None,
-                         "content_length": request.headers.get("content-length")})
-
-
-def client(environ_keys: str = "", on_admitted=None, **config) -> TestClient:
-    inner = Starlette(routes=[Route(p, echo, methods=["GET", "POST"]) for p in APP_PATHS])
-    cfg = GuardConfig(api_keys_env="TEST_GUARD_KEYS", **config)
-    import os
-
-    old = os.environ.get("TEST_GUARD_KEYS")
-    os.environ["TEST_GUARD_KEYS"] = environ_keys
-    try:
-        app = RequestGuard(inner, cfg, on_admitted)
-    finally:
-        if old is None:
-            os.environ.pop("TEST_GUARD_KEYS")
-        else:
-            os.environ["TEST_GUARD_KEYS"] = old
-    return TestClient(app, base_url="http://127.0.0.1:8000")
+from testkit.guard_app import echo, guarded_client as client
 
 
 def test_valid_fuzz_request_passes_unchanged():

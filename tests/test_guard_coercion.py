@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from serve_app.xargs_policy import RequestLimits, RequestRejected, check_limits, prompt_count
-from tests.test_guard import client
+from testkit.guard_app import guarded_client as client
 
 
 @pytest.mark.parametrize("body, param", [

@@ -135,6 +135,7 @@ def test_arms_take_their_settings_from_the_config():
     from benchmarks.arms import load_config, make_arm, without_offloading
     from benchmarks.vs_vllm import REPO
     from patches.switches import ALL, OFF_ENV
+    from serve_app.engine_env import KV_CACHE_SPACE
 
     config = load_config(REPO / "serve_config.yaml")
     kwargs = config["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]
@@ -145,8 +146,7 @@ def test_arms_take_their_settings_from_the_config():
     assert "--kv-offloading-size" in engine.flags and "--enable-prefix-caching" in engine.flags
     assert "--no-enforce-eager" in engine.flags  # compiled, as the replica
     assert engine.env[OFF_ENV] in ("", None) or engine.env[OFF_ENV] != ALL
-    assert engine.env["VLLM_CPU_KVCACHE_SPACE"] == config["applications"][0]["runtime_env"]["env_vars"][
-        "VLLM_CPU_KVCACHE_SPACE"]
+    assert engine.env[KV_CACHE_SPACE] == config["applications"][0]["runtime_env"]["env_vars"][KV_CACHE_SPACE]
     assert engine.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and engine.engine_cores == [0]
     bare = make_arm("engine-nooffload", config, Path("/m"), Path("/tmp/arms-test"))
     assert [f for f in engine.flags if f not in bare.flags] == ["--kv-offloading-size", str(kwargs[
