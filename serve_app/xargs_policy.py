@@ -44,9 +44,16 @@ RESERVED_TOP_LEVEL = ("kv_transfer_params", "ec_transfer_params", "session_id")
 # Compared in lower case with "_" read as "-".
 RESERVED_HEADERS = ("x-session-id", "serve-multiplexed-model-id")
 # Fields whose value the engine compiles into a grammar (structured outputs):
-# the compile is paid per request, and grows with the schema.
+# the compile is paid per request, and its cost is not bounded by the spec's
+# size (an 81-byte JSON-schema pattern took 1.8 s with the fixture's vocabulary
+# and 280 s with a 128k one: docs/security.md), hence off by default.
 GRAMMAR_FIELDS = ("structured_outputs", "response_format", "guided_json", "guided_regex", "guided_choice",
                   "guided_grammar", "text", "output_config")
+# Formats that carry no client-written spec: plain text, and JSON mode (one fixed grammar).
+FIXED_FORMATS = ("text", "json_object")
+# tool_choice values that leave the tools' schemas uncompiled (any other makes vLLM
+# compile them into a grammar: "required", "any", a named tool).
+FREE_TOOL_CHOICES = ("none", "auto")
 
 
 class XargsPolicy(BaseModel):
@@ -78,8 +85,12 @@ class RequestLimits(BaseModel):
                                                      "its prompts (or conversations) x n")
     beam_search: bool = Field(False, description="whether use_beam_search is accepted at all")
     max_beam_width: int = Field(4, ge=1, description="most beams (n with use_beam_search)")
+    structured_outputs: bool = Field(False, description="whether requests may carry a spec the engine compiles into "
+                                                         "a grammar (structured outputs, a forced tool choice); JSON "
+                                                         "mode and plain text are always accepted")
     max_grammar_bytes: int = Field(16384, ge=1, description="most bytes of structured-output specs "
-                                                            f"({', '.join(GRAMMAR_FIELDS)}) per request")
+                                                            f"({', '.join(GRAMMAR_FIELDS)}, tools under a forced "
+                                                            "tool_choice) per request, when structured_outputs is on")
 
 
 DEFAULT_LIMITS = RequestLimits()
@@ -156,6 +167,36 @@ def prompt_count(prompt: Any) -> int:
     return max(1, len(value))
 
 
+def _fixed_format(value: Any) -> bool:
+    return isinstance(value, Mapping) and value.get("type") in FIXED_FORMATS
+
+
+def _forced_tool_choice(choice: Any) -> bool:
+    if choice is None or choice in FREE_TOOL_CHOICES:
+        return False
+    return not (isinstance(choice, Mapping) and set(choice) == {"type"} and choice["type"] in FREE_TOOL_CHOICES)
+
+
+def grammar_specs(body: dict[str, Any]) -> dict[str, Any]:
+    """The client-written specs in ``body`` that vLLM compiles into a grammar, by the field that carries them.
+
+    JSON mode and plain text carry no spec (``response_format``, the Responses API's ``text.format``, the
+    Messages API's ``output_config`` without a ``format``); ``tools`` compile only under a forced
+    ``tool_choice``. Anything else in a grammar field counts, whatever its shape (vLLM refuses what it cannot
+    read, after the guard).
+    """
+    found = {k: body[k] for k in GRAMMAR_FIELDS if body.get(k) is not None}
+    if _fixed_format(found.get("response_format")):
+        del found["response_format"]
+    for key in ("text", "output_config"):
+        value = found.get(key)
+        if isinstance(value, Mapping) and (value.get("format") is None or _fixed_format(value.get("format"))):
+            del found[key]
+    if body.get("tools") and _forced_tool_choice(body.get("tool_choice")):
+        found["tool_choice"] = {"tool_choice": body["tool_choice"], "tools": body["tools"]}
+    return found
+
+
 def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, batch: bool = False) -> None:
     """Refuse a body that asks for more than ``limits`` allow, judging the values vLLM will use, naming the field
     (vLLM refuses what it cannot read itself)."""
@@ -186,7 +227,12 @@ def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, b
         raise RequestRejected(f"{param}: this request asks for {prompts} x {per_prompt} = {prompts * per_prompt} "
                               f"sequences (prompts x n); this deployment allows <= {limits.max_sequences} per request",
                               param)
-    grammar = {k: body[k] for k in GRAMMAR_FIELDS if body.get(k) is not None}
+    grammar = grammar_specs(body)
+    if grammar and not limits.structured_outputs:
+        field = next(iter(grammar))
+        raise RequestRejected(f"{field}: structured outputs are off on this deployment (guard.limits."
+                              "structured_outputs); a grammar's compile cost is not bounded by its size "
+                              "(docs/security.md)", field)
     if grammar:
         size = len(json.dumps(grammar, separators=(",", ":")))
         if size > limits.max_grammar_bytes:

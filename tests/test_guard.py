@@ -171,8 +171,10 @@ def test_session_header_is_refused(route):
     ({"use_beam_search": True, "n": 5}, "n", {"limits": {"beam_search": True}}),
     ({"messages": [[{"role": "user", "content": "x"}]] * 17}, "messages", {"routes": ("/v1/chat/completions/batch",)}),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["x" * 100] * 200}}}},
-     "response_format", {}),
-    ({"structured_outputs": {"regex": "a" * 20000}}, "structured_outputs", {}),
+     "response_format", {"limits": {"structured_outputs": True}}),
+    ({"structured_outputs": {"regex": "a" * 20000}}, "structured_outputs", {"limits": {"structured_outputs": True}}),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"enum": ["x" * 100] * 200}}}],
+      "tool_choice": "required"}, "tool_choice", {"limits": {"structured_outputs": True}}),
     ({"n": 3}, "n", {"limits": {"max_n": 2}}),
 ])
 def test_expensive_parameters_are_capped(body, param, config):
@@ -187,6 +189,47 @@ def test_caps_let_ordinary_requests_through():
     for body in ({"n": 8}, {"best_of": 8}, {"use_beam_search": True, "n": 4}, {"response_format": {"type": "json_object"}},
                  {"n": True}):  # a bool n is vLLM's to refuse, not a count
         assert c.post("/v1/chat/completions", json={"model": "m", "messages": [], **body}).status_code == 200, body
+
+
+SPECS = [  # (body, the field that carries a spec vLLM compiles into a grammar)
+    ({"structured_outputs": {"regex": "([a-z]{0,50}){0,50}"}}, "structured_outputs"),
+    ({"structured_outputs": {"json": {"type": "string"}}}, "structured_outputs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}},
+     "response_format"),
+    ({"response_format": {"type": "structural_tag", "format": {}}}, "response_format"),
+    ({"guided_regex": "a+"}, "guided_regex"),
+    ({"guided_choice": ["a", "b"]}, "guided_choice"),
+    ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text"),
+    ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required"},
+     "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
+    ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"}}, "tool_choice"),
+]
+
+
+@pytest.mark.parametrize("body, param", SPECS)
+def test_structured_outputs_are_off_by_default_naming_the_field(body, param):
+    r = client().post("/v1/chat/completions", json={"model": "m", "messages": [], **body})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and "structured outputs are off" in r.json()["error"]["message"]
+    on = client(limits={"structured_outputs": True}).post("/v1/chat/completions",
+                                                          json={"model": "m", "messages": [], **body})
+    assert on.status_code == 200, on.text
+
+
+@pytest.mark.parametrize("body", [
+    {"response_format": {"type": "json_object"}}, {"response_format": {"type": "text"}},
+    {"text": {"format": {"type": "text"}}}, {"text": {"verbosity": "low"}}, {"output_config": {"effort": "low"}},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "auto"},
+    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+    {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "auto"}},
+    {"tool_choice": "required"},  # no tools: nothing to compile (vLLM's to refuse)
+])
+def test_what_compiles_no_client_spec_passes_with_structured_outputs_off(body):
+    r = client().post("/v1/chat/completions", json={"model": "m", "messages": [], **body})
+    assert r.status_code == 200, r.text
 
 
 def test_deeply_nested_json_is_a_400_not_a_crash():

@@ -90,3 +90,28 @@ def test_the_guards_adapters_read_values_exactly_as_vllms_request_models():
     assert CompletionRequest.model_fields["n"].annotation is int
     assert CompletionRequest.model_fields["use_beam_search"].annotation is bool
     assert ChatCompletionRequest.model_fields["use_beam_search"].annotation is bool
+
+
+def test_the_guards_reading_of_grammars_is_vllms():
+    """What the guard counts as a client-written grammar is what vLLM 0.32 compiles: a forced tool choice turns the
+    tools' schemas into a JSON grammar (its tool parsers' ``adjust_request``), "auto"/"none" do not; JSON mode and
+    plain text set no client spec."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.tool_parsers.utils import get_json_schema_from_tools
+
+    from serve_app.xargs_policy import grammar_specs
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    for choice in ("none", "auto", "required", {"type": "function", "function": {"name": "f"}}):
+        request = ChatCompletionRequest.model_validate({"model": "m", "messages": [], "tools": tools,
+                                                        "tool_choice": choice})
+        compiled = get_json_schema_from_tools(request.tool_choice, request.tools) is not None
+        assert ("tool_choice" in grammar_specs({"tools": tools, "tool_choice": choice})) == compiled, choice
+    for fmt, spec in (({"type": "text"}, None), ({"type": "json_object"}, "json_object"),
+                      ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "json")):
+        params = ChatCompletionRequest.model_validate({"model": "m", "messages": [],
+                                                       "response_format": fmt}).extract_structured_outputs()
+        set_fields = [] if params is None else [k for k in ("json", "json_object") if getattr(params, k)
+                                                  not in (None, False)]
+        assert set_fields == ([] if spec is None else [spec]), fmt
+        assert ("response_format" in grammar_specs({"response_format": fmt})) == (spec == "json"), fmt

@@ -1,0 +1,184 @@
+"""Benchmark: what one structured-output spec under the guard's byte cap costs the engine to compile.
+
+    python -m benchmarks.grammar_cost [--vocabularies fixture,32000,128000] [--timeout-s 600] [--out DIR]
+
+vLLM 0.32 turns a request's spec (a JSON schema, a regex, a grammar, the
+tools under a forced ``tool_choice``) into an xgrammar grammar and compiles
+it against the tokenizer's vocabulary, once per request, in EngineCore's
+grammar thread pool (one thread on a 2-core host), with no time limit; only
+a bare regex has one (``VLLM_REGEX_COMPILATION_TIMEOUT_S``, 5 s). The guard
+caps the spec's size (``guard.limits.max_grammar_bytes``, 16 KiB), and the
+question this benchmark answers is whether size bounds cost. It compiles
+the largest instance of each spec shape under the cap, and a few short ones
+that look harmless, the way vLLM's xgrammar backend does
+(``Grammar.from_json_schema`` / ``from_regex`` on the frontend, then
+``GrammarCompiler.compile_grammar``), against the fixture model's tokenizer
+and against synthetic vocabularies of real models' sizes (random strings:
+the compile walks every token of the vocabulary per grammar state, so its
+size is what matters, not its text). Each compile runs in a child process
+with a time limit, one at a time; run it on an idle host.
+
+The answer (docs/security.md, Work the size cap does not bound) is why the
+shipped config refuses structured outputs (``limits.structured_outputs:
+false``): an 81-byte pattern costs seconds with the fixture's 239 tokens
+and minutes with a 128k vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing
+import random
+import string
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from serve_app.command_logs import command_logging
+from serve_app.xargs_policy import DEFAULT_LIMITS
+
+log = logging.getLogger("fuzzserve.benchmarks.grammar_cost")
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = "fixture"
+ALPHABET = string.ascii_letters + string.digits + " _-.,:;\"{}[]()"
+
+
+def spec_bytes(spec: dict[str, Any]) -> int:
+    """The size the guard measures: the grammar fields of the body, compact JSON."""
+    return len(json.dumps({"structured_outputs": spec}, separators=(",", ":")))
+
+
+def largest_under(cap: int, build: Callable[[int], dict[str, Any]], step: int = 1) -> dict[str, Any]:
+    """``build(n)`` for the largest ``n`` (in steps of ``step``) whose spec is within ``cap`` bytes."""
+    n, best = 1, None
+    while spec_bytes(spec := build(n)) <= cap:
+        best, n = spec, n + step
+    if best is None:
+        raise ValueError(f"even the smallest instance is over {cap} bytes")
+    return best
+
+
+def _optional_properties(n: int) -> dict[str, Any]:
+    return {"json": {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(n)}}}
+
+
+def _any_of_objects(n: int) -> dict[str, Any]:
+    return {"json": {"anyOf": [{"type": "object", "properties": {f"a{i}": {"type": "string"}, f"b{i}": {
+        "type": "integer"}}, "required": [f"a{i}"]} for i in range(n)]}}
+
+
+def _ref_chain(n: int) -> dict[str, Any]:
+    defs: dict[str, Any] = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}},
+                                      "required": ["x"]} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"json": {"$defs": defs, "$ref": "#/$defs/d0"}}
+
+
+def specs(cap: int = DEFAULT_LIMITS.max_grammar_bytes) -> dict[str, dict[str, Any]]:
+    """Spec shapes, each within ``cap`` bytes as the guard counts them."""
+    return {
+        "small JSON object (baseline)": {"json": {"type": "object", "properties": {"a": {"type": "string"}},
+                                                  "required": ["a"]}},
+        "optional properties, as many as fit": largest_under(cap, _optional_properties, 10),
+        "anyOf of objects, as many as fit": largest_under(cap, _any_of_objects, 5),
+        "$ref chain, as long as fits": largest_under(cap, _ref_chain, 10),
+        "string pattern ([a-z]{0,50}){0,50}": {"json": {"type": "string", "pattern": "([a-z]{0,50}){0,50}"}},
+        "string pattern ((a|...|h){1,30}x){1,30}": {"json": {"type": "string",
+                                                             "pattern": "((a|b|c|d|e|f|g|h){1,30}x){1,30}"}},
+        "regex ([a-z]{0,50}){0,50}": {"regex": "([a-z]{0,50}){0,50}"},
+    }
+
+
+def tokenizer_info(vocabulary: str):
+    """xgrammar's view of a vocabulary: the fixture model's tokenizer, or ``N`` distinct random strings."""
+    import xgrammar as xgr
+
+    if vocabulary == FIXTURE:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(REPO / ".cache" / "models" / "fixture")
+        return xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)), len(tok)
+    size, rng, vocab = int(vocabulary), random.Random(0), set()
+    while len(vocab) < size:
+        vocab.add("".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 8))))
+    return xgr.TokenizerInfo(sorted(vocab), vocab_type=xgr.VocabType.RAW, stop_token_ids=[0]), size
+
+
+def _compile(vocabulary: str, spec: dict[str, Any], out) -> None:
+    import xgrammar as xgr
+
+    info, _ = tokenizer_info(vocabulary)
+    compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)  # one thread, as on this host
+    t0 = time.perf_counter()
+    grammar = (xgr.Grammar.from_json_schema(json.dumps(spec["json"])) if "json" in spec
+               else xgr.Grammar.from_regex(spec["regex"]))
+    t1 = time.perf_counter()
+    compiler.compile_grammar(grammar)
+    out.put({"convert_s": t1 - t0, "compile_s": time.perf_counter() - t1})
+
+
+def measure(vocabulary: str, spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Convert + compile ``spec`` in a child process; ``timed_out`` when it ran past ``timeout_s`` (killed)."""
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    child = ctx.Process(target=_compile, args=(vocabulary, spec, out), daemon=True)
+    t0 = time.perf_counter()
+    child.start()
+    child.join(timeout_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return {"timed_out": True, "wall_s": time.perf_counter() - t0}
+    result = out.get(timeout=5) if child.exitcode == 0 else {"error": f"exit code {child.exitcode}"}
+    return {"timed_out": False, **result}
+
+
+def markdown(results: list[dict[str, Any]], command: str) -> str:
+    vocabularies = list(dict.fromkeys(r["vocabulary"] for r in results))
+    sizes = {r["vocabulary"]: r["vocab_size"] for r in results}
+    lines = [f"# grammar compile cost under the {DEFAULT_LIMITS.max_grammar_bytes}-byte cap "
+             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "", f"Command: `{command}`", "",
+             "One compile per cell (convert + compile, one thread), seconds; `>` = killed at the time limit.", "",
+             "| spec | bytes | " + " | ".join(f"{v} ({sizes[v]} tokens)" for v in vocabularies) + " |",
+             "|---|---|" + "---|" * len(vocabularies)]
+    for name in dict.fromkeys(r["spec"] for r in results):
+        row = {r["vocabulary"]: r for r in results if r["spec"] == name}
+        cells = []
+        for v in vocabularies:
+            r = row[v]
+            cells.append(f"> {r['wall_s']:.0f}" if r["timed_out"] else r.get("error") or
+                         f"{r['convert_s'] + r['compile_s']:.2f}")
+        lines.append(f"| {name} | {row[vocabularies[0]]['bytes']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--vocabularies", default=f"{FIXTURE},32000,128000",
+                    help="comma-separated: 'fixture' (the fixture model's tokenizer) or a vocabulary size")
+    ap.add_argument("--timeout-s", type=float, default=600.0, help="time limit per compile (the child is killed)")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "grammar_cost")
+    args = ap.parse_args()
+    command_logging()
+    results = []
+    for vocabulary in args.vocabularies.split(","):
+        size = tokenizer_info(vocabulary)[1]
+        for name, spec in specs().items():
+            r = {"vocabulary": vocabulary, "vocab_size": size, "spec": name, "bytes": spec_bytes(spec),
+                 **measure(vocabulary, spec, args.timeout_s)}
+            log.info("%s (%d tokens), %s: %s", vocabulary, size, name,
+                     {k: v for k, v in r.items() if k not in ("vocabulary", "spec")})
+            results.append(r)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "grammar_cost.json").write_text(json.dumps({"results": results, "specs": specs()}, indent=1))
+    command = "python -m benchmarks.grammar_cost " + " ".join(
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+    (args.out / "grammar_cost.md").write_text(markdown(results, command))
+    log.info("written: %s", args.out / "grammar_cost.md")
+
+
+if __name__ == "__main__":
+    main()
