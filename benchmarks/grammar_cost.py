@@ -151,7 +151,8 @@ def markdown(results: list[dict[str, Any]], command: str) -> str:
             r = row[v]
             cells.append(f"> {r['wall_s']:.0f}" if r["timed_out"] else r.get("error") or
                          f"{r['convert_s'] + r['compile_s']:.2f}")
-        lines.append(f"| {name} | {row[vocabularies[0]]['bytes']} | " + " | ".join(cells) + " |")
+        label = name.replace("|", "\\|")  # a pipe inside a cell would split it
+        lines.append(f"| {label} | {row[vocabularies[0]]['bytes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -284,7 +284,7 @@ def _ci(fig: dict[str, Any]) -> str:
 
 
 def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, Any]]) -> str:
-    lines = [f"# {meta['workload']['name']} workload: the shipped config vs plain vLLM ({meta['date']})", "",
+    lines = [f"# {meta['workload']['name']} workload: {', '.join(meta['workload']['arms'])} ({meta['date']})", "",
              f"Command: `{meta['command']}`", "", f"Host: {meta['machine']}.", "",
              f"Workload: {json.dumps(meta['workload'])}.", ""]
     if meta.get("below_protocol"):
