@@ -185,10 +185,13 @@ def shipped_app(name: str, args: dict[str, Any] | None = None, engine_kwargs: di
     for llm in application["args"]["llm_configs"]:
         llm["engine_kwargs"].update(engine_kwargs or {})
         if router_kwargs:
+            from serve_app.app import FuzzServeArgs
             from serve_app.routers import ROUTERS
 
+            # an application without `routing:` gets the builder's default, as Serve would build it
+            routing = application["args"].get("routing", FuzzServeArgs.model_fields["routing"].default)
             llm.setdefault("deployment_config", {})["request_router_config"] = {
-                **ROUTERS[application["args"].get("routing", "fuzz_affinity")], "request_router_kwargs": router_kwargs}
+                **ROUTERS[routing], "request_router_kwargs": router_kwargs}
     return application
 
 

@@ -46,6 +46,7 @@ from . import probes
 from .core_binding import EngineServer
 from .fuzz_traffic import FuzzTraffic
 from .guard import GuardConfig, RequestGuard, require_auth
+from .names import ENGINE_DEPLOYMENT_PREFIX
 from .ray_internals import add_middleware_to_built_app, serve_http_host, with_ingress_request_router
 from .route_policy import app_paths, unreviewed
 
@@ -96,7 +97,7 @@ def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any], 
     server = build_llm_deployment(
         llm_config, deployment_cls=serve.ingress()(FuzzServer),
         # the deployment name dashboards, the monitor and LocalCluster know ("LLMServer:<model>")
-        name_prefix="LLMServer:",
+        name_prefix=ENGINE_DEPLOYMENT_PREFIX,
         bind_kwargs={"guard": guard.model_dump(), **server_kwargs})
     if not ingress_request_router:
         return server
