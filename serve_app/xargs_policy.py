@@ -45,15 +45,19 @@ RESERVED_TOP_LEVEL = ("kv_transfer_params", "ec_transfer_params", "session_id")
 RESERVED_HEADERS = ("x-session-id", "serve-multiplexed-model-id")
 # Fields whose value the engine compiles into a grammar (structured outputs):
 # the compile is paid per request, and its cost is not bounded by the spec's
-# size (an 81-byte JSON-schema pattern compiles in 0.05 s on the fixture's
-# 239 tokens and in 284 s on 128k: docs/security.md), hence off by default.
-GRAMMAR_FIELDS = ("structured_outputs", "response_format", "guided_json", "guided_regex", "guided_choice",
-                  "guided_grammar", "text", "output_config")
+# size (a 49-byte JSON schema with a `pattern` compiles in 0.05 s on the
+# fixture's 239 tokens and for minutes on a 128k-token vocabulary:
+# docs/security.md), hence off by default. `tools` compile too: under a forced
+# tool_choice into a JSON grammar (vllm/tool_parsers/utils.py), and under
+# "auto" into a structural tag where a tool parser is configured and a tool
+# is strict or parallel_tool_calls is false (vllm/parser/abstract_parser.py).
+GRAMMAR_FIELDS = ("structured_outputs", "response_format", "text", "output_config")
 # Formats that carry no client-written spec: plain text, and JSON mode (one fixed grammar).
 FIXED_FORMATS = ("text", "json_object")
-# tool_choice values that leave the tools' schemas uncompiled (any other makes vLLM
-# compile them into a grammar: "required", "any", a named tool).
-FREE_TOOL_CHOICES = ("none", "auto")
+# vLLM 0.32 removed these and ignores them (the answer is 200 and unconstrained):
+# refused, whatever the limits, so a client learns it.
+REMOVED_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                         "guided_decoding_backend", "guided_whitespace_pattern")
 
 
 class XargsPolicy(BaseModel):
@@ -86,11 +90,11 @@ class RequestLimits(BaseModel):
     beam_search: bool = Field(False, description="whether use_beam_search is accepted at all")
     max_beam_width: int = Field(4, ge=1, description="most beams (n with use_beam_search)")
     structured_outputs: bool = Field(False, description="whether requests may carry a spec the engine compiles into "
-                                                         "a grammar (structured outputs, a forced tool choice); JSON "
-                                                         "mode and plain text are always accepted")
+                                                         "a grammar (structured outputs, tools unless tool_choice is "
+                                                         "none); JSON mode and plain text are always accepted")
     max_grammar_bytes: int = Field(16384, ge=1, description="most bytes of structured-output specs "
-                                                            f"({', '.join(GRAMMAR_FIELDS)}, tools under a forced "
-                                                            "tool_choice) per request, when structured_outputs is on")
+                                                            f"({', '.join(GRAMMAR_FIELDS)}, tools) per request, when "
+                                                            "structured_outputs is on")
 
 
 DEFAULT_LIMITS = RequestLimits()
@@ -171,29 +175,28 @@ def _fixed_format(value: Any) -> bool:
     return isinstance(value, Mapping) and value.get("type") in FIXED_FORMATS
 
 
-def _forced_tool_choice(choice: Any) -> bool:
-    if choice is None or choice in FREE_TOOL_CHOICES:
-        return False
-    return not (isinstance(choice, Mapping) and set(choice) == {"type"} and choice["type"] in FREE_TOOL_CHOICES)
+def _tools_off(choice: Any) -> bool:
+    """``tool_choice: "none"`` (OpenAI) or ``{"type": "none", ...}`` (Anthropic, Responses): no tool is compiled."""
+    return choice == "none" or (isinstance(choice, Mapping) and choice.get("type") == "none")
 
 
 def grammar_specs(body: dict[str, Any]) -> dict[str, Any]:
-    """The client-written specs in ``body`` that vLLM compiles into a grammar, by the field that carries them.
+    """The client-written specs in ``body`` that vLLM may compile into a grammar, by the field that carries them.
 
-    JSON mode and plain text carry no spec (``response_format``, the Responses API's ``text.format``, the
-    Messages API's ``output_config`` without a ``format``); ``tools`` compile only under a forced
-    ``tool_choice``. Anything else in a grammar field counts, whatever its shape (vLLM refuses what it cannot
-    read, after the guard).
+    JSON mode and plain text carry no spec (``response_format``; the Responses API's ``text.format`` and the
+    Messages API's ``output_config.format``, where a value that is not an object is vLLM's to refuse or ignore).
+    ``tools`` count unless ``tool_choice`` is "none": vLLM compiles them under a forced choice, and under "auto"
+    where a tool parser is configured (this module's notes).
     """
-    found = {k: body[k] for k in GRAMMAR_FIELDS if body.get(k) is not None}
+    found = {k: body[k] for k in ("structured_outputs", "response_format") if body.get(k) is not None}
     if _fixed_format(found.get("response_format")):
         del found["response_format"]
     for key in ("text", "output_config"):
-        value = found.get(key)
-        if isinstance(value, Mapping) and (value.get("format") is None or _fixed_format(value.get("format"))):
-            del found[key]
-    if body.get("tools") and _forced_tool_choice(body.get("tool_choice")):
-        found["tool_choice"] = {"tool_choice": body["tool_choice"], "tools": body["tools"]}
+        value = body.get(key)
+        if isinstance(value, Mapping) and value.get("format") is not None and not _fixed_format(value["format"]):
+            found[key] = value
+    if body.get("tools") and not _tools_off(body.get("tool_choice")):
+        found["tools"] = {"tools": body["tools"], "tool_choice": body.get("tool_choice")}
     return found
 
 
@@ -227,6 +230,10 @@ def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, b
         raise RequestRejected(f"{param}: this request asks for {prompts} x {per_prompt} = {prompts * per_prompt} "
                               f"sequences (prompts x n); this deployment allows <= {limits.max_sequences} per request",
                               param)
+    for key in REMOVED_GUIDED_FIELDS:
+        if key in body:
+            raise RequestRejected(f"{key} was removed from vLLM, which ignores it (the output would not be "
+                                  "constrained); use response_format or structured_outputs", key)
     grammar = grammar_specs(body)
     if grammar and not limits.structured_outputs:
         field = next(iter(grammar))

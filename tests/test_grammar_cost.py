@@ -31,7 +31,8 @@ def test_largest_under_refuses_a_cap_nothing_fits():
 def test_a_compile_is_timed_and_one_past_its_limit_is_killed():
     small = specs()["small JSON object (baseline)"]
     done = measure("239", small, timeout_s=120)
-    assert done["timed_out"] is False and done["compile_s"] >= 0 and done["convert_s"] >= 0, done
-    # seconds of compile even on 32k tokens (tens of seconds measured): past a 5 s limit, whatever the start-up
+    assert done["started"] and not done["timed_out"] and done["compile_s"] > 0 and "error" not in done, done
+    # tens of seconds of compile on 32k tokens (measured): killed at a 5 s limit, after the child had begun on
+    # the spec (not while it was still starting up)
     slow = measure("32000", specs()["string pattern ([a-z]{0,50}){0,50}"], timeout_s=5)
-    assert slow["timed_out"] is True and slow["wall_s"] >= 5
+    assert slow["started"] and slow["timed_out"] and "compile_s" not in slow, slow

@@ -174,7 +174,7 @@ def test_session_header_is_refused(route):
      "response_format", {"limits": {"structured_outputs": True}}),
     ({"structured_outputs": {"regex": "a" * 20000}}, "structured_outputs", {"limits": {"structured_outputs": True}}),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"enum": ["x" * 100] * 200}}}],
-      "tool_choice": "required"}, "tool_choice", {"limits": {"structured_outputs": True}}),
+      "tool_choice": "required"}, "tools", {"limits": {"structured_outputs": True}}),
     ({"n": 3}, "n", {"limits": {"max_n": 2}}),
 ])
 def test_expensive_parameters_are_capped(body, param, config):
@@ -191,21 +191,23 @@ def test_caps_let_ordinary_requests_through():
         assert c.post("/v1/chat/completions", json={"model": "m", "messages": [], **body}).status_code == 200, body
 
 
-SPECS = [  # (body, the field that carries a spec vLLM compiles into a grammar)
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
+SPECS = [  # (body, the field that carries a spec vLLM may compile into a grammar)
     ({"structured_outputs": {"regex": "([a-z]{0,50}){0,50}"}}, "structured_outputs"),
     ({"structured_outputs": {"json": {"type": "string"}}}, "structured_outputs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}},
      "response_format"),
     ({"response_format": {"type": "structural_tag", "format": {}}}, "response_format"),
-    ({"guided_regex": "a+"}, "guided_regex"),
-    ({"guided_choice": ["a", "b"]}, "guided_choice"),
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text"),
     ({"output_config": {"format": {"type": "json_schema", "schema": {}}}}, "output_config"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "required"},
-     "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
-      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
-    ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"}}, "tool_choice"),
+    ({"tools": [TOOL], "tool_choice": "required"}, "tools"),
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tools"),
+    ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "any"}}, "tools"),
+    # "auto" (or no tool_choice) compiles the tools where a tool parser is configured and a tool is strict
+    ({"tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}], "tool_choice": "auto"}, "tools"),
+    ({"tools": [TOOL]}, "tools"),
+    ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "auto",
+                                                                   "disable_parallel_tool_use": True}}, "tools"),
 ]
 
 
@@ -221,15 +223,25 @@ def test_structured_outputs_are_off_by_default_naming_the_field(body, param):
 
 @pytest.mark.parametrize("body", [
     {"response_format": {"type": "json_object"}}, {"response_format": {"type": "text"}},
-    {"text": {"format": {"type": "text"}}}, {"text": {"verbosity": "low"}}, {"output_config": {"effort": "low"}},
-    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}], "tool_choice": "auto"},
-    {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-    {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "auto"}},
+    {"text": {"format": {"type": "text"}}}, {"text": {"verbosity": "low"}}, {"text": "hi"},
+    {"output_config": {"effort": "low"}},
+    {"tools": [TOOL], "tool_choice": "none"},
+    {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "none", "disable_parallel_tool_use": False}},
     {"tool_choice": "required"},  # no tools: nothing to compile (vLLM's to refuse)
 ])
 def test_what_compiles_no_client_spec_passes_with_structured_outputs_off(body):
     r = client().post("/v1/chat/completions", json={"model": "m", "messages": [], **body})
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("field", ["guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                                   "guided_decoding_backend", "guided_whitespace_pattern"])
+@pytest.mark.parametrize("limits", [{}, {"structured_outputs": True}])
+def test_removed_guided_fields_are_refused_not_silently_ignored(field, limits):
+    """vLLM 0.32 ignores them (200, unconstrained output): the client is told, whatever the limits."""
+    r = client(limits=limits).post("/v1/completions", json={"model": "m", "prompt": "p", field: "a+"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert "removed from vLLM" in r.json()["error"]["message"]
 
 
 def test_deeply_nested_json_is_a_400_not_a_crash():

@@ -93,20 +93,24 @@ def test_the_guards_adapters_read_values_exactly_as_vllms_request_models():
 
 
 def test_the_guards_reading_of_grammars_is_vllms():
-    """What the guard counts as a client-written grammar is what vLLM 0.32 compiles: a forced tool choice turns the
-    tools' schemas into a JSON grammar (its tool parsers' ``adjust_request``), "auto"/"none" do not; JSON mode and
-    plain text set no client spec."""
+    """What the guard counts as a client-written grammar covers what vLLM 0.32 compiles: a forced tool choice turns
+    the tools' schemas into a JSON grammar (its tool parsers' ``adjust_request``); "auto" may compile them into a
+    structural tag (``parser/abstract_parser.py``, with a tool parser), so only "none" leaves them out; JSON mode
+    and plain text set no client spec; the removed guided_* fields are vLLM's unknown extras."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.serve.engine.protocol import _REMOVED_GUIDED_FIELDS
     from vllm.tool_parsers.utils import get_json_schema_from_tools
 
-    from serve_app.xargs_policy import grammar_specs
+    from serve_app.xargs_policy import REMOVED_GUIDED_FIELDS, grammar_specs
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     for choice in ("none", "auto", "required", {"type": "function", "function": {"name": "f"}}):
         request = ChatCompletionRequest.model_validate({"model": "m", "messages": [], "tools": tools,
                                                         "tool_choice": choice})
-        compiled = get_json_schema_from_tools(request.tool_choice, request.tools) is not None
-        assert ("tool_choice" in grammar_specs({"tools": tools, "tool_choice": choice})) == compiled, choice
+        forced = get_json_schema_from_tools(request.tool_choice, request.tools) is not None
+        counted = "tools" in grammar_specs({"tools": tools, "tool_choice": choice})
+        assert counted == (choice != "none"), choice
+        assert counted or not forced, choice  # never misses what vLLM compiles
     for fmt, spec in (({"type": "text"}, None), ({"type": "json_object"}, "json_object"),
                       ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "json")):
         params = ChatCompletionRequest.model_validate({"model": "m", "messages": [],
@@ -115,3 +119,6 @@ def test_the_guards_reading_of_grammars_is_vllms():
                                                   not in (None, False)]
         assert set_fields == ([] if spec is None else [spec]), fmt
         assert ("response_format" in grammar_specs({"response_format": fmt})) == (spec == "json"), fmt
+    assert set(REMOVED_GUIDED_FIELDS) == set(_REMOVED_GUIDED_FIELDS)
+    ignored = ChatCompletionRequest.model_validate({"model": "m", "messages": [], "guided_regex": "a+"})
+    assert ignored.extract_structured_outputs() is None  # vLLM would serve it unconstrained
