@@ -52,8 +52,11 @@ RESERVED_HEADERS = ("x-session-id", "serve-multiplexed-model-id")
 # "auto" into a structural tag where a tool parser is configured and a tool
 # is strict or parallel_tool_calls is false (vllm/parser/abstract_parser.py).
 GRAMMAR_FIELDS = ("structured_outputs", "response_format", "text", "output_config")
-# Formats that carry no client-written spec: plain text, and JSON mode (one fixed grammar).
-FIXED_FORMATS = ("text", "json_object")
+# Formats that ask for no grammar: plain text. JSON mode (json_object) compiles one
+# fixed grammar, but on this CPU stack it ended a request with a 500 (the engine's
+# grammar rejected its own sampled token: docs/security.md), so it counts as
+# structured output and is off with the rest.
+FIXED_FORMATS = ("text",)
 # vLLM 0.32 removed these and ignores them (the answer is 200 and unconstrained):
 # refused, whatever the limits, so a client learns it.
 REMOVED_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -91,7 +94,7 @@ class RequestLimits(BaseModel):
     max_beam_width: int = Field(4, ge=1, description="most beams (n with use_beam_search)")
     structured_outputs: bool = Field(False, description="whether requests may carry a spec the engine compiles into "
                                                          "a grammar (structured outputs, tools unless tool_choice is "
-                                                         "none); JSON mode and plain text are always accepted")
+                                                         "none, JSON mode); plain text is always accepted")
     max_grammar_bytes: int = Field(16384, ge=1, description="most bytes of structured-output specs "
                                                             f"({', '.join(GRAMMAR_FIELDS)}, tools) per request, when "
                                                             "structured_outputs is on")
@@ -183,7 +186,7 @@ def _tools_off(choice: Any) -> bool:
 def grammar_specs(body: dict[str, Any]) -> dict[str, Any]:
     """The client-written specs in ``body`` that vLLM may compile into a grammar, by the field that carries them.
 
-    JSON mode and plain text carry no spec (``response_format``; the Responses API's ``text.format`` and the
+    Plain text asks for no grammar (``response_format``; the Responses API's ``text.format`` and the
     Messages API's ``output_config.format``, where a value that is not an object is vLLM's to refuse or ignore).
     ``tools`` count unless ``tool_choice`` is "none": vLLM compiles them under a forced choice, and under "auto"
     where a tool parser is configured (this module's notes).
