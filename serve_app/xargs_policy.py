@@ -53,8 +53,8 @@ RESERVED_HEADERS = ("x-session-id", "serve-multiplexed-model-id")
 # is strict or parallel_tool_calls is false (vllm/parser/abstract_parser.py).
 GRAMMAR_FIELDS = ("structured_outputs", "response_format", "text", "output_config")
 # Formats that ask for no grammar: plain text. JSON mode (json_object) compiles one
-# fixed grammar, but on this CPU stack it ended a request with a 500 (the engine's
-# grammar rejected its own sampled token: docs/security.md), so it counts as
+# fixed grammar, but with this model on CPU it ends in a 500 (the engine's grammar
+# rejects its own sampled token, plain vLLM too: docs/security.md), so it counts as
 # structured output and is off with the rest.
 FIXED_FORMATS = ("text",)
 # vLLM 0.32 removed these and ignores them (the answer is 200 and unconstrained):
