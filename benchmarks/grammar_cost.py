@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.command_logs import command_logging
-from serve_app.xargs_policy import DEFAULT_LIMITS
+from serve_app.xargs_policy import DEFAULT_LIMITS, grammar_bytes, grammar_specs
 
 log = logging.getLogger("fuzzserve.benchmarks.grammar_cost")
 REPO = Path(__file__).resolve().parents[1]
@@ -52,8 +52,8 @@ ALPHABET = string.ascii_letters + string.digits + " _-.,:;\"{}[]()"
 
 
 def spec_bytes(spec: dict[str, Any]) -> int:
-    """The size the guard measures: the grammar fields of the body, compact JSON."""
-    return len(json.dumps({"structured_outputs": spec}, separators=(",", ":")))
+    """The size the guard measures for a body that carries ``spec`` as its ``structured_outputs``."""
+    return grammar_bytes(grammar_specs({"structured_outputs": spec}))
 
 
 def largest_under(cap: int, build: Callable[[int], dict[str, Any]], step: int = 1) -> dict[str, Any]:
@@ -115,9 +115,9 @@ def tokenizer_info(vocabulary: str):
 def _compile(vocabulary: str, spec: dict[str, Any], threads: int, out) -> None:
     import xgrammar as xgr
 
-    info, _ = tokenizer_info(vocabulary)
+    info, size = tokenizer_info(vocabulary)
     compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
-    out.put({"started": True})  # the vocabulary is built: what follows is the spec's own cost
+    out.put({"started": True, "vocab_size": size})  # the vocabulary is built: what follows is the spec's own cost
     t0 = time.perf_counter()
     if "json" in spec:
         text = json.dumps(spec["json"])
@@ -159,12 +159,12 @@ def measure(vocabulary: str, spec: dict[str, Any], timeout_s: float, threads: in
 
 def markdown(results: list[dict[str, Any]], command: str, threads: int) -> str:
     vocabularies = list(dict.fromkeys(r["vocabulary"] for r in results))
-    sizes = {r["vocabulary"]: r["vocab_size"] for r in results}
+    sizes = {r["vocabulary"]: r["vocab_size"] for r in results if "vocab_size" in r}  # as each child built it
     lines = [f"# grammar compile cost under the {DEFAULT_LIMITS.max_grammar_bytes}-byte cap "
              f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "", f"Command: `{command}`", "",
              f"One compile per cell (validation + compile, xgrammar with max_threads={threads}), seconds; "
              "`>` = killed at the time limit.", "",
-             "| spec | bytes | " + " | ".join(f"{v} ({sizes[v]} tokens)" for v in vocabularies) + " |",
+             "| spec | bytes | " + " | ".join(f"{v} ({sizes.get(v, '?')} tokens)" for v in vocabularies) + " |",
              "|---|---|" + "---|" * len(vocabularies)]
     for name in dict.fromkeys(r["spec"] for r in results):
         row = {r["vocabulary"]: r for r in results if r["spec"] == name}
@@ -189,12 +189,10 @@ def main() -> None:
     command_logging()
     results = []
     for vocabulary in args.vocabularies.split(","):
-        size = tokenizer_info(vocabulary)[1]
         for name, spec in specs().items():
-            r = {"vocabulary": vocabulary, "vocab_size": size, "spec": name, "bytes": spec_bytes(spec),
+            r = {"vocabulary": vocabulary, "spec": name, "bytes": spec_bytes(spec),
                  **measure(vocabulary, spec, args.timeout_s, args.threads)}
-            log.info("%s (%d tokens), %s: %s", vocabulary, size, name,
-                     {k: v for k, v in r.items() if k not in ("vocabulary", "spec")})
+            log.info("%s, %s: %s", vocabulary, name, {k: v for k, v in r.items() if k not in ("vocabulary", "spec")})
             results.append(r)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grammar_cost.json").write_text(json.dumps({"results": results, "specs": specs()}, indent=1))

@@ -203,6 +203,11 @@ def grammar_specs(body: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def grammar_bytes(grammar: dict[str, Any]) -> int:
+    """The size the byte cap judges: the specs of :func:`grammar_specs`, as compact JSON."""
+    return len(json.dumps(grammar, separators=(",", ":")))
+
+
 def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, batch: bool = False) -> None:
     """Refuse a body that asks for more than ``limits`` allow, judging the values vLLM will use, naming the field
     (vLLM refuses what it cannot read itself)."""
@@ -244,7 +249,7 @@ def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, b
                               "structured_outputs); a grammar's compile cost is not bounded by its size "
                               "(docs/security.md)", field)
     if grammar:
-        size = len(json.dumps(grammar, separators=(",", ":")))
+        size = grammar_bytes(grammar)
         if size > limits.max_grammar_bytes:
             raise RequestRejected(f"structured-output specs ({', '.join(grammar)}) must be <= "
                                   f"{limits.max_grammar_bytes} bytes, got {size}", next(iter(grammar)))

@@ -32,6 +32,7 @@ def test_a_compile_is_timed_and_one_past_its_limit_is_killed():
     small = specs()["small JSON object (baseline)"]
     done = measure("239", small, timeout_s=120)
     assert done["started"] and not done["timed_out"] and done["compile_s"] > 0 and "error" not in done, done
+    assert done["vocab_size"] == 239
     # tens of seconds of compile on 32k tokens (measured): killed at a 5 s limit, after the child had begun on
     # the spec (not while it was still starting up)
     slow = measure("32000", specs()["string pattern ([a-z]{0,50}){0,50}"], timeout_s=5)
