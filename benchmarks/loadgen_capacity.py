@@ -40,9 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 async def ours(base: str, n: int, concurrency: int, out_tokens: int) -> dict[str, Any]:
     import aiohttp
 
-    from load_tests.client import send
-    from load_tests.profiles import Profile, drive
-    from load_tests.workload import RequestSpec
+    from load_tests.load.client import send
+    from load_tests.plan.profiles import Profile
+    from load_tests.load.drive import drive
+    from load_tests.plan.workload import RequestSpec
 
     results = []
     t0 = time.monotonic()

@@ -38,7 +38,6 @@ import asyncio
 import collections
 import json
 import logging
-import os
 import re
 import signal
 import subprocess
@@ -222,7 +221,7 @@ def engine_steps(metrics_text: str, replica_ids: set[str] | None) -> tuple[float
     with a ``ReplicaId`` label (the replica's unique id, not its app), and
     ``replica_ids`` keeps the profiled target's replicas.
     """
-    from load_tests.prom_text import parse_samples
+    from load_tests.observe.prom_text import parse_samples
 
     lines = [ln for ln in metrics_text.splitlines() if "iteration_tokens_total" in ln]
     steps = tokens = 0.0

@@ -97,7 +97,7 @@ class PromptSet:
 
 def read_jsonl(path: Path) -> tuple[str, ...]:
     """The prompts of a ``custom`` dataset file, in order (the load generator's reader: one format, one parser)."""
-    from load_tests.workload import file_prompts
+    from load_tests.plan.workload import file_prompts
 
     return file_prompts(str(path))
 

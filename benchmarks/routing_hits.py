@@ -36,7 +36,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import random
 import sys
 import time
@@ -150,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     use_engine_env()
     from benchmarks.serve_stack import _machine
     from fixture_model.build import ensure_model
-    from load_tests.scraper import scrape
+    from load_tests.observe.scraper import scrape
     from serve_app.local_cluster import LocalCluster
 
     ensure_model()

@@ -29,7 +29,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import platform
 import random
 import statistics
@@ -72,7 +71,7 @@ def prompts(n: int, tokens: int, variant: str, seed: int = 0) -> list[str]:
 
 
 def fuzz_xargs(i: int) -> dict[str, Any]:
-    from load_tests.workload import FUZZ_LEVELS
+    from load_tests.plan.workload import FUZZ_LEVELS
 
     rng = random.Random(i)
     return {"fuzz_strength": rng.choice(FUZZ_LEVELS[1:]), "fuzz_mode": rng.choice(("scale", "gaussian")),
@@ -84,9 +83,10 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
     """Stream every prompt through ``base_url`` with ``concurrency`` in flight; return throughput and latency."""
     import aiohttp
 
-    from load_tests.client import send
-    from load_tests.profiles import Profile, drive
-    from load_tests.workload import RequestSpec
+    from load_tests.load.client import send
+    from load_tests.plan.profiles import Profile
+    from load_tests.load.drive import drive
+    from load_tests.plan.workload import RequestSpec
 
     results = []
     t0 = time.monotonic()
@@ -108,7 +108,7 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
     if len(ok) != len(ps):
         bad = [r for r in results if r.outcome != "ok"][:3]
         raise RuntimeError(f"{base_url}: {len(ps) - len(ok)} of {len(ps)} requests failed: {[r.to_json() for r in bad]}")
-    # TTFT by tokens (load_tests.client): a fuzzed stream whose tokens decode to "" has one too.
+    # TTFT by tokens (load_tests.load.client): a fuzzed stream whose tokens decode to "" has one too.
     return _stats(wall, [r.ttft for r in ok if r.ttft is not None], [x for r in ok for x in r.itl],
                   sum(r.output_tokens for r in ok), len(ok),
                   [r.tpot for r in ok if r.tpot is not None])
@@ -116,7 +116,7 @@ async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: i
 
 def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int,
            tpot: list[float] = ()) -> dict[str, Any]:
-    from load_tests.summary import percentiles
+    from load_tests.judge.figures import percentiles
 
     stats = {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall}
     for name, xs in (("ttft", ttft), ("itl", itl), ("tpot", tpot)):

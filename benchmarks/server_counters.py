@@ -6,7 +6,7 @@ bigger cache), and a reuse benchmark must say how many prompt tokens each
 tier served. The server's own counters are the authority, read the same way
 from every stack: a vLLM OpenAI server's ``/metrics`` (``vllm:...``) or Ray's
 metrics agents under Serve (``ray_vllm_...``, one series per replica, summed
-here). :func:`load_tests.counters.canonical` maps both to vLLM's names.
+here). :func:`load_tests.observe.counters.canonical` maps both to vLLM's names.
 
 Under Serve a replica's counters reach its node's agent every few seconds,
 so a run's counters are read once the server has counted every request the
@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 import httpx
 
-from load_tests.counters import canonical
-from load_tests.prom_text import parse_samples
+from load_tests.observe.counters import canonical
+from load_tests.observe.prom_text import parse_samples
 
 # field -> vLLM's counter name (without _total)
 COUNTERS = {

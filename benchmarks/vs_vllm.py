@@ -61,7 +61,7 @@ from benchmarks.arms import ARMS, MODEL_NAME, ProtocolError, load_config, make_a
     require_no_ray, slug
 from benchmarks.host import HostCpuSampler
 from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
-from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
+from benchmarks.server_counters import CacheCounters, wait_for_requests
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import ENGINE_ENV, KV_CACHE_SPACE, use_engine_env
 

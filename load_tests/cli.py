@@ -18,38 +18,35 @@ which); 2 on a usage or set-up error.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import ipaddress
 import json
 import logging
 import os
-import socket
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-from urllib.parse import urlparse
 
-from patches.switches import OFF_ENV, is_off
+from rich.console import Console
+
+from patches.switches import OFF_ENV
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
 from serve_app.routers import ROUTERS
 
-from .deploy import DEFAULT_REPLICAS, DeploySettings, deploy, probe_reference
-from .monitor import SETTLE_INTERVAL_S
-
-if TYPE_CHECKING:
-    from .load_loop import LoadRun, RunConfig
-    from .scenarios import Scenario
-    from .results import RunSummary
-    from .target import LoadTarget
+from .errors import SetupError
+from .observe.monitor import SETTLE_INTERVAL_S
+from .operate.deploy import DEFAULT_REPLICAS, DeploySettings
+from .plan.scenarios import SCENARIOS, Scenario
+from .plan.steps import Operation, Scale
+from .plan.workload import file_prompts
+from .report.console import print_summary
+from .report.write import REPORT_FILES
+from .results.models import EXIT_USAGE
+from .runner.loop import RunConfig
+from .runner.run import Outputs, RunTarget, run
 
 log = logging.getLogger("fuzzserve.load_tests")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from .scenarios import SCENARIOS
-
     ap = argparse.ArgumentParser(prog="python -m load_tests", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="smoke",
@@ -75,7 +72,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="the engine replicas' request router (serve_app.routing; default: the config's)")
     load = ap.add_argument_group("load (overrides the scenario)")
     load.add_argument("--profile", choices=("fixed", "ramp", "poisson", "sweep"), default=None,
-                      help="sweep: the capacity search (load_tests.capacity), steps of --step-s seconds at 1, 2, "
+                      help="sweep: the capacity search (load_tests.judge.capacity), steps of --step-s seconds at 1, 2, "
                            "4, ... in flight up to --concurrency; names the knee")
     load.add_argument("--concurrency", type=int, default=None, help="in flight (sweep: the last step's)")
     load.add_argument("--step-s", type=float, default=None, help="sweep: seconds per step (default 30)")
@@ -133,12 +130,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _unused(profile) -> set[str]:
-    """The profile's fields that do not apply to its kind (left out of what the CLI prints)."""
-    return {"duration_s", "max_requests", "ramp_s", "rate"} if profile.kind == "sweep" else \
-        {"step_s"} | ({"ramp_s"} if profile.kind != "ramp" else set())
-
-
 def _positive(value: str) -> int:
     n = int(value)
     if n < 1:
@@ -155,9 +146,8 @@ def _replicas(value: str) -> int | str:
     return n
 
 
-def scenario_from(args: argparse.Namespace):
-    from .scenarios import SCENARIOS
-
+def scenario_from(args: argparse.Namespace) -> Scenario:
+    """The scenario the flags ask for: the named one with the load, SLO, fault and operation overrides."""
     sc = SCENARIOS[args.scenario].model_copy(deep=True)
     prof = sc.profile.model_dump()
     for key, val in (("kind", args.profile), ("concurrency", args.concurrency), ("rate", args.rate),
@@ -170,8 +160,6 @@ def scenario_from(args: argparse.Namespace):
     if args.mix:
         sc.mix = type(sc.mix).model_validate({**sc.mix.model_dump(), **args.mix})
     if args.prompts_file is not None:
-        from .workload import file_prompts
-
         if sc.profile.max_requests is None or sc.profile.kind not in ("fixed", "poisson", "ramp"):
             raise ValueError("--prompts-file sends each prompt once: give --requests (a fixed number per run)")
         have, need = len(file_prompts(str(args.prompts_file))), sc.profile.max_requests * args.repeat
@@ -206,11 +194,9 @@ def scenario_from(args: argparse.Namespace):
     return sc
 
 
-def scale_steps(steps: tuple, counts: list[int], scenario: str) -> tuple:
+def scale_steps(steps: tuple[Operation, ...], counts: list[int], scenario: str) -> tuple[Operation, ...]:
     """``steps`` with its scale steps replaced by one per count (each waits as long as the one it replaces, or as
     the last one); refuses a scenario without scale steps and a count below 1."""
-    from .operations import Scale
-
     scales = [s for s in steps if isinstance(s, Scale)]
     if not scales:
         raise ValueError(f"scenario {scenario} has no scale steps (--scale-to): use --scenario scale")
@@ -220,21 +206,7 @@ def scale_steps(steps: tuple, counts: list[int], scenario: str) -> tuple:
     return tuple(s for s in steps if not isinstance(s, Scale)) + tuple(new)
 
 
-def is_local(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
-    except socket.gaierror:
-        return False
-    local = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None)} | {"127.0.0.1", "::1"}
-    return all(ipaddress.ip_address(a).is_loopback or a in local for a in addrs)
-
-
 def run_config_from(args: argparse.Namespace) -> RunConfig:
-    from .load_loop import RunConfig
-
     return RunConfig(seed=args.seed, request_timeout_s=args.timeout, progress=not args.no_progress,
                      scrape_interval_s=args.scrape_interval, settle_interval_s=args.settle_interval,
                      settle_timeout_s=args.settle_timeout, probe_every_s=args.probe_every,
@@ -246,197 +218,43 @@ def deploy_settings_from(args: argparse.Namespace) -> DeploySettings:
                           replicas=args.replicas, routing=args.routing)
 
 
+def target_from(args: argparse.Namespace) -> RunTarget:
+    api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
+    return RunTarget(url=args.url, metrics_urls=tuple(args.metrics_url), api_key=api_key,
+                  allow_remote=args.allow_remote)
+
+
+def outputs_from(args: argparse.Namespace, sc: Scenario) -> Outputs:
+    out = args.out or Path("out") / sc.name
+    if args.record_metrics is not None and args.record_metrics.resolve().parent == out.resolve() \
+            and args.record_metrics.name in REPORT_FILES:
+        raise ValueError(f"--record-metrics {args.record_metrics}: the report writes that file; pick another name")
+    # the fuzz sweep after the load: on by default, except for smoke and the capacity search (its own minutes)
+    sweep_on = args.sweep if args.sweep is not None else (sc.name != "smoke" and sc.profile.kind != "sweep")
+    title = f"Load test: {sc.name}" + (f" (patches off: {args.patches_off})" if args.patches_off else "")
+    return Outputs(out=out, title=title, repeat=args.repeat, fuzz_sweep_per_task=args.sweep_per_task if sweep_on
+                   else None, slo_attainment=args.slo_attainment)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command_logging()
     use_engine_env()
-    from rich.console import Console
-
-    from .report import REPORT_FILES, write_report
-    from .results import EXIT_USAGE
-    from .target import LoadTarget
-
     console = Console()
     try:
         sc = scenario_from(args)
-        run_config = run_config_from(args)
-        settings = deploy_settings_from(args)
+        run_config, settings = run_config_from(args), deploy_settings_from(args)
+        target, outputs = target_from(args), outputs_from(args, sc)
     except ValueError as e:
         console.print(f"[red]bad load settings[/]: {e}")
         return EXIT_USAGE
-    out = args.out or Path("out") / sc.name
-    if args.record_metrics is not None and args.record_metrics.resolve().parent == out.resolve() \
-            and args.record_metrics.name in REPORT_FILES:
-        console.print(f"[red]--record-metrics {args.record_metrics}[/]: the report writes that file; pick another name")
-        return EXIT_USAGE
-    # the fuzz sweep after the load: on by default, except for smoke and the capacity search (its own minutes)
-    sweep_on = args.sweep if args.sweep is not None else (sc.name != "smoke" and sc.profile.kind != "sweep")
-    api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
-
-    cluster = None
-    reference = None
     try:
-        if args.url:
-            if not args.allow_remote and not is_local(args.url):
-                console.print(f"[red]{args.url} is not on this machine[/]; pass --allow-remote to load it anyway")
-                return EXIT_USAGE
-            if sc.operations and "node_loss" in sc.operations.kinds or sc.cluster:
-                console.print(f"[red]scenario {sc.name} kills a node of a cluster it starts[/]: run it without --url")
-                return EXIT_USAGE
-            if sc.faults or sc.kill_replica_at_s is not None or sc.probes:
-                console.print(f"[red]scenario {sc.name} injects faults or compares with a fault-free deployment "
-                              f"at deploy time[/]: run it without --url")
-                return EXIT_USAGE
-            if sc.kv_blocks or sc.max_num_seqs:
-                log.info("the scenario's engine settings (KV pool size) apply to local deployments only")
-            from .scraper import discover_metrics_urls
-
-            target = LoadTarget(args.url.rstrip("/"), args.metrics_url or discover_metrics_urls(), api_key)
-        else:
-            if sc.probes:
-                reference = probe_reference(sc, settings, out, console, api_key)
-            cluster = deploy(sc, settings, out, console)
-            target = LoadTarget(cluster.base_url, cluster.metrics_urls, api_key, cluster)
-
-        profile = sc.profile.model_dump(exclude_none=True, exclude=_unused(sc.profile))
-        console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {target.base_url}, profile {profile}, "
-                      f"metrics from {len(target.metrics_urls)} endpoint(s)"
-                      + (f", {args.repeat} runs" if args.repeat > 1 else ""))
-        runs = [one_run(target, *repeat_run(sc, run_config, k), settings, args, reference)
-                for k in range(args.repeat)]
-        sweep = None
-        if sweep_on:
-            sweep = run_http_sweep(target, args.sweep_per_task, console)
-    finally:
-        if cluster is not None:
-            with console.status("shutting the cluster down"):
-                cluster.close()
-    title = f"Load test: {sc.name}" + (f" (patches off: {args.patches_off})" if args.patches_off else "")
-    if len(runs) == 1:
-        run, summary = runs[0]
-        path = write_report(out, title, run.results, summary, run.checker, sweep)
-    else:
-        from .repeats import combined
-
-        dirs = [out / f"run-{k + 1}" for k in range(len(runs))]
-        for d, (run, summary) in zip(dirs, runs):
-            write_report(d, f"{title}, run {d.name}", run.results, summary, run.checker)
-        run, _ = runs[-1]
-        summary = combined([s for _, s in runs], [str(d) for d in dirs])
-        path = write_report(out, f"{title}, {len(runs)} runs", run.results, summary, run.checker, sweep)
-    print_summary(console, summary, path)
+        summary = run(sc, target, run_config, settings, outputs, console)
+    except SetupError as e:
+        console.print(f"[red]cannot run {sc.name}[/]: {e}")
+        return EXIT_USAGE
+    print_summary(console, summary, outputs.out / "report.md")
     return summary.exit_code
-
-
-def repeat_run(sc: Scenario, run_config: RunConfig, k: int) -> tuple[Scenario, RunConfig]:
-    """The ``k``-th of ``--repeat`` runs: its own seed (seed + k), and with a prompts file its own slice of it, so
-    that no run sends another's requests again (a repeat would hit the caches the first one filled)."""
-    if k == 0:
-        return sc, run_config
-    if sc.mix.prompts_file is not None:
-        sc = sc.model_copy(update={"mix": sc.mix.model_copy(update={
-            "prompts_offset": sc.mix.prompts_offset + k * sc.profile.max_requests})})
-    return sc, run_config.model_copy(update={"seed": run_config.seed + k})
-
-
-def one_run(target: LoadTarget, sc: Scenario, run_config: RunConfig, settings: DeploySettings,
-            args: argparse.Namespace, reference) -> tuple[LoadRun, RunSummary]:
-    """One run of the scenario's profile at ``target``: its :class:`~load_tests.load_loop.LoadRun` and summary."""
-    from .capacity import SweepDriver
-    from .fault_evidence import check_planned_faults
-    from .load_loop import run_load
-    from .profiles import SweepPlan
-    from .summary import summarize, unexpected_deaths
-
-    driver = None
-    if sc.profile.kind == "sweep":
-        driver = SweepDriver(SweepPlan.from_profile(sc.profile, slo_attainment=args.slo_attainment), sc.slo,
-                             run_config.seed)
-    t0 = time.monotonic()
-    run = asyncio.run(run_load(target, sc, run_config, t0, driver))
-    from .operations import forced_kills
-
-    fault_checks = check_planned_faults(sc.planned_faults, run.checker, run.faults,
-                                        not is_off("accounting", settings.patches_off),
-                                        forced_kills(getattr(target.cluster, "session_dir", None))
-                                        if sc.operations else [], target.listed_dead)
-    deaths = unexpected_deaths(run.checker, run.faults, target.listed_dead)
-    summary = summarize(run.results, run.started, run.checker, run.faults, run.wall_s, sc.slo, deaths, fault_checks,
-                        operator_ok=run.operator_ok)
-    summary.scenario = sc
-    summary.patches_off = args.patches_off
-    if driver is not None:
-        summary.capacity = driver.result()
-    if sc.probes:
-        add_probe_verdict(summary, reference, run.results)
-    return run, summary
-
-
-def add_probe_verdict(summary: RunSummary, reference, results) -> None:
-    from .probes import answers, compare
-
-    verdict = compare(reference["answers"], answers(results))
-    verdict.problems = reference["problems"] + verdict.problems
-    verdict.reference = reference["answers"]
-    summary.probes = verdict
-    summary.failures.extend(f"probes: {p}" for p in verdict.problems)
-
-
-def run_http_sweep(target: LoadTarget, per_task: int, console):
-    from fixture_model.tasks import held_out_examples
-
-    from .fuzz_sweep import http_generator, print_table, run_sweep
-
-    with console.status("fuzz sweep through the deployment"):
-        points = run_sweep(http_generator(target.base_url, target.api_key), held_out_examples(per_task))
-    print_table(points)
-    return points
-
-
-def print_summary(console, summary: RunSummary, path: Path) -> None:
-    from rich.table import Table
-
-    from .report import ingress_retries_line
-
-    name = summary.scenario.name if summary.scenario else "load test"
-    t = Table(title=f"{name}: {'PASSED' if summary.passed else 'FAILED'}")
-    t.add_column("")
-    t.add_column("")
-    t.add_row("requests", f"{summary.started} started; " + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())))
-    tp = summary.throughput
-    t.add_row("throughput", f"{tp.requests_per_s:.2f} req/s ({tp.completed} complete), "
-                            f"{tp.output_tokens_per_s:.0f} tok/s")
-    t.add_row("goodput", f"{tp.goodput_requests_per_s:.2f} req/s ({tp.slo_met} of {tp.completed} met "
-                         f"{summary.slo.model_dump(exclude_none=True)})")
-    for name, p in summary.latency_s:
-        t.add_row(f"{name.upper()} p50 / p99", " / ".join("-" if v is None else f"{v * 1000:.0f} ms"
-                                                          for v in (p.p50, p.p99)) + f" ({p.requests} requests)")
-    inv = summary.invariants
-    if summary.ingress_retries.requests:
-        t.add_row("ingress retries", ingress_retries_line(summary))
-    t.add_row("invariants", f"{inv.scrapes} scrapes, {inv.violations} violations {inv.by_kind or ''}")
-    left = {k for c in summary.planned_faults for k in c.per_replica.get("departures", {})}
-    t.add_row("replicas", ", ".join(k + (" (left as planned)" if r.stale and k in left else " (dead)" if r.stale else "")
-                                    for k, r in summary.replicas.items()))
-    if summary.capacity:
-        cap = summary.capacity
-        t.add_row("capacity", ", ".join(f"{st.concurrency}: {st.throughput.goodput_requests_per_s:.1f}"
-                                        + ("" if st.meets_slo else " (misses SLO)") for st in cap.steps)
-                  + " req/s goodput by requests in flight")
-        t.add_row("knee", "none met the SLO" if cap.knee is None else
-                  f"{cap.knee} in flight, {cap.knee_goodput_requests_per_s:.2f} req/s goodput; stopped: "
-                  f"{cap.stopped_because}")
-    if summary.repeats:
-        for name in ("requests_per_s", "goodput_requests_per_s", "ttft_p99_s", "knee_concurrency"):
-            if (sp := summary.repeats.figures.get(name)) is not None:
-                t.add_row(f"{name} over {summary.repeats.runs} runs",
-                          f"median {sp.median:.3g}, {sp.min:.3g} to {sp.max:.3g} ({sp.relative_spread or 0:.0%} spread)")
-    for c in summary.planned_faults:
-        t.add_row(f"fault {c.fault}", ("[green]fired[/]" if c.ok else "[red]not shown[/]") + f": {c.evidence}")
-    for reason in summary.failures:
-        t.add_row("[red]failure[/]", reason)
-    console.print(t)
-    console.print(f"report: {path}")
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import json
 import sys
 from typing import Any
 
-from load_tests.counters import HEALTH_GAUGE
-from load_tests.counters import SOURCES as PROMPT_SOURCES
+from load_tests.observe.counters import HEALTH_GAUGE
+from load_tests.observe.counters import SOURCES as PROMPT_SOURCES
 from serve_app.fuzz_traffic import EXPORTED as ADMITTED
 
 from .files import DASHBOARD_FILE

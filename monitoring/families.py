@@ -1,6 +1,6 @@
 """Which exported metric families the shipped rules and dashboard read, and a page of exposition text cut down to
 them: what the rule tests' fixtures keep (``testkit.monitoring.fixtures``) and what a load run records for
-promtool (``load_tests.record``).
+promtool (``load_tests.observe.record``).
 
 A node's export is over a megabyte under Serve; the rules read a few dozen
 kilobytes of it.

@@ -5,7 +5,7 @@ same fuzz cache salt and the same leading tokens, so the key is the salt plus
 the first ``prefix_chars`` characters of the prompt (or of the chat messages'
 text), and rendezvous (highest-random-weight) hashing over the live
 replicas' full ids picks the replica. :class:`serve_app.routing.FuzzAffinityRouter`
-routes with these; the load tests' affinity check (``load_tests/affinity.py``)
+routes with these; the load tests' affinity check (``load_tests/operate/affinity.py``)
 predicts with the same functions. Kept apart from the router so that a
 process that only predicts (a load generator) does not import Ray Serve,
 which reconfigures the importing process's logging.

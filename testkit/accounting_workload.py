@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fixture_model.tasks import held_out_examples, training_examples
+from patches.fault_config import CONFIG_KEY
 
 N_PREFIXES = 6
 PREFIX_EXAMPLES = 40  # ~500 tokens: four full blocks
@@ -26,7 +27,7 @@ def prompts(n_requests: int = 48) -> list[str]:
 def offload_engine_kwargs(faults: dict[str, Any] | None = None, blocks: int = 24) -> dict[str, Any]:
     extra: dict[str, Any] = {"cpu_bytes_to_use": 256 << 20}
     if faults:
-        extra["fuzzserve_faults"] = faults
+        extra[CONFIG_KEY] = faults
     return dict(
         enforce_eager=True,
         num_gpu_blocks_override=blocks,
@@ -38,7 +39,7 @@ def offload_engine_kwargs(faults: dict[str, Any] | None = None, blocks: int = 24
 
 class EngineMetrics(dict):
     """``{name{source/kind}: value}`` for the tests' asserts, and ``samples``: the same counters and gauges as
-    ``(name, is_counter, labels, value)``, which ``load_tests.counters`` reads like any scrape."""
+    ``(name, is_counter, labels, value)``, which ``load_tests.observe.counters`` reads like any scrape."""
 
     samples: list[tuple[str, bool, dict[str, str], float]]
 
@@ -61,9 +62,9 @@ def metrics(llm) -> EngineMetrics:
 
 def check_invariants(m: EngineMetrics) -> list[str]:
     """Violated invariants of an idle engine's metrics (empty when all hold): the load test's own rules
-    (load_tests.invariants), on the engine's counters read the way a scrape is read."""
-    from load_tests.invariants import at_rest
-    from load_tests.counters import counters_from_samples
+    (load_tests.observe.invariants), on the engine's counters read the way a scrape is read."""
+    from load_tests.observe.invariants import at_rest
+    from load_tests.observe.counters import counters_from_samples
 
     [engine] = counters_from_samples(m.samples).values()
     return [f.message for f in at_rest(engine)]

@@ -47,7 +47,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from load_tests.counters import HEALTH_GAUGE
+from load_tests.observe.counters import HEALTH_GAUGE
 
 
 BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow", "!empty-text")

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 vllm_stats = pytest.importorskip("vllm.v1.metrics.stats")
 
-from load_tests.counters import SOURCES  # noqa: E402
+from load_tests.observe.counters import SOURCES  # noqa: E402
 from patches import accounting  # noqa: E402
 
 accounting.PATCH.apply()

@@ -1,4 +1,4 @@
-"""The affinity check of the scale scenario (load_tests.affinity): which replica each key must land on, when the
+"""The affinity check of the scale scenario (load_tests.operate.affinity): which replica each key must land on, when the
 deployment counts as idle, and the verdict, fed the bad cases it must catch. The check itself runs against a real
 deployment in ``python -m load_tests --scenario scale`` (docs/load_tests.md)."""
 
@@ -9,14 +9,14 @@ import types
 
 import pytest
 
-from load_tests.affinity import PREFIX, AffinityCheck, AffinityKey, affinity_keys, home_replica, idle_counts
+from load_tests.operate.affinity import PREFIX, AffinityCheck, AffinityKey, affinity_keys, home_replica, idle_counts
 from load_tests.cli import parse_args, scenario_from
-from load_tests.counters import ReplicaCounters
-from load_tests.fault_evidence import check_planned_faults
-from load_tests.monitor import InvariantChecker, Snapshot
-from load_tests.operations import Scale
-from load_tests.results import Fault
-from load_tests.scenarios import SCENARIOS
+from load_tests.observe.counters import ReplicaCounters
+from load_tests.judge.evidence import check_planned_faults
+from load_tests.observe.monitor import InvariantChecker, Snapshot
+from load_tests.plan.steps import Scale
+from load_tests.results.events import Scaled
+from load_tests.plan.scenarios import SCENARIOS
 from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id, replica_id
 from serve_app.routing import DEFAULT_PREFIX_CHARS, FuzzAffinityRouter
 
@@ -113,10 +113,8 @@ def test_an_affinity_check_fails_naming_what_broke(c, problem):
 
 
 def scale_fault(affinity):
-    detail = {"step": Scale(after_s=0, replicas=2).model_dump(), "replicas_before": ["A"], "by": "serve deploy",
-              "converged": True, "replicas_after": ["A", "B"], "converged_t": 4.0, "converge_s": 2.0,
-              "affinity": affinity}
-    return Fault("scale", 2.0, detail)
+    return Scaled(t=2.0, step=Scale(after_s=0, replicas=2), replicas_before=["A"], by="serve deploy", converged=True,
+                  replicas_after=["A", "B"], converged_t=4.0, converge_s=2.0, affinity=affinity)
 
 
 def final_counters() -> InvariantChecker:
@@ -127,10 +125,10 @@ def final_counters() -> InvariantChecker:
 
 
 def test_the_verdict_reads_the_affinity_check():
-    good = check_planned_faults(("scale",), final_counters(), [scale_fault(check({"A": 11.0, "B": 22.0}).to_json())],
+    good = check_planned_faults(("scale",), final_counters(), [scale_fault(check({"A": 11.0, "B": 22.0}).record())],
                                 True)[0]
     assert good.ok and "affinity: 2 fuzz setting(s) + prefix, 3 requests" in good.evidence, good
-    bad = check_planned_faults(("scale",), final_counters(), [scale_fault(check({"A": 12.0, "B": 21.0}).to_json())],
+    bad = check_planned_faults(("scale",), final_counters(), [scale_fault(check({"A": 12.0, "B": 21.0}).record())],
                                True)[0]
     assert not bad.ok and any("routing affinity: requests per replica" in p for p in bad.problems), bad.problems
 
@@ -156,7 +154,7 @@ def test_predicting_a_home_does_not_import_ray_serve():
     import subprocess
     import sys
 
-    code = ("import sys; from load_tests.affinity import affinity_keys; "
+    code = ("import sys; from load_tests.operate.affinity import affinity_keys; "
             "affinity_keys(['a', 'b'], 'fixture', 512); "
             "assert not [m for m in sys.modules if m.startswith('ray.serve')], 'ray.serve imported'")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from load_tests.capacity import knee, stop_reason
-from load_tests.profiles import Profile, SweepPlan
-from load_tests.results import Latency, Percentiles, SweepStep, Throughput
+from load_tests.judge.capacity import knee, stop_reason
+from load_tests.plan.profiles import Profile, SweepPlan
+from load_tests.results.models import Latency, Percentiles, SweepStep, Throughput
 from testkit.echo_server import run_cli
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from fixture_model import build
-from load_tests import counters
+from load_tests.observe import counters
 from patches import shm_wait, switches
 from serve_app import cluster_env, engine_env, fuzz_traffic, names
 
@@ -40,7 +40,7 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
     "serve_app/engine_env.py": (engine_env.HF_HUB_OFFLINE, engine_env.KV_CACHE_SPACE),
     "serve_app/names.py": (names.REPLICA_CLASS_PREFIX, names.ENGINE_REPLICA_CLASS, names.PROCESS_TITLE_PREFIX),
     "serve_app/fuzz_traffic.py": (fuzz_traffic.METRIC, fuzz_traffic.EXPORTED),
-    "load_tests/counters.py": (counters.HEALTH_GAUGE,),
+    "load_tests/observe/counters.py": (counters.HEALTH_GAUGE,),
     "fixture_model/build.py": (build.CACHE_ENV,),
 }
 HOME = {value: home for home, values in CONTRACTS.items() for value in values}

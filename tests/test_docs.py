@@ -151,7 +151,7 @@ def problems_of(page: Path, text: str | None = None) -> list[str]:
 PLANTED = """
 Run `python -m load_tests --scenario smoke --no-such-flag` or `python -m load_tests.nope`.
 The table is in `serve_app/no_such_table.py`; see [the guide](no_such_page.md#top).
-The kinds are `load_tests.scenarios.LYING_CONNECTOR_KINDS`.
+The kinds are `load_tests.plan.scenarios.LYING_CONNECTOR_KINDS`.
 ```bash
 python -m benchmarks.vs_vllm --pairs 5 --warp-speed   # a made-up flag
 ```
@@ -165,7 +165,7 @@ def test_the_checks_find_a_planted_false_command_flag_path_and_name():
         "python -m benchmarks.vs_vllm --warp-speed: not in its --help",
         "`serve_app/no_such_table.py`: no serve_app/no_such_table.py",
         "link (no_such_page.md#top): no docs/no_such_page.md",
-        "`load_tests.scenarios.LYING_CONNECTOR_KINDS`: load_tests.scenarios defines no LYING_CONNECTOR_KINDS",
+        "`load_tests.plan.scenarios.LYING_CONNECTOR_KINDS`: load_tests.plan.scenarios defines no LYING_CONNECTOR_KINDS",
     ]
 
 

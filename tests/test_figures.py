@@ -4,7 +4,7 @@ The load tests' figures, as vLLM's ``bench serve`` defines them: TTFT is the
 first chunk that carries a token, even one whose text is empty (a fuzzed
 greedy answer's often is); chat's announcement of the speaker is not a
 token. A non-streamed request is judged on its end-to-end time
-(:meth:`load_tests.scenarios.Slo.met`). Against ``testkit/echo_server.py``
+(:meth:`load_tests.plan.slo.Slo.met`). Against ``testkit/echo_server.py``
 with deterministic latencies, and on hand-made results for the rule itself.
 """
 
@@ -16,10 +16,10 @@ import aiohttp
 from hypothesis import given
 from hypothesis import strategies as st
 
-from load_tests.client import RequestResult, carries_token, send
-from load_tests.scenarios import Slo
-from load_tests.summary import latency, throughput
-from load_tests.workload import RequestSpec
+from load_tests.load.client import RequestResult, carries_token, send
+from load_tests.plan.slo import Slo
+from load_tests.judge.figures import latency, throughput
+from load_tests.plan.workload import RequestSpec
 from testkit import echo_server
 
 TTFT_MS, ITL_MS, TOKENS = 150.0, 5.0, 8

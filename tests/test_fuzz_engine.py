@@ -13,7 +13,7 @@ import random
 import pytest
 
 from fixture_model.tasks import WORDS, held_out_examples
-from load_tests.fuzz_sweep import run_sweep
+from load_tests.load.fuzz_sweep import run_sweep
 from patches.fuzz import worker_stats
 from testkit.accounting_workload import metrics
 from testkit.engine_host import EngineError

@@ -109,7 +109,7 @@ def test_the_rule_catches_what_it_forbids(package, source, want):
 
 @pytest.mark.parametrize("package, source", [
     ("load_tests", "from serve_app.routers import ROUTERS\nfrom fixture_model.tasks import held_out_examples"),
-    ("benchmarks", "from testkit.engine_host import EngineHost\nfrom load_tests.summary import percentiles"),
+    ("benchmarks", "from testkit.engine_host import EngineHost\nfrom load_tests.judge.summary import percentiles"),
     ("tests", "from tests.markers import classify\nfrom testkit.engine_host import EngineHost"),
     ("serve_app", "from .guard import GuardConfig\nimport ray"),
 ])

@@ -45,7 +45,7 @@ def test_a_healthy_target_passes(tmp_path):
     cs = summary["client_server"]
     assert cs["problems"] == [] and "note" not in cs, "no replica died: the cross-check is exact"
     # summary.json is a RunSummary (docs/summary.schema.json): it reads back as one, unchanged
-    from load_tests.results import RunSummary
+    from load_tests.results.models import RunSummary
 
     again = RunSummary.model_validate_json((tmp_path / "summary.json").read_text())
     assert again.model_dump(mode="json") == summary and again.exit_code == code
@@ -120,9 +120,9 @@ def test_a_redeploy_left_to_the_operator_is_told_and_judged_from_the_data(tmp_pa
     assert len(told) == 1 and "serve deploy your config" in told[0] and "fuzzserve_probe" in told[0], told
     assert code == 0 and summary["passed"], summary["failures"]
     (fault,) = summary["faults"]
-    assert fault["detail"]["by"] == "operator" and fault["detail"]["converged"]
-    assert fault["detail"]["replicas_before"] == ["echo-0", "echo-1"]
-    assert fault["detail"]["replicas_after"] == ["echo-2", "echo-3"]
+    assert fault["by"] == "operator" and fault["converged"]
+    assert fault["replicas_before"] == ["echo-0", "echo-1"]
+    assert fault["replicas_after"] == ["echo-2", "echo-3"]
     (check,) = summary["planned_faults"]
     assert check["ok"] and "refused naming it before" in check["evidence"], check
 

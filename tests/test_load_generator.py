@@ -16,9 +16,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from testkit import echo_server
-from load_tests.client import send
-from load_tests.profiles import Profile, drive
-from load_tests.workload import BAD_REQUESTS, Mix, RequestSpec, draw
+from load_tests.load.client import send
+from load_tests.plan.profiles import Profile
+from load_tests.load.drive import drive
+from load_tests.plan.workload import BAD_REQUESTS, Mix, RequestSpec, draw
 
 
 def spec(i, prompt="count 1 2", stream=True, cancel=None, expect="ok", max_tokens=6, route="/v1/completions"):
@@ -253,8 +254,9 @@ def test_the_operators_own_requests_are_sent_again_after_a_refusal_at_the_ingres
     ingress never reached an engine, so it is sent again and counted once."""
     from types import SimpleNamespace
 
-    from load_tests.monitor import InvariantChecker
-    from load_tests.operations import Operator, OperationPlan, Scale
+    from load_tests.observe.monitor import InvariantChecker
+    from load_tests.operate.operator import Operator
+    from load_tests.plan.steps import OperationPlan, Scale
 
     async def go(session, base):
         target = SimpleNamespace(base_url=base, headers={}, cluster=None)

@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import pytest
 
-from load_tests.client import RequestResult
-from load_tests.fault_evidence import check_planned_faults
-from load_tests.monitor import DEATH_BOUND, SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
-from load_tests.counters import ReplicaCounters
-from load_tests.summary import Fault, Slo, server_cross_check, summarize, unexpected_deaths
+from load_tests.load.client import RequestResult
+from load_tests.judge.evidence import check_planned_faults
+from load_tests.observe.monitor import DEATH_BOUND, SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
+from load_tests.observe.counters import ReplicaCounters
+from load_tests.judge.summary import server_cross_check, summarize
+from load_tests.plan.steps import Redeploy
+from load_tests.results.events import OperationFailed, Redeployed, ReplicaKilled
+from load_tests.plan.slo import Slo
+from load_tests.judge.departures import unexpected_deaths
 
 
 def rc(replica="r1", prompt=100.0, local=60.0, hit=30.0, ext=10.0, cached=40.0, finished=None, violations=None,
@@ -112,7 +116,7 @@ class _LaggingExport:
     """A Ray node's metrics as the monitor sees them: values as of the last export (every 10 s, at t = 10k + 9.9)."""
 
     def __init__(self, monkeypatch, finished_at: float, requests: float):
-        import load_tests.monitor as monitor
+        import load_tests.observe.monitor as monitor
 
         self.clock, self.finished_at, self.requests = 0.0, finished_at, requests
         interval = monitor.RAY_METRICS_EXPORT_INTERVAL_S
@@ -138,7 +142,7 @@ def test_quiescence_waits_past_one_metrics_export(monkeypatch, settle_interval, 
     values that include it."""
     import asyncio
 
-    from load_tests.monitor import Monitor
+    from load_tests.observe.monitor import Monitor
 
     lag = _LaggingExport(monkeypatch, finished_at=0.5, requests=4.0)
     lag.clock = 1.0
@@ -198,7 +202,7 @@ def test_a_replica_that_dies_mid_run_is_seen_in_the_data(gone):
     c = run([alive, alive] + [{"r1": rc(), **gone}] * DEATH_BOUND)
     assert c.deaths == {"r2": 2.0} and "r2" in c.stale
     assert unexpected_deaths(c, []) == ["r2"]
-    assert unexpected_deaths(c, [Fault("replica_kill", 1.5, {"replica": "r2"})]) == [], "a planned kill is not"
+    assert unexpected_deaths(c, [ReplicaKilled(t=1.5, replica="r2", pid=1)]) == [], "a planned kill is not"
 
 
 def test_an_idle_ray_replica_is_alive_while_serve_says_healthy():
@@ -298,26 +302,26 @@ def test_refusals_at_the_ingress_fail_a_run_that_changed_no_replica():
     assert steady.ingress_retries.model_dump() == {"requests": 1, "refusals": {"router_unreachable": 1},
                                                    "answered": 1}
     assert not steady.passed and "refused at the ingress" in steady.failures[0]
-    redeploy = Fault("redeploy", 1.0, {})
+    redeploy = Redeployed(t=1.0, step=Redeploy(after_s=0), by="serve deploy", replicas_before=[])
     assert summary_of(ok + [retried], faults=[redeploy]).passed, "answered on a retry while replicas changed"
     failed = summary_of(ok + [retried, still], faults=[redeploy])
     assert failed.ingress_retries.answered == 1 and failed.ingress_retries.refusals == {"router_unreachable": 4}
     assert not failed.passed and failed.errors_by_kind == {"server_error": 1}, "refused after every retry"
-    assert not summary_of(ok + [retried], faults=[Fault("operation_failed", 1.0, {})]).passed
+    assert not summary_of(ok + [retried], faults=[OperationFailed(t=1.0, step="redeploy", error="StepError: no")]).passed
 
 
 def test_every_replica_changing_operation_may_meet_ingress_refusals():
     from typing import get_args
 
-    from load_tests.operations import Operation
-    from load_tests.verdict import REPLICA_SET_CHANGES
+    from load_tests.plan.steps import Operation
+    from load_tests.results.events import REPLICA_SET_CHANGES
 
     kinds = {get_args(m.model_fields["kind"].annotation)[0] for m in get_args(get_args(Operation)[0])}
     assert kinds | {"replica_kill"} == set(REPLICA_SET_CHANGES)
 
 
 def test_errors_around_a_replica_kill_are_explained():
-    fault = Fault("replica_kill", 5.0, {"replica": "r9"})
+    fault = ReplicaKilled(t=5.0, replica="r9", pid=1)
     res = [result(0, "ok"), result(1, "stream_error", start=4.0, e2e=2.0), result(2, "server_error", start=60.0)]
     s = summary_of(res, faults=[fault])
     assert s.errors_explained_by_faults == {"stream_error": 1}
@@ -326,7 +330,7 @@ def test_errors_around_a_replica_kill_are_explained():
 
 def test_streams_cut_by_a_planned_kill_are_explained_not_lost():
     """Direct streaming: a killed replica cuts its streams (no error event); in flight at the kill = explained."""
-    fault = Fault("replica_kill", 5.0, {"replica": "r9"})
+    fault = ReplicaKilled(t=5.0, replica="r9", pid=1)
     cut = [result(1, "truncated", start=3.0, e2e=2.5), result(2, "transport_error", start=4.0, e2e=1.5)]
     s = summary_of([result(0, "ok")] + cut, faults=[fault])
     assert s.passed, s.failures
@@ -440,7 +444,7 @@ def test_changing_lies_need_no_clamp():
 
 
 def test_replica_kill_needs_the_victim_dead_and_a_replacement_serving():
-    kill = Fault("replica_kill", 1.5, {"replica": "r2"})
+    kill = ReplicaKilled(t=1.5, replica="r2", pid=1)
     before = {"r1": rc(finished={"length": 1.0}), "r2": rc("r2", finished={"length": 1.0})}
     gone = {"r1": rc(finished={"length": 3.0}), "r2": rc("r2", alive=False, finished={"length": 1.0})}
     replaced = dict(gone, r3=rc("r3", finished={"length": 2.0}))
@@ -462,7 +466,7 @@ def test_replica_kill_needs_the_victim_dead_and_a_replacement_serving():
 
 
 def test_scenarios_plan_what_they_inject():
-    from load_tests.scenarios import SCENARIOS
+    from load_tests.plan.scenarios import SCENARIOS
 
     assert SCENARIOS["chaos"].planned_faults == ("load_failures", "load_delays", "lying_connector",
                                                  "preemption_storm", "replica_kill")

@@ -26,7 +26,7 @@ from testkit.monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_sel
 from testkit.monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
-from load_tests.counters import HEALTH_CHECK_FAILURES, HEALTH_GAUGE
+from load_tests.observe.counters import HEALTH_CHECK_FAILURES, HEALTH_GAUGE
 from serve_app.fuzz_traffic import EXPORTED
 
 LABELS = {"ReplicaId": "r1", "WorkerId": "w1", "engine": "0", "model_name": "fixture", "instance": "127.0.0.1:8089",

@@ -99,10 +99,10 @@ def test_client_disconnects_mid_stream_keep_the_counters_consistent(server):
     """24 concurrent streams over long shared prefixes, every third dropped after 2 chunks."""
     import asyncio
 
-    from load_tests.invariants import at_rest
-    from load_tests.monitor import InvariantChecker, Monitor
-    from load_tests.prom_text import parse_samples, series, total
-    from load_tests.scraper import fetch
+    from load_tests.observe.invariants import at_rest
+    from load_tests.observe.monitor import InvariantChecker, Monitor
+    from load_tests.observe.prom_text import parse_samples, series, total
+    from load_tests.observe.scraper import fetch
     from testkit.accounting_workload import prompts
 
     async def run():

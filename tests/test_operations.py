@@ -1,4 +1,4 @@
-"""The operations under load (load_tests.operations), their pure parts fed each bad case and its good twin.
+"""The operations under load (load_tests.operate.operator), their pure parts fed each bad case and its good twin.
 
 What a redeploy and a scale send to Serve, how the monitor treats a node the
 run killed, how a retired replica is told from a dead one, what the verdict
@@ -15,19 +15,21 @@ import pytest
 import yaml
 
 from load_tests.cli import parse_args, scenario_from
-from load_tests.fault_evidence import check_planned_faults
-from load_tests.monitor import SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
-from load_tests.operations import (NodeLoss, OperationPlan, Redeploy, Scale, forced_kills, planned_departures,
-                                   redeployed_config, scaled_config)
-from load_tests.record import kept
-from load_tests.results import Fault
-from load_tests.scenarios import SCENARIOS
-from load_tests.summary import unexpected_deaths
+from load_tests.judge.evidence import check_planned_faults
+from load_tests.observe.monitor import SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
+from load_tests.plan.steps import NodeLoss, OperationPlan, Redeploy, Scale
+from load_tests.operate.logs import forced_kills
+from load_tests.judge.departures import planned_departures
+from load_tests.operate.serve_config import redeployed_config, scaled_config
+from load_tests.observe.record import kept
+from load_tests.results.events import GuardProbe, NodeLost, OperationFailed, Redeployed, Scaled
+from load_tests.plan.scenarios import SCENARIOS
+from load_tests.judge.departures import unexpected_deaths
 from monitoring.families import referenced_families
 from monitoring.files import RULES_FILE
 from serve_app.local_cluster import DEFAULT_CONFIG
 from testkit.monitoring.record import input_series
-from load_tests.counters import ReplicaCounters
+from load_tests.observe.counters import ReplicaCounters
 
 
 def rc(replica, node="n", prompt=100.0, local=60.0, hit=30.0, ext=10.0, cached=40.0, healthy=None, **fields):
@@ -165,7 +167,7 @@ def leaving(failures: float) -> InvariantChecker:
 def test_a_replica_stopped_after_a_redeploy_is_retired_unless_it_failed_health_checks(failures, planned):
     c = leaving(failures)
     assert c.deaths == {"A": 3.0}
-    redeploy = [Fault("redeploy", 2.0, {})]
+    redeploy = [Redeployed(t=2.0, step=Redeploy(after_s=0), by="serve deploy", replicas_before=[])]
     assert ("A" in planned_departures(c, redeploy)) is planned
     assert unexpected_deaths(c, redeploy) == ([] if planned else ["A"])
 
@@ -175,12 +177,13 @@ def test_without_an_operation_a_clean_stop_is_still_a_death():
 
 
 def test_a_death_before_the_operation_began_is_not_a_retirement():
-    assert unexpected_deaths(leaving(0.0), [Fault("scale", 4.0, {})]) == ["A"]
+    assert unexpected_deaths(leaving(0.0), [Scaled(t=4.0, step=Scale(after_s=0, replicas=1), by="serve deploy", replicas_before=[])]) == ["A"]
 
 
 def test_replicas_lost_with_the_node_are_planned_and_ray_listing_counts_too():
     c = leaving(1.0)
-    loss = [Fault("node_loss", 2.0, {"node": "worker1", "replicas": ["A"]})]
+    loss = [NodeLost(t=2.0, step=NodeLoss(after_s=0), by="SIGKILL", replicas_before=["A"], node="worker1", pids=[],
+                     endpoint="http://worker1", replicas=["A"])]
     assert unexpected_deaths(c, loss) == []
     assert unexpected_deaths(c, loss, listed_dead=["X"]) == ["X"], "a replica Ray lost without an operation"
 
@@ -189,13 +192,14 @@ def test_replicas_lost_with_the_node_are_planned_and_ray_listing_counts_too():
 
 
 def converged_redeploy(probes, converged=True):
-    detail = {"step": Redeploy(after_s=0, allow_xargs=("k",)).model_dump(), "replicas_before": ["A"],
-              "by": "serve deploy", "probes": probes, "converged": converged}
+    event = Redeployed(t=2.0, step=Redeploy(after_s=0, allow_xargs=("k",)), replicas_before=["A"], by="serve deploy",
+                       probes=[GuardProbe(t=t, status=status, names_key=named, answered=answered)
+                               for t, status, named, answered in probes], converged=converged)
     if converged:
-        detail.update(replicas_after=["N"], converged_t=4.0, converge_s=2.0)
+        event.replicas_after, event.converged_t, event.converge_s = ["N"], 4.0, 2.0
     else:
-        detail["why"] = "0 replica(s) serving after 480 s, want 1 new ones"
-    return Fault("redeploy", 2.0, detail)
+        event.why = "0 replica(s) serving after 480 s, want 1 new ones"
+    return event
 
 
 # [sent, status, names the key, answered]; the redeploy began at t = 2 and converged at t = 4
@@ -237,9 +241,9 @@ def test_an_operation_the_run_never_carried_out_did_not_fire():
 
 
 def test_a_node_loss_that_took_no_replica_proves_nothing():
-    fault = Fault("node_loss", 1.0, {"step": NodeLoss(after_s=0).model_dump(), "by": "SIGKILL", "node": "worker1",
-                                     "replicas": [], "replicas_before": ["A"], "replicas_after": ["A"],
-                                     "converged": True, "converged_t": 1.0, "converge_s": 0.0})
+    fault = NodeLost(t=1.0, step=NodeLoss(after_s=0), by="SIGKILL", node="worker1", pids=[], endpoint="http://w1",
+                     replicas=[], replicas_before=["A"], replicas_after=["A"], converged=True, converged_t=1.0,
+                     converge_s=0.0)
     check = check_planned_faults(("node_loss",), leaving(0.0), [fault], True)[0]
     assert any("held no replica" in p for p in check.problems)
 
@@ -287,7 +291,7 @@ def test_a_recording_becomes_promtool_series_that_end_when_their_target_goes():
 def test_the_load_follows_its_level_up_and_down():
     import asyncio
 
-    from load_tests.operations import LoadLevel, drive_levels
+    from load_tests.load.drive import LoadLevel, drive_levels
 
     async def scenario():
         level, stop = LoadLevel(2), asyncio.Event()
@@ -328,7 +332,7 @@ def test_the_autoscale_scenario_leaves_sizing_to_serve():
 
 
 def test_a_step_that_could_not_be_carried_out_is_named():
-    failed = Fault("operation_failed", 3.0, {"error": "scale: ClusterError: serve deploy failed (1): bad config"})
+    failed = OperationFailed(t=3.0, step="scale", error="ClusterError: serve deploy failed (1): bad config")
     check = check_planned_faults(("scale",), InvariantChecker(), [failed], True)[0]
     assert not check.fired and "serve deploy failed (1): bad config" in check.evidence
 
@@ -336,7 +340,7 @@ def test_a_step_that_could_not_be_carried_out_is_named():
 def test_the_autoscale_scenario_hands_serve_an_autoscaling_config_and_no_fixed_count():
     """What `--scenario autoscale` deploys (the config document; building it needs a Ray cluster: Serve's builder
     starts one for an autoscaled deployment)."""
-    from load_tests.deploy import DeploySettings, scenario_config
+    from load_tests.operate.deploy import DeploySettings, scenario_config
 
     args = scenario_config(shipped(), SCENARIOS["autoscale"], DeploySettings())["applications"][0]["args"]
     assert args["engine_replicas"] is None

@@ -7,7 +7,7 @@ changed engine setting (Serve replaces every replica, one at a time) and a
 newly allowed ``vllm_xargs`` key; the load runs until the new replicas serve,
 plus 15 s. The run must pass: nothing lost, no 5xx (a refusal at the
 ingress, which HAProxy answers before any replica sees the request, is sent
-again and counted: load_tests/client.py), both old replicas retired (not
+again and counted: load_tests/load/client.py), both old replicas retired (not
 dead), the probe refused before and accepted after. The
 scenarios at 256 streams (redeploy, scale, node-loss) and the failing twins
 are run by hand: docs/load_tests.md, Operations.
@@ -43,9 +43,8 @@ def test_a_redeploy_under_load_loses_nothing_and_retires_the_old_replicas(redepl
     assert summary["unexpected_replica_deaths"] == []
     (check,) = summary["planned_faults"]
     assert check["fault"] == "redeploy" and check["ok"], check
-    (fault,) = summary["faults"]
-    detail = fault["detail"]
-    assert detail["converged"] and len(detail["replicas_after"]) == 2
+    (detail,) = summary["faults"]
+    assert detail["kind"] == "redeploy" and detail["converged"] and len(detail["replicas_after"]) == 2
     assert not set(detail["replicas_after"]) & set(detail["replicas_before"]), "every replica was replaced"
     assert set(check["per_replica"]["departures"]) >= set(detail["replicas_before"]), "the old ones retired"
     assert summary["invariants"]["ok"]
@@ -54,8 +53,8 @@ def test_a_redeploy_under_load_loses_nothing_and_retires_the_old_replicas(redepl
 def test_the_probe_saw_the_guard_change_only_after_the_rollout(redeploy_run):
     _proc, summary = redeploy_run
     (fault,) = summary["faults"]
-    probes = fault["detail"]["probes"]
-    before = [p for p in probes if p[3] < fault["t"]]
-    after = [p for p in probes if p[0] >= fault["detail"]["converged_t"]]
-    assert before and all(status == 400 and named for _t, status, named, _answered in before), before
-    assert after and all(status == 200 for _t, status, _named, _answered in after), after
+    probes = fault["probes"]
+    before = [p for p in probes if p["answered"] < fault["t"]]
+    after = [p for p in probes if p["t"] >= fault["converged_t"]]
+    assert before and all(p["status"] == 400 and p["names_key"] for p in before), before
+    assert after and all(p["status"] == 200 for p in after), after

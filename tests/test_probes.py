@@ -1,9 +1,11 @@
-"""The soak's greedy probes (load_tests/probes.py): the set is fixed, and the comparison can fail."""
+"""The soak's greedy probes (load_tests/plan/probes.py): the set is fixed, and the comparison can fail."""
 
 from __future__ import annotations
 
-from load_tests.client import RequestResult
-from load_tests.probes import PROBE_INDEX_BASE, ProbeAnswer, answers, compare, probe_specs, reference_is_stable
+from load_tests.load.client import RequestResult
+from load_tests.plan.probes import PROBE_INDEX_BASE, probe_specs
+from load_tests.results.models import ProbeAnswer
+from load_tests.judge.probes import answers, compare, reference_is_stable
 
 
 def test_the_probe_set_is_fixed_greedy_and_tagged():

@@ -1,6 +1,6 @@
 """Prometheus text parsing helpers (pure)."""
 
-from load_tests.prom_text import parse_samples, series, total
+from load_tests.observe.prom_text import parse_samples, series, total
 
 TEXT = """# HELP vllm:prompt_tokens_by_source_total Prompt tokens by source.
 # TYPE vllm:prompt_tokens_by_source_total counter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from load_tests.repeats import spread
+from load_tests.judge.repeats import spread
 from testkit.echo_server import run_cli
 
 

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from load_tests.counters import ReplicaCounters, canonical
-from load_tests.invariants import negative, quiescence
-from load_tests.replica_metrics import table_check
-from load_tests.scraper import discover_metrics_urls, merge_pages, replica_counters
+from load_tests.observe.counters import ReplicaCounters, canonical
+from load_tests.observe.invariants import negative, quiescence
+from load_tests.observe.replica_metrics import table_check
+from load_tests.observe.scraper import discover_metrics_urls, merge_pages, replica_counters
 
 
 def sums(rc: ReplicaCounters) -> list[str]:
@@ -136,12 +136,12 @@ def test_the_table_checks_only_what_holds_for_each_replica():
 
 
 def test_the_counters_cli_exits_1_on_any_problem(tmp_path, capsys):
-    """python -m load_tests.replica_metrics against an echo-server target: healthy, then broken."""
+    """python -m load_tests.observe.replica_metrics against an echo-server target: healthy, then broken."""
     import asyncio
     import threading
 
     from testkit import echo_server
-    from load_tests.replica_metrics import main
+    from load_tests.observe.replica_metrics import main
 
     loop = asyncio.new_event_loop()
     runner, server, port = loop.run_until_complete(echo_server.start(fault="sum_mismatch", fault_after=0))

@@ -1,4 +1,4 @@
-"""The typed results of a run (load_tests.results): a stable, documented schema; the verdict derived once."""
+"""The typed results of a run (load_tests.results.models): a stable, documented schema; the verdict derived once."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from load_tests.outcomes import FAILURE_OUTCOMES, OK_OUTCOMES, OUTCOMES
-from load_tests.results import EXIT_FAILED, EXIT_PASSED, RunSummary, schema_json
-from load_tests.scenarios import SCENARIOS
+from load_tests.load.outcomes import FAILURE_OUTCOMES, OK_OUTCOMES, OUTCOMES
+from load_tests.results.models import EXIT_FAILED, EXIT_PASSED, RunSummary, schema_json
+from load_tests.plan.scenarios import SCENARIOS
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -16,9 +16,9 @@ import types
 import httpx
 import pytest
 
-from load_tests.monitor import InvariantChecker, Monitor
-from load_tests.counters import ReplicaCounters
-from load_tests.invariants import negative, quiescence
+from load_tests.observe.monitor import InvariantChecker, Monitor
+from load_tests.observe.counters import ReplicaCounters
+from load_tests.observe.invariants import negative, quiescence
 from testkit.serve import SERVE_API_KEY
 from testkit.engine_requests import PROMPTS
 
@@ -488,7 +488,7 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
 
 def test_admitted_requests_are_counted_by_fuzz_setting(serve_cluster):
     """The guard's counter, as Ray's metrics agent exports it: exactly the requests it admitted, by label."""
-    from load_tests.prom_text import parse_samples, series
+    from load_tests.observe.prom_text import parse_samples, series
     from serve_app.fuzz_traffic import EXPORTED
 
     def counts() -> dict[tuple[str, str], float]:

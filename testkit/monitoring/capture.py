@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from load_tests.scraper import DISCOVERY_FILE
+from load_tests.observe.scraper import DISCOVERY_FILE
 from serve_app.command_logs import command_logging
 
 from .chaos_deployment import chaos_scenario, deploy, smoke_load

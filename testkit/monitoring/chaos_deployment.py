@@ -3,7 +3,7 @@
 Both need what a real deployment exports (series names, labels, Ray's
 service-discovery file) and the chaos scenario's faults, so that the
 accounting patch's violation and correction counters exist. The deploy itself
-is the load tests' (:func:`load_tests.deploy.deploy`): same config, same
+is the load tests' (:func:`load_tests.operate.deploy.deploy`): same config, same
 engine overrides, same ``FUZZSERVE_PATCHES_OFF`` plumbing.
 """
 
@@ -19,7 +19,7 @@ log = logging.getLogger("fuzzserve.monitoring")
 
 def chaos_scenario(duration_s: float, concurrency: int, kill_at_s: float | None):
     """The chaos scenario with a shorter load (the faults and the KV pool unchanged)."""
-    from load_tests.scenarios import SCENARIOS
+    from load_tests.plan.scenarios import SCENARIOS
 
     sc = SCENARIOS["chaos"].model_copy(deep=True)
     sc.profile = type(sc.profile).model_validate({**sc.profile.model_dump(), "duration_s": duration_s,
@@ -32,7 +32,7 @@ def deploy(sc, out: Path, patches_off: str | None):
     """Start a local cluster and deploy serve_config.yaml with ``sc``'s engine settings (the CLI's own deploy)."""
     from rich.console import Console
 
-    from load_tests.deploy import DeploySettings, deploy as load_test_deploy
+    from load_tests.operate.deploy import DeploySettings, deploy as load_test_deploy
 
     return load_test_deploy(sc, DeploySettings(patches_off=patches_off), out, Console(stderr=True))
 

@@ -10,7 +10,7 @@ enough for preemption; :mod:`testkit.monitoring.chaos_deployment`), start the
 Prometheus server of ``scripts/install_promtool.sh`` with the project's own
 scrape config and rules (``monitoring/prometheus/``: Ray's service-discovery
 file as ``file_sd_configs``), drive the chaos load with the load tests'
-own loop (:func:`load_tests.load_loop.run_load`: the replica kill included), keep
+own loop (:func:`load_tests.runner.loop.run_load`: the replica kill included), keep
 the cluster up at rest long enough for the at-rest rules' windows, and record
 every alert Prometheus reports (state, when it became active, value, labels)
 to ``<out>/<run>/alerts.json`` and ``summary.md``.
@@ -40,7 +40,6 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -163,8 +162,8 @@ class AlertRecorder(threading.Thread):
 
 def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_at_s: float | None,
              settle_s: float, interval_s: int) -> dict[str, Any]:
-    from load_tests.load_loop import RunConfig, run_load
-    from load_tests.target import LoadTarget
+    from load_tests.runner.loop import RunConfig, run_load
+    from load_tests.operate.target import LoadTarget
 
     out.mkdir(parents=True, exist_ok=True)
     sc = chaos_scenario(duration_s, concurrency, kill_at_s)
@@ -198,7 +197,7 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
         "patches": patches, "passed": passed, "fired": fired, "judged_alerts_fired": judged,
         "alerts": alerts, "load": {"requests": run.started, "outcomes": _outcomes(run.results),
                                    "load_s": round(run.wall_s, 1), "load_end_s": round(load_end, 1),
-                                   "faults": [asdict(f) for f in run.faults],
+                                   "faults": [f.model_dump(mode="json") for f in run.events],
                                    "load_test_invariant_violations": len(run.checker.violations)},
         "targets": [{"url": t["scrapeUrl"], "health": t["health"], "lastError": t["lastError"]} for t in targets],
         "scenario": sc.model_dump(), "settle_s": settle_s, "interval_s": interval_s,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from load_tests.prom_text import Labels, parse_samples
+from load_tests.observe.prom_text import Labels, parse_samples
 
 from monitoring.families import HISTOGRAM_SUFFIXES, referenced_families, trim
 

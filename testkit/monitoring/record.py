@@ -3,7 +3,7 @@ replay the shipped alert rules on what a real redeploy, scale or node loss expor
 
     python -m testkit.monitoring.record out/redeploy/metrics.jsonl redeploy   # -> tests/fixtures/monitoring/operations/
 
-The recording holds, per endpoint, its text every ~10 s (``load_tests.record``).
+The recording holds, per endpoint, its text every ~10 s (``load_tests.observe.record``).
 Each recording goes into the promtool step nearest its time; a step an
 endpoint was not read in is a missing sample (``_``), and the first failed read
 of an endpoint ends its series with a staleness marker, as Prometheus does
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from load_tests.prom_text import parse_samples
+from load_tests.observe.prom_text import parse_samples
 
 from .fixtures import FIXTURE_DIR, SCRAPE_JOB, series_selector
 from .promtool import _expected, alerting_rules, rule_test_file

@@ -1,6 +1,6 @@
 """The typed results of a run: :class:`RunSummary`, what ``summary.json`` holds and the exit code derives from.
 
-``load_tests.summary.summarize`` builds it, the CLI prints it and exits with
+``load_tests.judge.summary.summarize`` builds it, the CLI prints it and exits with
 :attr:`RunSummary.exit_code`, ``load_tests.report`` writes it
 (``summary.json`` is :meth:`RunSummary.model_dump_json`) and renders
 ``report.md`` from it. Its JSON schema is ``docs/summary.schema.json``
@@ -12,38 +12,74 @@ change to the shape bumps :data:`SCHEMA_VERSION`.
 from __future__ import annotations
 
 import json
-import sys
+from dataclasses import field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import Field, computed_field, model_validator
 from pydantic.dataclasses import dataclass
 
-from .fault_evidence import FaultCheck
-from .monitor import Violation
-from .outcomes import Counted, Outcome
-from .probes import ProbeVerdict
-from .profiles import SweepPlan
-from .scenarios import Scenario, Slo
+from ..load.outcomes import Counted, Outcome
+from ..observe.monitor import Violation
+from ..plan.profiles import SweepPlan
+from ..plan.scenarios import Scenario
+from ..plan.slo import Slo
+from .base import Record
+from .events import Event
 
-SCHEMA_VERSION = 2  # 2: every percentile row counts what it covers; goodput judges every request; sweep, repeats
+# 2: every percentile row counts what it covers; goodput judges every request; sweep, repeats.
+# 3: ``faults`` holds typed events (each kind its own fields; no ``detail`` bag).
+SCHEMA_VERSION = 3
 # The CLI's exit codes: the run passed; the run failed (RunSummary.failures says why); usage or set-up error.
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+@dataclass
+class FaultCheck:
+    """One planned fault: did it fire (``evidence``), and was it handled (``problems``) (load_tests.judge.evidence)."""
+
+    fault: str
+    fired: bool
+    evidence: str
+    problems: list[str] = field(default_factory=list)
+    per_replica: dict[str, Any] = field(default_factory=dict)
+
+    @computed_field
+    @property
+    def ok(self) -> bool:
+        return self.fired and not self.problems
 
 
 @dataclass
-class Fault:
-    """Something the run did on purpose (a replica kill), to explain the errors it causes."""
+class ProbeAnswer:
+    """One greedy probe's answer (load_tests.plan.probes, load_tests.judge.probes)."""
 
-    kind: str
+    round: int
+    index: int  # which probe
     t: float  # seconds since the run started
-    detail: dict[str, Any] = Field(default_factory=dict)
+    text: str | None  # None: the request failed (its outcome says how)
 
 
-class Percentiles(_Record):
+class ProbeReference(Record):
+    """The fault-free deployment's answers to the probe set, and what made them unusable (empty: stable)."""
+
+    answers: list[ProbeAnswer]
+    problems: list[str]
+
+
+class ProbeVerdict(Record):
+    """The greedy probes of a run against the fault-free deployment (``RunSummary.probes``)."""
+
+    rounds: int
+    sent: int
+    compared: int
+    equal: int
+    failed: int = Field(description="probes that failed (judged with the other requests, not compared)")
+    differing: list[dict[str, Any]] = Field(description="the first 10 answers that differ, with the reference's")
+    problems: list[str]
+    reference: list[ProbeAnswer] = Field(default_factory=list, description="the fault-free answers")
+
+
+class Percentiles(Record):
     count: int = Field(description="values the row is computed over")
     requests: int | None = Field(description="requests those values come from (None: not a per-request figure)")
     p50: float | None
@@ -53,7 +89,7 @@ class Percentiles(_Record):
     mean: float | None
 
 
-class Throughput(_Record):
+class Throughput(Record):
     completed: int = Field(description="complete answers (outcome ok)")
     requests_per_s: float = Field(description="complete answers per second of load")
     output_tokens_per_s: float
@@ -62,7 +98,7 @@ class Throughput(_Record):
     goodput_requests_per_s: float = Field(description="slo_met per second of load")
 
 
-class Latency(_Record):
+class Latency(Record):
     """Seconds, over the requests that completed (outcome ok) and have the figure: TTFT and ITL the streams that
     produced a token, TPOT those with two or more, end-to-end every one (each row's ``requests`` says how many)."""
 
@@ -72,7 +108,7 @@ class Latency(_Record):
     e2e: Percentiles
 
 
-class BadRequestProblem(_Record):
+class BadRequestProblem(Record):
     index: int
     status: int | None
     want_status: int | None
@@ -81,20 +117,20 @@ class BadRequestProblem(_Record):
     error: str | None
 
 
-class BadRequests(_Record):
+class BadRequests(Record):
     sent: int
     rejected_naming_the_field: int
     problems: list[BadRequestProblem] = Field(description="the first 10 refused without the status or field expected")
 
 
-class ScrapeError(_Record):
+class ScrapeError(Record):
     t: float
     url: str
     error: str
     planned: bool = Field(False, description="the endpoint's node was lost on purpose (a node-loss run)")
 
 
-class Invariants(_Record):
+class Invariants(Record):
     ok: bool
     violations: int
     by_kind: dict[str, int]
@@ -109,7 +145,7 @@ class Invariants(_Record):
     last_scrape_t: float | None
 
 
-class ReplicaRecord(_Record):
+class ReplicaRecord(Record):
     """One replica's last scraped counters, and what the monitor saw of its life."""
 
     stale: bool
@@ -125,7 +161,7 @@ class ReplicaRecord(_Record):
     injections: dict[str, float]
 
 
-class ClientServer(_Record):
+class ClientServer(Record):
     """What the clients saw complete against what the engines counted (``load_tests.summary.server_cross_check``)."""
 
     client_ok: int
@@ -141,7 +177,7 @@ class ClientServer(_Record):
                              description="present when a replica died: only the upper bound is checked")
 
 
-class SweepStep(_Record):
+class SweepStep(Record):
     """One step of the capacity search (``load_tests.capacity``): its figures and verdicts."""
 
     concurrency: int
@@ -158,7 +194,7 @@ class SweepStep(_Record):
     meets_slo: bool = Field(description="attainment reached, within the error budget, no violation")
 
 
-class Capacity(_Record):
+class Capacity(Record):
     """The capacity search's result (``summary.json``'s ``capacity``)."""
 
     plan: SweepPlan
@@ -170,7 +206,7 @@ class Capacity(_Record):
     stopped_because: str
 
 
-class Spread(_Record):
+class Spread(Record):
     """One figure over repeated runs."""
 
     values: list[float | None] = Field(description="each run's, in order")
@@ -180,7 +216,7 @@ class Spread(_Record):
     relative_spread: float | None = Field(description="(max - min) / median")
 
 
-class Repeats(_Record):
+class Repeats(Record):
     """The same profile run several times on one deployment (``--repeat N``): each figure's median and spread."""
 
     runs: int
@@ -189,7 +225,7 @@ class Repeats(_Record):
     reports: list[str] = Field(description="each run's report directory")
 
 
-class IngressRetries(_Record):
+class IngressRetries(Record):
     """Requests Serve's HAProxy refused before any replica saw them, and the client sent again
     (:mod:`load_tests.client`: only ``router_unreachable`` and ``unknown_replica_id``)."""
 
@@ -199,10 +235,10 @@ class IngressRetries(_Record):
                                       "server_error); the rest are server_error and fail the run")
 
 
-class RunSummary(_Record):
+class RunSummary(Record):
     """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
 
-    schema_version: Literal[2] = SCHEMA_VERSION
+    schema_version: Literal[3] = SCHEMA_VERSION
     wall_s: float
     started: int = Field(description="requests started (probes included); each ends as one outcome, or lost")
     outcomes: dict[Counted, int]
@@ -215,7 +251,8 @@ class RunSummary(_Record):
     ingress_retries: IngressRetries
     first_unexpected_errors: list[dict[str, Any]] = Field(description="the first 5, as lines of requests.jsonl")
     bad_requests: BadRequests
-    faults: list[Fault] = Field(description="what the run did on purpose (replica kills)")
+    faults: list[Event] = Field(description="what the run did on purpose: replica kills, operation steps "
+                                            "(load_tests.results.events)")
     invariants: Invariants
     replicas: dict[str, ReplicaRecord]
     unexpected_replica_deaths: list[str]
@@ -259,6 +296,3 @@ def schema() -> dict[str, Any]:
 def schema_json() -> str:
     return json.dumps(schema(), indent=2) + "\n"
 
-
-if __name__ == "__main__":
-    sys.stdout.write(schema_json())

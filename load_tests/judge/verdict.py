@@ -1,7 +1,7 @@
-"""Whether a run passed: the reasons its :class:`~load_tests.results.RunSummary` fails it, one line each.
+"""Whether a run passed: the reasons its :class:`~load_tests.results.models.RunSummary` fails it, one line each.
 
-A pure function of the summary's figures (:mod:`load_tests.summary`) and the
-monitor's violations. A run fails on any of:
+A pure function of the summary's figures (:mod:`load_tests.judge.summary`) and the
+monitor's violations; the only place that says why a run fails. A run fails on any of:
 
 * an invariant violation (negative / decreasing counter, sum mismatch at
   quiescence, unexpected accounting violations);
@@ -12,7 +12,7 @@ monitor's violations. A run fails on any of:
 * an unexpected error: 5xx, a stream error event, a transport error, a 4xx
   for a good request, a 200 for a bad one, or a 4xx that does not name the
   field it should;
-* a refusal at the ingress (:mod:`load_tests.client` retries those) in a run
+* a refusal at the ingress (:mod:`load_tests.load.client` retries those) in a run
   that changed no replica on purpose: with the replica set standing still,
   HAProxy's router list and its backends do not change, so a refusal says
   the ingress is broken, whether or not a retry got an answer (one still
@@ -22,26 +22,22 @@ monitor's violations. A run fails on any of:
 * a replica that died without the run killing it, losing its node, or an
   operation retiring it (seen in the scraped data in every mode; with a local
   deployment also through Ray's state API:
-  :func:`load_tests.summary.unexpected_deaths`);
+  :func:`load_tests.judge.departures.unexpected_deaths`);
 * a planned fault that did not fire, or whose handling does not show
-  (:mod:`load_tests.fault_evidence`);
+  (:mod:`load_tests.judge.evidence`);
+* a greedy probe answered under faults unlike the fault-free deployment, or
+  a fault-free reference that was not stable (:mod:`load_tests.judge.probes`);
 * no request completed at all.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from .outcomes import LOST_OUTCOMES
-
-# What the run does on purpose that changes the replica set, so HAProxy's router and replica lists: a replica
-# kill (target.py) and the operations (operations.py's step kinds).
-REPLICA_SET_CHANGES = ("replica_kill", "redeploy", "scale", "autoscale", "node_loss")
-
-if TYPE_CHECKING:
-    from .monitor import Violation
-    from .results import RunSummary
+from ..load.outcomes import LOST_OUTCOMES
+from ..observe.monitor import Violation
+from ..results.events import REPLICA_SET_CHANGES
+from ..results.models import RunSummary
 
 
 def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
@@ -80,6 +76,8 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
         if not c.fired:
             reasons.append(f"planned fault {c.fault} did not fire: {c.evidence}")
         reasons.extend(f"planned fault {c.fault}: {p}" for p in c.problems)
+    if summary.probes is not None:
+        reasons.extend(f"probes: {p}" for p in summary.probes.problems)
     if not summary.outcomes.get("ok"):
         reasons.append("no request completed")
     return reasons

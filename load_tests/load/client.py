@@ -57,7 +57,7 @@ from typing import Any
 import aiohttp
 
 from .outcomes import Outcome
-from .workload import RequestSpec
+from ..plan.workload import RequestSpec
 
 # The refusals of Serve's HAProxy that come before any replica is chosen and say the replica set is changing
 # (its ingress_request_router.lua: the reason goes out in X-Serve-Reason with the 503).

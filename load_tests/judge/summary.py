@@ -1,10 +1,11 @@
-"""A run's numbers: per-request results and the monitor's findings turned into a :class:`~load_tests.results.RunSummary`.
+"""A run's numbers: per-request results and the monitor's findings turned into a
+:class:`~load_tests.results.models.RunSummary`.
 
-Pure functions over :class:`~load_tests.client.RequestResult` lists and an
-:class:`~load_tests.monitor.InvariantChecker`; no I/O. :func:`run_statistics`
+Pure functions over :class:`~load_tests.load.client.RequestResult` lists and an
+:class:`~load_tests.observe.monitor.InvariantChecker`; no I/O. :func:`run_statistics`
 computes every figure of ``summary.json`` (outcomes, throughput, latencies,
 errors, invariants, replicas, the client/server cross-check, the planned
-faults' evidence); whether they fail the run is :mod:`load_tests.verdict`'s
+faults' evidence); whether they fail the run is :mod:`load_tests.judge.verdict`'s
 question; :func:`summarize` is the two together, what the CLI reports.
 
 A failed request that was in flight when the run itself killed a replica,
@@ -21,79 +22,31 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from .client import RequestResult
-from .monitor import InvariantChecker
-from .outcomes import FAILURE_OUTCOMES
-from .counters import ReplicaCounters
-from .results import (BadRequestProblem, BadRequests, ClientServer, Fault, IngressRetries, Invariants, Latency,
-                      Percentiles, ReplicaRecord, RunSummary, Throughput)
-from .scenarios import Slo
+from ..load.client import RequestResult
+from ..load.outcomes import FAILURE_OUTCOMES
+from ..observe.counters import ReplicaCounters
+from ..observe.monitor import InvariantChecker
+from ..plan.slo import Slo
+from ..results.events import CUTTING, Event
+from ..results.models import (BadRequestProblem, BadRequests, ClientServer, FaultCheck, IngressRetries, Invariants,
+                              Percentiles, ProbeVerdict, ReplicaRecord, RunSummary)
+from .figures import latency, percentiles, throughput
 from .verdict import verdict
-
-if TYPE_CHECKING:
-    from .fault_evidence import FaultCheck
-
-__all__ = ["Fault", "Slo", "percentiles", "latency", "throughput", "run_statistics", "summarize", "server_cross_check", "unexpected_deaths",
-           "explained_by_fault", "ingress_retries", "bad_request_problems", "error_signature"]
-
-PERCENTILES = (50, 90, 95, 99)
 # After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
 # replica die and stop routing to it).
 KILL_GRACE_S = 30.0
 
 
-def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
-    """``{"p50": ..., ..., "mean": ..., "count": n}`` of ``values`` (None each when there are none): every latency
-    figure of the load tests and the benchmarks, with how many values it covers."""
-    if not len(values):
-        return {f"p{p}": None for p in points} | {"mean": None, "count": 0}
-    arr = np.asarray(values, dtype=float)
-    return {f"p{p}": float(np.percentile(arr, p)) for p in points} | {"mean": float(arr.mean()), "count": len(arr)}
-
-
-def latency(ok: Sequence[RequestResult]) -> Latency:
-    """The latency rows over the complete answers ``ok``, each over the requests that have the figure."""
-    def row(per_request: list[list[float]]) -> Percentiles:
-        have = [xs for xs in per_request if xs]
-        return Percentiles(**percentiles([x for xs in have for x in xs]), requests=len(have))
-
-    return Latency(ttft=row([[r.ttft] if r.ttft is not None else [] for r in ok]),
-                   itl=row([list(r.itl) if r.ttft is not None else [] for r in ok]),
-                   tpot=row([[r.tpot] if r.tpot is not None else [] for r in ok]),
-                   e2e=row([[r.e2e] if r.e2e is not None else [] for r in ok]))
-
-
-def throughput(results: Sequence[RequestResult], wall_s: float, slo: Slo) -> Throughput:
-    """Completed requests, output tokens and SLO goodput per second of ``wall_s`` (every request judged by
-    :meth:`Slo.met`)."""
-    ok = [r for r in results if r.outcome == "ok"]
-    met = sum(slo.met(r) for r in ok)
-
-    def rate(n: float) -> float:
-        return n / wall_s if wall_s else 0.0
-
-    return Throughput(completed=len(ok), requests_per_s=rate(len(ok)),
-                      output_tokens_per_s=rate(sum(r.output_tokens for r in ok)), slo_met=met,
-                      goodput_requests_per_s=rate(met))
-
-
-# Faults that cut what is in flight on purpose: a replica kill, a node loss. A redeploy or a scale-down explains
-# nothing: Serve drains the replicas it stops, so every request must complete.
-CUTTING_FAULTS = ("replica_kill", "node_loss")
-
-
-def explained_by_fault(r: RequestResult, faults: list[Fault], grace_s: float = KILL_GRACE_S) -> bool:
-    """A failed request that was in flight at a replica kill or node loss, or started within ``grace_s`` after it."""
+def explained_by_fault(r: RequestResult, events: Sequence[Event], grace_s: float = KILL_GRACE_S) -> bool:
+    """A failed request that was in flight at a replica kill or node loss (:data:`CUTTING`), or started within
+    ``grace_s`` after it. A redeploy or a scale-down explains nothing: Serve drains the replicas it stops."""
     end = r.start + (r.e2e or 0.0)
-    return any(f.kind in CUTTING_FAULTS and r.start <= f.t + grace_s and end >= f.t for f in faults)
+    return any(f.kind in CUTTING and r.start <= f.t + grace_s and end >= f.t for f in events)
 
 
 def ingress_retries(results: Sequence[RequestResult]) -> IngressRetries:
-    """The requests refused at the ingress and sent again (:mod:`load_tests.client`), and how they ended."""
+    """The requests refused at the ingress and sent again (:mod:`load_tests.load.client`), and how they ended."""
     refused = [r for r in results if r.ingress_refusals]
     return IngressRetries(requests=len(refused),
                           refusals=dict(Counter(reason for r in refused for reason in r.ingress_refusals)),
@@ -164,22 +117,14 @@ def error_signature(r: RequestResult) -> str:
     return re.sub(r"[\w-]*\d[\w-]*", "N", f"{r.outcome}: {r.error or r.status}")[:160]
 
 
-def unexpected_deaths(checker: InvariantChecker, faults: list[Fault], listed_dead: list[str] = ()) -> list[str]:
-    """Replicas that died (seen in the data, or missing from Ray's replica list) without the run killing them,
-    losing their node, or an operation retiring them (:func:`load_tests.operations.planned_departures`)."""
-    from .operations import planned_departures
-
-    killed = {f.detail.get("replica") for f in faults if f.kind == "replica_kill"}
-    planned = set(planned_departures(checker, faults, list(listed_dead)))
-    return sorted((set(checker.deaths) | set(listed_dead)) - killed - planned)
-
-
-def run_statistics(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
-                   wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = (),
-                   operator_ok: int = 0) -> RunSummary:
+def run_statistics(results: list[RequestResult], started: int, checker: InvariantChecker, events: Sequence[Event],
+                   wall_s: float, slo: Slo, deaths: list[str], fault_checks: Sequence[FaultCheck] = (),
+                   operator_ok: int = 0, probes: ProbeVerdict | None = None) -> RunSummary:
     """Every figure of the run, with no verdict yet (``failures`` empty).
 
-    ``deaths``: replicas that died without the run killing them (:func:`unexpected_deaths`)."""
+    ``deaths``: replicas that died without the run killing them
+    (:func:`load_tests.judge.departures.unexpected_deaths`); ``probes``: the greedy probes' comparison
+    (:func:`load_tests.judge.probes.probe_verdict`), for a run that sent them."""
     outcomes = Counter(r.outcome for r in results)
     lost = started - len(results)
     if lost:
@@ -187,11 +132,11 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
     explained, unexplained = [], []
     for r in results:
         if r.outcome in FAILURE_OUTCOMES:
-            (explained if explained_by_fault(r, faults) else unexplained).append(r)
+            (explained if explained_by_fault(r, events) else unexplained).append(r)
     ok = [r for r in results if r.outcome == "ok"]
     final = checker.final()
     cross = server_cross_check(results, final, replicas_died=bool(checker.deaths or any(
-        f.kind in CUTTING_FAULTS for f in faults) or deaths), baseline=checker.baseline(), operator_ok=operator_ok)
+        f.kind in CUTTING for f in events) or deaths), baseline=checker.baseline(), operator_ok=operator_ok)
     bad = bad_request_problems(results)
     return RunSummary(
         wall_s=wall_s,
@@ -208,7 +153,7 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
         bad_requests=BadRequests(sent=sum(r.spec.get("expect") == "4xx" for r in results),
                                  rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),
                                  problems=bad[:10]),
-        faults=faults,
+        faults=list(events),
         invariants=Invariants(
             ok=checker.ok, violations=len(checker.violations),
             by_kind=dict(Counter(v.kind for v in checker.violations)),
@@ -229,13 +174,15 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
         planned_faults=list(fault_checks),
         client_server=cross,
         failures=[],
+        probes=probes,
     )
 
 
-def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, faults: list[Fault],
-              wall_s: float, slo: Slo, deaths: list[str], fault_checks: list[FaultCheck] = (),
-              operator_ok: int = 0) -> RunSummary:
-    """:func:`run_statistics` with its verdict (``failures``, :func:`load_tests.verdict.verdict`)."""
-    summary = run_statistics(results, started, checker, faults, wall_s, slo, deaths, fault_checks, operator_ok)
+def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, events: Sequence[Event],
+              wall_s: float, slo: Slo, deaths: list[str], fault_checks: Sequence[FaultCheck] = (),
+              operator_ok: int = 0, probes: ProbeVerdict | None = None) -> RunSummary:
+    """:func:`run_statistics` with its verdict (``failures``, :func:`load_tests.judge.verdict.verdict`)."""
+    summary = run_statistics(results, started, checker, events, wall_s, slo, deaths, fault_checks, operator_ok,
+                             probes)
     summary.failures = verdict(summary, checker.violations)
     return summary

@@ -27,16 +27,15 @@ from __future__ import annotations
 
 import types
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fixture_model.tasks import LETTERS, NUMBERS
-
 from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id
+from serve_app.routing_keys import rendezvous, routing_key
 
-from .invariants import busy
-
-if TYPE_CHECKING:
-    from .monitor import InvariantChecker, Snapshot
+from ..observe.invariants import busy
+from ..observe.monitor import InvariantChecker, Snapshot
+from ..results.events import AffinityKeyRecord, AffinityRecord
 
 # A prompt prefix longer than any router's prefix_chars default (512): every request of a key shares its key.
 PREFIX = " ".join((LETTERS + NUMBERS)[i % 30] for i in range(300))
@@ -64,8 +63,6 @@ class AffinityKey:
 
 def home_replica(xargs: dict[str, Any] | None, live: list[str], model: str, prefix_chars: int) -> str:
     """The ReplicaId (of ``live``) that the fuzz-aware router prefers for :data:`PREFIX` under ``xargs``."""
-    from serve_app.routing_keys import rendezvous, routing_key
-
     full = {replica_full_id(r, ENGINE_DEPLOYMENT_PREFIX + model): r for r in live}
     request = types.SimpleNamespace(prompt=PREFIX, vllm_xargs=xargs)
     key = routing_key(types.SimpleNamespace(args=[request]), prefix_chars)
@@ -143,7 +140,7 @@ class AffinityCheck:
                        f"count: keys {[(k.xargs, k.home) for k in self.keys]})")
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        return {"t": round(self.t, 1), "keys": [asdict(k) for k in self.keys], "before": self.before,
-                "after": self.after, "served": self.served, "statuses": self.statuses,
-                "paused_s": round(self.paused_s, 1), "problems": self.problems()}
+    def record(self) -> AffinityRecord:
+        return AffinityRecord(t=round(self.t, 1), keys=[AffinityKeyRecord(**asdict(k)) for k in self.keys],
+                              before=self.before, after=self.after, served=self.served, statuses=self.statuses,
+                              paused_s=round(self.paused_s, 1), problems=self.problems())

@@ -1,4 +1,4 @@
-"""Load profiles: when the generator starts each request.
+"""Load profiles: when the generator starts each request (the data; :mod:`load_tests.load.drive` drives it).
 
 ``fixed``
     ``concurrency`` requests in flight at all times (closed loop).
@@ -10,7 +10,8 @@
     whatever the server does (``concurrency`` caps what is in flight, so a
     stalled server cannot make the generator exhaust memory).
 ``sweep``
-    the capacity search (:mod:`load_tests.sweep`): closed-loop steps of
+    the capacity search (:mod:`load_tests.judge.capacity`, driven by
+    :mod:`load_tests.runner.sweep`): closed-loop steps of
     ``step_s`` seconds at 1, 2, 4, ... requests in flight up to
     ``concurrency``, stopping early once the SLO goodput stops rising or a
     step breaks an invariant or the error budget.
@@ -23,10 +24,6 @@ for every request in flight: nothing started is abandoned.
 
 from __future__ import annotations
 
-import asyncio
-import random
-import time
-from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -52,75 +49,6 @@ class Profile(BaseModel):
         if self.kind == "poisson" and self.rate is None:
             raise ValueError("the poisson profile needs rate (requests per second)")
         return self
-
-
-async def drive(profile: Profile, one: Callable[[int], Awaitable[None]], seed: int = 0,
-                stop: asyncio.Event | None = None) -> int:
-    """Call ``one(index)`` for indexes 0, 1, ... as the profile says; return how many were started.
-
-    ``one`` must not raise (the caller records outcomes); ``stop`` ends the
-    run early (Ctrl-C), still waiting for what is in flight.
-    """
-    if profile.kind == "sweep":
-        raise ValueError("a sweep is a series of fixed-concurrency steps: load_tests.sweep drives it")
-    stop = stop or asyncio.Event()
-    t0 = time.monotonic()
-    started = 0
-
-    def more() -> bool:
-        if stop.is_set():
-            return False
-        if profile.max_requests is not None and started >= profile.max_requests:
-            return False
-        return profile.duration_s is None or time.monotonic() - t0 < profile.duration_s
-
-    def take() -> int | None:
-        nonlocal started
-        if not more():
-            return None
-        started += 1
-        return started - 1
-
-    if profile.kind == "poisson":
-        rng = random.Random(seed)
-        sem = asyncio.Semaphore(profile.concurrency)
-        tasks: set[asyncio.Task] = set()
-
-        async def guarded(i: int) -> None:
-            try:
-                await one(i)
-            finally:
-                sem.release()
-
-        next_at = time.monotonic()
-        while True:
-            next_at += rng.expovariate(profile.rate)
-            delay = next_at - time.monotonic()
-            if delay > 0:
-                try:
-                    await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    pass
-            await sem.acquire()
-            i = take()
-            if i is None:
-                sem.release()
-                break
-            t = asyncio.create_task(guarded(i))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-        return started
-
-    async def worker(w: int) -> None:
-        if profile.kind == "ramp" and profile.concurrency > 1:
-            await asyncio.sleep(profile.ramp_s * w / (profile.concurrency - 1))
-        while (i := take()) is not None:
-            await one(i)
-
-    await asyncio.gather(*(worker(w) for w in range(profile.concurrency)))
-    return started
 
 
 class SweepPlan(BaseModel):

@@ -1,12 +1,13 @@
-"""The load loop as a library call: :func:`run_load` drives a scenario's load at a :class:`~load_tests.target.LoadTarget`,
+"""The load loop: :func:`run_load` drives a scenario's load at a :class:`~load_tests.operate.target.LoadTarget`,
 watches every replica's counters while it runs, and waits for quiescence.
 
 How it runs is a typed :class:`RunConfig` (the CLI builds one from its
 flags, ``testkit.monitoring.e2e`` builds one directly); what it drives is the
-:class:`~load_tests.scenarios.Scenario` (profile, mix, planned replica kill,
-probes). What it hands back, :class:`LoadRun`, is every request's result and
-what the monitor saw; turning that into figures and a verdict is
-:mod:`load_tests.summary`'s job.
+:class:`~load_tests.plan.scenarios.Scenario` (profile, mix, planned replica kill,
+probes, operations). What it hands back, :class:`LoadRun`, is every request's result,
+what the run did on purpose (its events) and what the monitor saw; turning that into
+figures and a verdict is :mod:`load_tests.judge`'s job (:func:`load_tests.runner.run.run`
+does the whole).
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from .client import RequestResult, send
-from .monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
-from .probes import probe_specs
-from .profiles import drive
-from .results import Fault
-from .scenarios import Scenario
-from .target import LoadTarget
-from .workload import RequestSpec, draw
+from ..errors import SetupError
+from ..load.client import RequestResult, send
+from ..load.drive import LoadLevel, drive, drive_levels
+from ..observe.monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
+from ..observe.record import MetricsRecorder
+from ..operate.operator import Operator
+from ..operate.target import LoadTarget
+from ..plan.probes import probe_specs
+from ..plan.scenarios import Scenario
+from ..plan.workload import RequestSpec, draw
+from ..results.events import Event
 
 log = logging.getLogger("fuzzserve.load_tests")
 
@@ -53,7 +57,7 @@ class RunConfig(BaseModel):
     declare_lost_nodes: bool = Field(True, description="a node loss is declared to the monitor (off: the failing "
                                                        "twin, whose lost endpoint must fail the run)")
     record_metrics: Path | None = Field(None, description="JSON-lines file for what the nodes exported of the "
-                                                          "rules' families, every 10 s (load_tests.record)")
+                                                          "rules' families, every 10 s (load_tests.observe.record)")
 
 
 @dataclass
@@ -64,14 +68,14 @@ class LoadRun:
     started: int  # requests started, probes included (each ends as a result, or is lost)
     checker: InvariantChecker
     monitor: Monitor
-    faults: list[Fault]  # what the run did on purpose (replica kills)
+    events: list[Event]  # what the run did on purpose (replica kills, operation steps)
     wall_s: float  # the load's window: first request started to last answer (the figures' denominator)
     operator_ok: int = 0  # complete answers to the operations' own requests (probes, affinity checks)
 
 
 # What starts the requests: called with the loop, ``one(index)`` (sends the index-th request of the mix and records
 # it) and the stop event; returns how many it started. The default follows the scenario's profile
-# (load_tests.profiles.drive); the capacity search steps through loads (load_tests.capacity.SweepDriver).
+# (load_tests.load.drive.drive); the capacity search steps through loads (load_tests.runner.sweep.SweepDriver).
 Driver = Callable[["LoadLoop", Callable[[int], Awaitable[None]], asyncio.Event], Awaitable[int]]
 
 
@@ -91,23 +95,19 @@ class LoadLoop:
     def __init__(self, target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float):
         self.target, self.sc, self.config, self.t0 = target, scenario, config, t0
         self.checker = InvariantChecker(scenario.expected_violation_kinds)
-        record = None
-        if config.record_metrics is not None:
-            from .record import MetricsRecorder
-
-            record = MetricsRecorder(config.record_metrics)
+        record = MetricsRecorder(config.record_metrics) if config.record_metrics is not None else None
         self.monitor = Monitor(target.metrics_urls, self.checker, interval=config.scrape_interval_s, dead=target.dead,
                                settle_interval=config.settle_interval_s, t0=t0, record=record)
         self.results: list[RequestResult] = []
-        self.faults: list[Fault] = []
+        self.events: list[Event] = []
         self.counts: dict[str, int] = {}
         self.probes_started = 0
         self.stop = asyncio.Event()  # ends the load early: SIGINT, or the scenario's operations done
         self.gate = asyncio.Event()  # cleared while an operation pauses the load (an affinity check)
         self.gate.set()
         self.operations_task: asyncio.Task | None = None
-        self.operator = None  # load_tests.operations.Operator, when the scenario has operations
-        self.level = None  # load_tests.operations.LoadLevel, when the operations change the load (autoscaling)
+        self.operator: Operator | None = None  # when the scenario has operations
+        self.level: LoadLevel | None = None  # when the operations change the load (autoscaling)
         self.probe_rounds: list[asyncio.Future] = []
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  TextColumn("{task.completed} done"), TextColumn("{task.fields[status]}"),
@@ -139,41 +139,29 @@ class LoadLoop:
             rnd += 1
 
     async def operate(self, session: aiohttp.ClientSession) -> None:
-        """The scenario's operations, one after another; the load stops after the last one (load_tests.operations)."""
-        from .operations import Operator
-
-        operator = self.operator = Operator(self.sc.operations, self.target, self.checker, self.t0, self.stop,
-                                            self.faults, self.sc.mix.model, declare_lost=self.config.declare_lost_nodes,
-                                            level=self.level, gate=self.gate,
-                                            settle_s=self.config.settle_interval_s)
-        try:
-            await operator.run(session)
-        finally:
-            for f in self.faults:
-                if f.kind == "redeploy":  # to the ms: a probe answered just after the step began is not before it
-                    f.detail["probes"] = [[round(p["t"], 3), p["status"], p["names_key"], round(p["answered"], 3)]
-                                          for p in operator.probes]
-            self.faults.extend(Fault("operation_failed", operator.now(), {"error": e}) for e in operator.errors)
+        """The scenario's operations, one after another; the load stops after the last one (load_tests.operate)."""
+        self.operator = Operator(self.sc.operations, self.target, self.checker, self.t0, self.stop, self.events,
+                                 self.sc.mix.model, declare_lost=self.config.declare_lost_nodes, level=self.level,
+                                 gate=self.gate, settle_s=self.config.settle_interval_s)
+        await self.operator.run(session)
 
     def levels_driver(self) -> Driver:
-        """The load at the level the scenario's autoscale steps set (load_tests.operations.drive_levels)."""
-        from .operations import LoadLevel, drive_levels
-
-        self.level = LoadLevel(self.sc.profile.concurrency)
-        return lambda _loop, one, stop: drive_levels(self.level, one, stop)
+        """The load at the level the scenario's autoscale steps set (load_tests.load.drive.drive_levels)."""
+        level = self.level = LoadLevel(self.sc.profile.concurrency)
+        return lambda _loop, one, stop: drive_levels(level, one, stop)
 
     async def killer(self, victims: dict[str, int]) -> None:
         await asyncio.sleep(self.sc.kill_replica_at_s)
-        fault = await asyncio.to_thread(self.target.kill_one, victims, self.config.seed, self.t0)
-        if fault is not None:
-            self.faults.append(fault)
+        event = await asyncio.to_thread(self.target.kill_one, victims, self.config.seed, self.t0)
+        if event is not None:
+            self.events.append(event)
 
     def side_tasks(self, session: aiohttp.ClientSession, listed: dict[str, int] | None) -> list[asyncio.Task]:
         """What runs beside the load: the planned replica kill, the probe rounds."""
         side = []
         if self.sc.kill_replica_at_s is not None:
             if not listed:
-                raise SystemExit("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
+                raise SetupError("--kill-replica-at needs a local deployment (no --url) whose replicas can be listed")
             side.append(asyncio.create_task(self.killer(listed)))
         if self.sc.probes:
             side.append(asyncio.create_task(self.prober(session)))
@@ -210,5 +198,5 @@ class LoadLoop:
                 await asyncio.to_thread(self.target.note_final_listing)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
-        return LoadRun(self.results, started + self.probes_started, self.checker, self.monitor, self.faults, wall,
+        return LoadRun(self.results, started + self.probes_started, self.checker, self.monitor, self.events, wall,
                        operator_ok=self.operator.completed if self.operator else 0)

@@ -16,38 +16,30 @@ The sweep stops after a step that broke an invariant or the error budget
 ``knee_within`` (it has stopped rising). The **knee** is the highest load
 whose goodput is within ``knee_within`` of the best and that meets the SLO:
 at least ``slo_attainment`` of its complete answers met it
-(:meth:`load_tests.scenarios.Slo.met`), within the error budget, no
-violation. The plan is :class:`load_tests.profiles.SweepPlan`, the result
-:class:`load_tests.results.Capacity`; pure functions here
+(:meth:`load_tests.plan.slo.Slo.met`), within the error budget, no
+violation. The plan is :class:`load_tests.plan.profiles.SweepPlan`, the result
+:class:`load_tests.results.models.Capacity`; pure functions here
 (:func:`step_figures`, :func:`stop_reason`, :func:`knee`), and
-:class:`SweepDriver`, which runs the steps inside
-:func:`load_tests.load_loop.run_load`.
+:class:`load_tests.runner.sweep.SweepDriver` runs the steps inside
+:func:`load_tests.runner.loop.run_load`.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
 
-from .outcomes import FAILURE_OUTCOMES
-from .profiles import Profile, SweepPlan, drive
-from .results import Capacity, SweepStep
-
-if TYPE_CHECKING:
-    import asyncio
-
-    from .client import RequestResult
-    from .load_loop import LoadLoop
-    from .monitor import Violation
-    from .scenarios import Slo
+from ..load.client import RequestResult
+from ..load.outcomes import FAILURE_OUTCOMES
+from ..observe.monitor import Violation
+from ..plan.profiles import SweepPlan
+from ..plan.slo import Slo
+from ..results.models import Capacity, SweepStep
+from .figures import latency, throughput
 
 
 def step_figures(results: Sequence[RequestResult], started: int, concurrency: int, t_start: float, wall_s: float,
                  slo: Slo, violations: Sequence[Violation], plan: SweepPlan) -> SweepStep:
     """A step's :class:`SweepStep` from its requests' results and the violations seen while it ran."""
-    from .summary import latency, throughput
-
     tp = throughput(results, wall_s, slo)
     failures = sum(r.outcome in FAILURE_OUTCOMES for r in results) + max(0, started - len(results))
     within = failures <= plan.error_budget * max(started, 1)
@@ -94,36 +86,3 @@ def capacity(steps: Sequence[SweepStep], plan: SweepPlan, stopped_because: str) 
                     knee_goodput_requests_per_s=k.throughput.goodput_requests_per_s if k else None,
                     best_goodput_requests_per_s=max((s.throughput.goodput_requests_per_s for s in steps), default=0.0),
                     stopped_because=stopped_because)
-
-
-class SweepDriver:
-    """Drives the steps inside a load run (:func:`load_tests.load_loop.run_load`'s ``driver``)."""
-
-    def __init__(self, plan: SweepPlan, slo: Slo, seed: int = 0):
-        self.plan, self.slo, self.seed = plan, slo, seed
-        self.steps: list[SweepStep] = []
-        self.stopped_because = "the sweep did not run"
-
-    async def __call__(self, loop: LoadLoop, one: Callable[[int], Awaitable[None]], stop: asyncio.Event) -> int:
-        started = 0
-        self.stopped_because = f"the last step ({self.plan.top} in flight) ran"
-        for c in self.plan.concurrencies():
-            offset, seen = started, len(loop.checker.violations)
-            t_start = time.monotonic() - loop.t0
-            n = await drive(Profile(kind="fixed", concurrency=c, duration_s=self.plan.step_s),
-                            lambda i, offset=offset: one(offset + i), seed=self.seed, stop=stop)
-            started += n
-            wall = time.monotonic() - loop.t0 - t_start
-            mine = [r for r in loop.results if offset <= r.index < offset + n]
-            self.steps.append(step_figures(mine, n, c, t_start, wall, self.slo, loop.checker.violations[seen:],
-                                           self.plan))
-            if stop.is_set():
-                self.stopped_because = f"stopped by the user at {c} in flight"
-                break
-            if reason := stop_reason(self.steps, self.plan):
-                self.stopped_because = reason
-                break
-        return started
-
-    def result(self) -> Capacity:
-        return capacity(self.steps, self.plan, self.stopped_because)

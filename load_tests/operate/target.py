@@ -5,22 +5,25 @@ engine replica's ReplicaId and pid, listed through Ray's state API before and
 after the load (under full load that API can take over a minute to answer).
 During the load a replica is dead when its pid is gone: a process-table
 lookup, cheap enough for every scrape. Without a local cluster (``--url``)
-deaths are read from the scraped data alone (:mod:`load_tests.monitor`), and
+deaths are read from the scraped data alone (:mod:`load_tests.observe.monitor`), and
 nothing can be killed.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import random
+import socket
 import time
 from typing import Any
+from urllib.parse import urlparse
 
 import psutil
 
 from serve_app.names import replica_id
 
-from .results import Fault
+from ..results.events import ReplicaKilled
 
 log = logging.getLogger("fuzzserve.load_tests")
 
@@ -63,9 +66,9 @@ class LoadTarget:
         """The replicas known dead now: a pid gone, or killed by the run."""
         return frozenset(k for k, pid in self.pids.items() if not running(pid)) | frozenset(self.killed)
 
-    def kill_one(self, victims: dict[str, int], seed: int, t0: float) -> Fault | None:
+    def kill_one(self, victims: dict[str, int], seed: int, t0: float) -> ReplicaKilled | None:
         """SIGKILL one of ``victims`` (ReplicaId -> pid, listed before the load) still running, picked by ``seed``;
-        the fault, or None when none could be killed."""
+        the event, or None when none could be killed."""
         alive = sorted(rid for rid, pid in victims.items() if running(pid))
         if not alive:
             log.error("no replica listed before the load is still running: nothing to kill")
@@ -77,9 +80,9 @@ class LoadTarget:
             log.error("replica %s (pid %d) exited before it could be killed", rid, victims[rid])
             return None
         self.killed.add(rid)
-        fault = Fault("replica_kill", time.monotonic() - t0, {"replica": rid, "pid": victims[rid]})
-        log.info("killed replica %s (pid %d) at %.0f s", rid, victims[rid], fault.t)
-        return fault
+        event = ReplicaKilled(t=time.monotonic() - t0, replica=rid, pid=victims[rid])
+        log.info("killed replica %s (pid %d) at %.0f s", rid, victims[rid], event.t)
+        return event
 
 
 def running(pid: int) -> bool:
@@ -87,3 +90,16 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def is_local(url: str) -> bool:
+    """Whether every address ``url``'s host resolves to is this machine's."""
+    host = urlparse(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        addrs = {ai[4][0] for ai in socket.getaddrinfo(host, None)}
+    except socket.gaierror:
+        return False
+    local = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None)} | {"127.0.0.1", "::1"}
+    return all(ipaddress.ip_address(a).is_loopback or a in local for a in addrs)

@@ -6,71 +6,29 @@ A scenario is a load profile, a request mix, latency targets, and what to
 do to the deployment: engine-level faults (the ``kv_faults`` patch's seeded
 load failures, load delays and lying connector; a KV pool small enough for
 a preemption storm), replica kills, and operations on the whole deployment
-(redeploy, scale, node loss: :mod:`load_tests.operations`). Faults are configured at deploy time
+(redeploy, scale, node loss: :mod:`load_tests.plan.steps`). Faults are configured at deploy time
 (``engine_overrides``), so fault scenarios need the CLI to deploy the app
 itself.
 
 ``planned_faults`` is derived from those settings (never written by hand,
 so it cannot drift from what is injected), and the verdict fails unless each
-planned fault shows in the data (:mod:`load_tests.fault_evidence`).
+planned fault shows in the data (:mod:`load_tests.judge.evidence`).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from patches.fault_config import FaultConfig
+from patches.fault_config import CONFIG_KEY, FaultConfig
 from patches.metrics import LYING_CONNECTOR_KINDS
 
-from .operations import Autoscale, NodeLoss, OperationPlan, Redeploy, Scale
 from .profiles import Profile
+from .slo import LOADED_SLO, Slo
+from .steps import Autoscale, NodeLoss, OperationPlan, Redeploy, Scale
 from .workload import Mix
-
-if TYPE_CHECKING:
-    from .client import RequestResult
-
-
-class Slo(BaseModel):
-    """Latency targets for goodput: a successful request counts when it meets every target it can be judged on.
-
-    The rule (:meth:`met`), the same for every request of a run:
-
-    * a stream that produced tokens has a TTFT, and a TPOT when it produced
-      two or more: each must be within its target (``ttft_s``, ``tpot_s``),
-      and its end-to-end time within ``e2e_s`` when that is set;
-    * a request with no TTFT (not streamed, or a stream with no token) is
-      judged on its end-to-end time: against ``e2e_s`` when set, else
-      against ``ttft_s + tpot_s x (tokens - 1)``, the latest a stream meeting
-      both targets could have finished (a stream's TTFT and TPOT give exactly
-      its end-to-end time); a target that is not set bounds nothing.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    ttft_s: float | None = 2.0
-    tpot_s: float | None = 0.2
-    e2e_s: float | None = None
-
-    def met(self, r: RequestResult) -> bool:
-        if r.outcome != "ok" or r.e2e is None:
-            return False
-        if r.ttft is not None:
-            tpot = r.tpot
-            return ((self.ttft_s is None or r.ttft <= self.ttft_s)
-                    and (self.tpot_s is None or tpot is None or tpot <= self.tpot_s)
-                    and (self.e2e_s is None or r.e2e <= self.e2e_s))
-        return r.e2e <= self.e2e_budget(r.output_tokens)
-
-    def e2e_budget(self, tokens: int) -> float:
-        """The end-to-end time a request of ``tokens`` output tokens is allowed when it has no TTFT."""
-        if self.e2e_s is not None:
-            return self.e2e_s
-        if self.ttft_s is None or (self.tpot_s is None and tokens > 1):
-            return float("inf")
-        return self.ttft_s + (self.tpot_s or 0.0) * max(tokens - 1, 0)
 
 
 class ClusterShape(BaseModel):
@@ -99,9 +57,9 @@ class Scenario(BaseModel):
     kill_replica_at_s: float | None = Field(None, description="SIGKILL one engine replica this long into the run")
     preemption_storm: bool = Field(False, description="the KV pool is sized for a preemption storm: it must happen")
     probes: bool = Field(False, description="greedy probe set sent during the load and compared with a fault-free "
-                                            "deployment of the same config (load_tests.probes)")
+                                            "deployment of the same config (load_tests.judge.probes)")
     operations: OperationPlan | None = Field(None, description="redeploy / scale / node loss during the load "
-                                                               "(load_tests.operations); the load stops after them")
+                                                               "(load_tests.operate); the load stops after them")
     cluster: ClusterShape | None = Field(None, description="the local cluster's nodes (default: one)")
     autoscaling: dict[str, Any] | None = Field(None, description="the engine deployment's autoscaling_config (Serve's "
                                                                  "autoscaler sizes it; engine_replicas is left unset)")
@@ -155,12 +113,11 @@ class Scenario(BaseModel):
                 "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
                 "kv_load_failure_policy": "recompute",
                 "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * (1 << 30)),
-                                              "fuzzserve_faults": self.faults}}
+                                              CONFIG_KEY: self.faults}}
         return kw
 
 
 CHAOS_FAULTS = {"seed": 7, "load_failure_rate": 0.1, "load_delay_ms": 3, "lying_rate": 0.1}
-LOADED_SLO = Slo(ttft_s=10.0, tpot_s=1.0, e2e_s=None)  # 256 streams on 2 cores
 
 # vLLM bench serve --dataset-name random --random-input-len 128 --random-output-len 64 --ignore-eos, as our mix
 BENCH_MIX = Mix(fuzz=0.0, explicit_zero=0.0, shared_prefix=0.0, long_prompt=0.0, stream=1.0, chat=0.0, cancel=0.0,
@@ -188,7 +145,7 @@ OPERATIONS_CAP_S = 1800
 
 
 def under_operations(name: str, description: str, steps: tuple, concurrency: int = 256, **kw: Any) -> Scenario:
-    """A scenario that runs ``steps`` (load_tests.operations) under a fixed load, which stops after them."""
+    """A scenario that runs ``steps`` (load_tests.operate) under a fixed load, which stops after them."""
     plan = {k: kw.pop(k) for k in ("tail_s", "affinity_check", "converge_timeout_s") if k in kw}
     return Scenario(name=name, description=description,
                     profile=Profile(kind="fixed", concurrency=concurrency, duration_s=OPERATIONS_CAP_S),

@@ -1,6 +1,6 @@
 """Fuzz sweep: fixture-task accuracy and output divergence against fuzz strength, per mode.
 
-    python -m load_tests.fuzz_sweep [--model DIR] [--per-task N] [--compile] [--json OUT]
+    python -m load_tests.load.fuzz_sweep [--model DIR] [--per-task N] [--compile] [--json OUT]
 
 Runs a patched vLLM engine (offline ``LLM`` API) on the fixture model's
 held-out prompts at every strength of each mode's sweep, greedy decoding, and
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -23,13 +22,14 @@ import numpy as np
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
 
-# The load's fuzz levels: 0, then 10 log-spaced strengths from 1 to 10. Scale mode
+from ..plan.workload import LOG_SWEEP
+
+# The gaussian sweep runs over the load's fuzz levels (LOG_SWEEP). Scale mode
 # zeroes the embeddings for every s >= 1, so its sweep lives below 1, dense near
 # 1: Llama normalises each layer's input (RMSNorm), so scaling every embedding by
 # a factor changes less than one might expect (on a random 2-layer Llama, 0.5 or
 # 0.1 left the first greedy tokens of some prompts unchanged), and the effect
 # grows mostly near s = 1.
-LOG_SWEEP = [0.0] + [round(float(x), 3) for x in np.logspace(0, 1, 10)]
 SWEEPS: dict[str, list[float]] = {
     "scale": [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0],
     "gaussian": [0.0, 0.1, 0.3] + LOG_SWEEP[1:],

@@ -25,15 +25,19 @@ import json
 import random
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+import numpy as np
+
 from fixture_model.tasks import held_out_examples, training_examples
 
-from .fuzz_sweep import LOG_SWEEP
-
-FUZZ_LEVELS = LOG_SWEEP  # 0, then 10 log-spaced strengths from 1 to 10
+# The load's fuzz levels: 0, then 10 log-spaced strengths from 1 to 10 (the fuzz sweep's gaussian levels too:
+# load_tests.load.fuzz_sweep).
+LOG_SWEEP = [0.0] + [round(float(x), 3) for x in np.logspace(0, 1, 10)]
+FUZZ_LEVELS = LOG_SWEEP
 MODES = ("scale", "gaussian")
 
 
@@ -117,8 +121,6 @@ def shared_prefixes(n: int, tokens: int) -> tuple[str, ...]:
 @lru_cache(maxsize=4)
 def file_prompts(path: str) -> tuple[str, ...]:
     """The prompts of a vLLM ``custom`` dataset file, in order (read once per run)."""
-    from pathlib import Path
-
     prompts = []
     for n, line in enumerate(Path(path).read_text().splitlines(), 1):
         if line.strip():

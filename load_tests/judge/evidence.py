@@ -19,7 +19,7 @@ the verdict fails unless each planned fault shows in the data:
     replica first seen alive after the kill finished requests (the
     replacement serves).
 ``redeploy``, ``scale``, ``autoscale``, ``node_loss``
-    each step of the scenario's operations (:mod:`load_tests.operations`)
+    each step of the scenario's operations (:mod:`load_tests.operate.steps`)
     was carried out and converged within its timeout; every replica that
     left was retired by Serve or lost with the killed node (never a death
     with failed health checks); replicas that came up after the step
@@ -33,37 +33,19 @@ the deployment does not count.
 
 from __future__ import annotations
 
-from dataclasses import field
-from typing import TYPE_CHECKING, Any
-
-from pydantic import computed_field
-from pydantic.dataclasses import dataclass
+from collections.abc import Sequence
 
 from patches.metrics import IMPOSSIBLE_LIES, LIE_KINDS
 
-from .counters import ReplicaCounters
+from ..observe.counters import ReplicaCounters
+from ..observe.monitor import InvariantChecker
+from ..operate.steps import STEP_TYPES
+from ..results.events import Event, OperationFailed, ReplicaKilled, StepEvent
+from ..results.models import FaultCheck
+from .departures import planned_departures
 
-if TYPE_CHECKING:
-    from .monitor import InvariantChecker
-
-PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill", "redeploy",
-                  "scale", "autoscale", "node_loss")
-
-
-@dataclass
-class FaultCheck:
-    """One planned fault: did it fire (``evidence``), and was it handled (``problems``)."""
-
-    fault: str
-    fired: bool
-    evidence: str
-    problems: list[str] = field(default_factory=list)
-    per_replica: dict[str, Any] = field(default_factory=dict)
-
-    @computed_field
-    @property
-    def ok(self) -> bool:
-        return self.fired and not self.problems
+PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill",
+                  *STEP_TYPES)
 
 
 def _delta(now: dict[str, float], before: dict[str, float] | None, keys) -> float:
@@ -82,10 +64,10 @@ def _grown(final: dict[str, ReplicaCounters], baseline: dict[str, ReplicaCounter
     return out
 
 
-def check_planned_faults(planned: tuple[str, ...] | list[str], checker: InvariantChecker,
-                         faults: list[Any], accounting_on: bool, forced_kills: list[str] = (),
-                         listed_dead: list[str] = ()) -> list[FaultCheck]:
-    """One :class:`FaultCheck` per planned fault (``faults``: what the run did itself, e.g. replica kills and
+def check_planned_faults(planned: Sequence[str], checker: InvariantChecker, events: Sequence[Event],
+                         accounting_on: bool, forced_kills: Sequence[str] = (),
+                         listed_dead: Sequence[str] = ()) -> list[FaultCheck]:
+    """One :class:`FaultCheck` per planned fault (``events``: what the run did itself, e.g. replica kills and
     operations; ``forced_kills``: Serve's log lines for replicas it force-killed; ``listed_dead``: replicas Ray
     listed during the run and not after it)."""
     unknown = set(planned) - set(PLANNED_FAULTS)
@@ -116,9 +98,9 @@ def check_planned_faults(planned: tuple[str, ...] | list[str], checker: Invarian
             checks.append(FaultCheck(fault, total > 0, f"num_preemptions grew by {total:g}: {grown or 'nowhere'}",
                                      per_replica=grown))
         elif fault == "replica_kill":
-            checks.append(_replica_kill(checker, faults, final, baseline))
+            checks.append(_replica_kill(checker, events, final, baseline))
         else:
-            checks.append(_operation(fault, checker, faults, final, baseline, forced_kills, listed_dead))
+            checks.append(_operation(fault, checker, events, final, baseline, forced_kills, listed_dead))
     if not accounting_on:
         for c in checks:
             if c.fault in ("load_failures", "lying_connector"):
@@ -165,13 +147,13 @@ def _every_lie_clamped(check: FaultCheck, final, baseline, live: set[str]) -> No
                                       f"{clamped.get(key, 0.0):g} x {kind} were clamped")
 
 
-def _replica_kill(checker: InvariantChecker, faults: list[Any], final, baseline) -> FaultCheck:
-    kills = [f for f in faults if getattr(f, "kind", None) == "replica_kill"]
+def _replica_kill(checker: InvariantChecker, events: Sequence[Event], final, baseline) -> FaultCheck:
+    kills = [f for f in events if isinstance(f, ReplicaKilled)]
     if not kills:
         return FaultCheck("replica_kill", False, "the run killed no replica")
     problems, evidence = [], []
     for kill in kills:
-        rid = kill.detail.get("replica")
+        rid = kill.replica
         if rid in checker.deaths:
             evidence.append(f"replica {rid} killed at {kill.t:.0f} s, seen dead from {checker.deaths[rid]:.0f} s")
         else:
@@ -191,81 +173,38 @@ def _replica_kill(checker: InvariantChecker, faults: list[Any], final, baseline)
     return FaultCheck("replica_kill", True, "; ".join(evidence) or "no evidence", problems, replacements)
 
 
-def _operation(kind: str, checker: InvariantChecker, faults: list[Any], final, baseline, forced_kills,
+def _operation(kind: str, checker: InvariantChecker, events: Sequence[Event], final, baseline, forced_kills,
                listed_dead) -> FaultCheck:
-    from .operations import planned_departures
-
-    steps = [f for f in faults if getattr(f, "kind", None) == kind]
-    failed = [f.detail["error"] for f in faults if getattr(f, "kind", None) == "operation_failed"
-              and f.detail["error"].startswith(f"{kind}:")]
+    """Every step of ``kind``: carried out and converged, the replicas it brought up served, its own evidence (its
+    step class's :meth:`~load_tests.operate.steps.Step.judge`); no replica died unplanned, none force-killed."""
+    steps: list[StepEvent] = [f for f in events if f.kind == kind and not isinstance(f, (ReplicaKilled, OperationFailed))]
+    failed = [f.error for f in events if isinstance(f, OperationFailed) and f.step == kind]
     if not steps:
-        return FaultCheck(kind, False, f"the run carried out no {kind}" + (f": {failed[0]}" if failed else ""))
-    departures = planned_departures(checker, faults, listed_dead)
-    problems, evidence = [], []
+        return FaultCheck(kind, False, f"the run carried out no {kind}" + (f": {kind}: {failed[0]}" if failed else ""))
+    judge = STEP_TYPES[kind]
+    departures = planned_departures(checker, events, listed_dead)
+    problems: list[str] = []
+    evidence: list[str] = []
     for f in steps:
-        d = f.detail
-        what = f"{kind} at t = {f.t:.0f} s ({d.get('by')})"
-        if not d.get("converged"):
-            ray = d.get("ray", {})
-            problems.append(f"{what} did not converge: {d.get('why', 'the load ended first')}"
-                            + (f"; Ray: {ray}" if ray else ""))
+        what = f"{kind} at t = {f.t:.0f} s ({f.by})"
+        if not f.converged:
+            problems.append(f"{what} did not converge: {f.why or 'the load ended first'}"
+                            + (f"; Ray: {f.ray}" if f.ray else ""))
             continue
-        evidence.append(f"{what}: {len(d['replicas_before'])} -> {len(d['replicas_after'])} replicas serving, "
-                        f"converged in {d['converge_s']:.0f} s")
+        evidence.append(f"{what}: {len(f.replicas_before)} -> {len(f.replicas_after)} replicas serving, "
+                        f"converged in {f.converge_s:.0f} s")
+        came_up = set(f.replicas_after) - set(f.replicas_before)
         fresh = {k: final[k].requests_total - (baseline[k].requests_total if k in baseline else 0.0)
-                 for k in set(d["replicas_after"]) - set(d["replicas_before"]) if k in final}
-        if any(v <= 0 for v in fresh.values()) or len(fresh) < len(set(d["replicas_after"]) - set(d["replicas_before"])):
+                 for k in came_up if k in final}
+        if any(v <= 0 for v in fresh.values()) or len(fresh) < len(came_up):
             problems.append(f"{what}: a replica that came up for it finished no request: {fresh}")
-        if kind == "node_loss" and not d.get("replicas"):
-            problems.append(f"{what}: node {d.get('node')} held no replica (nothing was lost: place one there)")
-        if kind == "redeploy":
-            _probes(f, problems, evidence)
-        if "affinity" in d:
-            _affinity(d["affinity"], what, problems, evidence)
+        judge(f.step).judge(f, what, problems, evidence)
     unplanned = sorted(k for k in checker.deaths if k not in departures)
-    gone = sorted(k for k in departures)
-    if gone:
-        evidence.append(f"left as planned: {len(gone)} replica(s)")
+    if departures:
+        evidence.append(f"left as planned: {len(departures)} replica(s)")
     if unplanned:
         problems.append(f"replica(s) died with failed health checks during the operations: {unplanned}")
     if forced_kills:
         problems.append(f"Serve force-killed {len(forced_kills)} draining replica(s) (requests cut at the graceful "
                         f"shutdown timeout): {forced_kills[0]}")
     return FaultCheck(kind, True, "; ".join(evidence) or "no evidence", problems, {"departures": departures})
-
-
-def _affinity(check: dict[str, Any], what: str, problems: list[str], evidence: list[str]) -> None:
-    """A scale step's affinity check (load_tests.affinity): each key's requests on the replica the router hashes it to."""
-    if check.get("problems"):
-        problems += [f"{what}: routing affinity: {p}" for p in check["problems"]]
-        return
-    keys = check.get("keys", [])
-    evidence.append(f"affinity: {len(keys)} fuzz setting(s) + prefix, {sum(k['count'] for k in keys)} requests, each "
-                    f"on the replica the router's hash names (load paused {check.get('paused_s', 0):.0f} s)")
-
-
-def _probes(f: Any, problems: list[str], evidence: list[str]) -> None:
-    """A redeploy's probes ``[sent, status, names the key, answered]``: those answered before the redeploy began
-    refused naming the key, those sent after it converged accepted (one in flight across either moment may get
-    either answer)."""
-    probes = f.detail.get("probes", [])
-    key = next(iter(f.detail["step"].get("allow_xargs") or ()), None)
-    if key is None:
-        return
-    before = [p for p in probes if p[3] < f.t]
-    after = [p for p in probes if p[0] >= f.detail["converged_t"]]
-    if not before or not after:
-        problems.append(f"probes of vllm_xargs.{key}: {len(before)} before the redeploy, {len(after)} after it "
-                        "converged (need both)")
-        return
-    refused = sum(p[1] == 400 and p[2] for p in before)
-    accepted = sum(p[1] == 200 for p in after)
-    evidence.append(f"probe vllm_xargs.{key}: {refused}/{len(before)} refused naming it before, "
-                    f"{accepted}/{len(after)} accepted after")
-    if refused < len(before):
-        problems.append(f"vllm_xargs.{key} before the redeploy: {len(before) - refused} probe(s) not refused naming it")
-    if accepted < len(after):
-        problems.append(f"vllm_xargs.{key} after the redeploy converged: {len(after) - accepted} probe(s) not accepted")
-    odd = [p for p in probes if p[1] not in (200, 400)]
-    if odd:
-        problems.append(f"{len(odd)} probe(s) got neither 200 nor 400, first at t = {odd[0][0]} s: {odd[0][1]}")

@@ -1,17 +1,5 @@
-"""Write a run's results: per-request JSONL, summary JSON, and a Markdown report with plots.
-
-Files in the output directory:
-
-``requests.jsonl``   one line per request (spec, outcome, timings)
-``summary.json``     the numbers and the verdict: a ``load_tests.results.RunSummary`` (schema:
-                     docs/summary.schema.json)
-``metrics.jsonl``    every monitor scrape, per replica
-``report.md``        the human report, with:
-``latency_cdf.png``  TTFT / TPOT / E2E CDFs
-``counters.png``     prompt-token counters over time, per replica, by source
-``throughput.png``   completed requests per second over time
-``fuzz_sweep.png``   accuracy and divergence against fuzz strength (when a sweep ran)
-"""
+"""``report.md``: a run's summary as Markdown (the numbers, the verdict's reasons, the planned faults' evidence,
+the counters per replica, the capacity search and repeats when there are)."""
 
 from __future__ import annotations
 
@@ -19,15 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from .client import RequestResult
-from .counters import SOURCES
-from .monitor import InvariantChecker
-from .outcomes import OK_OUTCOMES
-from .results import Capacity, Fault, Repeats, RunSummary
-
-# The files above that every report writes (a run's other outputs must not take these names).
-REPORT_FILES = frozenset({"requests.jsonl", "summary.json", "metrics.jsonl", "report.md", "latency_cdf.png",
-                          "counters.png", "throughput.png", "fuzz_sweep.png", "capacity.png"})
+from ..results.models import Capacity, Repeats, RunSummary
 
 
 def ingress_retries_line(summary: RunSummary) -> str:
@@ -35,119 +15,6 @@ def ingress_retries_line(summary: RunSummary) -> str:
     ir = summary.ingress_retries
     return (f"{ir.requests} request(s), {ir.answered} answered on a retry; refusals {ir.refusals} "
             f"(docs/load_tests.md#refused-at-the-ingress)") if ir.requests else "none"
-
-
-def write_jsonl(path: Path, rows) -> None:
-    with path.open("w") as f:
-        for row in rows:
-            f.write(json.dumps(row, default=str) + "\n")
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def plot_latency_cdf(results: list[RequestResult], path: Path) -> None:
-    import numpy as np
-
-    plt = _plt()
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    ok = [r for r in results if r.outcome == "ok"]
-    series = {"TTFT (streams)": [r.ttft for r in ok if r.ttft is not None],
-              "TPOT (streams)": [r.tpot for r in ok if r.tpot is not None],
-              "end-to-end (all)": [r.e2e for r in ok if r.e2e is not None]}
-    for ax, (name, values) in zip(axes, series.items()):
-        name = f"{name}, {len(values)} requests"
-        if values:
-            xs = np.sort(np.asarray(values)) * 1000
-            ax.plot(xs, np.arange(1, len(xs) + 1) / len(xs))
-        ax.set_title(name)
-        ax.set_xlabel("ms")
-        ax.set_ylabel("share of requests")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def plot_counters(checker: InvariantChecker, path: Path, faults: list[Fault]) -> None:
-    plt = _plt()
-    replicas = sorted({k for s in checker.history for k in s.replicas})
-    if not replicas:
-        return
-    fig, axes = plt.subplots(len(replicas), 1, figsize=(10, 2.8 * len(replicas)), squeeze=False)
-    for ax, key in zip(axes[:, 0], replicas):
-        ts, total, parts = [], [], {s: [] for s in SOURCES}
-        for snap in checker.history:
-            rc = snap.replicas.get(key)
-            if rc is None:
-                continue
-            ts.append(snap.t)
-            total.append(rc.prompt_tokens)
-            for s in parts:
-                parts[s].append(rc.by_source.get(s, 0.0))
-        ax.plot(ts, total, color="black", linewidth=2, label="prompt_tokens")
-        for s, ys in parts.items():
-            ax.plot(ts, ys, label=s)
-        for v in checker.violations:
-            if v.replica == key:
-                ax.axvline(v.t, color="red", linestyle=":", alpha=0.6)
-        for f in faults:
-            ax.axvline(f.t, color="orange", linestyle="--", alpha=0.8)
-        ax.set_title(f"replica {key}" + (" (dead: stale series)" if key in checker.stale else ""))
-        ax.set_xlabel("s since start")
-        ax.legend(fontsize=7, loc="upper left")
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def plot_throughput(results: list[RequestResult], path: Path, faults: list[Fault]) -> None:
-    import numpy as np
-
-    plt = _plt()
-    ends = [r.start + (r.e2e or 0) for r in results if r.outcome == "ok"]
-    errs = [r.start + (r.e2e or 0) for r in results if r.outcome not in OK_OUTCOMES]
-    if not ends:
-        return
-    bins = np.arange(0, max(ends + errs) + 5, 5)
-    fig, ax = plt.subplots(figsize=(10, 3))
-    ax.hist(ends, bins=bins, label="completed", alpha=0.8)
-    if errs:
-        ax.hist(errs, bins=bins, label="failed", color="red", alpha=0.8)
-    for f in faults:
-        ax.axvline(f.t, color="orange", linestyle="--", label=f.kind)
-    ax.set_xlabel("s since start (5 s bins)")
-    ax.set_ylabel("requests")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def plot_sweep(points, path: Path) -> None:
-    plt = _plt()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
-    for mode in sorted({p.mode for p in points}):
-        pts = [p for p in points if p.mode == mode]
-        xs = [max(p.strength, 1e-2) for p in pts]
-        axes[0].plot(xs, [p.accuracy for p in pts], marker="o", label=mode)
-        axes[1].plot(xs, [p.token_divergence for p in pts], marker="o", label=mode)
-    for ax, title in zip(axes, ("fixture-task accuracy", "token divergence from s = 0")):
-        ax.set_xscale("log")
-        ax.set_xlabel("fuzz_strength (s = 0 drawn at 0.01)")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
 
 
 def _ms(v: float | None) -> str:
@@ -172,7 +39,7 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
     for name, p in summary.latency_s:
         lines.append(f"| {name} | {p.requests} | {p.count} | {_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | "
                      f"{_ms(p.p99)} | {_ms(p.mean)} |")
-    faults = [{"kind": f.kind, "t": f.t, "detail": f.detail} for f in summary.faults]
+    faults = [f.model_dump(mode="json", exclude_none=True) for f in summary.faults]
     lines += ["", "## Errors", "",
               f"- unexpected, by kind: {summary.errors_by_kind or 'none'}",
               f"- unexpected, most common messages: {summary.errors_by_message or 'none'}",
@@ -264,55 +131,3 @@ def repeats_lines(rep: Repeats) -> list[str]:
                      + ", ".join(fmt(name, v) for v in sp.values) + " |")
     return lines + ["", "Each run's report: " + ", ".join(f"[{Path(d).name}]({Path(d).name}/report.md)"
                                                           for d in rep.reports), ""]
-
-
-def plot_capacity(cap: Capacity, path: Path) -> None:
-    plt = _plt()
-    xs = [st.concurrency for st in cap.steps]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
-    left.plot(xs, [st.throughput.requests_per_s for st in cap.steps], "o-", label="throughput")
-    left.plot(xs, [st.throughput.goodput_requests_per_s for st in cap.steps], "s--", label="SLO goodput")
-    left.set_ylabel("requests / s")
-    p99 = [(st.concurrency, st.latency_s.ttft.p99 * 1000) for st in cap.steps if st.latency_s.ttft.p99 is not None]
-    right.plot([x for x, _ in p99], [y for _, y in p99], "o-", color="tab:red", label="TTFT p99")
-    right.set_ylabel("ms")
-    for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("requests in flight")
-        if cap.knee is not None:
-            ax.axvline(cap.knee, color="grey", linestyle=":", label=f"knee ({cap.knee})")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle("capacity search: throughput and goodput (left), TTFT p99 (right) against load")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def write_report(out: Path, title: str, results: list[RequestResult], summary: RunSummary,
-                 checker: InvariantChecker, sweep=None) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    write_jsonl(out / "requests.jsonl", (r.to_json() for r in results))
-    write_jsonl(out / "metrics.jsonl", ({"t": s.t, "replicas": {k: asdict(rc) for k, rc in s.replicas.items()},
-                                         "errors": s.errors, "duplicates": s.duplicates}
-                                        for s in checker.history))
-    (out / "summary.json").write_text(summary.model_dump_json(indent=2))
-    images = []
-    plot_latency_cdf(results, out / "latency_cdf.png")
-    images.append("latency_cdf.png")
-    plot_throughput(results, out / "throughput.png", summary.faults)
-    if (out / "throughput.png").exists():
-        images.append("throughput.png")
-    plot_counters(checker, out / "counters.png", summary.faults)
-    if (out / "counters.png").exists():
-        images.append("counters.png")
-    if summary.capacity and summary.capacity.steps:
-        plot_capacity(summary.capacity, out / "capacity.png")
-        images.append("capacity.png")
-    if sweep:
-        (out / "fuzz_sweep.json").write_text(json.dumps([asdict(p) for p in sweep], indent=2))
-        plot_sweep(sweep, out / "fuzz_sweep.png")
-        images.append("fuzz_sweep.png")
-    path = out / "report.md"
-    path.write_text(markdown(summary, title, sweep, images))
-    return path

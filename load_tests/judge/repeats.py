@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable, Sequence
 
-from .results import Repeats, RunSummary, Spread
+from ..results.models import Repeats, RunSummary, Spread
 
 # The figures compared across runs: name -> how to read it from a run's summary (None where the run has none).
 FIGURES: dict[str, Callable[[RunSummary], float | None]] = {

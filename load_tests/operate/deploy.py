@@ -14,13 +14,19 @@ import time
 from pathlib import Path
 from typing import Literal
 
+import aiohttp
+import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from fixture_model.build import ensure_model
 from patches.switches import OFF_ENV
+from serve_app.local_cluster import DEFAULT_CONFIG, LocalCluster
 from serve_app.routers import Routing
 
-from .probes import ProbeAnswer, answers, probe_specs, reference_is_stable
-from .scenarios import Scenario
+from ..errors import SetupError
+from ..load.client import RequestResult, send
+from ..plan.probes import probe_specs
+from ..plan.scenarios import Scenario
 from .target import LoadTarget
 
 # A local deployment runs this many engine replicas unless told otherwise: the
@@ -59,11 +65,6 @@ def scenario_config(cfg: dict, sc: Scenario, settings: DeploySettings) -> dict:
 
 def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     """Start a local cluster and deploy the config with the scenario's engine settings; the cluster."""
-    import yaml
-
-    from fixture_model.build import ensure_model
-    from serve_app.local_cluster import DEFAULT_CONFIG, LocalCluster
-
     ensure_model()
     cfg = scenario_config(yaml.safe_load(Path(settings.config or DEFAULT_CONFIG).read_text()), sc, settings)
     env = {OFF_ENV: settings.patches_off} if settings.patches_off else {}
@@ -90,32 +91,29 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
                   f"{cluster.log_dir}")
     if sc.cluster is not None and sc.cluster.workers and len({r.get("node_id") for r in replicas}) < 2:
         cluster.close()
-        raise SystemExit(f"scenario {sc.name} needs a replica on a worker node, but Ray placed all "
+        raise SetupError(f"scenario {sc.name} needs a replica on a worker node, but Ray placed all "
                          f"{len(replicas)} on one node")
     return cluster
 
 
 def probe_reference(sc: Scenario, settings: DeploySettings, out: Path, console, api_key: str | None
-                    ) -> dict[str, list[ProbeAnswer] | list[str]]:
-    """Deploy the same config without faults, send the probe set twice, tear down: the fault-free answers."""
+                    ) -> tuple[list[RequestResult], list[RequestResult]]:
+    """Deploy the same config without faults, send the probe set twice, tear down: the two rounds' results
+    (:func:`load_tests.judge.probes.reference` judges them)."""
     fault_free = sc.model_copy(update={"faults": None, "kill_replica_at_s": None})
     cluster = deploy(fault_free, settings, out / "reference", console)
     target = LoadTarget(cluster.base_url, cluster.metrics_urls, api_key, cluster)
     try:
-        first, second = (answers(list(r)) for r in asyncio.run(_probe_rounds(target, sc)))
+        first, second = asyncio.run(_probe_rounds(target, sc))
     finally:
         with console.status("shutting the fault-free cluster down"):
             cluster.close()
-    return {"answers": first, "problems": reference_is_stable(first, second)}
+    return first, second
 
 
-async def _probe_rounds(target: LoadTarget, sc: Scenario) -> list[list]:
-    import aiohttp
-
-    from .client import send
-
+async def _probe_rounds(target: LoadTarget, sc: Scenario) -> list[list[RequestResult]]:
     t0 = time.monotonic()
     async with aiohttp.ClientSession() as session:
-        return [await asyncio.gather(*(send(session, target.base_url, s, t0, headers=target.headers)
-                                       for s in probe_specs(rnd, sc.mix)))
+        return [list(await asyncio.gather(*(send(session, target.base_url, s, t0, headers=target.headers)
+                                            for s in probe_specs(rnd, sc.mix))))
                 for rnd in (0, 1)]

@@ -1,0 +1,49 @@
+"""A run's figures over its requests' results: percentiles (each with how many values it covers), the latency
+rows, throughput and SLO goodput. Every latency figure of the load tests and the benchmarks comes from here."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..load.client import RequestResult
+from ..plan.slo import Slo
+from ..results.models import Latency, Percentiles, Throughput
+
+PERCENTILES = (50, 90, 95, 99)
+
+
+def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
+    """``{"p50": ..., ..., "mean": ..., "count": n}`` of ``values`` (None each when there are none): every latency
+    figure of the load tests and the benchmarks, with how many values it covers."""
+    if not len(values):
+        return {f"p{p}": None for p in points} | {"mean": None, "count": 0}
+    arr = np.asarray(values, dtype=float)
+    return {f"p{p}": float(np.percentile(arr, p)) for p in points} | {"mean": float(arr.mean()), "count": len(arr)}
+
+
+def latency(ok: Sequence[RequestResult]) -> Latency:
+    """The latency rows over the complete answers ``ok``, each over the requests that have the figure."""
+    def row(per_request: list[list[float]]) -> Percentiles:
+        have = [xs for xs in per_request if xs]
+        return Percentiles(**percentiles([x for xs in have for x in xs]), requests=len(have))
+
+    return Latency(ttft=row([[r.ttft] if r.ttft is not None else [] for r in ok]),
+                   itl=row([list(r.itl) if r.ttft is not None else [] for r in ok]),
+                   tpot=row([[r.tpot] if r.tpot is not None else [] for r in ok]),
+                   e2e=row([[r.e2e] if r.e2e is not None else [] for r in ok]))
+
+
+def throughput(results: Sequence[RequestResult], wall_s: float, slo: Slo) -> Throughput:
+    """Completed requests, output tokens and SLO goodput per second of ``wall_s`` (every request judged by
+    :meth:`Slo.met`)."""
+    ok = [r for r in results if r.outcome == "ok"]
+    met = sum(slo.met(r) for r in ok)
+
+    def rate(n: float) -> float:
+        return n / wall_s if wall_s else 0.0
+
+    return Throughput(completed=len(ok), requests_per_s=rate(len(ok)),
+                      output_tokens_per_s=rate(sum(r.output_tokens for r in ok)), slo_met=met,
+                      goodput_requests_per_s=rate(met))
