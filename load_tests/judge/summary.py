@@ -29,8 +29,8 @@ from ..observe.counters import ReplicaCounters
 from ..observe.monitor import InvariantChecker
 from ..plan.slo import Slo
 from ..results.events import CUTTING, Event
-from ..results.models import (BadRequestProblem, BadRequests, ClientServer, FaultCheck, IngressRetries, Invariants,
-                              Percentiles, ProbeVerdict, ReplicaRecord, RunSummary)
+from ..results.models import (BadRequestProblem, BadRequests, ClientServer, FaultCheck, HostileVerdict, IngressRetries,
+                              Invariants, Percentiles, ProbeVerdict, ReplicaRecord, RunSummary)
 from .figures import latency, percentiles, throughput
 from .verdict import verdict
 # After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
@@ -119,12 +119,14 @@ def error_signature(r: RequestResult) -> str:
 
 def run_statistics(results: list[RequestResult], started: int, checker: InvariantChecker, events: Sequence[Event],
                    wall_s: float, slo: Slo, deaths: list[str], fault_checks: Sequence[FaultCheck] = (),
-                   operator_ok: int = 0, probes: ProbeVerdict | None = None) -> RunSummary:
+                   operator_ok: int = 0, probes: ProbeVerdict | None = None,
+                   hostile: HostileVerdict | None = None) -> RunSummary:
     """Every figure of the run, with no verdict yet (``failures`` empty).
 
     ``deaths``: replicas that died without the run killing them
     (:func:`load_tests.judge.departures.unexpected_deaths`); ``probes``: the greedy probes' comparison
-    (:func:`load_tests.judge.probes.probe_verdict`), for a run that sent them."""
+    (:func:`load_tests.judge.probes.probe_verdict`), for a run that sent them; ``hostile``: the hostile
+    scenario's judgement (:func:`load_tests.judge.hostile.judge_hostile`)."""
     outcomes = Counter(r.outcome for r in results)
     lost = started - len(results)
     if lost:
@@ -175,14 +177,16 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
         client_server=cross,
         failures=[],
         probes=probes,
+        hostile=hostile,
     )
 
 
 def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, events: Sequence[Event],
               wall_s: float, slo: Slo, deaths: list[str], fault_checks: Sequence[FaultCheck] = (),
-              operator_ok: int = 0, probes: ProbeVerdict | None = None) -> RunSummary:
+              operator_ok: int = 0, probes: ProbeVerdict | None = None,
+              hostile: HostileVerdict | None = None) -> RunSummary:
     """:func:`run_statistics` with its verdict (``failures``, :func:`load_tests.judge.verdict.verdict`)."""
     summary = run_statistics(results, started, checker, events, wall_s, slo, deaths, fault_checks, operator_ok,
-                             probes)
+                             probes, hostile)
     summary.failures = verdict(summary, checker.violations)
     return summary

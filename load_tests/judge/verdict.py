@@ -27,6 +27,10 @@ monitor's violations; the only place that says why a run fails. A run fails on a
   (:mod:`load_tests.judge.evidence`);
 * a greedy probe answered under faults unlike the fault-free deployment, or
   a fault-free reference that was not stable (:mod:`load_tests.judge.probes`);
+* in the hostile scenario, a hostile request not refused naming its field or
+  header, a hostile connection the server did not close within its bound, or
+  the normal clients' goodput under attack below the bound
+  (:mod:`load_tests.judge.hostile`);
 * no request completed at all.
 """
 
@@ -78,6 +82,8 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
         reasons.extend(f"planned fault {c.fault}: {p}" for p in c.problems)
     if summary.probes is not None:
         reasons.extend(f"probes: {p}" for p in summary.probes.problems)
+    if summary.hostile is not None:
+        reasons.extend(f"hostile: {p}" for p in summary.hostile.problems)
     if not summary.outcomes.get("ok"):
         reasons.append("no request completed")
     return reasons

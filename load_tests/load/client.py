@@ -157,7 +157,7 @@ async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec,
         async with asyncio.timeout(timeout_s):
             async with post_past_ingress_refusals(
                     session, f"{base_url}{spec.route}", res.ingress_refusals, ingress_retry_delays_s,
-                    data=spec.payload(), headers={"content-type": "application/json", **(headers or {})}) as r:
+                    data=spec.payload(), headers={"content-type": "application/json", **(headers or {}), **spec.headers}) as r:
                 res.status = r.status
                 await _read_answer(r, res, spec, start)
     except TimeoutError:

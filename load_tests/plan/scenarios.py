@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validat
 from patches.fault_config import CONFIG_KEY, FaultConfig
 from patches.metrics import LYING_CONNECTOR_KINDS
 
+from .hostile import HostilePlan
 from .profiles import Profile
 from .slo import LOADED_SLO, Slo
 from .steps import Autoscale, NodeLoss, OperationPlan, Redeploy, Scale
@@ -61,6 +62,8 @@ class Scenario(BaseModel):
     operations: OperationPlan | None = Field(None, description="redeploy / scale / node loss during the load "
                                                                "(load_tests.operate); the load stops after them")
     cluster: ClusterShape | None = Field(None, description="the local cluster's nodes (default: one)")
+    hostile: HostilePlan | None = Field(None, description="hostile requests and connections beside the load, in "
+                                                          "calm and hostile windows (load_tests.plan.hostile)")
     autoscaling: dict[str, Any] | None = Field(None, description="the engine deployment's autoscaling_config (Serve's "
                                                                  "autoscaler sizes it; engine_replicas is left unset)")
 
@@ -140,6 +143,7 @@ CHAOS = Scenario(
 # A redeploy that forces new replicas (an engine setting) and that a client can see (a vllm_xargs key the guard
 # refused before and allows after).
 REDEPLOY = Redeploy(after_s=40, engine_kwargs={"kv_offloading_size": 0.2}, allow_xargs=("fuzzserve_probe",))
+HOSTILE = HostilePlan()
 # The operations' runs last as long as their steps: the duration is only a cap.
 OPERATIONS_CAP_S = 1800
 
@@ -227,6 +231,19 @@ SCENARIOS: dict[str, Scenario] = {
         # 2 CPUs a node: one replica each (a replica takes its engine core + its frontend's); Ray would pack both
         # onto a bigger head. The spare node is where the replacement can go.
         cluster=ClusterShape(workers=1, head_cpus=2, worker_cpus=2, spare_workers=1)),
+    "hostile": Scenario(
+        name="hostile",
+        description="64 concurrent requests of the normal mix for 4 minutes in 30 s windows, calm and hostile in "
+                    "ABBA order; a hostile window adds hostile requests (a fifth of its requests: coerced caps, "
+                    "prompt lists, limit headers, costly grammars; each must get its 400 naming the field or "
+                    "header) and opens idle, header-trickling and never-read connections (each must be closed by "
+                    "the server within its bound); the normal clients' goodput in hostile windows may fall at most "
+                    "10 % below the calm windows' (docs/security.md, the hostile scenario)",
+        profile=Profile(kind="fixed", concurrency=64, duration_s=HOSTILE.duration_s),
+        mix=Mix(bad=0.0),
+        slo=LOADED_SLO,
+        hostile=HOSTILE,
+    ),
     "autoscale": under_operations(
         "autoscale", "Serve's autoscaler sizes the engine deployment (1 to 2 replicas, 32 ongoing requests per "
                      "replica as the target): 16 concurrent requests, then 256 until it runs 2 replicas, then 16 "

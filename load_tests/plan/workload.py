@@ -34,6 +34,8 @@ import numpy as np
 
 from fixture_model.tasks import held_out_examples, training_examples
 
+from .hostile import HOSTILE_REQUESTS
+
 # The load's fuzz levels: 0, then 10 log-spaced strengths from 1 to 10 (the fuzz sweep's gaussian levels too:
 # load_tests.load.fuzz_sweep).
 LOG_SWEEP = [0.0] + [round(float(x), 3) for x in np.logspace(0, 1, 10)]
@@ -54,6 +56,9 @@ class Mix(BaseModel):
     chat: float = Field(0.3, ge=0, le=1)
     cancel: float = Field(0.1, ge=0, le=1, description="share of streams the client drops mid-way")
     bad: float = Field(0.05, ge=0, le=1, description="share of deliberately bad requests (expect 4xx)")
+    hostile: float = Field(0.0, ge=0, le=1, description="share of hostile requests (load_tests.plan.hostile: "
+                                                        "coerced caps, prompt lists, limit headers, costly "
+                                                        "grammars; each expects its 400)")
     n_prefixes: int = Field(6, ge=1)
     prefix_tokens: int = Field(600, ge=1, description="approximate length of each shared prefix")
     long_prompt_tokens: int = Field(900, ge=1)
@@ -92,6 +97,7 @@ class RequestSpec:
     expect_status: int | None = None
     expect_param: str | None = None  # the field the error must name
     tags: dict[str, Any] = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)  # sent beside the target's own (the hostile requests')
 
     def payload(self) -> bytes:
         return self.raw_body if self.raw_body is not None else json.dumps(self.body).encode()
@@ -154,6 +160,11 @@ BAD_REQUESTS: list[tuple[dict[str, Any] | bytes, int, str | None]] = [
 def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
     """The ``index``-th request of a run seeded ``seed``."""
     rng = random.Random(seed * 1_000_003 + index)
+    if mix.hostile and rng.random() < mix.hostile:
+        kind, change, headers, status, param = HOSTILE_REQUESTS[rng.randrange(len(HOSTILE_REQUESTS))]
+        body = {"model": mix.model, "prompt": "count 1 2", "max_tokens": 4, **change}
+        return RequestSpec(index, "/v1/completions", body, expect="4xx", expect_status=status, expect_param=param,
+                           tags={"kind": "hostile", "hostile": kind}, headers=dict(headers))
     max_tokens = rng.randint(*mix.max_tokens)
     chat = rng.random() < mix.chat
     route = "/v1/chat/completions" if chat else "/v1/completions"

@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from ..results.models import Capacity, Repeats, RunSummary
+from ..results.models import Capacity, HostileVerdict, Repeats, RunSummary
 
 
 def ingress_retries_line(summary: RunSummary) -> str:
@@ -67,6 +67,8 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
                   f"{p.rounds} rounds, {p.sent} probes sent, {p.compared} answered and compared, "
                   f"{p.equal} equal to the fault-free answer, {p.failed} failed (judged with the other "
                   f"requests); problems: {'; '.join(p.problems) or 'none'}", ""]
+    if summary.hostile:
+        lines += hostile_lines(summary.hostile)
     inv = summary.invariants
     lines += ["## Counter invariants", "",
               f"{inv.scrapes} scrapes (scrape time p50 {_ms(inv.scrape_seconds.p50)} ms, max "
@@ -131,3 +133,21 @@ def repeats_lines(rep: Repeats) -> list[str]:
                      + ", ".join(fmt(name, v) for v in sp.values) + " |")
     return lines + ["", "Each run's report: " + ", ".join(f"[{Path(d).name}]({Path(d).name}/report.md)"
                                                           for d in rep.reports), ""]
+
+
+def hostile_lines(h: HostileVerdict) -> list[str]:
+    lines = ["## Hostile clients", "",
+             f"Normal goodput, median over windows: {h.calm_goodput_requests_per_s or 0:.2f} req/s calm, "
+             f"{h.hostile_goodput_requests_per_s or 0:.2f} under attack"
+             + (f" ({h.goodput_drop:+.0%} drop; bound {h.goodput_drop_bound:.0%})" if h.goodput_drop is not None else "")
+             + f". Problems: {'; '.join(h.problems) or 'none'}.", "",
+             "| window | start (s) | normal requests | met the SLO | goodput (req/s) |", "|---|---|---|---|---|"]
+    lines += [f"| {w.kind} | {w.t_start:.0f} | {w.normal_started} | {w.normal_slo_met} | "
+              f"{w.goodput_requests_per_s:.2f} |" for w in h.windows]
+    lines += ["", "| hostile request | sent | refused as expected | otherwise |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['sent']} | {v['refused_as_expected']} | {v['otherwise']} |" for k, v in h.requests.items()]
+    lines += ["", "| hostile connection | opened | closed within the bound | slowest close (s) | bound (s) |",
+              "|---|---|---|---|---|"]
+    lines += [f"| {k} | {v['opened']} | {v['closed_within_bound']} | {v['slowest_close_s']} | {v['bound_s']} |"
+              for k, v in h.connections.items()]
+    return lines + [""]

@@ -235,6 +235,31 @@ class IngressRetries(Record):
                                       "server_error); the rest are server_error and fail the run")
 
 
+class HostileWindow(Record):
+    kind: Literal["calm", "hostile"]
+    t_start: float = Field(description="seconds since the run started")
+    t_end: float
+    normal_started: int = Field(description="normal (not hostile) requests started in the window")
+    normal_slo_met: int = Field(description="of those, complete answers meeting the SLO")
+    goodput_requests_per_s: float = Field(description="normal_slo_met per second of the window")
+
+
+class HostileVerdict(Record):
+    """The hostile-client scenario (load_tests.plan.hostile): every hostile request and connection answered as it
+    must be, and the normal clients' goodput under attack against the calm windows'."""
+
+    requests: dict[str, dict[str, int]] = Field(description="per hostile kind: sent, refused as expected (the "
+                                                            "status and the field or header named), otherwise")
+    connections: dict[str, dict[str, Any]] = Field(description="per connection kind: opened, closed within the "
+                                                               "bound, the slowest close (s), the bound (s)")
+    windows: list[HostileWindow]
+    calm_goodput_requests_per_s: float | None = Field(description="median over the calm windows")
+    hostile_goodput_requests_per_s: float | None = Field(description="median over the hostile windows")
+    goodput_drop: float | None = Field(description="1 - hostile / calm (negative: hostile windows did better)")
+    goodput_drop_bound: float
+    problems: list[str]
+
+
 class RunSummary(Record):
     """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
 
@@ -267,6 +292,9 @@ class RunSummary(Record):
                                       description="the capacity search (profile sweep): its steps and knee")
     repeats: Repeats | None = Field(None, exclude_if=lambda v: v is None,
                                     description="--repeat N: every run's figures, their median and spread")
+    hostile: HostileVerdict | None = Field(None, exclude_if=lambda v: v is None,
+                                           description="the hostile-client scenario's requests, connections and "
+                                                       "normal goodput, calm against hostile windows")
 
     @model_validator(mode="before")
     @classmethod

@@ -17,7 +17,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
@@ -27,13 +27,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from ..errors import SetupError
 from ..load.client import RequestResult, send
 from ..load.drive import LoadLevel, drive, drive_levels
+from ..load.hostile import HostileConnection, attack
 from ..observe.monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
 from ..observe.record import MetricsRecorder
 from ..operate.operator import Operator
 from ..operate.target import LoadTarget
 from ..plan.probes import probe_specs
 from ..plan.scenarios import Scenario
-from ..plan.workload import RequestSpec, draw
+from ..plan.hostile import CONNECTION_KINDS
+from ..plan.workload import Mix, RequestSpec, draw
 from ..results.events import Event
 
 log = logging.getLogger("fuzzserve.load_tests")
@@ -71,6 +73,8 @@ class LoadRun:
     events: list[Event]  # what the run did on purpose (replica kills, operation steps)
     wall_s: float  # the load's window: first request started to last answer (the figures' denominator)
     operator_ok: int = 0  # complete answers to the operations' own requests (probes, affinity checks)
+    windows: list[tuple[str, float, float]] = field(default_factory=list)  # the hostile scenario's (kind, start, end)
+    connections: list[HostileConnection] = field(default_factory=list)  # its hostile connections
 
 
 # What starts the requests: called with the loop, ``one(index)`` (sends the index-th request of the mix and records
@@ -109,6 +113,10 @@ class LoadLoop:
         self.operator: Operator | None = None  # when the scenario has operations
         self.level: LoadLevel | None = None  # when the operations change the load (autoscaling)
         self.probe_rounds: list[asyncio.Future] = []
+        self.mix: Mix = scenario.mix  # what the next request is drawn from (hostile windows add the hostile share)
+        self.windows: list[tuple[str, float, float]] = []
+        self.connections: list[HostileConnection] = []
+        self.hostile_task: asyncio.Task | None = None
         self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                                  TextColumn("{task.completed} done"), TextColumn("{task.fields[status]}"),
                                  TimeElapsedColumn(), disable=not config.progress)
@@ -156,6 +164,30 @@ class LoadLoop:
         if event is not None:
             self.events.append(event)
 
+    async def hostile(self) -> None:
+        """The hostile scenario's windows (load_tests.plan.hostile): calm and hostile in ABBA order; a hostile
+        window draws its requests with the hostile share and opens the hostile connections at its start. Runs to
+        its end (the last stalled reader included): its windows are the load's own."""
+        plan = self.sc.hostile
+        attacks: list[asyncio.Task] = []
+        for k in range(plan.windows):
+            start = time.monotonic() - self.t0
+            kind = "hostile" if plan.hostile_window(k) else "calm"
+            self.mix = self.sc.mix.model_copy(update={"hostile": plan.share}) if kind == "hostile" else self.sc.mix
+            if kind == "hostile":
+                attacks += [asyncio.create_task(attack(c, self.target.base_url, self.t0, plan.close_bound_s[c] + 15,
+                                                       self.target.api_key, self.sc.mix.model))
+                            for c in CONNECTION_KINDS for _ in range(plan.connections)]
+            try:  # SIGINT (the stop event) ends the window, and the scenario, early
+                await asyncio.wait_for(self.stop.wait(), plan.window_s)
+            except TimeoutError:
+                pass
+            self.windows.append((kind, start, time.monotonic() - self.t0))
+            if self.stop.is_set():
+                break
+        self.mix = self.sc.mix
+        self.connections = list(await asyncio.gather(*attacks))
+
     def side_tasks(self, session: aiohttp.ClientSession, listed: dict[str, int] | None) -> list[asyncio.Task]:
         """What runs beside the load: the planned replica kill, the probe rounds."""
         side = []
@@ -168,6 +200,9 @@ class LoadLoop:
         if self.sc.operations:
             self.operations_task = asyncio.create_task(self.operate(session))
             side.append(self.operations_task)
+        if self.sc.hostile:
+            self.hostile_task = asyncio.create_task(self.hostile())
+            side.append(self.hostile_task)
         return side
 
     async def run(self, driver: Driver | None = None) -> LoadRun:
@@ -185,8 +220,10 @@ class LoadLoop:
                 load_start = time.monotonic()  # the load's window: not the replica listing or the baseline scrape
                 with self.progress:
                     started = await (driver or _profile_driver)(
-                        self, lambda i: self.one(session, draw(self.sc.mix, self.config.seed, i)), stop)
+                        self, lambda i: self.one(session, draw(self.mix, self.config.seed, i)), stop)
                 for s in side:
+                    if s is self.hostile_task:
+                        continue  # its windows are the load's: it ends with it, and its connections are awaited
                     if s is not self.operations_task or not (self.operator and self.operator.finished):
                         s.cancel()  # the operations end the load themselves: they finish (Ray's last answers)
                 await asyncio.gather(*side, return_exceptions=True)
@@ -199,4 +236,5 @@ class LoadLoop:
         finally:
             loop.remove_signal_handler(signal.SIGINT)
         return LoadRun(self.results, started + self.probes_started, self.checker, self.monitor, self.events, wall,
+                       windows=self.windows, connections=self.connections,
                        operator_ok=self.operator.completed if self.operator else 0)

@@ -24,6 +24,7 @@ from patches.switches import is_off
 from ..errors import SetupError
 from ..judge.departures import unexpected_deaths
 from ..judge.evidence import check_planned_faults
+from ..judge.hostile import judge_hostile
 from ..judge.probes import probe_verdict, reference
 from ..judge.repeats import combined
 from ..judge.summary import summarize
@@ -147,8 +148,10 @@ def one_run(target: LoadTarget, sc: Scenario, run_config: RunConfig, settings: D
                                         if sc.operations else [], target.listed_dead)
     deaths = unexpected_deaths(loaded.checker, loaded.events, target.listed_dead)
     probes = probe_verdict(ref, loaded.results) if sc.probes and ref is not None else None
+    hostile = (judge_hostile(sc.hostile, loaded.results, loaded.connections, loaded.windows, sc.slo)
+               if sc.hostile else None)
     summary = summarize(loaded.results, loaded.started, loaded.checker, loaded.events, loaded.wall_s, sc.slo, deaths,
-                        fault_checks, operator_ok=loaded.operator_ok, probes=probes)
+                        fault_checks, operator_ok=loaded.operator_ok, probes=probes, hostile=hostile)
     summary.scenario = sc
     summary.patches_off = settings.patches_off
     if driver is not None:

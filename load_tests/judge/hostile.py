@@ -1,0 +1,84 @@
+"""The hostile-client scenario's judgement (:mod:`load_tests.plan.hostile`): each hostile request refused with its
+status naming its field or header, each hostile connection closed by the server within its bound, and the normal
+clients' goodput in hostile windows within the plan's bound of the calm windows' (median against median)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+
+from ..load.client import RequestResult
+from ..load.hostile import HostileConnection
+from ..plan.hostile import CONNECTION_KINDS, HOSTILE_KINDS, HostilePlan
+from ..plan.slo import Slo
+from ..results.models import HostileVerdict, HostileWindow
+
+Window = tuple[str, float, float]  # (calm | hostile, start, end), seconds since the run started
+
+
+def refused_as_expected(r: RequestResult) -> bool:
+    """The answer a hostile request must get: its status, naming its field or header."""
+    want_status, want_param = r.spec.get("expect_status"), r.spec.get("expect_param")
+    return (r.outcome == "rejected" and r.status == want_status
+            and (r.error_param == want_param or want_param in (r.error or "")))
+
+
+def window_figures(results: Sequence[RequestResult], windows: Sequence[Window], slo: Slo) -> list[HostileWindow]:
+    out = []
+    for kind, start, end in windows:
+        normal = [r for r in results if start <= r.start < end
+                  and r.spec.get("tags", {}).get("kind") not in ("hostile", "bad", "probe")]
+        met = sum(slo.met(r) for r in normal)
+        out.append(HostileWindow(kind=kind, t_start=start, t_end=end, normal_started=len(normal), normal_slo_met=met,
+                                 goodput_requests_per_s=met / (end - start) if end > start else 0.0))
+    return out
+
+
+def judge_hostile(plan: HostilePlan, results: Sequence[RequestResult], connections: Sequence[HostileConnection],
+                  windows: Sequence[Window], slo: Slo) -> HostileVerdict:
+    problems: list[str] = []
+    hostile = [r for r in results if r.spec.get("tags", {}).get("kind") == "hostile"]
+    requests: dict[str, dict[str, int]] = {}
+    for kind in HOSTILE_KINDS:
+        mine = [r for r in hostile if r.spec["tags"]["hostile"] == kind]
+        good = sum(refused_as_expected(r) for r in mine)
+        requests[kind] = {"sent": len(mine), "refused_as_expected": good, "otherwise": len(mine) - good}
+        if len(mine) > good:
+            odd = Counter(f"{r.outcome} {r.status} {r.error_param or ''}".strip() for r in mine
+                          if not refused_as_expected(r))
+            problems.append(f"hostile {kind}: {len(mine) - good} of {len(mine)} not refused naming "
+                            f"{mine[0].spec.get('expect_param')}: {dict(odd)}")
+    if not hostile:
+        problems.append("no hostile request was sent")
+    conns: dict[str, dict[str, object]] = {}
+    for kind in CONNECTION_KINDS:
+        mine = [c for c in connections if c.kind == kind]
+        bound = plan.close_bound_s[kind]
+        closed = [c for c in mine if c.closed_after_s is not None and c.closed_after_s <= bound]
+        conns[kind] = {"opened": len(mine), "closed_within_bound": len(closed), "bound_s": bound,
+                       "slowest_close_s": max((c.closed_after_s for c in mine if c.closed_after_s is not None),
+                                              default=None)}
+        if len(closed) < len(mine):
+            late = [c for c in mine if c not in closed]
+            problems.append(f"{len(late)} of {len(mine)} {kind} connection(s) not closed by the server within "
+                            f"{bound:g} s (first at t = {late[0].t:.0f} s: "
+                            f"{late[0].error or ('closed after %s s' % late[0].closed_after_s if late[0].closed_after_s else 'still open')})")
+        if plan.connections and not mine:
+            problems.append(f"no {kind} connection was opened")
+    figures = window_figures(results, windows, slo)
+    calm = [w.goodput_requests_per_s for w in figures if w.kind == "calm"]
+    under = [w.goodput_requests_per_s for w in figures if w.kind == "hostile"]
+    calm_med = statistics.median(calm) if calm else None
+    hostile_med = statistics.median(under) if under else None
+    drop = 1 - hostile_med / calm_med if calm_med and hostile_med is not None else None
+    if calm_med is None or hostile_med is None:
+        problems.append(f"goodput not compared: {len(calm)} calm and {len(under)} hostile window(s)")
+    elif not calm_med:
+        problems.append("no normal request met the SLO in the calm windows: nothing to compare against")
+    elif drop > plan.goodput_drop_bound:
+        problems.append(f"normal goodput fell {drop:.0%} under attack (median {hostile_med:.2f} req/s in hostile "
+                        f"windows against {calm_med:.2f} calm; bound {plan.goodput_drop_bound:.0%})")
+    return HostileVerdict(requests=requests, connections=conns, windows=figures, calm_goodput_requests_per_s=calm_med,
+                          hostile_goodput_requests_per_s=hostile_med, goodput_drop=drop,
+                          goodput_drop_bound=plan.goodput_drop_bound, problems=problems)

@@ -1,0 +1,147 @@
+"""The hostile-client scenario (load_tests.plan.hostile, load.hostile, judge.hostile): its requests are the ones the
+deployed stack refuses, its connection attackers see a close and a socket left open apart, and its judgement fails
+on each thing it looks for."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from starlette.testclient import TestClient
+
+from load_tests.judge.hostile import judge_hostile, refused_as_expected
+from load_tests.load.client import RequestResult
+from load_tests.load.hostile import HostileConnection, attack
+from load_tests.plan.hostile import HOSTILE_KINDS, HOSTILE_REQUESTS, HostilePlan
+from load_tests.plan.scenarios import SCENARIOS
+from load_tests.plan.slo import Slo
+from load_tests.plan.workload import Mix, draw
+from serve_app.edge import RefuseRayControlHeaders
+from testkit.guard_app import guarded_client
+
+PLAN = HostilePlan(windows=4, window_s=10.0, connections=1)
+WINDOWS = [("calm", 0.0, 10.0), ("hostile", 10.0, 20.0), ("hostile", 20.0, 30.0), ("calm", 30.0, 40.0)]
+
+
+@pytest.mark.parametrize("kind, change, headers, status, param", HOSTILE_REQUESTS, ids=HOSTILE_KINDS)
+def test_each_hostile_request_is_one_the_shipped_guard_refuses_naming_it(kind, change, headers, status, param):
+    """Positive control: the guard (with the shipped limits) behind Ray's header edge refuses each planned hostile
+    request with the status and field the scenario expects; the same body without the change is served."""
+    client = TestClient(RefuseRayControlHeaders(guarded_client().app), base_url="http://127.0.0.1:8000")
+    body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 4}
+    r = client.post("/v1/completions", json={**body, **change}, headers=headers)
+    assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+    assert client.post("/v1/completions", json=body).status_code == 200
+
+
+def test_hostile_requests_are_drawn_only_with_a_hostile_share_and_leave_other_draws_alone():
+    calm = [draw(Mix(bad=0.0), 3, i) for i in range(300)]
+    assert not any(s.tags.get("kind") == "hostile" for s in calm)
+    assert calm == [draw(Mix(bad=0.0, hostile=0.0), 3, i) for i in range(300)], "the default draws are unchanged"
+    hostile = [draw(Mix(bad=0.0, hostile=0.2), 3, i) for i in range(600)]
+    mine = [s for s in hostile if s.tags.get("kind") == "hostile"]
+    assert 80 < len(mine) < 160 and {s.tags["hostile"] for s in mine} == set(HOSTILE_KINDS)
+    assert all(s.expect == "4xx" and s.expect_param for s in mine)
+
+
+def result(i, outcome, start, tags, status=200, param=None, expect_param=None):
+    return RequestResult(index=i, outcome=outcome, start=start, e2e=1.0, ttft=0.1, chunks=3, completion_tokens=3,
+                         status=status, error_param=param,
+                         spec={"tags": tags, "expect_status": 400 if expect_param else None, "expect_param": expect_param})
+
+
+def run_results(hostile_ok_per_window=10, calm_ok=10, answered=None):
+    """Normal requests: ``calm_ok`` meeting the SLO in each calm window, ``hostile_ok_per_window`` in each hostile
+    one; one hostile request of each kind per hostile window, answered as ``answered(kind)`` says."""
+    out, i = [], 0
+    for kind, start, _end in WINDOWS:
+        for _ in range(calm_ok if kind == "calm" else hostile_ok_per_window):
+            out.append(result(i, "ok", start + 1, {"kind": "completion"}))
+            i += 1
+        if kind == "hostile":
+            for hk, _c, _h, status, param in HOSTILE_REQUESTS:
+                outcome, code, named = (answered or (lambda k: ("rejected", status, param)))(hk)
+                out.append(result(i, outcome, start + 2, {"kind": "hostile", "hostile": hk}, code, named, param))
+                i += 1
+    return out
+
+
+def closed(kind, after):
+    return HostileConnection(kind, 10.0, after)
+
+
+CONNS = [closed("idle", 10.1), closed("trickle", 10.2), closed("stalled_reader", 31.0)]
+
+
+def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
+    v = judge_hostile(PLAN, run_results(), CONNS, WINDOWS, Slo())
+    assert v.problems == [], v.problems
+    assert v.calm_goodput_requests_per_s == 1.0 and v.hostile_goodput_requests_per_s == 1.0 and v.goodput_drop == 0
+    assert all(r == {"sent": 2, "refused_as_expected": 2, "otherwise": 0} for r in v.requests.values())
+    assert v.connections["stalled_reader"]["slowest_close_s"] == 31.0
+
+
+@pytest.mark.parametrize("results, conns, problem", [
+    (run_results(hostile_ok_per_window=8), CONNS, "normal goodput fell 20% under attack"),
+    (run_results(answered=lambda k: ("unexpected_ok", 200, None) if k == "n_as_string" else ("rejected", 400, {
+        **{hk: p for hk, *_r, p in HOSTILE_REQUESTS}}[k])), CONNS, "hostile n_as_string: 2 of 2 not refused"),
+    (run_results(answered=lambda k: ("rejected", 400, "model")), CONNS, "not refused naming"),
+    (run_results(), [closed("idle", 10.1), closed("trickle", None), closed("stalled_reader", 31.0)],
+     "trickle connection(s) not closed by the server within 15 s"),
+    (run_results(), [closed("idle", 16.0), closed("trickle", 1.0), closed("stalled_reader", 31.0)],
+     "idle connection(s) not closed"),
+    (run_results(), CONNS[:2], "no stalled_reader connection was opened"),
+    ([r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], CONNS, "no hostile request was sent"),
+])
+def test_each_thing_the_judgement_looks_for_fails_the_run(results, conns, problem):
+    v = judge_hostile(PLAN, results, conns, WINDOWS, Slo())
+    assert any(problem in p for p in v.problems), v.problems
+
+
+def test_a_drop_within_the_bound_passes():
+    v = judge_hostile(PLAN, run_results(hostile_ok_per_window=95, calm_ok=100), CONNS, WINDOWS, Slo())
+    assert v.goodput_drop == pytest.approx(0.05) and v.problems == []
+
+
+def test_refused_as_expected_needs_the_status_and_the_name():
+    r = result(0, "rejected", 0.0, {"kind": "hostile", "hostile": "n_as_string"}, 400, "n", "n")
+    assert refused_as_expected(r)
+    assert not refused_as_expected(result(0, "rejected", 0.0, {}, 422, "n", "n"))
+    assert not refused_as_expected(result(0, "rejected", 0.0, {}, 400, "model", "n"))
+
+
+def test_the_attackers_tell_a_server_that_closes_from_one_that_holds_the_socket():
+    """Against two local servers: one closes a connection 1 s after it opens (whatever the client sends), one
+    holds it open; the attacker measures the first and reports the second as still open."""
+    async def scenario():
+        async def closes(reader, writer):
+            await asyncio.sleep(1.0)
+            writer.close()
+
+        async def holds(reader, writer):
+            await asyncio.sleep(30)
+
+        s1 = await asyncio.start_server(closes, "127.0.0.1", 0)
+        s2 = await asyncio.start_server(holds, "127.0.0.1", 0)
+        p1, p2 = s1.sockets[0].getsockname()[1], s2.sockets[0].getsockname()[1]
+        try:
+            return await asyncio.gather(
+                attack("idle", f"http://127.0.0.1:{p1}", 0.0, 5.0), attack("trickle", f"http://127.0.0.1:{p1}", 0.0, 5.0),
+                attack("stalled_reader", f"http://127.0.0.1:{p1}", 0.0, 4.0),
+                attack("idle", f"http://127.0.0.1:{p2}", 0.0, 2.0), attack("trickle", f"http://127.0.0.1:{p2}", 0.0, 2.0))
+        finally:
+            s1.close()
+            s2.close()
+
+    idle, trickle, stalled, held, held_trickle = asyncio.run(scenario())
+    assert 0.8 < idle.closed_after_s < 2.0 and 0.8 < trickle.closed_after_s < 2.0
+    assert stalled.closed_after_s is not None and stalled.closed_after_s <= 4.0, "closed while the reader stalled"
+    assert held.closed_after_s is None and held_trickle.closed_after_s is None
+
+
+def test_the_hostile_scenario_runs_its_windows_and_sends_nothing_bad_in_calm_ones():
+    sc = SCENARIOS["hostile"]
+    assert sc.profile.duration_s == sc.hostile.duration_s and sc.hostile.windows % 4 == 0
+    assert sc.mix.bad == 0 and sc.mix.hostile == 0, "calm windows send only normal requests"
+    kinds = [sc.hostile.hostile_window(k) for k in range(sc.hostile.windows)]
+    assert kinds.count(True) == kinds.count(False)
