@@ -56,6 +56,7 @@ from typing import Any
 from benchmarks import pair_stats
 from benchmarks.prompts import PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
+from load_tests.results.models import RunSummary
 from serve_app.command_logs import command_logging
 
 log = logging.getLogger("fuzzserve.benchmarks.bench_agreement")
@@ -98,7 +99,12 @@ def theirs(url: str, tokenizer: Path, concurrency: int, prompts: Path, requests:
 def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: int, work: Path,
          api_key: str | None, metrics_urls: list[str], quick_settle: bool = False,
          scrape_interval_s: float | None = None) -> dict[str, Any]:
-    """The stress-test CLI's figures (``python -m load_tests --scenario bench --prompts-file``, its summary.json)."""
+    """The stress-test CLI's figures (``python -m load_tests --scenario bench --prompts-file``, its summary.json read
+    back as the typed :class:`~load_tests.results.models.RunSummary`).
+
+    A subprocess, not :func:`load_tests.runner.run.run` in this process, on purpose: the comparison counts each
+    tool's client CPU the same way (a child process's whole run, start-up included), and vLLM's ``bench serve``
+    runs as one."""
     mix = {"max_tokens": [output_len, output_len]}
     argv = [sys.executable, "-m", "load_tests", "--scenario", "bench", "--url", url, "--concurrency",
             str(concurrency), "--requests", str(requests), "--prompts-file", str(prompts), "--mix", json.dumps(mix),
@@ -116,12 +122,12 @@ def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: i
     summary_path = work / "ours" / "summary.json"
     if not summary_path.exists():
         raise RuntimeError(f"load_tests wrote no summary ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    s = json.loads(summary_path.read_text())
-    lat, tp = s["latency_s"], s["throughput"]
-    return {"tool": "python -m load_tests", "requests": tp["completed"], "passed": s["passed"],
-            "failures": s["failures"], "requests_per_s": tp["requests_per_s"], "ttft_p50_s": lat["ttft"]["p50"],
-            "tpot_p50_s": lat["tpot"]["p50"], "ttft_p99_s": lat["ttft"]["p99"],
-            "ttft_requests": lat["ttft"]["requests"], "client_cpu_s": cpu}
+    s = RunSummary.model_validate_json(summary_path.read_text())
+    lat, tp = s.latency_s, s.throughput
+    return {"tool": "python -m load_tests", "requests": tp.completed, "passed": s.passed,
+            "failures": s.failures, "requests_per_s": tp.requests_per_s, "ttft_p50_s": lat.ttft.p50,
+            "tpot_p50_s": lat.tpot.p50, "ttft_p99_s": lat.ttft.p99,
+            "ttft_requests": lat.ttft.requests, "client_cpu_s": cpu}
 
 
 def _children_cpu_s() -> float:

@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="python -m load_tests", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="smoke",
-                    help="; ".join(f"{k}: {s.description}" for k, s in SCENARIOS.items()))
+                    help="; ".join(f"{k}: {s.description}" for k, s in SCENARIOS.items()).replace("%", "%%"))
     tgt = ap.add_argument_group("target (default: deploy locally)")
     tgt.add_argument("--url", help="base URL of a running deployment, e.g. http://127.0.0.1:8000")
     tgt.add_argument("--api-key", default=None,
