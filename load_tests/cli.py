@@ -95,6 +95,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                            "--repeat N, N x that many prompts: run k sends the k-th slice)")
     load.add_argument("--kill-replica-at", type=float, default=None, help="SIGKILL one replica after N s (local only)")
     load.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
+    load.add_argument("--ingress-retry", action=argparse.BooleanOptionalAction, default=True,
+                      help="send a request Serve's HAProxy refused before any replica saw it again, after 0.5 and "
+                           "1 s, as the openai SDK does (default); --no-ingress-retry: the refusal is the request's "
+                           "outcome (a 5xx), as curl, vLLM's bench serve or GuideLLM see it")
     load.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
                       help="greedy probes under the load vs a fault-free deployment (local only; default: the "
                            "scenario's, on for soak)")
@@ -210,7 +214,8 @@ def run_config_from(args: argparse.Namespace) -> RunConfig:
     return RunConfig(seed=args.seed, request_timeout_s=args.timeout, progress=not args.no_progress,
                      scrape_interval_s=args.scrape_interval, settle_interval_s=args.settle_interval,
                      settle_timeout_s=args.settle_timeout, probe_every_s=args.probe_every,
-                     declare_lost_nodes=args.declare_lost_nodes, record_metrics=args.record_metrics)
+                     declare_lost_nodes=args.declare_lost_nodes, record_metrics=args.record_metrics,
+                     ingress_retry=args.ingress_retry)
 
 
 def deploy_settings_from(args: argparse.Namespace) -> DeploySettings:

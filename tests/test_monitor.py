@@ -300,9 +300,10 @@ def test_refusals_at_the_ingress_fail_a_run_that_changed_no_replica():
                    ingress_refusals=["router_unreachable"] * 3)
     steady = summary_of(ok + [retried])
     assert steady.ingress_retries.model_dump() == {"requests": 1, "refusals": {"router_unreachable": 1},
-                                                   "answered": 1}
+                                                   "answered": 1, "in_change_windows": 0,
+                                                   "outside_change_windows": 1, "budget": 0, "windows": []}
     assert not steady.passed and "refused at the ingress" in steady.failures[0]
-    redeploy = Redeployed(t=1.0, step=Redeploy(after_s=0), by="serve deploy", replicas_before=[])
+    redeploy = Redeployed(t=0.0, step=Redeploy(after_s=0), by="serve deploy", replicas_before=[])
     assert summary_of(ok + [retried], faults=[redeploy]).passed, "answered on a retry while replicas changed"
     failed = summary_of(ok + [retried, still], faults=[redeploy])
     assert failed.ingress_retries.answered == 1 and failed.ingress_retries.refusals == {"router_unreachable": 4}

@@ -29,9 +29,10 @@ from ..observe.counters import ReplicaCounters
 from ..observe.monitor import InvariantChecker
 from ..plan.slo import Slo
 from ..results.events import CUTTING, Event
-from ..results.models import (BadRequestProblem, BadRequests, ClientServer, FaultCheck, HostileVerdict, IngressRetries,
+from ..results.models import (BadRequestProblem, BadRequests, ClientServer, FaultCheck, HostileVerdict,
                               Invariants, Percentiles, ProbeVerdict, ReplicaRecord, RunSummary)
 from .figures import latency, percentiles, throughput
+from .ingress import ingress_retries
 from .verdict import verdict
 # After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
 # replica die and stop routing to it).
@@ -43,14 +44,6 @@ def explained_by_fault(r: RequestResult, events: Sequence[Event], grace_s: float
     ``grace_s`` after it. A redeploy or a scale-down explains nothing: Serve drains the replicas it stops."""
     end = r.start + (r.e2e or 0.0)
     return any(f.kind in CUTTING and r.start <= f.t + grace_s and end >= f.t for f in events)
-
-
-def ingress_retries(results: Sequence[RequestResult]) -> IngressRetries:
-    """The requests refused at the ingress and sent again (:mod:`load_tests.load.client`), and how they ended."""
-    refused = [r for r in results if r.ingress_refusals]
-    return IngressRetries(requests=len(refused),
-                          refusals=dict(Counter(reason for r in refused for reason in r.ingress_refusals)),
-                          answered=sum(r.outcome != "server_error" for r in refused))
 
 
 def bad_request_problems(results: list[RequestResult]) -> list[BadRequestProblem]:
@@ -150,7 +143,7 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
         errors_by_kind=dict(Counter(r.outcome for r in unexplained)),
         errors_by_message=dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
         errors_explained_by_faults=dict(Counter(r.outcome for r in explained)),
-        ingress_retries=ingress_retries(results),
+        ingress_retries=ingress_retries(results, events),
         first_unexpected_errors=[r.to_json() for r in unexplained[:5]],
         bad_requests=BadRequests(sent=sum(r.spec.get("expect") == "4xx" for r in results),
                                  rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),

@@ -12,11 +12,13 @@ monitor's violations; the only place that says why a run fails. A run fails on a
 * an unexpected error: 5xx, a stream error event, a transport error, a 4xx
   for a good request, a 200 for a bad one, or a 4xx that does not name the
   field it should;
-* a refusal at the ingress (:mod:`load_tests.load.client` retries those) in a run
-  that changed no replica on purpose: with the replica set standing still,
-  HAProxy's router list and its backends do not change, so a refusal says
-  the ingress is broken, whether or not a retry got an answer (one still
-  refused after the retries is a 5xx above anyway);
+* a refusal at the ingress (:mod:`load_tests.load.client` retries those)
+  outside every window around a change the run made to the replica set, or
+  more of them than the changes' budget (:mod:`load_tests.judge.ingress`):
+  with the replica set standing still HAProxy's router list and backends do
+  not change, so such a refusal says the ingress is broken, whether or not a
+  retry got an answer (one still refused after the retries, or any refusal
+  with ``--no-ingress-retry``, is a 5xx above anyway);
 * client/server disagreement: the engines finished fewer requests than the
   clients saw complete, or more than were sent to them;
 * a replica that died without the run killing it, losing its node, or an
@@ -40,8 +42,8 @@ from collections.abc import Sequence
 
 from ..load.outcomes import LOST_OUTCOMES
 from ..observe.monitor import Violation
-from ..results.events import REPLICA_SET_CHANGES
 from ..results.models import RunSummary
+from .ingress import ingress_problems
 
 
 def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
@@ -62,10 +64,7 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
         common = list(summary.errors_by_message.items())[:3]
         reasons.append(f"{sum(errors.values())} unexpected error(s): {errors}; most common: "
                        + "; ".join(f"({n}x) {sig}" for sig, n in common))
-    if summary.ingress_retries.requests and not any(f.kind in REPLICA_SET_CHANGES for f in summary.faults):
-        ir = summary.ingress_retries
-        reasons.append(f"{ir.requests} request(s) refused at the ingress ({ir.refusals}) with no replica change "
-                       f"under way; {ir.answered} answered on a retry")
+    reasons.extend(ingress_problems(summary.ingress_retries))
     bad = summary.outcomes.get("rejected", 0) - summary.bad_requests.rejected_naming_the_field
     if bad:
         reasons.append(f"{bad} bad request(s) refused without naming the field")

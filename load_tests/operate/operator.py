@@ -33,7 +33,7 @@ import aiohttp
 from serve_app.names import replica_id
 from serve_app.routing_keys import DEFAULT_PREFIX_CHARS
 
-from ..load.client import post_past_ingress_refusals
+from ..load.client import INGRESS_RETRY_DELAYS_S, post_past_ingress_refusals
 from ..load.drive import LoadLevel
 from ..observe.monitor import InvariantChecker
 from ..plan.steps import OperationPlan
@@ -50,11 +50,13 @@ class Operator:
 
     def __init__(self, plan: OperationPlan, target: LoadTarget, checker: InvariantChecker, t0: float,
                  stop: asyncio.Event, events: list[Event], model: str, declare_lost: bool = True,
-                 level: LoadLevel | None = None, gate: asyncio.Event | None = None, settle_s: float = 11.0):
+                 level: LoadLevel | None = None, gate: asyncio.Event | None = None, settle_s: float = 11.0,
+                 ingress_retry: bool = True):
         self.plan, self.target, self.checker, self.t0, self.stop = plan, target, checker, t0, stop
         self.model = model
         self.gate = gate  # set while the load may start requests (cleared for an affinity check)
         self.settle_s = settle_s  # two idle scrapes this far apart mean idle (the monitor's settle interval)
+        self.retry_delays_s = INGRESS_RETRY_DELAYS_S if ingress_retry else ()  # as the load's requests
         self.events = events  # the run's list: a step is recorded when it starts, completed when it converges
         self.probes: list[GuardProbe] = []
         self.completed = 0  # this operator's requests answered 200 (the engines count them too)
@@ -201,11 +203,11 @@ class Operator:
 
     async def complete(self, session: aiohttp.ClientSession, body: dict[str, Any]) -> tuple[int, str]:
         """One completion request of this operator's own (not the load's): its status and body. Those answered
-        200 are counted (:attr:`completed`): the engines count them too. A refusal at the ingress is sent again,
-        as the load's requests are (:mod:`load_tests.load.client`)."""
+        200 are counted (:attr:`completed`): the engines count them too. A refusal at the ingress is sent again
+        when the load's requests are (:mod:`load_tests.load.client`)."""
         refusals: list[str] = []
         async with post_past_ingress_refusals(session, f"{self.target.base_url}/v1/completions", refusals,
-                                              json=body, headers=self.target.headers) as r:
+                                              self.retry_delays_s, json=body, headers=self.target.headers) as r:
             text = await r.text()
         if refusals:
             log.info("t = %.0f s: the operator's request was refused at the ingress %d time(s) (%s), then "

@@ -233,6 +233,12 @@ class IngressRetries(Record):
     refusals: dict[str, int] = Field(description="refusals by X-Serve-Reason, every attempt counted")
     answered: int = Field(description="of those requests, the ones a retry got an answer for (any outcome but "
                                       "server_error); the rest are server_error and fail the run")
+    in_change_windows: int = Field(0, description="refused requests that started in a replica change's window "
+                                                  "(load_tests.judge.ingress): excused up to the budget")
+    outside_change_windows: int = Field(0, description="the rest: each fails the run")
+    budget: int = Field(0, description="refused requests the changes may excuse")
+    windows: list[list[float | None]] = Field(default_factory=list, description="each change's [start, end] (s; "
+                                                                              "end null: open to the run's end)")
 
 
 class HostileWindow(Record):

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import SetupError
-from ..load.client import RequestResult, send
+from ..load.client import INGRESS_RETRY_DELAYS_S, RequestResult, send
 from ..load.drive import LoadLevel, drive, drive_levels
 from ..load.hostile import HostileConnection, attack
 from ..observe.monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
@@ -58,6 +58,9 @@ class RunConfig(BaseModel):
     probe_every_s: float = Field(60.0, gt=0, description="between probe rounds under the load (scenarios with probes)")
     declare_lost_nodes: bool = Field(True, description="a node loss is declared to the monitor (off: the failing "
                                                        "twin, whose lost endpoint must fail the run)")
+    ingress_retry: bool = Field(True, description="send a request HAProxy refused before any replica saw it again, "
+                                                  "as the openai SDK does (off: the refusal is the request's "
+                                                  "outcome, as curl, vLLM's bench serve or GuideLLM see it)")
     record_metrics: Path | None = Field(None, description="JSON-lines file for what the nodes exported of the "
                                                           "rules' families, every 10 s (load_tests.observe.record)")
 
@@ -127,6 +130,7 @@ class LoadLoop:
     async def one(self, session: aiohttp.ClientSession, spec: RequestSpec) -> None:
         await self.gate.wait()  # paused: the request is sent on resuming (its timings start then)
         res = await send(session, self.target.base_url, spec, self.t0, timeout_s=self.config.request_timeout_s,
+                         ingress_retry_delays_s=INGRESS_RETRY_DELAYS_S if self.config.ingress_retry else (),
                          headers=self.target.headers)
         self.results.append(res)
         self.counts[res.outcome] = self.counts.get(res.outcome, 0) + 1
@@ -150,7 +154,8 @@ class LoadLoop:
         """The scenario's operations, one after another; the load stops after the last one (load_tests.operate)."""
         self.operator = Operator(self.sc.operations, self.target, self.checker, self.t0, self.stop, self.events,
                                  self.sc.mix.model, declare_lost=self.config.declare_lost_nodes, level=self.level,
-                                 gate=self.gate, settle_s=self.config.settle_interval_s)
+                                 gate=self.gate, settle_s=self.config.settle_interval_s,
+                                 ingress_retry=self.config.ingress_retry)
         await self.operator.run(session)
 
     def levels_driver(self) -> Driver:
