@@ -145,3 +145,25 @@ def test_the_hostile_scenario_runs_its_windows_and_sends_nothing_bad_in_calm_one
     assert sc.mix.bad == 0 and sc.mix.hostile == 0, "calm windows send only normal requests"
     kinds = [sc.hostile.hostile_window(k) for k in range(sc.hostile.windows)]
     assert kinds.count(True) == kinds.count(False)
+
+
+def test_the_drop_is_all_hostile_windows_against_all_calm_ones_and_each_block_is_shown():
+    """A drift over the run (calm windows 12 then 8, hostile 10 and 10 between them: a linear slide) is no drop:
+    the ABBA order cancels it; the block's own drop is reported beside."""
+    results, i = [], 0
+    for (kind, start, _end), n in zip(WINDOWS, (12, 10, 10, 8)):
+        for _ in range(n):
+            results.append(result(i, "ok", start + 1, {"kind": "completion"}))
+            i += 1
+    v = judge_hostile(PLAN.model_copy(update={"share": 0.0, "connections": 0}), results, [], WINDOWS, Slo())
+    assert v.goodput_drop == pytest.approx(0.0) and v.block_drops == [pytest.approx(0.0)] and v.problems == []
+
+
+def test_the_aa_control_sends_nothing_hostile_and_asks_for_nothing_hostile():
+    aa = SCENARIOS["hostile-aa"]
+    assert aa.hostile.share == 0 and aa.hostile.connections == 0
+    assert aa.hostile.model_copy(update={"share": 0.2, "connections": 4}) == SCENARIOS["hostile"].hostile
+    assert aa.profile == SCENARIOS["hostile"].profile and aa.mix == SCENARIOS["hostile"].mix
+    v = judge_hostile(aa.hostile, [r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], [], WINDOWS,
+                      Slo())
+    assert v.problems == [], v.problems

@@ -59,7 +59,7 @@ class HostilePlan(BaseModel):
 
     windows: int = Field(8, ge=4, description="calm and hostile windows, in ABBA order (a multiple of 4)")
     window_s: float = Field(30.0, gt=0)
-    share: float = Field(0.2, gt=0, le=1, description="share of the requests started in a hostile window that "
+    share: float = Field(0.2, ge=0, le=1, description="share of the requests started in a hostile window that "
                                                       "are hostile requests")
     connections: int = Field(4, ge=0, description="hostile connections of each kind opened at the start of every "
                                                   "hostile window")

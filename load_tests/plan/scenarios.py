@@ -244,6 +244,15 @@ SCENARIOS: dict[str, Scenario] = {
         slo=LOADED_SLO,
         hostile=HOSTILE,
     ),
+    "hostile-aa": Scenario(
+        name="hostile-aa",
+        description="the hostile scenario's load and windows with nothing hostile in them: the A/A control of its "
+                    "goodput comparison (the drop it shows is the host's noise)",
+        profile=Profile(kind="fixed", concurrency=64, duration_s=HOSTILE.duration_s),
+        mix=Mix(bad=0.0),
+        slo=LOADED_SLO,
+        hostile=HOSTILE.model_copy(update={"share": 0.0, "connections": 0}),
+    ),
     "autoscale": under_operations(
         "autoscale", "Serve's autoscaler sizes the engine deployment (1 to 2 replicas, 32 ongoing requests per "
                      "replica as the target): 16 concurrent requests, then 256 until it runs 2 replicas, then 16 "

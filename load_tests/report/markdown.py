@@ -137,9 +137,10 @@ def repeats_lines(rep: Repeats) -> list[str]:
 
 def hostile_lines(h: HostileVerdict) -> list[str]:
     lines = ["## Hostile clients", "",
-             f"Normal goodput, median over windows: {h.calm_goodput_requests_per_s or 0:.2f} req/s calm, "
-             f"{h.hostile_goodput_requests_per_s or 0:.2f} under attack"
-             + (f" ({h.goodput_drop:+.0%} drop; bound {h.goodput_drop_bound:.0%})" if h.goodput_drop is not None else "")
+             f"Normal goodput: {h.calm_goodput_requests_per_s or 0:.2f} req/s over the calm windows, "
+             f"{h.hostile_goodput_requests_per_s or 0:.2f} over the hostile ones"
+             + (f" ({h.goodput_drop:+.1%} drop; bound {h.goodput_drop_bound:.0%}; per ABBA block: "
+                + ", ".join(f"{d:+.1%}" for d in h.block_drops) + ")" if h.goodput_drop is not None else "")
              + f". Problems: {'; '.join(h.problems) or 'none'}.", "",
              "| window | start (s) | normal requests | met the SLO | goodput (req/s) |", "|---|---|---|---|---|"]
     lines += [f"| {w.kind} | {w.t_start:.0f} | {w.normal_started} | {w.normal_slo_met} | "

@@ -259,9 +259,12 @@ class HostileVerdict(Record):
     connections: dict[str, dict[str, Any]] = Field(description="per connection kind: opened, closed within the "
                                                                "bound, the slowest close (s), the bound (s)")
     windows: list[HostileWindow]
-    calm_goodput_requests_per_s: float | None = Field(description="median over the calm windows")
-    hostile_goodput_requests_per_s: float | None = Field(description="median over the hostile windows")
+    calm_goodput_requests_per_s: float | None = Field(description="SLO-meeting normal requests per second over "
+                                                                  "all calm windows")
+    hostile_goodput_requests_per_s: float | None = Field(description="the same over all hostile windows")
     goodput_drop: float | None = Field(description="1 - hostile / calm (negative: hostile windows did better)")
+    block_drops: list[float] = Field(default_factory=list, description="the same drop within each ABBA block of "
+                                                                       "four windows: the noise beside it")
     goodput_drop_bound: float
     problems: list[str]
 
