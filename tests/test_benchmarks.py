@@ -1,11 +1,14 @@
 """The benchmark commands run end to end on tiny sizes and write their result files.
 
-No timing is asserted (benchmarks measure, tests check): only that every
-target answered every request and the ratio table is complete.
+No timing is asserted (benchmarks measure, tests check): that every target
+answered every request, that the ratio table is complete, and that each ratio
+in it is the one its runs give (the same round's run of the reference divided
+into the run; the pure tests below feed hand-made runs whose ratios are known).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -23,7 +26,9 @@ def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     data = json.loads((tmp_path / "loadgen_capacity.json").read_text())
     assert {r["client"] for r in data["runs"]} == {"fuzzserve load_tests", "vllm bench serve"}
     for r in data["runs"]:
-        assert r["ok"] == 60 and r["server_received"] == 60 and r["req_per_s"] > 0
+        assert r["ok"] == 60 and r["server_received"] == 60
+        # the rate is the run's own count over its own window (vLLM's: completed / its benchmark duration)
+        assert r["req_per_s"] == pytest.approx(60 / r["wall_s"], rel=1e-3)
         assert 2 <= r["server_max_in_flight"] <= 20  # streams overlap (the echo server paces its tokens)
     assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
 
@@ -41,10 +46,19 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     assert all(r["warmup_requests"] == 3 for r in runs if r["phase"] == "offstack")
     assert {(r["target"], r["variant"]) for r in runs} == {(t, v) for t in ("a", "b", "c0", "c1", "c1s", "ceil")
                                                           for v in ("plain", "prefix")}
-    assert all(r["requests"] == 6 and r["req_per_s"] > 0 for r in runs)
+    assert all(r["requests"] == 6 and r["req_per_s"] == pytest.approx(6 / r["wall_s"]) for r in runs)
     rows = {(r["target"], r["variant"]): r for r in data["ratios"]}
-    assert rows[("a", "plain")]["req_per_s_x_a"] == pytest.approx(1.0)
-    assert rows[("b", "prefix")]["req_per_s_x_a"] > 0 and rows[("ceil", "plain")]["req_per_s_x_a"] > 0
+    run = {(r["phase"], r["target"], r["variant"]): r for r in runs}  # one round: one run each
+    # each ratio is its run over the same phase's (one round's) run of a; the ceiling (no a of its own) over a's
+    # one run of that variant
+    for target, variant in (("b", "prefix"), ("c1", "plain")):
+        assert rows[(target, variant)]["req_per_s_x_a"] == pytest.approx(
+            run[("offstack", target, variant)]["req_per_s"] / run[("offstack", "a", variant)]["req_per_s"])
+    assert rows[("ceil", "plain")]["req_per_s_x_a"] == pytest.approx(
+        run[("ceiling", "ceil", "plain")]["req_per_s"] / run[("offstack", "a", "plain")]["req_per_s"])
+    assert rows[("c0", "prefix")]["ttft_p50_x_a"] == pytest.approx(
+        run[("offstack", "c0", "prefix")]["ttft_p50"] / run[("offstack", "a", "prefix")]["ttft_p50"])
+    assert rows[("ceil", "plain")]["ttft_p50_x_a"] is None, "the offline ceiling streams nothing: no TTFT"
     md = (tmp_path / "serve_stack.md").read_text()
     assert "python -m benchmarks.serve_stack --phases offstack,ceiling" in md and "| c0 |" in md
 
@@ -58,13 +72,24 @@ def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     seen = {(r["workload"], r["engine"]) for r in data["runs"]}
     assert seen == {(w, e) for w in ("decode", "prefill") for e in ("off", "on", "on+offload", "on-worker")} | {
         (f"{w}+{f}", e) for w in ("decode", "prefill") for f in ("fuzz", "noise") for e in ("on", "on+offload")}
-    assert all(r["req_per_s"] > 0 for r in data["runs"])
+    assert all(r["req_per_s"] == pytest.approx(4 / r["wall_s"]) for r in data["runs"])
     rows = {(r["workload"], r["engine"]): r for r in data["table"]}
-    assert rows[("decode", "off")]["x_off"] == pytest.approx(1.0)
+    run = {(r["workload"], r["engine"]): r for r in data["runs"]}  # one round: one run each
+    # x off: the run over the same round's stock run of its unfuzzed workload; x unfuzzed: over the same
+    # engine's unfuzzed run
+    assert rows[("decode", "on")]["x_off"] == pytest.approx(
+        run[("decode", "on")]["req_per_s"] / run[("decode", "off")]["req_per_s"])
+    assert rows[("prefill+fuzz", "on+offload")]["x_off"] == pytest.approx(
+        run[("prefill+fuzz", "on+offload")]["req_per_s"] / run[("prefill", "off")]["req_per_s"])
+    assert rows[("decode+fuzz", "on")]["x_unfuzzed"] == pytest.approx(
+        run[("decode+fuzz", "on")]["req_per_s"] / run[("decode", "on")]["req_per_s"])
     # the noise-only control must keep the unfuzzed text, or it would not isolate the machinery's cost
     assert rows[("decode+noise", "on")]["same_text_as_unfuzzed"] >= 0.75
-    # CPU is counted in 10 ms clock ticks: a run this small may measure 0 ms, so only its presence is checked
-    assert 0 < rows[("decode+fuzz", "on")]["x_unfuzzed"] and rows[("decode+noise", "on")]["engine_cpu_ms_per_req"] >= 0
+    # CPU is counted in 10 ms clock ticks, so a run this small may measure 0 ms: no value is known in advance,
+    # but the split is exact (frontend + engine = the whole) and the table keeps the one run's figure
+    for r in data["runs"]:
+        assert r["frontend_cpu_ms_per_req"] + r["engine_cpu_ms_per_req"] == pytest.approx(r["cpu_ms_per_req"])
+    assert rows[("decode+noise", "on")]["engine_cpu_ms_per_req"] == run[("decode+noise", "on")]["engine_cpu_ms_per_req"]
     md = (tmp_path / "patch_overhead.md").read_text()
     assert "| prefill+fuzz | on+offload |" in md and "| decode+noise | on |" in md
 
@@ -94,6 +119,32 @@ def test_patch_overhead_summary_survives_runs_with_no_measured_cpu():
                       "workload": {"requests": 1, "prompt_tokens": 1, "output_tokens": 1, "rounds": 2,
                                    "omp_bind": "0"}}, po.summarize(runs[:3]))
     assert "| decode | on | 12.0 | 1.200 |" in md and "| - |" in md
+
+
+def test_serve_stack_ratios_divide_by_the_same_rounds_a_and_the_ceiling_by_every_a():
+    """Hand-made runs whose ratios are known: each run over its own phase-round-variant's ``a``, the median over
+    rounds; the ceiling (a phase with no ``a``) over the median of every ``a`` run of its variant; a key a run does
+    not have, or a reference of 0, gives no ratio rather than a guess."""
+    from benchmarks.serve_stack import ratios
+
+    def run(phase, rnd, variant, target, req_per_s, ttft_p50=None):
+        return {"phase": phase, "round": rnd, "variant": variant, "target": target, "req_per_s": req_per_s,
+                "ttft_p50": ttft_p50}
+
+    runs = [run("offstack", 0, "plain", "a", 10.0, 0.10), run("offstack", 0, "plain", "b", 8.0, 0.30),
+            run("offstack", 1, "plain", "a", 20.0, 0.20), run("offstack", 1, "plain", "b", 10.0, 0.10),
+            run("offstack", 2, "plain", "a", 40.0, 0.0), run("offstack", 2, "plain", "b", 36.0, 0.50),
+            run("offstack", 0, "prefix", "a", 4.0), run("offstack", 0, "prefix", "b", 6.0),
+            run("ceiling", 0, "plain", "ceil", 40.0), run("ceiling", 0, "prefix", "ceil", 2.0)]
+    rows = {(r["target"], r["variant"]): r for r in ratios(runs)}
+    b = rows[("b", "plain")]
+    assert b["runs"] == 3 and b["req_per_s"] == 10.0  # median of 8, 10, 36
+    assert b["req_per_s_x_a"] == pytest.approx(0.8)  # median of 8/10, 10/20, 36/40 = 0.8, 0.5, 0.9
+    assert b["ttft_p50_x_a"] == pytest.approx(1.75)  # median of 3.0 and 0.5; round 2's a measured 0: no ratio
+    assert rows[("b", "prefix")]["req_per_s_x_a"] == pytest.approx(1.5)  # against prefix's a (4), not plain's
+    assert rows[("ceil", "plain")]["req_per_s_x_a"] == pytest.approx(2.0)  # 40 / median(10, 20, 40)
+    assert rows[("ceil", "prefix")]["req_per_s_x_a"] == pytest.approx(0.5)  # 2 / 4
+    assert rows[("ceil", "plain")]["ttft_p50_x_a"] is None and rows[("b", "plain")]["tpot_p50_x_a"] is None
 
 
 def test_profile_stack_folds_stacks_into_categories():
@@ -173,6 +224,13 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
 
     from benchmarks import targets as ss
 
+    from pydantic import ValidationError
+
+    cfg, _, _ = ss.phase_config("levers", tmp_path)  # the schema check below can fail: two targets on one route
+    clash = copy.deepcopy(cfg)
+    clash["applications"][1]["route_prefix"] = clash["applications"][0]["route_prefix"]
+    with pytest.raises(ValidationError, match="duplicate applications for route prefix"):
+        ServeDeploySchema.model_validate(clash)
     for phase, targets in ss.PHASES.items():
         cfg, routes, env = ss.phase_config(phase, tmp_path)
         ServeDeploySchema.model_validate(cfg)

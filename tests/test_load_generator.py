@@ -19,7 +19,7 @@ from testkit import echo_server
 from load_tests.load.client import send
 from load_tests.plan.profiles import Profile
 from load_tests.load.drive import drive
-from load_tests.plan.workload import BAD_REQUESTS, Mix, RequestSpec, draw
+from load_tests.plan.workload import BAD_REQUESTS, FUZZ_LEVELS, MODES, Mix, RequestSpec, draw
 
 
 def spec(i, prompt="count 1 2", stream=True, cancel=None, expect="ok", max_tokens=6, route="/v1/completions"):
@@ -177,15 +177,38 @@ def test_draw_is_reproducible_and_well_formed(seed, index):
         assert words + body["max_tokens"] < 1024 - 16, "fits the fixture model's context"
 
 
+def _bad_request_drawn(s) -> int:
+    """Which entry of BAD_REQUESTS a drawn bad request is (its change applied to the base body, or its raw bytes)."""
+    [i] = [i for i, (change, status, param) in enumerate(BAD_REQUESTS)
+           if (s.raw_body == change if isinstance(change, bytes) else
+               s.body is not None and all(s.body.get(k) == v for k, v in change.items()))
+           and (s.expect_status, s.expect_param) == (status, param)]
+    return i
+
+
 def test_the_mix_reaches_every_kind():
-    specs = [draw(Mix(), 0, i) for i in range(2000)]
-    tags = {(s.tags.get("kind"), s.tags.get("prompt"), s.tags.get("fuzz_mode")) for s in specs}
-    assert {t[0] for t in tags} >= {"completion", "chat", "bad"}
-    assert {t[2] for t in tags} >= {"none", "scale", "gaussian"}
-    assert any(t[1] == "long" for t in tags) and any(str(t[1]).startswith("prefix") for t in tags)
-    assert any(s.cancel_after_chunks for s in specs) and any(not s.stream for s in specs)
-    bad = {s.tags.get("bad") for s in specs if s.expect == "4xx"}
-    assert len(bad) == len({p for _c, _s, p in BAD_REQUESTS} | {"malformed_json"}) - 1 or len(bad) >= 8
+    """2000 draws of the default mix reach every kind it is made of, and nothing else: both routes, every bad
+    request (each with its status and the field it names), every prompt kind and shared prefix, both fuzz modes
+    at every non-zero level, unfuzzed requests with and without an explicit s = 0, streams with and without a
+    cancellation, and non-streamed requests."""
+    mix = Mix()
+    specs = [draw(mix, 0, i) for i in range(2000)]
+    assert {s.tags["kind"] for s in specs} == {"completion", "chat", "bad"}  # hostile is off by default
+    assert {s.route for s in specs} == {"/v1/completions", "/v1/chat/completions"}
+    bad = [s for s in specs if s.expect == "4xx"]
+    assert all(s.tags["kind"] == "bad" and s.expect_status == 400 for s in bad)
+    assert {_bad_request_drawn(s) for s in bad} == set(range(len(BAD_REQUESTS)))
+    assert {s.tags["bad"] for s in bad} == {p if p is not None else "malformed_json" for _c, _s, p in BAD_REQUESTS}
+    good = [s for s in specs if s.expect == "ok"]
+    assert {s.tags["prompt"] for s in good} == {"short", "long", *(f"prefix{g}" for g in range(mix.n_prefixes))}
+    assert {s.tags["fuzz_mode"] for s in good} == {"none", "scale", "gaussian"}
+    for mode in MODES:
+        assert {s.tags["fuzz_strength"] for s in good if s.tags["fuzz_mode"] == mode} == set(FUZZ_LEVELS[1:]), mode
+    unfuzzed = [s for s in good if s.tags["fuzz_mode"] == "none"]
+    assert {(s.body.get("vllm_xargs") or {}).get("fuzz_strength") for s in unfuzzed} == {None, 0.0}
+    streams = [s for s in good if s.stream]
+    assert any(s.cancel_after_chunks for s in streams) and any(s.cancel_after_chunks is None for s in streams)
+    assert len(streams) < len(good) and all("stream" not in s.body for s in good if not s.stream)
 
 
 # ---------------------------------------------------------------- refusals at the ingress

@@ -20,23 +20,35 @@ from tests.markers import classify
 REPO = Path(__file__).resolve().parents[1]
 
 CASES = textwrap.dedent('''
-    import os, subprocess, sys, time
+    import os, select, subprocess, sys
     import pytest
+
+    READY_TIMEOUT_S = 120  # importing torch on a loaded 2-core host takes seconds; this only bounds a hang
+
+    # The children stay alive, blocked reading their stdin, until this pytest run exits and the pipe closes:
+    # so each is still there, ready, when the check takes its last look at the end of its test (its watcher
+    # polls every 0.5 s and a child killed before a poll would go unseen), and a later test's watcher counts
+    # it as already there (it watches only processes new to it).
+    _children = []
 
     @pytest.fixture
     def fixture_model():
         return "unused: the check fails the test before this runs"
 
     def _start(argv0, *args, title=None):
-        code = "import sys, time; time.sleep(3)"
+        code = "import sys; print('ready', flush=True); sys.stdin.read()"
         if title:  # a process that takes an EngineCore title and has torch loaded, as vLLM's does
-            code = f"import torch, setproctitle; setproctitle.setproctitle({title!r}); import time; time.sleep(3)"
+            code = (f"import sys, torch, setproctitle; setproctitle.setproctitle({title!r}); "
+                    "print('ready', flush=True); sys.stdin.read()")
         # exec -a hides the interpreter's path: Python then finds its home (and the venv's torch) by
         # looking argv0 up on PATH, so the venv's bin goes first whichever way pytest was started.
         bin_dir = os.path.dirname(sys.executable)
-        p = subprocess.Popen(["bash", "-c", f'PATH={bin_dir}:$PATH exec -a {argv0} {sys.executable} -c "{code}" {" ".join(args)}'])
-        time.sleep(2.5)
-        p.kill(); p.wait()
+        cmd = f'PATH={bin_dir}:$PATH exec -a {argv0} {sys.executable} -c "{code}" {" ".join(args)}'
+        p = subprocess.Popen(["bash", "-c", cmd], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        _children.append(p)
+        # the child's own word that it has its title and torch loaded (or, if it died, an empty read)
+        readable, _, _ = select.select([p.stdout], [], [], READY_TIMEOUT_S)
+        assert readable and p.stdout.readline() == "ready\\n", f"{argv0} never got ready (exit {p.poll()})"
 
     def test_uses_the_model_unmarked(fixture_model):
         pass

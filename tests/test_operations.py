@@ -10,6 +10,7 @@ The operations themselves run end to end in ``tests/test_operations_serve.py``
 from __future__ import annotations
 
 import copy
+import itertools
 
 import pytest
 import yaml
@@ -17,7 +18,8 @@ import yaml
 from load_tests.cli import parse_args, scenario_from
 from load_tests.judge.evidence import check_planned_faults
 from load_tests.observe.monitor import SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
-from load_tests.plan.steps import NodeLoss, OperationPlan, Redeploy, Scale
+from load_tests.plan.steps import Autoscale, NodeLoss, OperationPlan, Redeploy, Scale
+from load_tests.operate.steps import step_of
 from load_tests.operate.logs import forced_kills
 from load_tests.judge.departures import planned_departures
 from load_tests.operate.serve_config import redeployed_config, scaled_config
@@ -72,15 +74,95 @@ def test_a_scale_overrides_num_replicas_in_the_deployments_section_not_the_args(
     assert scaled_config(new, 1)["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 1}]
 
 
-def test_the_operation_scenarios_plan_what_the_issue_asks():
-    assert [s.kind for s in SCENARIOS["redeploy"].operations.steps] == ["redeploy"]
-    assert SCENARIOS["redeploy"].profile.concurrency == 256
-    assert [s.replicas for s in SCENARIOS["scale"].operations.steps] == [4, 1, 2]
-    assert SCENARIOS["node-loss"].cluster.workers == 1 and SCENARIOS["node-loss"].cluster.spare_workers == 1
-    assert SCENARIOS["node-loss"].planned_faults == ("node_loss",)
-    # a replacement on a fresh node took 303, 435 and 488 s under the load on this host
-    assert SCENARIOS["node-loss"].operations.converge_timeout_s >= 600
-    assert SCENARIOS["redeploy-lite"].profile.concurrency == 16
+def deployed_args(sc) -> dict:
+    """The app's args as the load tests deploy them for ``sc`` (load_tests.operate.deploy, default settings)."""
+    from load_tests.operate.deploy import DeploySettings, scenario_config
+
+    return scenario_config(shipped(), sc, DeploySettings())["applications"][0]["args"]
+
+
+@pytest.mark.parametrize("name", ["redeploy", "redeploy-lite"])
+def test_a_redeploy_scenario_forces_new_replicas_and_allows_a_key_the_shipped_guard_refuses(name):
+    """What makes the redeploy observable: an engine setting that differs from the deployed one (a change under
+    the app's args: Serve replaces every replica) and a vllm_xargs key that the deployed guard refuses and the
+    redeployed one accepts (what the probes see change)."""
+    from serve_app.guard import GuardConfig
+    from serve_app.xargs_policy import RequestRejected, check_xargs
+
+    sc = SCENARIOS[name]
+    [step] = sc.operations.steps
+    assert isinstance(step, Redeploy) and sc.planned_faults == ("redeploy",)
+    before = {"applications": [{"name": "fuzzserve", "args": deployed_args(sc)}]}
+    after = redeployed_config(before, step)
+    old_args, new_args = before["applications"][0]["args"], after["applications"][0]["args"]
+    old_kw, new_kw = old_args["llm_configs"][0]["engine_kwargs"], new_args["llm_configs"][0]["engine_kwargs"]
+    assert step.engine_kwargs and all(old_kw.get(k) != v for k, v in step.engine_kwargs.items()), (old_kw, step)
+    assert new_kw != old_kw and new_args != old_args
+    key = sc.operations.probe_key
+    assert key is not None and key in step.allow_xargs
+    with pytest.raises(RequestRejected) as refused:
+        check_xargs({key: 1}, GuardConfig.model_validate(old_args["guard"]).xargs)
+    assert refused.value.param == f"vllm_xargs.{key}"
+    assert check_xargs({key: 1}, GuardConfig.model_validate(new_args["guard"]).xargs)[0] == {key: 1}
+
+
+def test_redeploy_lite_is_the_same_redeploy_under_less_load():
+    """CI's redeploy carries out the full scenario's operation (only sooner), under a lighter load; the full one
+    runs under the main job's load."""
+    full, lite = SCENARIOS["redeploy"], SCENARIOS["redeploy-lite"]
+    [f], [li] = full.operations.steps, lite.operations.steps
+    assert li.model_copy(update={"after_s": f.after_s}) == f and li.after_s <= f.after_s
+    assert lite.profile.concurrency < full.profile.concurrency == SCENARIOS["stress"].profile.concurrency
+
+
+def test_the_scale_plan_goes_up_then_down_and_back_checking_affinity_after_each_step():
+    sc = SCENARIOS["scale"]
+    steps = sc.operations.steps
+    assert all(isinstance(s, Scale) for s in steps) and sc.planned_faults == ("scale",)
+    counts = [deployed_args(sc)["engine_replicas"], *(s.replicas for s in steps)]
+    assert all(a != b for a, b in itertools.pairwise(counts)), f"a step that changes nothing: {counts}"
+    up = next(i for i in range(1, len(counts)) if counts[i] > counts[i - 1])
+    assert up == 1 and any(counts[i] < counts[i - 1] for i in range(up + 1, len(counts))), counts
+    assert min(counts) >= 1 and counts[-1] == counts[0], "ends as deployed"
+    assert sc.operations.affinity_check and all(step_of(s).checks_affinity for s in steps)
+
+
+# a replacement on a fresh node under the full load took 303, 435 and 488 s on this host (docs/results_log.md)
+MEASURED_NODE_REPLACEMENT_S = (303, 435, 488)
+
+
+def test_the_node_loss_scenario_kills_a_node_that_holds_a_replica_and_leaves_room_to_replace_it():
+    """Nodes sized for one replica each (fit_replicas, as serve_app sizes them): the nodes other than the killed
+    one cannot hold every replica, so it holds one; its survivors plus the spare workers can, and without the
+    spares they could not; the step waits longer than a replacement was measured to take."""
+    from serve_app.app import fit_replicas
+
+    sc = SCENARIOS["node-loss"]
+    [step] = sc.operations.steps
+    assert isinstance(step, NodeLoss) and sc.planned_faults == ("node_loss",)
+    shape, args = sc.cluster, deployed_args(sc)
+    replicas, cores = args["engine_replicas"], args["engine_cores_per_replica"]
+    assert step.node in [f"worker{i + 1}" for i in range(shape.workers)], "a worker there at deploy, not a spare"
+    others = [shape.head_cpus] + [shape.worker_cpus] * (shape.workers - 1)
+    assert fit_replicas([*others, shape.worker_cpus], cores) == replicas, "the deploy places every replica"
+    assert fit_replicas(others, cores) < replicas, "the killed node holds a replica"
+    assert fit_replicas([*others, *[shape.worker_cpus] * shape.spare_workers], cores) >= replicas
+    assert sc.operations.converge_timeout_s > max(MEASURED_NODE_REPLACEMENT_S)
+
+
+@pytest.mark.parametrize("name", [n for n, sc in SCENARIOS.items() if sc.operations is not None])
+def test_every_steps_converge_timeout_fits_the_scenarios_cap(name):
+    """The load stops at the profile's duration (the operations' cap) or when the plan ends: the plan must end
+    first even if every step takes its whole converge timeout (and every affinity check its whole idle waits), or
+    the last steps would run without load."""
+    sc = SCENARIOS[name]
+    plan = sc.operations
+    assert sc.profile.max_requests is None and sc.profile.duration_s is not None, "only the cap stops the load early"
+    # a scale step with the affinity check also pauses the load until the deployment is idle, twice (before and after
+    # its requests), each wait bounded by affinity_idle_timeout_s
+    pauses = sum(2 * plan.affinity_idle_timeout_s for s in plan.steps if plan.affinity_check and s.kind == "scale")
+    worst = sum(s.after_s + plan.converge_timeout_s for s in plan.steps) + pauses + plan.tail_s
+    assert worst <= sc.profile.duration_s, (worst, sc.profile.duration_s)
 
 
 def test_the_cli_refuses_operation_flags_where_they_cannot_apply():
@@ -289,46 +371,101 @@ def test_a_recording_becomes_promtool_series_that_end_when_their_target_goes():
 
 
 def test_the_load_follows_its_level_up_and_down():
+    """drive_levels keeps the level's requests in flight: more when it rises; when it falls, the surplus finish
+    the request they have (none is cut) and no more start. Each request waits until the test answers it, so
+    every count is exact, whatever the host's speed."""
     import asyncio
 
     from load_tests.load.drive import LoadLevel, drive_levels
 
     async def scenario():
         level, stop = LoadLevel(2), asyncio.Event()
-        in_flight, peak = 0, []
+        waiting: list[asyncio.Future] = []  # one per request in flight, until answer() resolves it
+        calls: list[int] = []
+        peak = 0
+        started_one = asyncio.Condition()
 
         async def one(i):
-            nonlocal in_flight
-            in_flight += 1
-            peak.append(in_flight)
-            await asyncio.sleep(0.01)
-            in_flight -= 1
+            nonlocal peak
+            answered = asyncio.get_running_loop().create_future()
+            calls.append(i)
+            waiting.append(answered)
+            peak = max(peak, len(waiting))
+            async with started_one:
+                started_one.notify_all()
+            await answered
+
+        def answer() -> None:
+            for f in waiting:
+                f.set_result(None)
+            waiting.clear()
+
+        async def in_flight(n: int) -> int:
+            """Once n requests are in flight and everything runnable has run: how many are."""
+            async with asyncio.timeout(10):
+                async with started_one:
+                    await started_one.wait_for(lambda: len(waiting) >= n)
+            for _ in range(50):  # let every task that could start a request run (no sleep: ready callbacks only)
+                await asyncio.sleep(0)
+            return len(waiting)
 
         task = asyncio.create_task(drive_levels(level, one, stop))
-        await asyncio.sleep(0.2)
-        low = max(peak)
+        seen = [await in_flight(2)]
+        answer()  # both answered: two take their place, and no more
+        seen.append(await in_flight(2))
+        peaks = [peak]
         level.set(8)
-        await asyncio.sleep(0.3)
-        high = max(peak[len(peak) // 2:])
+        seen.append(await in_flight(8))
+        peaks.append(peak)
         level.set(1)
-        await asyncio.sleep(0.3)
-        peak.clear()
-        await asyncio.sleep(0.2)
-        after = max(peak)
+        seen.append(await in_flight(8))  # the 8 in flight are not cut
+        peak = 0
+        answer()  # the 7 surplus end; one request follows
+        seen.append(await in_flight(1))
+        answer()
+        seen.append(await in_flight(1))
+        peaks.append(peak)
+        level.set(3)  # up again: the ended workers' places are taken anew
+        seen.append(await in_flight(3))
+        peaks.append(peak)
         stop.set()
-        started = await task
-        return low, high, after, started, in_flight
+        seen.append(await in_flight(3))  # stop cuts nothing either...
+        waits_for_them = not task.done()  # ...and the load waits for the requests in flight
+        answer()
+        started = await asyncio.wait_for(task, 10)  # a load that went on after stop fails here, not hangs
+        return seen, peaks, waits_for_them, calls, started, len(waiting), [c for _t, c in level.history]
 
-    low, high, after, started, left = asyncio.run(scenario())
-    assert (low, high, after) == (2, 8, 1)
-    assert started > 20 and left == 0, "every started request finished"
+    seen, peaks, waits_for_them, calls, started, left, history = asyncio.run(scenario())
+    assert seen == [2, 2, 8, 8, 1, 1, 3, 3] and peaks == [2, 8, 1, 3]
+    assert started == len(calls) == 2 + 2 + 6 + 1 + 1 + 2 and calls == list(range(started)), "each index once, in order"
+    assert waits_for_them and left == 0 and history == [8, 1, 3]
 
 
 def test_the_autoscale_scenario_leaves_sizing_to_serve():
+    """Each step's load asks Serve's autoscaler for the replicas the step waits for (the default policy: the
+    requests in flight over target_ongoing_requests, rounded up, within min..max), starting from its initial
+    count, up and then back down to the minimum; the config is one Serve accepts."""
+    import math
+
+    from pydantic import ValidationError
+    from ray.serve.config import AutoscalingConfig
+
     sc = SCENARIOS["autoscale"]
-    assert sc.operations.changes_load and sc.profile.concurrency == 16
-    assert [(s.concurrency, s.replicas) for s in sc.operations.steps] == [(256, 2), (16, 1)]
-    assert sc.autoscaling["max_replicas"] == 2 and sc.autoscaling["target_ongoing_requests"] == 32
+    auto, steps = sc.autoscaling, sc.operations.steps
+    assert sc.operations.changes_load and all(isinstance(s, Autoscale) for s in steps)
+    AutoscalingConfig.model_validate(auto)
+    with pytest.raises(ValidationError):  # the check above can fail
+        AutoscalingConfig.model_validate({**auto, "min_replicas": auto["max_replicas"] + 1})
+
+    def aimed_at(in_flight: int) -> int:
+        wanted = math.ceil(in_flight / auto["target_ongoing_requests"])
+        return min(auto["max_replicas"], max(auto["min_replicas"], wanted))
+
+    assert aimed_at(sc.profile.concurrency) == auto["initial_replicas"]
+    for s in steps:
+        assert auto["min_replicas"] <= s.replicas <= auto["max_replicas"] and aimed_at(s.concurrency) == s.replicas, s
+    counts = [auto["initial_replicas"], *(s.replicas for s in steps)]
+    assert counts[1] > counts[0] and counts[-1] == auto["min_replicas"] < max(counts), counts
 
 
 def test_a_step_that_could_not_be_carried_out_is_named():

@@ -50,16 +50,31 @@ def test_sampler_interpolates_a_window_between_samples():
         s.busy_between(9.0, 11.0)  # a window the sampler did not see is an error, not an extrapolation
 
 
-def test_sampler_runs_on_the_clock_of_the_clients_perf_counter():
-    """The client reports perf_counter() times from another process; on Linux that is CLOCK_MONOTONIC."""
-    from benchmarks.host import HostCpuSampler
+def test_sampler_runs_on_the_clock_of_the_clients_perf_counter(monkeypatch):
+    """The client reports perf_counter() times from another process; on Linux that is CLOCK_MONOTONIC.
 
-    with HostCpuSampler(interval_s=0.01) as s:
+    The host's busy time is replaced by a counter whose value is known at every instant: two CPUs busy all
+    the time (2 s of busy time per second of time.monotonic()). A window given in perf_counter() seconds then
+    reads exactly 2 x its length, if and only if the sampler's clock is perf_counter's (the real /proc/stat
+    reading is test_busy_seconds_reads_the_real_proc_stat_and_sees_work's).
+    """
+    from benchmarks import host
+
+    monkeypatch.setattr(host, "busy_seconds", lambda: 2.0 * time.monotonic())
+    with host.HostCpuSampler(interval_s=0.01) as s:
         a = time.perf_counter()
         time.sleep(0.1)
         b = time.perf_counter()
     assert s._t[0] <= a and b <= s._t[-1]
-    assert 0 <= s.busy_between(a, b) <= 0.1 * 64
+    # Each sample reads the counter a moment before it stamps the time (two calls in a row: microseconds,
+    # more only if the thread was preempted between them); that lag, read off the samples themselves, is the
+    # only error linear interpolation leaves, at each end of the window.
+    lag = max(t - busy / 2.0 for t, busy in zip(s._t, s._busy, strict=True))
+    assert 0 <= lag < 0.5, "the samples are not of the counter given"
+    assert s.busy_between(a, b) == pytest.approx(2.0 * (b - a), abs=2.0 * lag + 1e-9)
+    # a window on another clock (the epoch: time.time()) is outside the sampled span, not read as some value
+    with pytest.raises(ValueError, match="outside the sampled span"):
+        s.busy_between(time.time() - 0.1, time.time())
 
 
 class _Proc:

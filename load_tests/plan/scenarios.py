@@ -145,7 +145,7 @@ CHAOS = Scenario(
 REDEPLOY = Redeploy(after_s=40, engine_kwargs={"kv_offloading_size": 0.2}, allow_xargs=("fuzzserve_probe",))
 HOSTILE = HostilePlan()
 # The operations' runs last as long as their steps: the duration is only a cap.
-OPERATIONS_CAP_S = 1800
+OPERATIONS_CAP_S = 3600  # scale's worst case: 3 steps x (wait + 480 s to converge + 2 x 180 s idle waits) + tail
 
 
 def under_operations(name: str, description: str, steps: tuple, concurrency: int = 256, **kw: Any) -> Scenario:
