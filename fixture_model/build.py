@@ -25,6 +25,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger("fixture_model.build")
 
@@ -32,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 DEFAULT_CACHE = REPO / ".cache" / "models"
 
-ARCH = dict(
+ARCH: dict[str, Any] = dict(
     hidden_size=128,
     intermediate_size=512,
     num_hidden_layers=2,
@@ -50,8 +51,9 @@ ARCH = dict(
 # learned at all depended on the CPU's float kernels. On an AVX2-only host the
 # 3e-3 run never learned it (copy accuracy 0.0 after 1000 steps, loss ~1.6);
 # at 1e-3 copy reached 1.0 by step 500 there with two different seeds.
-TRAIN = dict(steps=600, batch=64, packed_batch=4, seq_len=1024, packed_every=3, lr=1e-3, warmup=30, seed=0,
-             n_examples=60_000)
+TRAIN: dict[str, Any] = dict(
+    steps=600, batch=64, packed_batch=4, seq_len=1024, packed_every=3, lr=1e-3, warmup=30, seed=0, n_examples=60_000
+)
 # The build fails rather than hand the tests a model that cannot do its tasks
 # (fuzz is measured as the accuracy it destroys).
 MIN_TASK_ACCURACY = 0.5
@@ -197,7 +199,9 @@ def train(out_dir: Path) -> None:
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        torch_dtype="float32",
+        # transformers' configs take extra keyword arguments (torch_dtype, rope_theta) at run time
+        # (@strict(accept_kwargs=True)); the type of their dataclass __init__ has no **kwargs.
+        torch_dtype="float32",  # type: ignore[call-arg]
         **ARCH,
     )
     model = LlamaForCausalLM(config)
@@ -209,18 +213,21 @@ def train(out_dir: Path) -> None:
     examples = training_examples(TRAIN["n_examples"], seed=TRAIN["seed"])
     batches = _batches(tokenizer, examples, rng)
 
+    progress_cls: type[Progress] | None
     try:
         from rich.progress import Progress
+
+        progress_cls = Progress
     except ImportError:  # pragma: no cover - rich is a dependency
-        Progress = None
+        progress_cls = None
     t0 = time.monotonic()
     model.train()
-    progress = Progress(transient=True) if Progress else None
+    progress = progress_cls(transient=True) if progress_cls else None
     task = progress.add_task("training fixture model", total=TRAIN["steps"]) if progress else None
     if progress:
         progress.start()
     try:
-        for step in range(TRAIN["steps"]):
+        for _step in range(TRAIN["steps"]):
             x = next(batches)
             labels = x.masked_fill(x == tokenizer.pad_token_id, -100)
             loss = model(input_ids=x, labels=labels).loss
@@ -229,7 +236,7 @@ def train(out_dir: Path) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            if progress:
+            if progress and task is not None:  # task is set whenever progress is
                 progress.update(task, advance=1, description=f"training fixture model (loss {loss.item():.3f})")
     finally:
         if progress:
@@ -240,8 +247,10 @@ def train(out_dir: Path) -> None:
     log.info("trained in %.1f s, final loss %.3f, held-out accuracy %s", train_s, loss.item(), accuracy)
     weak = {t: a for t, a in accuracy.items() if a < MIN_TASK_ACCURACY}
     if weak:
-        raise RuntimeError(f"fixture model training failed: held-out accuracy {accuracy} is below "
-                           f"{MIN_TASK_ACCURACY} for {sorted(weak)}; TRAIN = {TRAIN}")
+        raise RuntimeError(
+            f"fixture model training failed: held-out accuracy {accuracy} is below "
+            f"{MIN_TASK_ACCURACY} for {sorted(weak)}; TRAIN = {TRAIN}"
+        )
 
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     model.eval()
@@ -249,8 +258,13 @@ def train(out_dir: Path) -> None:
     tokenizer.save_pretrained(tmp)
     (tmp / "fixture_build.json").write_text(
         json.dumps(
-            {"train_seconds": round(train_s, 1), "final_loss": loss.item(), "held_out_accuracy": accuracy,
-             "arch": ARCH, "train": TRAIN},
+            {
+                "train_seconds": round(train_s, 1),
+                "final_loss": loss.item(),
+                "held_out_accuracy": accuracy,
+                "arch": ARCH,
+                "train": TRAIN,
+            },
             indent=2,
         )
     )
@@ -268,9 +282,10 @@ def evaluate_hf(model, tokenizer, examples) -> dict[str, float]:
     with torch.no_grad():
         for ex in examples:
             ids = torch.tensor([tokenizer.encode(ex.prompt)])
-            out = model.generate(ids, max_new_tokens=len(ex.answer.split()) + 1, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-            text = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+            out = model.generate(
+                ids, max_new_tokens=len(ex.answer.split()) + 1, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+            text = tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
             right.setdefault(ex.task, []).append(is_correct(ex, text))
     model.train()
     return {t: sum(v) / len(v) for t, v in right.items()}

@@ -49,9 +49,15 @@ def parse_arch(text: str) -> tuple[int, int]:
 def config_for(hidden: int, layers: int) -> dict:
     """Llama proportions: head size 64, a quarter as many KV heads (GQA), MLP ~8/3 of the width."""
     heads = hidden // HEAD_DIM
-    return {**ARCH, "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-            "num_key_value_heads": max(1, heads // 4), "head_dim": HEAD_DIM,
-            "intermediate_size": 256 * max(1, round(hidden * 8 / 3 / 256))}
+    return {
+        **ARCH,
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 4),
+        "head_dim": HEAD_DIM,
+        "intermediate_size": 256 * max(1, round(hidden * 8 / 3 / 256)),
+    }
 
 
 def _fingerprint() -> str:
@@ -72,9 +78,16 @@ def ensure_sizing_model(hidden: int, layers: int, out: Path | None = None) -> Pa
     torch.manual_seed(0)
     tokenizer = build_tokenizer()
     arch = config_for(hidden, layers)
-    config = LlamaConfig(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         torch_dtype="float32", **arch)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        # transformers' configs take extra keyword arguments (torch_dtype) at run time (@strict(accept_kwargs=True));
+        # the type of their dataclass __init__ has no **kwargs.
+        torch_dtype="float32",  # type: ignore[call-arg]
+        **arch,
+    )
     model = LlamaForCausalLM(config).eval()
     params = sum(p.numel() for p in model.parameters())
     log.info("building untrained sizing model %dx%d (%.1fM parameters) into %s", hidden, layers, params / 1e6, out)
@@ -82,8 +95,7 @@ def ensure_sizing_model(hidden: int, layers: int, out: Path | None = None) -> Pa
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    (tmp / "sizing_build.json").write_text(json.dumps({"arch": arch, "parameters": params, "trained": False},
-                                                      indent=2))
+    (tmp / "sizing_build.json").write_text(json.dumps({"arch": arch, "parameters": params, "trained": False}, indent=2))
     tmp.rename(out)  # atomic: a half-written directory is never picked up
     return out
 

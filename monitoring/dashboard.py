@@ -42,89 +42,226 @@ def q(expr: str, legend: str, ref: str = "A") -> dict[str, Any]:
 
 
 def quantiles(metric: str) -> list[dict[str, Any]]:
-    return [q(f"histogram_quantile({p}, sum by (le) (rate({metric}_bucket{{{R}}}[$__rate_interval])))",
-              f"p{round(p * 100)}", ref) for p, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))]
+    return [
+        q(
+            f"histogram_quantile({p}, sum by (le) (rate({metric}_bucket{{{R}}}[$__rate_interval])))",
+            f"p{round(p * 100)}",
+            ref,
+        )
+        for p, ref in ((0.5, "A"), (0.9, "B"), (0.99, "C"))
+    ]
 
 
 # (title, description, unit, stacked, queries): one time-series panel each, two per row of the grid.
 SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]]] = [
-    ("Invariants (alerts: monitoring/prometheus/fuzzserve-rules.yml)", [
-        ("Prompt tokens in no source (0 = invariant holds)",
-         "prompt_tokens minus local_compute + local_cache_hit + external_kv_transfer, per replica. Lags by one "
-         "export while requests are admitted; must be 0 at rest (alert FuzzservePromptTokensDoNotSum).",
-         "short", False, [q(f"fuzzserve:prompt_tokens_unaccounted{{{R}}}", "{{ReplicaId}}")]),
-        ("Replicas: exporting vLLM series vs healthy in Serve",
-         "Ray keeps exporting a dead replica's series (Ray issue 65892): more exporting than healthy means "
-         "stale series are in every sum (alert FuzzserveReplicaSeriesStale).",
-         "short", False, [q("count(max by (ReplicaId) (ray_vllm_prompt_tokens_total))", "exporting vLLM series"),
-                          q(f"sum by (deployment) ({HEALTH_GAUGE})",
-                            "healthy in Serve: {{deployment}}", "B")]),
-        ("Share of requests raising errors, per Serve deployment",
-         "Errors / (errors + requests) of each deployment. Stock vLLM's accounting bug shows here: EngineCore "
-         "dies on a bad connector report and every later request fails (alert FuzzserveDeploymentRequestsFailing).",
-         "percentunit", False, [q(f"({ERRORS} or 0 * {REQUESTS}) / (({ERRORS} or 0 * {REQUESTS}) + {REQUESTS})",
-                                  "{{deployment}}")]),
-        ("Accounting violations (cumulative, by kind)",
-         "The accounting patch's clamps over each replica's life. connector_* and prefill_stats_inconsistent: "
-         "a KV connector reported impossible matches (warning); any other kind: critical.",
-         "short", False, [q(f"sum by (ReplicaId, kind) (ray_vllm_prompt_token_accounting_violations_total{{{R}}})",
-                            "{{ReplicaId}} {{kind}}")]),
-        ("Accounting corrections per finished request (by kind)",
-         "Stats corrected after a failed KV load or a preemption; expected now and then, above 0.2 for 15 "
-         "minutes alert FuzzserveAccountingCorrectionsHigh fires.",
-         "percentunit", False, [q(
-             f"sum by (ReplicaId, kind) (rate(ray_vllm_prompt_token_accounting_corrections_total{{{R}}}[$__rate_interval]))"
-             f" / ignoring (kind) group_left sum by (ReplicaId) (rate(ray_vllm_request_success_total{{{R}}}[$__rate_interval]))",
-             "{{ReplicaId}} {{kind}}")]),
-    ]),
-    ("Traffic", [
-        ("Prompt tokens per second by source, per replica",
-         "Where each replica's prompt KV came from: computed, its own prefix cache, or the KV connector "
-         "(offload tier).",
-         "short", True, [q(f"sum by (ReplicaId, source) (rate(ray_vllm_prompt_tokens_by_source_total{{{R}, {SOURCES}}}"
-                           f"[$__rate_interval]))", "{{ReplicaId}} {{source}}")]),
-        ("Finished requests per second by finish reason",
-         "vllm:request_success by finished_reason (stop, length, abort, ...), all selected replicas.",
-         "reqps", True, [q(f"sum by (finished_reason) (rate(ray_vllm_request_success_total{{{R}}}[$__rate_interval]))",
-                           "{{finished_reason}}")]),
-        ("Generation tokens per second, per replica", "vllm:generation_tokens per replica.",
-         "short", True, [q(f"sum by (ReplicaId) (rate(ray_vllm_generation_tokens_total{{{R}}}[$__rate_interval]))",
-                           "{{ReplicaId}}")]),
-        ("Prompt tokens per second, per replica", "vllm:prompt_tokens per replica.",
-         "short", True, [q(f"sum by (ReplicaId) (rate(ray_vllm_prompt_tokens_total{{{R}}}[$__rate_interval]))",
-                           "{{ReplicaId}}")]),
-        ("Admitted requests per second by fuzz mode and strength",
-         "Requests the guard admitted, by fuzz_mode (none = s 0) and fuzz_strength (the smallest power of ten "
-         ">= s), all replicas of each application (Serve's replica label, not vLLM's ReplicaId: not filtered).",
-         "reqps", True, [q(f"sum by (fuzz_mode, fuzz_strength) (rate({ADMITTED}[$__rate_interval]))",
-                           "{{fuzz_mode}} s <= {{fuzz_strength}}")]),
-        ("Fuzzed share of admitted requests",
-         "Admitted requests with fuzz_strength > 0 over all admitted requests, per application, over 5 minutes "
-         "(recording rule fuzzserve:fuzzed_request_share:rate5m).",
-         "percentunit", False, [q("fuzzserve:fuzzed_request_share:rate5m", "{{application}}")]),
-    ]),
-    ("Latency (vLLM's histograms, selected replicas)", [
-        ("Time to first token", "vllm:time_to_first_token_seconds quantiles: the engine's first token, whatever "
-         "its text, as the load tests' TTFT (docs/load_tests.md#figures), which adds the HTTP path.", "s", False,
-         quantiles("ray_vllm_time_to_first_token_seconds")),
-        ("Time per output token", "vllm:request_time_per_output_token_seconds quantiles (TPOT), by tokens as the "
-         "load tests' TPOT.", "s", False,
-         quantiles("ray_vllm_request_time_per_output_token_seconds")),
-    ]),
+    (
+        "Invariants (alerts: monitoring/prometheus/fuzzserve-rules.yml)",
+        [
+            (
+                "Prompt tokens in no source (0 = invariant holds)",
+                (
+                    "prompt_tokens minus local_compute + local_cache_hit + external_kv_transfer, per replica. Lags by "
+                    "one export while requests are admitted; must be 0 at rest (alert FuzzservePromptTokensDoNotSum)."
+                ),
+                "short",
+                False,
+                [q(f"fuzzserve:prompt_tokens_unaccounted{{{R}}}", "{{ReplicaId}}")],
+            ),
+            (
+                "Replicas: exporting vLLM series vs healthy in Serve",
+                (
+                    "Ray keeps exporting a dead replica's series (Ray issue 65892): more exporting than healthy means "
+                    "stale series are in every sum (alert FuzzserveReplicaSeriesStale)."
+                ),
+                "short",
+                False,
+                [
+                    q("count(max by (ReplicaId) (ray_vllm_prompt_tokens_total))", "exporting vLLM series"),
+                    q(f"sum by (deployment) ({HEALTH_GAUGE})", "healthy in Serve: {{deployment}}", "B"),
+                ],
+            ),
+            (
+                "Share of requests raising errors, per Serve deployment",
+                (
+                    "Errors / (errors + requests) of each deployment. Stock vLLM's accounting bug shows here: "
+                    "EngineCore dies on a bad connector report and every later request fails (alert "
+                    "FuzzserveDeploymentRequestsFailing)."
+                ),
+                "percentunit",
+                False,
+                [q(f"({ERRORS} or 0 * {REQUESTS}) / (({ERRORS} or 0 * {REQUESTS}) + {REQUESTS})", "{{deployment}}")],
+            ),
+            (
+                "Accounting violations (cumulative, by kind)",
+                (
+                    "The accounting patch's clamps over each replica's life. connector_* and "
+                    "prefill_stats_inconsistent: a KV connector reported impossible matches (warning); any other kind: "
+                    "critical."
+                ),
+                "short",
+                False,
+                [
+                    q(
+                        f"sum by (ReplicaId, kind) (ray_vllm_prompt_token_accounting_violations_total{{{R}}})",
+                        "{{ReplicaId}} {{kind}}",
+                    )
+                ],
+            ),
+            (
+                "Accounting corrections per finished request (by kind)",
+                (
+                    "Stats corrected after a failed KV load or a preemption; expected now and then, above 0.2 for 15 "
+                    "minutes alert FuzzserveAccountingCorrectionsHigh fires."
+                ),
+                "percentunit",
+                False,
+                [
+                    q(
+                        f"sum by (ReplicaId, kind) (rate(ray_vllm_prompt_token_accounting_corrections_total{{{R}}}"
+                        "[$__rate_interval]))"
+                        " / ignoring (kind) group_left sum by (ReplicaId) "
+                        f"(rate(ray_vllm_request_success_total{{{R}}}[$__rate_interval]))",
+                        "{{ReplicaId}} {{kind}}",
+                    )
+                ],
+            ),
+        ],
+    ),
+    (
+        "Traffic",
+        [
+            (
+                "Prompt tokens per second by source, per replica",
+                (
+                    "Where each replica's prompt KV came from: computed, its own prefix cache, or the KV connector "
+                    "(offload tier)."
+                ),
+                "short",
+                True,
+                [
+                    q(
+                        f"sum by (ReplicaId, source) (rate(ray_vllm_prompt_tokens_by_source_total{{{R}, {SOURCES}}}"
+                        f"[$__rate_interval]))",
+                        "{{ReplicaId}} {{source}}",
+                    )
+                ],
+            ),
+            (
+                "Finished requests per second by finish reason",
+                "vllm:request_success by finished_reason (stop, length, abort, ...), all selected replicas.",
+                "reqps",
+                True,
+                [
+                    q(
+                        f"sum by (finished_reason) (rate(ray_vllm_request_success_total{{{R}}}[$__rate_interval]))",
+                        "{{finished_reason}}",
+                    )
+                ],
+            ),
+            (
+                "Generation tokens per second, per replica",
+                "vllm:generation_tokens per replica.",
+                "short",
+                True,
+                [
+                    q(
+                        f"sum by (ReplicaId) (rate(ray_vllm_generation_tokens_total{{{R}}}[$__rate_interval]))",
+                        "{{ReplicaId}}",
+                    )
+                ],
+            ),
+            (
+                "Prompt tokens per second, per replica",
+                "vllm:prompt_tokens per replica.",
+                "short",
+                True,
+                [
+                    q(
+                        f"sum by (ReplicaId) (rate(ray_vllm_prompt_tokens_total{{{R}}}[$__rate_interval]))",
+                        "{{ReplicaId}}",
+                    )
+                ],
+            ),
+            (
+                "Admitted requests per second by fuzz mode and strength",
+                (
+                    "Requests the guard admitted, by fuzz_mode (none = s 0) and fuzz_strength (the smallest power of "
+                    "ten >= s), all replicas of each application (Serve's replica label, not vLLM's ReplicaId: not "
+                    "filtered)."
+                ),
+                "reqps",
+                True,
+                [
+                    q(
+                        f"sum by (fuzz_mode, fuzz_strength) (rate({ADMITTED}[$__rate_interval]))",
+                        "{{fuzz_mode}} s <= {{fuzz_strength}}",
+                    )
+                ],
+            ),
+            (
+                "Fuzzed share of admitted requests",
+                (
+                    "Admitted requests with fuzz_strength > 0 over all admitted requests, per application, over 5 "
+                    "minutes (recording rule fuzzserve:fuzzed_request_share:rate5m)."
+                ),
+                "percentunit",
+                False,
+                [q("fuzzserve:fuzzed_request_share:rate5m", "{{application}}")],
+            ),
+        ],
+    ),
+    (
+        "Latency (vLLM's histograms, selected replicas)",
+        [
+            (
+                "Time to first token",
+                (
+                    "vllm:time_to_first_token_seconds quantiles: the engine's first token, whatever its text, as the "
+                    "load tests' TTFT (docs/load_tests.md#figures), which adds the HTTP path."
+                ),
+                "s",
+                False,
+                quantiles("ray_vllm_time_to_first_token_seconds"),
+            ),
+            (
+                "Time per output token",
+                "vllm:request_time_per_output_token_seconds quantiles (TPOT), by tokens as the load tests' TPOT.",
+                "s",
+                False,
+                quantiles("ray_vllm_request_time_per_output_token_seconds"),
+            ),
+        ],
+    ),
 ]
 
 
-def timeseries(panel_id: int, x: int, y: int, title: str, description: str, unit: str, stacked: bool,
-               targets: list[dict[str, Any]]) -> dict[str, Any]:
+def timeseries(
+    panel_id: int, x: int, y: int, title: str, description: str, unit: str, stacked: bool, targets: list[dict[str, Any]]
+) -> dict[str, Any]:
     return {
-        "type": "timeseries", "id": panel_id, "title": title, "description": description, "datasource": DS,
-        "gridPos": {"h": 8, "w": 12, "x": x, "y": y}, "targets": targets,
-        "fieldConfig": {"defaults": {"unit": unit,
-                                     "custom": {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 10 if stacked else 0,
-                                                "stacking": {"mode": "normal" if stacked else "none", "group": "A"}}},
-                        "overrides": []},
-        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []},
-                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "type": "timeseries",
+        "id": panel_id,
+        "title": title,
+        "description": description,
+        "datasource": DS,
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "targets": targets,
+        "fieldConfig": {
+            "defaults": {
+                "unit": unit,
+                "custom": {
+                    "drawStyle": "line",
+                    "lineWidth": 1,
+                    "fillOpacity": 10 if stacked else 0,
+                    "stacking": {"mode": "normal" if stacked else "none", "group": "A"},
+                },
+            },
+            "overrides": [],
+        },
+        "options": {
+            "legend": {"displayMode": "list", "placement": "bottom", "showLegend": True, "calcs": []},
+            "tooltip": {"mode": "multi", "sort": "desc"},
+        },
     }
 
 
@@ -132,28 +269,68 @@ def dashboard() -> dict[str, Any]:
     panels: list[dict[str, Any]] = []
     y = 0
     for row_title, items in SECTIONS:
-        panels.append({"type": "row", "id": len(panels) + 1, "title": row_title, "collapsed": False,
-                       "gridPos": {"h": 1, "w": 24, "x": 0, "y": y}, "panels": []})
+        panels.append(
+            {
+                "type": "row",
+                "id": len(panels) + 1,
+                "title": row_title,
+                "collapsed": False,
+                "gridPos": {"h": 1, "w": 24, "x": 0, "y": y},
+                "panels": [],
+            }
+        )
         y += 1
         for i, (title, description, unit, stacked, targets) in enumerate(items):
-            panels.append(timeseries(len(panels) + 1, 12 * (i % 2), y + 8 * (i // 2), title, description, unit,
-                                     stacked, targets))
+            panels.append(
+                timeseries(len(panels) + 1, 12 * (i % 2), y + 8 * (i // 2), title, description, unit, stacked, targets)
+            )
         y += 8 * ((len(items) + 1) // 2)
     return {
-        "uid": UID, "title": "fuzzserve: accounting invariants and traffic",
+        "uid": UID,
+        "title": "fuzzserve: accounting invariants and traffic",
         "description": "Per-replica vLLM counters of a fuzzserve Ray Serve deployment (ray_vllm_* by ReplicaId): "
-                       "the load tests' invariants, live. See docs/monitoring.md.",
-        "tags": ["fuzzserve", "vllm", "ray-serve"], "timezone": "browser", "editable": True, "graphTooltip": 1,
-        "schemaVersion": 39, "version": 1, "refresh": "30s", "time": {"from": "now-1h", "to": "now"},
-        "annotations": {"list": []}, "links": [],
-        "templating": {"list": [
-            {"type": "datasource", "name": "datasource", "label": "Data source", "query": "prometheus",
-             "current": {}, "hide": 0, "refresh": 1, "regex": "", "skipUrlSync": False},
-            {"type": "query", "name": "replica", "label": "Replica (Ray ReplicaId)", "datasource": DS,
-             "query": {"query": "label_values(ray_vllm_prompt_tokens_total, ReplicaId)", "refId": "replica"},
-             "includeAll": True, "multi": True, "allValue": ".*", "current": {}, "refresh": 2, "sort": 1,
-             "hide": 0, "regex": "", "skipUrlSync": False},
-        ]},
+        "the load tests' invariants, live. See docs/monitoring.md.",
+        "tags": ["fuzzserve", "vllm", "ray-serve"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {
+            "list": [
+                {
+                    "type": "datasource",
+                    "name": "datasource",
+                    "label": "Data source",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                    "refresh": 1,
+                    "regex": "",
+                    "skipUrlSync": False,
+                },
+                {
+                    "type": "query",
+                    "name": "replica",
+                    "label": "Replica (Ray ReplicaId)",
+                    "datasource": DS,
+                    "query": {"query": "label_values(ray_vllm_prompt_tokens_total, ReplicaId)", "refId": "replica"},
+                    "includeAll": True,
+                    "multi": True,
+                    "allValue": ".*",
+                    "current": {},
+                    "refresh": 2,
+                    "sort": 1,
+                    "hide": 0,
+                    "regex": "",
+                    "skipUrlSync": False,
+                },
+            ]
+        },
         "panels": panels,
     }
 

@@ -62,7 +62,9 @@ def check_vllm_version(installed: str, verified: tuple[str, ...] = VERIFIED_VLLM
     if os.environ.get(ALLOW_UNVERIFIED_ENV) == "1":
         logger().warning(
             "fuzzserve patches were verified on vLLM %s, not %s; loading anyway because %s=1.",
-            ", ".join(verified), installed, ALLOW_UNVERIFIED_ENV,
+            ", ".join(verified),
+            installed,
+            ALLOW_UNVERIFIED_ENV,
         )
         return
     raise UnverifiedVllmError(

@@ -85,8 +85,12 @@ def record_violation(kind: str, **diagnostics: Any) -> None:
     _pending[_V + kind] += 1
     if kind not in _logged_kinds:
         _logged_kinds.add(kind)
-        log.warning("accounting: %s clamped (logged once per kind; counted in %s_total): %s",
-                    kind, VIOLATIONS_METRIC, diagnostics)
+        log.warning(
+            "accounting: %s clamped (logged once per kind; counted in %s_total): %s",
+            kind,
+            VIOLATIONS_METRIC,
+            diagnostics,
+        )
 
 
 def record_correction(kind: str, **diagnostics: Any) -> None:
@@ -118,8 +122,12 @@ def _wrap_set(original):
     def set(self, num_prompt_tokens, num_local_cached_tokens, num_external_cached_tokens):
         p, lo, ex, changed = sanitize_split(num_prompt_tokens, num_local_cached_tokens, num_external_cached_tokens)
         if changed:
-            record_violation("prefill_stats_inconsistent", prompt=num_prompt_tokens,
-                             local=num_local_cached_tokens, external=num_external_cached_tokens)
+            record_violation(
+                "prefill_stats_inconsistent",
+                prompt=num_prompt_tokens,
+                local=num_local_cached_tokens,
+                external=num_external_cached_tokens,
+            )
         return original(self, p, lo, ex)
 
     return set
@@ -157,13 +165,21 @@ def checked_connector_report(request: Any, num_computed_tokens: int, reported: A
         kind = "connector_async_without_tokens"  # the scheduler asserts this away
     else:
         return reported, load_async
-    record_violation(kind, request_id=request.request_id, reported=reported, num_tokens=request.num_tokens,
-                     local_computed=num_computed_tokens, max_possible=cap)
+    record_violation(
+        kind,
+        request_id=request.request_id,
+        reported=reported,
+        num_tokens=request.num_tokens,
+        local_computed=num_computed_tokens,
+        max_possible=cap,
+    )
     return 0, False
 
 
 def _wrap_connector_report(report):
-    """The scheduler's connector's ``get_num_new_matched_tokens`` (bound), checked: see :func:`checked_connector_report`."""
+    """The scheduler's connector's ``get_num_new_matched_tokens`` (bound), checked: see
+    :func:`checked_connector_report`."""
+
     def get_num_new_matched_tokens(request, num_computed_tokens, *args, **kwargs):
         n, load_async = report(request, num_computed_tokens, *args, **kwargs)
         return checked_connector_report(request, num_computed_tokens, n, load_async)
@@ -174,18 +190,24 @@ def _wrap_connector_report(report):
 def _wrap_allocate_slots(allocate):
     """The scheduler's KV cache manager's ``allocate_slots`` (bound): a request preempted before its first output
     gets its prefill stats re-taken at re-admission, from the final local and external counts."""
+
     def allocate_slots(request, *args, **kwargs):
         blocks = allocate(request, *args, **kwargs)
-        if (blocks is not None and getattr(request, "_fuzzserve_restat", False)
-                and request.prefill_stats is not None and "num_new_computed_tokens" in kwargs):
+        if (
+            blocks is not None
+            and getattr(request, "_fuzzserve_restat", False)
+            and request.prefill_stats is not None
+            and "num_new_computed_tokens" in kwargs
+        ):
             request._fuzzserve_restat = False
             local = kwargs.get("num_new_computed_tokens", 0)
             external = kwargs.get("num_external_computed_tokens", 0)
             before = (request.prefill_stats.num_local_cached_tokens, request.prefill_stats.num_external_cached_tokens)
             request.prefill_stats.set(request.num_prompt_tokens, local, external)
             if before != (local, external):
-                record_correction("after_preemption", request_id=request.request_id, before=before,
-                                  after=(local, external))
+                record_correction(
+                    "after_preemption", request_id=request.request_id, before=before, after=(local, external)
+                )
         return blocks
 
     return allocate_slots
@@ -230,9 +252,12 @@ def _wrap_invalid_blocks(original):
             local = min(stats.num_local_cached_tokens, valid)
             external = max(0, min(stats.num_external_cached_tokens, valid - local))
             if (local, external) != (stats.num_local_cached_tokens, stats.num_external_cached_tokens):
-                record_correction("after_load_failure", request_id=request.request_id,
-                                  before=(stats.num_local_cached_tokens, stats.num_external_cached_tokens),
-                                  after=(local, external))
+                record_correction(
+                    "after_load_failure",
+                    request_id=request.request_id,
+                    before=(stats.num_local_cached_tokens, stats.num_external_cached_tokens),
+                    after=(local, external),
+                )
                 stats.set(stats.num_prompt_tokens, local, external)
         return result
 
@@ -261,13 +286,23 @@ def checked_prefill_stats(stats: Any) -> Any:
     """``stats`` if its parts are non-negative and sum to the prompt, else a sanitized copy."""
     p, lo, ex = stats.num_prompt_tokens, stats.num_local_cached_tokens, stats.num_external_cached_tokens
     ok = (
-        p >= 0 and lo >= 0 and ex >= 0 and lo + ex <= p
-        and stats.num_computed_tokens == p - lo - ex and stats.num_cached_tokens == lo + ex
+        p >= 0
+        and lo >= 0
+        and ex >= 0
+        and lo + ex <= p
+        and stats.num_computed_tokens == p - lo - ex
+        and stats.num_cached_tokens == lo + ex
     )
     if ok:
         return stats
-    record_violation("frontend_prefill_stats_inconsistent", prompt=p, local=lo, external=ex,
-                     computed=stats.num_computed_tokens, cached=stats.num_cached_tokens)
+    record_violation(
+        "frontend_prefill_stats_inconsistent",
+        prompt=p,
+        local=lo,
+        external=ex,
+        computed=stats.num_computed_tokens,
+        cached=stats.num_cached_tokens,
+    )
     fixed = type(stats)()
     sp, slo, sex, _ = sanitize_split(p, lo, ex)
     fixed.set(sp, slo, sex)
@@ -284,20 +319,24 @@ def _wrap_prompt_token_update(original):
 _guarded_classes: dict[type, type] = {}
 
 
-def guarded_counter_cls(cls: type) -> type:
+def guarded_counter_cls(cls: type[Any]) -> type:
     """A subclass of a counter class (prometheus_client's or Ray's wrapper) whose
     ``inc`` drops negative or non-finite amounts and counts them as violations.
     Labelled children are created through ``type(self)``/``copy``, so they are
     guarded too."""
     if cls not in _guarded_classes:
+
         def inc(self, amount=1, *args, **kwargs):
             try:
                 bad = not math.isfinite(amount) or amount < 0
             except TypeError:
                 bad = True
             if bad:
-                record_violation("negative_increment", metric=getattr(self, "_name", None) or
-                                 getattr(getattr(self, "metric", None), "_name", None), amount=amount)
+                record_violation(
+                    "negative_increment",
+                    metric=getattr(self, "_name", None) or getattr(getattr(self, "metric", None), "_name", None),
+                    amount=amount,
+                )
                 return None
             return cls.inc(self, amount, *args, **kwargs)
 
@@ -312,17 +351,23 @@ def _wrap_logger_init(original):
         labelnames = ["model_name", "engine", "kind"]
         self._fuzzserve_model_name = vllm_config.model_config.served_model_name
         self._fuzzserve_violations = self._counter_cls(
-            name=VIOLATIONS_METRIC, labelnames=labelnames,
-            documentation="Prompt-token accounting inputs that broke an invariant and were clamped, by kind.")
+            name=VIOLATIONS_METRIC,
+            labelnames=labelnames,
+            documentation="Prompt-token accounting inputs that broke an invariant and were clamped, by kind.",
+        )
         self._fuzzserve_corrections = self._counter_cls(
-            name=CORRECTIONS_METRIC, labelnames=labelnames,
+            name=CORRECTIONS_METRIC,
+            labelnames=labelnames,
             documentation="Prompt-token stats corrected where the truth is known (after a load failure or a "
-                          "preemption), by kind.")
+            "preemption), by kind.",
+        )
         # Export every known kind at 0 from the start: "present and 0" tells a
         # monitor the patch is on; an absent series cannot tell it anything.
         for idx in getattr(self, "engine_indexes", [0]):
-            for counter, kinds in ((self._fuzzserve_violations, VIOLATION_KINDS),
-                                   (self._fuzzserve_corrections, CORRECTION_KINDS)):
+            for counter, kinds in (
+                (self._fuzzserve_violations, VIOLATION_KINDS),
+                (self._fuzzserve_corrections, CORRECTION_KINDS),
+            ):
                 for kind in kinds:
                     counter.labels(model_name=self._fuzzserve_model_name, engine=str(idx), kind=kind)
 
@@ -335,7 +380,7 @@ def _drain_wire(scheduler_stats: Any) -> None:
     if not wire:
         return
     for key in [k for k in wire if k.startswith(_WIRE_PREFIX)]:
-        _pending[key[len(_WIRE_PREFIX):]] += wire.pop(key)
+        _pending[key[len(_WIRE_PREFIX) :]] += wire.pop(key)
 
 
 def _wrap_manager_record(original):
@@ -356,8 +401,7 @@ def _wrap_logger_record(original):
         if _pending and hasattr(self, "_fuzzserve_violations"):
             for key, n in list(_pending.items()):
                 counter = self._fuzzserve_violations if key.startswith(_V) else self._fuzzserve_corrections
-                counter.labels(model_name=self._fuzzserve_model_name, engine=str(engine_idx),
-                               kind=key[2:]).inc(n)
+                counter.labels(model_name=self._fuzzserve_model_name, engine=str(engine_idx), kind=key[2:]).inc(n)
             _pending.clear()
         return result
 
@@ -371,38 +415,104 @@ CONNECTOR_REPORT = "vllm.distributed.kv_transfer.kv_connector.v1.base:KVConnecto
 ALLOCATE_SLOTS = "vllm.v1.core.kv_cache_manager:KVCacheManager.allocate_slots"
 COUNTER_CLS = f"{_LOGGERS}:PrometheusStatLogger._counter_cls"
 
-PATCH = Patch(__doc__, (
-    Target(f"{_STATS}:PrefillStats.set", "wrap", make=_wrap_set,
-           params=("num_prompt_tokens", "num_local_cached_tokens", "num_external_cached_tokens"),
-           why="clamp instead of asserting (an assert kills EngineCore)"),
-    Target(f"{_STATS}:PrefillStats.finalize", "wrap", make=_wrap_finalize, params=("num_cached_tokens",),
-           why="clamp a negative cached count instead of asserting"),
-    Target(f"{_SCHEDULER}.__init__", "wrap", make=_wrap_scheduler_init, attrs=("connector", "kv_cache_manager"),
-           why="installs the two rebinds below on each scheduler's connector and KV cache manager"),
-    Target(CONNECTOR_REPORT, "rebind", make=_wrap_connector_report, params=("request", "num_computed_tokens"),
-           applied_by=f"{_SCHEDULER}.__init__",
-           why="the connector's matched-token report checked before the scheduler uses it (an impossible one "
-               "becomes 0: recompute), whatever the connector"),
-    Target(ALLOCATE_SLOTS, "rebind", make=_wrap_allocate_slots, params=("request",),
-           keywords=("num_new_computed_tokens", "num_external_computed_tokens"), applied_by=f"{_SCHEDULER}.__init__",
-           why="a request preempted before its first output gets its prefill stats re-taken at re-admission"),
-    Target(f"{_SCHEDULER}._preempt_request", "wrap", make=_wrap_preempt, params=("request",),
-           why="marks a request preempted before its first output, for the re-take at re-admission"),
-    Target(f"{_SCHEDULER}._update_requests_with_invalid_blocks", "wrap", make=_wrap_invalid_blocks,
-           params=("requests", "invalid_block_ids", "num_scheduled_tokens"),
-           why="after invalid-block truncation the request's stats are corrected to what was really loaded"),
-    Target(f"{_SCHEDULER}.make_stats", "wrap", make=_wrap_make_stats,
-           why="ships EngineCore's violation and correction counts to the frontend inside SchedulerStats"),
-    Target(f"{_STATS}:PromptTokenStats.update_from_output", "wrap", make=_wrap_prompt_token_update,
-           params=("prefill_stats",), why="frontend: each request's PrefillStats checked, a bad one sanitized"),
-    Target(f"{_LOGGERS}:PrometheusStatLogger.__init__", "wrap", make=_wrap_logger_init, params=("vllm_config",),
-           attrs=("engine_indexes",), why="guarded counters, and the violations and corrections counters"),
-    Target(COUNTER_CLS, "class_swap", make=guarded_counter_cls, applied_by=f"{_LOGGERS}:PrometheusStatLogger.__init__",
-           why="every counter the logger creates refuses negative or non-finite increments (they raise, and kill "
-               "vLLM's output handler)"),
-    Target(f"{_LOGGERS}:PrometheusStatLogger.record", "wrap", make=_wrap_logger_record,
-           params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
-           why="records the shipped violation and correction counts"),
-    Target(f"{_LOGGERS}:StatLoggerManager.record", "wrap", make=_wrap_manager_record, params=("scheduler_stats",),
-           why="takes EngineCore's counts out of SchedulerStats before any logger sees them"),
-))
+PATCH = Patch(
+    __doc__,
+    (
+        Target(
+            f"{_STATS}:PrefillStats.set",
+            "wrap",
+            make=_wrap_set,
+            params=("num_prompt_tokens", "num_local_cached_tokens", "num_external_cached_tokens"),
+            why="clamp instead of asserting (an assert kills EngineCore)",
+        ),
+        Target(
+            f"{_STATS}:PrefillStats.finalize",
+            "wrap",
+            make=_wrap_finalize,
+            params=("num_cached_tokens",),
+            why="clamp a negative cached count instead of asserting",
+        ),
+        Target(
+            f"{_SCHEDULER}.__init__",
+            "wrap",
+            make=_wrap_scheduler_init,
+            attrs=("connector", "kv_cache_manager"),
+            why="installs the two rebinds below on each scheduler's connector and KV cache manager",
+        ),
+        Target(
+            CONNECTOR_REPORT,
+            "rebind",
+            make=_wrap_connector_report,
+            params=("request", "num_computed_tokens"),
+            applied_by=f"{_SCHEDULER}.__init__",
+            why="the connector's matched-token report checked before the scheduler uses it (an impossible one "
+            "becomes 0: recompute), whatever the connector",
+        ),
+        Target(
+            ALLOCATE_SLOTS,
+            "rebind",
+            make=_wrap_allocate_slots,
+            params=("request",),
+            keywords=("num_new_computed_tokens", "num_external_computed_tokens"),
+            applied_by=f"{_SCHEDULER}.__init__",
+            why="a request preempted before its first output gets its prefill stats re-taken at re-admission",
+        ),
+        Target(
+            f"{_SCHEDULER}._preempt_request",
+            "wrap",
+            make=_wrap_preempt,
+            params=("request",),
+            why="marks a request preempted before its first output, for the re-take at re-admission",
+        ),
+        Target(
+            f"{_SCHEDULER}._update_requests_with_invalid_blocks",
+            "wrap",
+            make=_wrap_invalid_blocks,
+            params=("requests", "invalid_block_ids", "num_scheduled_tokens"),
+            why="after invalid-block truncation the request's stats are corrected to what was really loaded",
+        ),
+        Target(
+            f"{_SCHEDULER}.make_stats",
+            "wrap",
+            make=_wrap_make_stats,
+            why="ships EngineCore's violation and correction counts to the frontend inside SchedulerStats",
+        ),
+        Target(
+            f"{_STATS}:PromptTokenStats.update_from_output",
+            "wrap",
+            make=_wrap_prompt_token_update,
+            params=("prefill_stats",),
+            why="frontend: each request's PrefillStats checked, a bad one sanitized",
+        ),
+        Target(
+            f"{_LOGGERS}:PrometheusStatLogger.__init__",
+            "wrap",
+            make=_wrap_logger_init,
+            params=("vllm_config",),
+            attrs=("engine_indexes",),
+            why="guarded counters, and the violations and corrections counters",
+        ),
+        Target(
+            COUNTER_CLS,
+            "class_swap",
+            make=guarded_counter_cls,
+            applied_by=f"{_LOGGERS}:PrometheusStatLogger.__init__",
+            why="every counter the logger creates refuses negative or non-finite increments (they raise, and kill "
+            "vLLM's output handler)",
+        ),
+        Target(
+            f"{_LOGGERS}:PrometheusStatLogger.record",
+            "wrap",
+            make=_wrap_logger_record,
+            params=("scheduler_stats", "iteration_stats", "mm_cache_stats", "engine_idx"),
+            why="records the shipped violation and correction counts",
+        ),
+        Target(
+            f"{_LOGGERS}:StatLoggerManager.record",
+            "wrap",
+            make=_wrap_manager_record,
+            params=("scheduler_stats",),
+            why="takes EngineCore's counts out of SchedulerStats before any logger sees them",
+        ),
+    ),
+)

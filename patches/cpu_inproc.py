@@ -73,8 +73,15 @@ from .registry import Patch, Target, on_cpu
 log = logger()
 
 # What upstream's OMPProcessManager may set for a CPU worker (by OpenMP runtime: any, iomp, gomp).
-OMP_ENV = ("OMP_NUM_THREADS", "OMP_PLACES", "OMP_PROC_BIND", "KMP_AFFINITY", "KMP_BLOCKTIME", "KMP_TPAUSE",
-           "GOMP_CPU_AFFINITY")
+OMP_ENV = (
+    "OMP_NUM_THREADS",
+    "OMP_PLACES",
+    "OMP_PROC_BIND",
+    "KMP_AFFINITY",
+    "KMP_BLOCKTIME",
+    "KMP_TPAUSE",
+    "GOMP_CPU_AFFINITY",
+)
 
 # The backends this patch replaces with "uni": vLLM's own two for one local worker.
 LOCAL_BACKENDS = ("mp", "uni")
@@ -82,10 +89,12 @@ LOCAL_BACKENDS = ("mp", "uni")
 
 def runs_in_process(parallel_config: Any, multiprocessing: bool) -> bool:
     """Whether an engine with ``parallel_config`` gets its model run in EngineCore (``uni``) by this patch."""
-    return (multiprocessing
-            and parallel_config.world_size == 1
-            and parallel_config.data_parallel_size == 1
-            and parallel_config.distributed_executor_backend in LOCAL_BACKENDS)
+    return (
+        multiprocessing
+        and parallel_config.world_size == 1
+        and parallel_config.data_parallel_size == 1
+        and parallel_config.distributed_executor_backend in LOCAL_BACKENDS
+    )
 
 
 def _wrap_check_and_update_config(original):
@@ -96,8 +105,11 @@ def _wrap_check_and_update_config(original):
         parallel = vllm_config.parallel_config
         if runs_in_process(parallel, envs.VLLM_ENABLE_V1_MULTIPROCESSING):
             if parallel.distributed_executor_backend != "uni":
-                log.info("fuzzserve cpu_inproc: one-worker CPU engine runs its model in EngineCore "
-                         "(distributed_executor_backend %r -> 'uni')", parallel.distributed_executor_backend)
+                log.info(
+                    "fuzzserve cpu_inproc: one-worker CPU engine runs its model in EngineCore "
+                    "(distributed_executor_backend %r -> 'uni')",
+                    parallel.distributed_executor_backend,
+                )
             parallel.distributed_executor_backend = "uni"
 
     return check_and_update_config
@@ -126,24 +138,40 @@ def engine_core_omp_env(vllm_config: Any, executor_class: type) -> contextlib.Ab
     from vllm.v1.engine import utils as engine_utils
     from vllm.v1.executor.uniproc_executor import UniProcExecutor
 
-    if not (engine_utils.current_platform.is_cpu() and isinstance(executor_class, type)
-            and issubclass(executor_class, UniProcExecutor)):
+    if not (
+        engine_utils.current_platform.is_cpu()
+        and isinstance(executor_class, type)
+        and issubclass(executor_class, UniProcExecutor)
+    ):
         return contextlib.nullcontext()
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
     return OMPProcessManager(vllm_config).configure_omp_envs(rank=0, local_rank=0)
 
 
-PATCH = Patch(__doc__, (
-    Target("vllm.platforms.cpu:CpuPlatform.check_and_update_config", "wrap", make=_wrap_check_and_update_config,
-           params=("vllm_config",), when=on_cpu,
-           why="a one-worker CPU engine gets the 'uni' executor: its model runs in EngineCore, no worker process "
-               "and no shared-memory ring between them"),
-    Target("vllm.v1.engine.utils:CoreEngineProcManager.__init__", "wrap", make=_wrap_proc_manager_init,
-           keywords=("vllm_config", "executor_class"), when=on_cpu,
-           why="EngineCore's process starts with the OpenMP environment upstream gives a CPU worker "
-               "(OMPProcessManager, from VLLM_CPU_OMP_THREADS_BIND), since it runs the model itself"),
-))
+PATCH = Patch(
+    __doc__,
+    (
+        Target(
+            "vllm.platforms.cpu:CpuPlatform.check_and_update_config",
+            "wrap",
+            make=_wrap_check_and_update_config,
+            params=("vllm_config",),
+            when=on_cpu,
+            why="a one-worker CPU engine gets the 'uni' executor: its model runs in EngineCore, no worker process "
+            "and no shared-memory ring between them",
+        ),
+        Target(
+            "vllm.v1.engine.utils:CoreEngineProcManager.__init__",
+            "wrap",
+            make=_wrap_proc_manager_init,
+            keywords=("vllm_config", "executor_class"),
+            when=on_cpu,
+            why="EngineCore's process starts with the OpenMP environment upstream gives a CPU worker "
+            "(OMPProcessManager, from VLLM_CPU_OMP_THREADS_BIND), since it runs the model itself",
+        ),
+    ),
+)
 
 
 def executor_state(_worker: Any = None) -> dict[str, Any]:

@@ -55,7 +55,7 @@ log = logger()
 
 
 def _memmove_batch(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> None:
-    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist()):
+    for s, d, n in zip(src.tolist(), dst.tolist(), sizes.tolist(), strict=True):
         ctypes.memmove(d, s, n)
 
 
@@ -107,7 +107,9 @@ def _host_handler_cls():
             # Walk the groups: each group's blocks start at a logical offset
             # (block_indices) that may fall inside a pool chunk; the chunked
             # side may need to skip that many sub-blocks of its first chunk.
-            for g_idx, (count, first) in enumerate(zip(engine_spec.group_sizes, engine_spec.block_indices)):
+            for g_idx, (count, first) in enumerate(
+                zip(engine_spec.group_sizes, engine_spec.block_indices, strict=False)
+            ):
                 if count == 0:
                     continue
                 src_skip = first % self.src_blocks_per_chunk
@@ -116,8 +118,8 @@ def _host_handler_cls():
                 n_dst = cdiv(count + dst_skip, self.dst_blocks_per_chunk)
                 op, nbytes = self._fill_group_ops(
                     g_idx,
-                    group_src=src_spec.block_ids[src_pos:src_pos + n_src],
-                    group_dst=dst_spec.block_ids[dst_pos:dst_pos + n_dst],
+                    group_src=src_spec.block_ids[src_pos : src_pos + n_src],
+                    group_dst=dst_spec.block_ids[dst_pos : dst_pos + n_dst],
                     group_size=count,
                     src_skip_count=src_skip,
                     dst_skip_count=dst_skip,
@@ -133,8 +135,9 @@ def _host_handler_cls():
             _memmove_batch(src_ptrs[:op], dst_ptrs[:op], sizes[:op])
             self.bytes_moved += total
             self.blocks_moved += int(sum(engine_spec.group_sizes))
-            self._done.append(TransferResult(job_id=job_id, success=True, transfer_size=total,
-                                             transfer_time=time.perf_counter() - t0))
+            self._done.append(
+                TransferResult(job_id=job_id, success=True, transfer_size=total, transfer_time=time.perf_counter() - t0)
+            )
             return True
 
         def get_finished(self):
@@ -169,8 +172,12 @@ def _host_worker_cls():
                 # instead of all being committed when the engine starts
                 pool_tensors.append(torch.empty((num_chunks, t.page_size_bytes * blocks_per_chunk), dtype=torch.int8))
             pool_bytes = sum(p.numel() for p in pool_tensors)
-            log.info("cpu_offload: host offload pool of %d chunks x %d block(s), %.1f MiB",
-                     num_chunks, blocks_per_chunk, pool_bytes / 2**20)
+            log.info(
+                "cpu_offload: host offload pool of %d chunks x %d block(s), %.1f MiB",
+                num_chunks,
+                blocks_per_chunk,
+                pool_bytes / 2**20,
+            )
             self.pool_tensors = pool_tensors
             self.store = handler_cls(engine_tensors, pool_tensors, blocks_per_chunk, kv_caches.group_data_refs, True)
             self.load = handler_cls(engine_tensors, pool_tensors, blocks_per_chunk, kv_caches.group_data_refs, False)
@@ -192,8 +199,12 @@ def _host_worker_cls():
             self.load.shutdown()
 
         def stats(self) -> dict[str, Any]:
-            return {"bytes_stored": self.store.bytes_moved, "bytes_loaded": self.load.bytes_moved,
-                    "blocks_stored": self.store.blocks_moved, "blocks_loaded": self.load.blocks_moved}
+            return {
+                "bytes_stored": self.store.bytes_moved,
+                "bytes_loaded": self.load.bytes_moved,
+                "blocks_stored": self.store.blocks_moved,
+                "blocks_loaded": self.load.blocks_moved,
+            }
 
     return HostPoolOffloadingWorker
 
@@ -211,8 +222,16 @@ def _wrap_get_worker(original):
     return get_worker
 
 
-PATCH = Patch(__doc__, (
-    Target("vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec.get_worker", "wrap", make=_wrap_get_worker,
-           params=("kv_caches",), attrs=("blocks_per_chunk", "num_chunks"),
-           why="on the CPU platform, a host-memory pool with memmove copies instead of upstream's refusal"),
-))
+PATCH = Patch(
+    __doc__,
+    (
+        Target(
+            "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec.get_worker",
+            "wrap",
+            make=_wrap_get_worker,
+            params=("kv_caches",),
+            attrs=("blocks_per_chunk", "num_chunks"),
+            why="on the CPU platform, a host-memory pool with memmove copies instead of upstream's refusal",
+        ),
+    ),
+)

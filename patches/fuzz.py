@@ -62,7 +62,7 @@ from __future__ import annotations
 
 import inspect
 import os
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -73,7 +73,6 @@ from .fuzz_params import NEUTRAL, FuzzParamError, FuzzSpec, parse_fuzz_args, par
 from .registry import Patch, Target
 
 log = logger()
-
 
 
 # --------------------------------------------------------------------------
@@ -89,14 +88,16 @@ def _validation_error(err: FuzzParamError) -> Exception:
 
 def _fuzz_unsupported_reason(input_processor: Any) -> str | None:
     """Why this engine cannot fuzz (checked once per InputProcessor), or None."""
-    cached = getattr(input_processor, "_fuzzserve_unsupported", False)
+    cached: Any = getattr(input_processor, "_fuzzserve_unsupported", False)  # a reason, None, or False: not yet checked
     if cached is not False:
         return cached
     reason = None
     vllm_config = input_processor.vllm_config
     if getattr(vllm_config, "use_v2_model_runner", False):
-        reason = ("fuzz_strength needs vLLM's V1 model runner, but this engine runs the V2 runner "
-                  "(VLLM_USE_V2_MODEL_RUNNER); unset it or set it to 0")
+        reason = (
+            "fuzz_strength needs vLLM's V1 model runner, but this engine runs the V2 runner "
+            "(VLLM_USE_V2_MODEL_RUNNER); unset it or set it to 0"
+        )
     elif getattr(vllm_config.model_config, "enable_prompt_embeds", False):
         reason = "fuzz_strength is not supported on engines started with enable_prompt_embeds"
     input_processor._fuzzserve_unsupported = reason
@@ -152,8 +153,11 @@ def _wrap_request_init(original):
         if params is not None and params.extra_args:
             spec, err = parse_or_neutral(params.extra_args)
             if err is not None:
-                log.warning("fuzz: request %s reached EngineCore with invalid fuzz settings (%s); "
-                            "served unperturbed", bound.arguments.get("request_id"), err)
+                log.warning(
+                    "fuzz: request %s reached EngineCore with invalid fuzz settings (%s); served unperturbed",
+                    bound.arguments.get("request_id"),
+                    err,
+                )
         # every request: a client's salt is namespaced even when the request is neutral
         if not spec.is_neutral or bound.arguments.get("cache_salt"):
             bound.arguments["cache_salt"] = salted(bound.arguments.get("cache_salt"), spec)
@@ -183,8 +187,9 @@ def _fuzzed_forward(self, input_):
         if not self.fuzz_active:
             return out
         if self.fuzz_noise_rows is not None and self.fuzz_noise_rows.numel() < n:
-            return fuzz_math.perturb_sparse(out, self.fuzz_mult[:n], self.fuzz_std[:n], self.fuzz_key[:n],
-                                            self.fuzz_codes, self.fuzz_noise_rows)
+            return fuzz_math.perturb_sparse(
+                out, self.fuzz_mult[:n], self.fuzz_std[:n], self.fuzz_key[:n], self.fuzz_codes, self.fuzz_noise_rows
+            )
     return fuzz_math.perturb(out, self.fuzz_mult[:n], self.fuzz_std[:n], self.fuzz_key[:n], self.fuzz_codes)
 
 
@@ -195,7 +200,7 @@ def _running_eagerly(buffer: torch.Tensor) -> bool:
     return not (buffer.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
-def _fuzzed_class(cls: type) -> type:
+def _fuzzed_class(cls: type[torch.nn.Module]) -> type:
     """A subclass of ``cls`` whose forward perturbs its output (cached per class): the class swap of the
     input-embedding module.
 
@@ -205,7 +210,8 @@ def _fuzzed_class(cls: type) -> type:
     """
     if cls not in _fuzzed_classes:
         _fuzzed_classes[cls] = type(
-            f"Fuzzed{cls.__name__}", (cls,),
+            f"Fuzzed{cls.__name__}",
+            (cls,),
             {"_fuzzserve_base_forward": cls.forward, "forward": _fuzzed_forward, "__module__": __name__},
         )
     return _fuzzed_classes[cls]
@@ -227,13 +233,12 @@ def find_input_embedding(model: torch.nn.Module, device: torch.device) -> tuple[
     }
     fired: list[torch.nn.Module] = []
     handles = [
-        m.register_forward_hook(lambda mod, _i, _o: fired.append(mod))
-        for m in model.modules()
-        if id(m) in candidates
+        m.register_forward_hook(lambda mod, _i, _o: fired.append(mod)) for m in model.modules() if id(m) in candidates
     ]
     try:
         with torch.inference_mode():
-            model.embed_input_ids(torch.zeros(1, dtype=torch.long, device=device))
+            # a vLLM model's method (vLLM's VllmModel protocol); torch.nn.Module types attributes as tensors or modules
+            cast(Any, model).embed_input_ids(torch.zeros(1, dtype=torch.long, device=device))
     except Exception as e:  # no embedding on this rank (e.g. PPMissingLayer)
         log.info("fuzz: embed_input_ids probe failed on this rank (%s: %s)", type(e).__name__, e)
         return None
@@ -294,8 +299,9 @@ class _RunnerFuzzState:
         module.register_buffer("fuzz_codes", codes, persistent=False)
         # What the eager fast paths read: is any token of this step perturbed,
         # and which tokens get noise (a device tensor of row indices, or None).
-        module.fuzz_active = False
-        module.fuzz_noise_rows = None
+        # Plain attributes: torch types Module.__setattr__ for tensors and modules only, but sets any value.
+        module.fuzz_active = False  # type: ignore[assignment]
+        module.fuzz_noise_rows = None  # type: ignore[assignment]
         self.module = module
         PATCH.target(EMBEDDING_FORWARD).apply_to(module)
 
@@ -307,8 +313,9 @@ class _RunnerFuzzState:
             spec, err = parse_or_neutral(getattr(params, "extra_args", None))
             if err is not None and req_id not in self.warned:
                 self.warned.add(req_id)
-                log.warning("fuzz: request %s has invalid fuzz settings in the worker (%s); "
-                            "served unperturbed", req_id, err)
+                log.warning(
+                    "fuzz: request %s has invalid fuzz settings in the worker (%s); served unperturbed", req_id, err
+                )
             if len(self.specs) > 4 * runner.max_num_reqs + 64:
                 self.specs = {r: s for r, s in self.specs.items() if r in runner.requests}
             self.specs[req_id] = spec
@@ -386,8 +393,7 @@ def _install(runner: Any) -> None:
     name, module = found
     hidden = runner.model_config.get_hidden_size()
     runner._fuzzserve_fuzz = _RunnerFuzzState(runner, name, module, hidden)  # the runner's fuzz state
-    log.info("fuzz: perturbing the output of %s (%s) in pid %d", name, type(module).__mro__[1].__name__,
-             os.getpid())
+    log.info("fuzz: perturbing the output of %s (%s) in pid %d", name, type(module).__mro__[1].__name__, os.getpid())
 
 
 def _wrap_load_model(original):
@@ -460,33 +466,74 @@ _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 # What the worker reads of the runner (load_model: the buffers; _prepare_inputs: the batch).
 _RUNNER_ATTRS = ("max_num_tokens", "max_num_reqs", "device", "model_config", "_make_buffer", "get_model")
 
-PATCH = Patch(__doc__, (
-    # The hooks below target the V1 model runner. vLLM 0.32 picks V2 on CUDA when Triton is present; choose V1
-    # unless the user decided otherwise (then fuzz requests are refused at the frontend, _fuzz_unsupported_reason).
-    Target("vllm.envs:VLLM_USE_V2_MODEL_RUNNER", "env_default", value="0",
-           why="the worker hooks are the V1 model runner's; a user's own choice wins, and then fuzz requests "
-               "are refused"),
-    Target("vllm.compilation.caching:aot_compile_hash_factors", "wrap", make=_wrap_aot_hash_factors,
-           why="the AOT compile cache key gets a fingerprint of this patch's code: a graph compiled by stock "
-               "vLLM would silently ignore every fuzz setting"),
-    Target("vllm.v1.engine.input_processor:InputProcessor._validate_params", "wrap", make=_wrap_validate_params,
-           params=("params", "supported_tasks"), attrs=("vllm_config",),
-           why="frontend: a bad fuzz setting becomes HTTP 400 naming `vllm_xargs.<field>`"),
-    Target("vllm.v1.request:Request.__init__", "wrap", make=_wrap_request_init,
-           keywords=("request_id", "sampling_params", "cache_salt"),
-           why="EngineCore: the fuzz settings salt the request's KV cache keys (no KV shared across perturbations)"),
-    Target(f"{_RUNNER}._prepare_inputs", "wrap", make=_wrap_prepare_inputs,
-           params=("scheduler_output", "num_scheduled_tokens"), attrs=("input_batch", "requests"),
-           why="worker: each step's per-token fuzz values written into the persistent buffers, in place"),
-    Target(f"{_RUNNER}.load_model", "wrap", make=_wrap_load_model, attrs=_RUNNER_ATTRS,
-           why="worker: find the input-embedding module and give it the fuzz buffers"),
-    Target("vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model", "wrap", make=_wrap_load_model,
-           optional=True, why="the same on the CPU runner, which overrides load_model (CUDA builds may not ship it)"),
-    Target(EMBEDDING_FORWARD, "class_swap", make=_fuzzed_class, slot="__class__", params=("input_",),
-           applied_by=f"{_RUNNER}.load_model",
-           why="the module embed_input_ids runs (this class or torch's nn.Embedding) becomes a subclass whose "
-               "forward perturbs its output: no model file edited"),
-))
+PATCH = Patch(
+    __doc__,
+    (
+        # The hooks below target the V1 model runner. vLLM 0.32 picks V2 on CUDA when Triton is present; choose V1
+        # unless the user decided otherwise (then fuzz requests are refused at the frontend, _fuzz_unsupported_reason).
+        Target(
+            "vllm.envs:VLLM_USE_V2_MODEL_RUNNER",
+            "env_default",
+            value="0",
+            why="the worker hooks are the V1 model runner's; a user's own choice wins, and then fuzz requests "
+            "are refused",
+        ),
+        Target(
+            "vllm.compilation.caching:aot_compile_hash_factors",
+            "wrap",
+            make=_wrap_aot_hash_factors,
+            why="the AOT compile cache key gets a fingerprint of this patch's code: a graph compiled by stock "
+            "vLLM would silently ignore every fuzz setting",
+        ),
+        Target(
+            "vllm.v1.engine.input_processor:InputProcessor._validate_params",
+            "wrap",
+            make=_wrap_validate_params,
+            params=("params", "supported_tasks"),
+            attrs=("vllm_config",),
+            why="frontend: a bad fuzz setting becomes HTTP 400 naming `vllm_xargs.<field>`",
+        ),
+        Target(
+            "vllm.v1.request:Request.__init__",
+            "wrap",
+            make=_wrap_request_init,
+            keywords=("request_id", "sampling_params", "cache_salt"),
+            why="EngineCore: the fuzz settings salt the request's KV cache keys (no KV shared across perturbations)",
+        ),
+        Target(
+            f"{_RUNNER}._prepare_inputs",
+            "wrap",
+            make=_wrap_prepare_inputs,
+            params=("scheduler_output", "num_scheduled_tokens"),
+            attrs=("input_batch", "requests"),
+            why="worker: each step's per-token fuzz values written into the persistent buffers, in place",
+        ),
+        Target(
+            f"{_RUNNER}.load_model",
+            "wrap",
+            make=_wrap_load_model,
+            attrs=_RUNNER_ATTRS,
+            why="worker: find the input-embedding module and give it the fuzz buffers",
+        ),
+        Target(
+            "vllm.v1.worker.cpu_model_runner:CPUModelRunner.load_model",
+            "wrap",
+            make=_wrap_load_model,
+            optional=True,
+            why="the same on the CPU runner, which overrides load_model (CUDA builds may not ship it)",
+        ),
+        Target(
+            EMBEDDING_FORWARD,
+            "class_swap",
+            make=_fuzzed_class,
+            slot="__class__",
+            params=("input_",),
+            applied_by=f"{_RUNNER}.load_model",
+            why="the module embed_input_ids runs (this class or torch's nn.Embedding) becomes a subclass whose "
+            "forward perturbs its output: no model file edited",
+        ),
+    ),
+)
 
 
-__all__ = ["PATCH", "worker_stats", "salted", "find_input_embedding", "NEUTRAL"]
+__all__ = ["NEUTRAL", "PATCH", "find_input_embedding", "salted", "worker_stats"]

@@ -172,4 +172,3 @@ def perturb_sparse(
         z = gaussian_noise(keys.index_select(0, noise_rows), codes, x.shape[-1])
         out.index_add_(0, noise_rows, (std.index_select(0, noise_rows).unsqueeze(-1) * rms) * z)
     return out.to(embeds.dtype)
-

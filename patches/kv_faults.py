@@ -93,7 +93,8 @@ class FaultInjectingWorker:
         now = time.monotonic()
         for result in self.inner.get_finished():
             self._held.append((self._delays.pop(result.job_id, 0.0), result))
-        ready, waiting = [], deque()
+        ready: list[Any] = []  # TransferResults
+        waiting: deque[tuple[float, Any]] = deque()
         for at, result in self._held:
             if at <= now:
                 ready.append(result)
@@ -155,7 +156,7 @@ def _wrap_get_num_new_matched_tokens(original):
         num, load_async = original(self, request, num_computed_tokens, *args, **kwargs)
         liar = self.__dict__.get("_fuzzserve_liar")
         if liar is None:
-            vllm_config = getattr(self, "_vllm_config", None)
+            vllm_config: Any = getattr(self, "_vllm_config", None)
             config = _config_of(vllm_config)
             liar = LyingReports(config, vllm_config.cache_config.block_size) if config.lying_rate > 0 else False
             self._fuzzserve_liar = liar
@@ -174,6 +175,7 @@ def _wrap_get_num_new_matched_tokens(original):
 def _wrap_get_kv_connector_stats(original):
     """Ship the injections of this process (worker: failed and delayed loads; scheduler: lies) with the
     connector's stats, which EngineCore merges and the frontend's ``OffloadPromMetrics`` exports."""
+
     def get_kv_connector_stats(self):
         stats = original(self)
         pending = dict(self.__dict__.get("_fuzzserve_injections") or {})
@@ -198,6 +200,7 @@ def _wrap_get_kv_connector_stats(original):
 
 def _wrap_prom_metrics_init(original):
     """Register the injections counter with the connector's Prometheus metrics, when faults are configured."""
+
     def __init__(self, vllm_config, *args, **kwargs):
         original(self, vllm_config, *args, **kwargs)
         if not _config_of(vllm_config).active:
@@ -206,7 +209,8 @@ def _wrap_prom_metrics_init(original):
 
         meta = OffloadingCounterMetadata(
             documentation="KV faults injected by fuzzserve's kv_faults patch, by kind (load tests only).",
-            labelnames=("kind",))
+            labelnames=("kind",),
+        )
         self._offloading_metric_metadata[INJECTIONS_METRIC] = meta
         self._offloading_metric_defs[INJECTIONS_METRIC] = self._create_metric(INJECTIONS_METRIC, meta)
 
@@ -220,11 +224,15 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     if not has_kv_transfer_group():
         return {"connector": None}
     connector = get_kv_transfer_group()
-    inner = getattr(getattr(connector, "connector_worker", None), "worker", None)
+    inner: Any = getattr(getattr(connector, "connector_worker", None), "worker", None)
     out: dict[str, Any] = {"connector": type(connector).__name__}
     if isinstance(inner, FaultInjectingWorker):
-        out.update(loads=inner.faults.loads, failed_loads=inner.faults.failed, failed_blocks=inner.failed_blocks,
-                   unreported=dict(inner.unreported))
+        out.update(
+            loads=inner.faults.loads,
+            failed_loads=inner.faults.failed,
+            failed_blocks=inner.failed_blocks,
+            unreported=dict(inner.unreported),
+        )
         inner = inner.inner
     if hasattr(inner, "stats"):
         out.update(inner.stats())
@@ -235,20 +243,53 @@ _CONNECTOR = "vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector:
 _WORKER = "vllm.distributed.kv_transfer.kv_connector.v1.offloading.worker:OffloadingConnectorWorker"
 OFFLOADING_WORKER = f"{_WORKER}.worker"
 
-PATCH = Patch(__doc__, (
-    Target(f"{_WORKER}._init_worker", "wrap", make=_wrap_init_worker, params=("kv_caches",),
-           attrs=("vllm_config", "worker"), why="wraps the offloading worker when load faults are configured"),
-    Target(OFFLOADING_WORKER, "rebind", make=_fault_injecting, applied_by=f"{_WORKER}._init_worker",
-           why="a FaultInjectingWorker around the offloading worker (any platform): failing and delayed loads"),
-    Target(f"{_CONNECTOR}.get_block_ids_with_load_errors", "wrap", make=_wrap_get_block_ids_with_load_errors,
-           attrs=("connector_worker",), why="reports the failed loads' blocks, as a real load failure does"),
-    Target(f"{_CONNECTOR}.get_num_new_matched_tokens", "wrap", make=_wrap_get_num_new_matched_tokens,
-           params=("request", "num_computed_tokens"), attrs=("_vllm_config",),
-           why="lying mode: inconsistent matched-token counts, as a buggy external connector reports"),
-    Target(f"{_CONNECTOR}.get_kv_connector_stats", "wrap", make=_wrap_get_kv_connector_stats,
-           attrs=("connector_worker",), why="ships the injected faults with the connector's own stats"),
-    Target("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics:OffloadPromMetrics.__init__", "wrap",
-           make=_wrap_prom_metrics_init, params=("vllm_config",),
-           attrs=("_offloading_metric_metadata", "_offloading_metric_defs", "_create_metric"),
-           why="registers vllm:kv_fault_injections_total{kind} when faults are configured"),
-))
+PATCH = Patch(
+    __doc__,
+    (
+        Target(
+            f"{_WORKER}._init_worker",
+            "wrap",
+            make=_wrap_init_worker,
+            params=("kv_caches",),
+            attrs=("vllm_config", "worker"),
+            why="wraps the offloading worker when load faults are configured",
+        ),
+        Target(
+            OFFLOADING_WORKER,
+            "rebind",
+            make=_fault_injecting,
+            applied_by=f"{_WORKER}._init_worker",
+            why="a FaultInjectingWorker around the offloading worker (any platform): failing and delayed loads",
+        ),
+        Target(
+            f"{_CONNECTOR}.get_block_ids_with_load_errors",
+            "wrap",
+            make=_wrap_get_block_ids_with_load_errors,
+            attrs=("connector_worker",),
+            why="reports the failed loads' blocks, as a real load failure does",
+        ),
+        Target(
+            f"{_CONNECTOR}.get_num_new_matched_tokens",
+            "wrap",
+            make=_wrap_get_num_new_matched_tokens,
+            params=("request", "num_computed_tokens"),
+            attrs=("_vllm_config",),
+            why="lying mode: inconsistent matched-token counts, as a buggy external connector reports",
+        ),
+        Target(
+            f"{_CONNECTOR}.get_kv_connector_stats",
+            "wrap",
+            make=_wrap_get_kv_connector_stats,
+            attrs=("connector_worker",),
+            why="ships the injected faults with the connector's own stats",
+        ),
+        Target(
+            "vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics:OffloadPromMetrics.__init__",
+            "wrap",
+            make=_wrap_prom_metrics_init,
+            params=("vllm_config",),
+            attrs=("_offloading_metric_metadata", "_offloading_metric_defs", "_create_metric"),
+            why="registers vllm:kv_fault_injections_total{kind} when faults are configured",
+        ),
+    ),
+)

@@ -14,11 +14,20 @@ CORRECTIONS_METRIC = "vllm:prompt_token_accounting_corrections"
 INJECTIONS_METRIC = "vllm:kv_fault_injections"
 
 # Violations of a connector's matched-token report (checked before the scheduler uses it).
-CONNECTOR_VIOLATION_KINDS = ("connector_negative", "connector_exceeds_prompt", "connector_invalid",
-                             "connector_async_without_tokens")
+CONNECTOR_VIOLATION_KINDS = (
+    "connector_negative",
+    "connector_exceeds_prompt",
+    "connector_invalid",
+    "connector_async_without_tokens",
+)
 # Every accounting violation kind, each exported at 0 from the start.
-VIOLATION_KINDS = (*CONNECTOR_VIOLATION_KINDS, "prefill_stats_inconsistent", "prefill_finalize_negative",
-                   "frontend_prefill_stats_inconsistent", "negative_increment")
+VIOLATION_KINDS = (
+    *CONNECTOR_VIOLATION_KINDS,
+    "prefill_stats_inconsistent",
+    "prefill_finalize_negative",
+    "frontend_prefill_stats_inconsistent",
+    "negative_increment",
+)
 CORRECTION_KINDS = ("after_load_failure", "after_preemption")
 # What a lying connector reported: a negative count, one beyond the prompt, or a count that changes between
 # calls for the same request.

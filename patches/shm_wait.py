@@ -103,17 +103,29 @@ def _wrap_wait(original):
     return wait
 
 
-PATCH = Patch(__doc__, (
-    Target("vllm.distributed.device_communicators.shm_broadcast:SpinCondition.wait", "wrap", make=_wrap_wait,
-           params=("timeout_ms",), attrs=("is_reader", "last_read", "busy_loop_s"), when=on_cpu,
-           why="a busy reader naps FUZZSERVE_SHM_NAP_S instead of sched_yield, so it does not compete for the "
-               "cores with the process it waits for"),
-))
+PATCH = Patch(
+    __doc__,
+    (
+        Target(
+            "vllm.distributed.device_communicators.shm_broadcast:SpinCondition.wait",
+            "wrap",
+            make=_wrap_wait,
+            params=("timeout_ms",),
+            attrs=("is_reader", "last_read", "busy_loop_s"),
+            when=on_cpu,
+            why="a busy reader naps FUZZSERVE_SHM_NAP_S instead of sched_yield, so it does not compete for the "
+            "cores with the process it waits for",
+        ),
+    ),
+)
 
 
 def patch_state(_worker: Any = None) -> dict[str, Any]:
     """Whether this process's ring-buffer waits are patched, for ``collective_rpc(patch_state)`` in tests."""
     from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
 
-    return {"pid": os.getpid(), "patched": bool(getattr(SpinCondition.wait, "__fuzzserve_patched__", False)),
-            "nap_s": nap_seconds()}
+    return {
+        "pid": os.getpid(),
+        "patched": bool(getattr(SpinCondition.wait, "__fuzzserve_patched__", False)),
+        "nap_s": nap_seconds(),
+    }

@@ -56,7 +56,8 @@ class Target:
             if self.make is not None or self.value is not None or self.applied_by is not None or self.slot:
                 raise ValueError(f"{self.symbol}: relies_on changes nothing: no make, value, applied_by or slot")
         elif (self.kind == "env_default") != (self.value is not None) or (self.kind == "env_default") == (
-                self.make is not None):
+            self.make is not None
+        ):
             raise ValueError(f"{self.symbol}: an env_default has a value and nothing to make; other kinds the reverse")
         if (self.kind in ("rebind", "class_swap")) != (self.applied_by is not None):
             raise ValueError(f"{self.symbol}: rebind and class_swap targets (only) name the wrap that applies them")
@@ -97,6 +98,8 @@ class Target:
         if self.kind == "env_default":
             if self.attr in os.environ:
                 return False
+            if self.value is None:  # ruled out by __post_init__; os.environ would raise the same TypeError
+                raise TypeError(f"{self.symbol}: an env_default without a value")
             os.environ[self.attr] = self.value
             return True
         try:
@@ -107,10 +110,16 @@ class Target:
             raise
         if self.optional and isinstance(owner, type) and self.attr not in owner.__dict__:
             return False
-        return install(owner, self.attr, self.make)
+        return install(owner, self.attr, self._maker())
 
     def apply_to(self, obj: Any, *args: Any) -> bool:
         """Apply a ``rebind`` or ``class_swap`` to one object (``args`` go to ``make`` after the original)."""
         if self.applied_by is None:
             raise TypeError(f"{self.symbol} ({self.kind}) is applied with its patch, not to an object")
-        return install(obj, self.slot or self.attr, self.make, *args)
+        return install(obj, self.slot or self.attr, self._maker(), *args)
+
+    def _maker(self) -> Callable[..., Any]:
+        """``make``: __post_init__ requires it of the kinds applied (install would raise the same AttributeError)."""
+        if self.make is None:
+            raise AttributeError(f"{self.symbol} ({self.kind}) has no make")
+        return self.make

@@ -45,13 +45,17 @@ class TargetCheck:
 def signature_problems(target: Target, names: list[str], has_var_kw: bool = False) -> list[str]:
     """What ``target`` relies on that a parameter list (after ``self``) lacks."""
     problems = []
-    if tuple(names[:len(target.params)]) != target.params:
-        problems.append(f"parameters start ({', '.join(names[:len(target.params) + 1])}), the patch passes "
-                        f"({', '.join(target.params)}) by position")
+    if tuple(names[: len(target.params)]) != target.params:
+        problems.append(
+            f"parameters start ({', '.join(names[: len(target.params) + 1])}), the patch passes "
+            f"({', '.join(target.params)}) by position"
+        )
     missing = [k for k in target.keywords if k not in names]
     if missing:
-        problems.append(f"no parameter {', '.join(missing)} (the patch uses it by name"
-                        + (", and the function takes **kwargs: check where it goes)" if has_var_kw else ")"))
+        problems.append(
+            f"no parameter {', '.join(missing)} (the patch uses it by name"
+            + (", and the function takes **kwargs: check where it goes)" if has_var_kw else ")")
+        )
     return problems
 
 
@@ -130,8 +134,9 @@ class SourceTree:
         if self.find(module, name) is not None or self._imported(module, name) is not None:
             return True
         tree = self.module(module)
-        getattr_ = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"), None) \
-            if tree else None
+        if tree is None:
+            return False
+        getattr_ = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "__getattr__"), None)
         return getattr_ is not None and any(isinstance(n, ast.Constant) and n.value == name for n in ast.walk(tree))
 
     def find(self, module: str, name: str, depth: int = 0) -> tuple[str, ast.AST] | None:
@@ -154,7 +159,7 @@ class SourceTree:
         found, outside = [], []
         for base in cls.node.bases:
             name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else None
-            hit = self.find(cls.module, name) if isinstance(base, ast.Name) else None
+            hit = self.find(cls.module, base.id) if isinstance(base, ast.Name) else None
             if hit and isinstance(hit[1], ast.ClassDef):
                 found.append(_Class(hit[0], hit[1]))
             elif name:
@@ -162,7 +167,9 @@ class SourceTree:
         return found, outside
 
     def mro(self, cls: _Class) -> tuple[list[_Class], list[str]]:
-        out, outside, todo = [], [], [cls]
+        out: list[_Class] = []
+        outside: list[str] = []
+        todo = [cls]
         while todo:
             c = todo.pop(0)
             if any(c.node is o.node for o in out):
@@ -177,6 +184,7 @@ class SourceTree:
     def members(cls: _Class) -> dict[str, ast.AST]:
         """Names defined in the class body, and ``self.<name>`` assigned in any of its methods."""
         out: dict[str, ast.AST] = {}
+        node: ast.AST
         for node in cls.node.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 out[node.name] = node
@@ -185,8 +193,13 @@ class SourceTree:
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 out[node.target.id] = node
         for node in ast.walk(cls.node):
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, (ast.AnnAssign, ast.AugAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AnnAssign, ast.AugAssign))
+                else []
+            )
             for t in targets:
                 if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
                     out.setdefault(t.attr, node)
@@ -238,14 +251,15 @@ def check_target_in_tree(tree: SourceTree, target: Target) -> TargetCheck:
     if hit is None or not isinstance(hit[1], ast.ClassDef) or len(path) > 1:
         f.problems.append(f"no class {'.'.join(path)} in {target.module}")
         return f
-    cls = _Class(*hit)
+    cls = _Class(hit[0], hit[1])
     if cls.module != target.module:
         f.notes.append(f"{path[0]} is defined in {cls.module}")
     found = tree.lookup(cls, name)
     if found is None:
         outside = tree.mro(cls)[1]
-        f.problems.append(f"{path[0]} has no {name}" + (f" (bases outside vLLM not read: {', '.join(outside)})"
-                                                       if outside else ""))
+        f.problems.append(
+            f"{path[0]} has no {name}" + (f" (bases outside vLLM not read: {', '.join(outside)})" if outside else "")
+        )
     else:
         owner, node = found
         if owner.node is not cls.node:
@@ -276,7 +290,7 @@ def _check_module_name(tree: SourceTree, target: Target, f: TargetCheck) -> Targ
         return f
     node = hit[1]
     if isinstance(node, ast.ClassDef):
-        cls = _Class(*hit)
+        cls = _Class(hit[0], node)
         init = tree.lookup(cls, "__init__")
         if target.params or target.keywords:
             if init is not None and isinstance(init[1], (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -333,7 +347,7 @@ def check_target_imported(target: Target) -> list[str]:
     if target.kind == "relies_on" and "." not in target.qualname:  # a module-level name: the module has it
         return [] if hasattr(owner, target.attr) else [f"{target.module} has no {target.attr}"]
     if not hasattr(owner, target.attr):
-        return [] if not isinstance(owner, type) else []  # an instance attribute: only the source says
+        return []  # an instance attribute: only the source says
     fn = _original(inspect.getattr_static(owner, target.attr))
     fn = getattr(fn, "__func__", fn)
     if not callable(fn) or isinstance(fn, type):
@@ -365,8 +379,13 @@ def check_installed(all_patches: dict[str, Patch]) -> list[TargetCheck]:
 
 def report(findings: list[TargetCheck]) -> str:
     bad = [f for f in findings if f.problems]
-    lines = [f"{len(findings) - len(bad)} of {len(findings)} symbols changed or relied on as the patches expect them; "
-             f"{len(bad)} moved or changed", ""]
+    lines = [
+        (
+            f"{len(findings) - len(bad)} of {len(findings)} symbols changed or relied on as the patches expect them; "
+            f"{len(bad)} moved or changed"
+        ),
+        "",
+    ]
     for f in findings:
         status = "MOVED" if f.problems else "ok"
         lines.append(f"{status:5}  {f.patch:11} {f.target.kind:11} {f.target.symbol}")

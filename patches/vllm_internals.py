@@ -23,9 +23,11 @@ from .target import Target
 
 _GPU_WORKER = "vllm.v1.kv_offload.cpu.gpu_worker:SingleDirectionOffloadingHandler"
 _KV_BASE = "vllm.v1.kv_offload.base"
-_CURRENT_PLATFORM = Target("vllm.platforms:current_platform", "relies_on",
-                           why="`when=on_cpu` asks the current platform whether it is the CPU platform "
-                               "(patches.registry.on_cpu)")
+_CURRENT_PLATFORM = Target(
+    "vllm.platforms:current_platform",
+    "relies_on",
+    why="`when=on_cpu` asks the current platform whether it is the CPU platform (patches.registry.on_cpu)",
+)
 
 
 def _r(symbol: str, why: str, **checked) -> Target:
@@ -34,89 +36,180 @@ def _r(symbol: str, why: str, **checked) -> Target:
 
 RELIES_ON: dict[str, tuple[Target, ...]] = {
     "fuzz": (
-        _r("vllm.exceptions:VLLMValidationError", keywords=("parameter", "value"),
-           why="a bad fuzz setting is raised as vLLM's validation error, which the OpenAI server turns into a 400 "
-               "naming `parameter`"),
-        _r("vllm.sampling_params:SamplingParams", attrs=("extra_args",),
-           why="the frontend and the worker read the fuzz settings from `extra_args` (`vllm_xargs`)"),
-        _r("vllm.model_executor.layers.vocab_parallel_embedding:ParallelLMHead",
-           why="the output head is a VocabParallelEmbedding too: left out of the input-embedding search"),
-        _r("vllm.v1.worker.gpu_input_batch:InputBatch", attrs=("num_reqs", "req_ids", "num_computed_tokens_cpu"),
-           why="each step's rows and token positions, read to fill the per-token fuzz buffers"),
-        _r("vllm.v1.worker.gpu_input_batch:CachedRequestState", attrs=("sampling_params",),
-           why="a request's fuzz settings in the worker (`runner.requests[id].sampling_params`)"),
-        _r("vllm.v1.utils:CpuGpuBuffer", attrs=("cpu", "gpu", "np", "copy_to_gpu"),
-           why="the fuzz buffers are the runner's own kind of buffer (`_make_buffer`), filled through `np` and "
-               "copied to the device"),
+        _r(
+            "vllm.exceptions:VLLMValidationError",
+            keywords=("parameter", "value"),
+            why="a bad fuzz setting is raised as vLLM's validation error, which the OpenAI server turns into a 400 "
+            "naming `parameter`",
+        ),
+        _r(
+            "vllm.sampling_params:SamplingParams",
+            attrs=("extra_args",),
+            why="the frontend and the worker read the fuzz settings from `extra_args` (`vllm_xargs`)",
+        ),
+        _r(
+            "vllm.model_executor.layers.vocab_parallel_embedding:ParallelLMHead",
+            why="the output head is a VocabParallelEmbedding too: left out of the input-embedding search",
+        ),
+        _r(
+            "vllm.v1.worker.gpu_input_batch:InputBatch",
+            attrs=("num_reqs", "req_ids", "num_computed_tokens_cpu"),
+            why="each step's rows and token positions, read to fill the per-token fuzz buffers",
+        ),
+        _r(
+            "vllm.v1.worker.gpu_input_batch:CachedRequestState",
+            attrs=("sampling_params",),
+            why="a request's fuzz settings in the worker (`runner.requests[id].sampling_params`)",
+        ),
+        _r(
+            "vllm.v1.utils:CpuGpuBuffer",
+            attrs=("cpu", "gpu", "np", "copy_to_gpu"),
+            why="the fuzz buffers are the runner's own kind of buffer (`_make_buffer`), filled through `np` and "
+            "copied to the device",
+        ),
         _r("vllm.config.model:ModelConfig.get_hidden_size", why="the width of the embedding the noise is drawn for"),
-        _r("vllm.config.model:ModelConfig", attrs=("enable_prompt_embeds",),
-           why="fuzz requests are refused on engines that take prompt embeddings"),
+        _r(
+            "vllm.config.model:ModelConfig",
+            attrs=("enable_prompt_embeds",),
+            why="fuzz requests are refused on engines that take prompt embeddings",
+        ),
     ),
     "cpu_offload": (
-        _r(_GPU_WORKER,
-           attrs=("src_tensors", "dst_tensors", "gpu_to_cpu", "layer_refs_per_group", "src_blocks_per_chunk",
-                  "dst_blocks_per_chunk", "_canonical_copy_plans", "_fill_group_ops"),
-           why="subclassed by the host-pool handler, which skips its __init__ (it asserts CUDA tensors and builds "
-               "streams) and sets these attributes itself, for the inherited methods below to read"),
-        _r(f"{_GPU_WORKER}._estimate_max_copy_ops", params=("group_sizes",),
-           why="called for the number of copy descriptors of a transfer"),
-        _r(f"{_GPU_WORKER}._fill_direct_ops", params=("g_idx",),
-           keywords=("group_src", "group_dst", "group_size", "src_skip_count", "dst_skip_count", "all_src",
-                     "all_dst", "all_sizes", "op_idx"),
-           why="called (as `_fill_group_ops`) to fill which bytes go where, per group: upstream's own computation"),
-        _r(f"{_KV_BASE}:OffloadingWorker",
-           attrs=("submit_store", "submit_load", "get_finished", "wait", "shutdown"),
-           why="subclassed by the host-pool worker, which implements exactly these"),
-        _r(f"{_KV_BASE}:GPULoadStoreSpec", attrs=("block_ids", "group_sizes", "block_indices"),
-           why="the engine side of a transfer: its blocks, per group"),
+        _r(
+            _GPU_WORKER,
+            attrs=(
+                "src_tensors",
+                "dst_tensors",
+                "gpu_to_cpu",
+                "layer_refs_per_group",
+                "src_blocks_per_chunk",
+                "dst_blocks_per_chunk",
+                "_canonical_copy_plans",
+                "_fill_group_ops",
+            ),
+            why="subclassed by the host-pool handler, which skips its __init__ (it asserts CUDA tensors and builds "
+            "streams) and sets these attributes itself, for the inherited methods below to read",
+        ),
+        _r(
+            f"{_GPU_WORKER}._estimate_max_copy_ops",
+            params=("group_sizes",),
+            why="called for the number of copy descriptors of a transfer",
+        ),
+        _r(
+            f"{_GPU_WORKER}._fill_direct_ops",
+            params=("g_idx",),
+            keywords=(
+                "group_src",
+                "group_dst",
+                "group_size",
+                "src_skip_count",
+                "dst_skip_count",
+                "all_src",
+                "all_dst",
+                "all_sizes",
+                "op_idx",
+            ),
+            why="called (as `_fill_group_ops`) to fill which bytes go where, per group: upstream's own computation",
+        ),
+        _r(
+            f"{_KV_BASE}:OffloadingWorker",
+            attrs=("submit_store", "submit_load", "get_finished", "wait", "shutdown"),
+            why="subclassed by the host-pool worker, which implements exactly these",
+        ),
+        _r(
+            f"{_KV_BASE}:GPULoadStoreSpec",
+            attrs=("block_ids", "group_sizes", "block_indices"),
+            why="the engine side of a transfer: its blocks, per group",
+        ),
         _r(f"{_KV_BASE}:BlockIDsLoadStoreSpec", attrs=("block_ids",), why="both sides of a transfer"),
-        _r(f"{_KV_BASE}:TransferResult", keywords=("job_id", "success", "transfer_size", "transfer_time"),
-           why="what a finished copy reports"),
+        _r(
+            f"{_KV_BASE}:TransferResult",
+            keywords=("job_id", "success", "transfer_size", "transfer_time"),
+            why="what a finished copy reports",
+        ),
         _r("vllm.utils.math_utils:cdiv", why="chunks per group, as upstream counts them"),
         _r("vllm.platforms:current_platform", why="the wrap serves the host pool on the CPU platform only"),
     ),
     "kv_faults": (
-        _r(f"{_KV_BASE}:TransferResult", keywords=("job_id", "success"),
-           why="a failed load is reported as a finished job whose blocks are invalid, as a real failure is"),
-        _r("vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics:OffloadingConnectorStats",
-           attrs=("increase_counter", "aggregate"),
-           why="the injected faults travel to the frontend inside the connector's own stats"),
-        _r(f"{_KV_BASE}:OffloadingCounterMetadata", keywords=("documentation", "labelnames"),
-           why="registers the injections counter with the connector's Prometheus metrics"),
-        _r("vllm.config.kv_transfer:KVTransferConfig", attrs=("kv_connector_extra_config",),
-           why="where the faults are configured (`kv_connector_extra_config.fuzzserve_faults`)"),
+        _r(
+            f"{_KV_BASE}:TransferResult",
+            keywords=("job_id", "success"),
+            why="a failed load is reported as a finished job whose blocks are invalid, as a real failure is",
+        ),
+        _r(
+            "vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics:OffloadingConnectorStats",
+            attrs=("increase_counter", "aggregate"),
+            why="the injected faults travel to the frontend inside the connector's own stats",
+        ),
+        _r(
+            f"{_KV_BASE}:OffloadingCounterMetadata",
+            keywords=("documentation", "labelnames"),
+            why="registers the injections counter with the connector's Prometheus metrics",
+        ),
+        _r(
+            "vllm.config.kv_transfer:KVTransferConfig",
+            attrs=("kv_connector_extra_config",),
+            why="where the faults are configured (`kv_connector_extra_config.fuzzserve_faults`)",
+        ),
         _r("vllm.config.cache:CacheConfig", attrs=("block_size",), why="lies are whole blocks"),
-        _r("vllm.v1.request:Request", attrs=("request_id", "num_tokens"),
-           why="a lie is seeded per request and bounded by its length"),
+        _r(
+            "vllm.v1.request:Request",
+            attrs=("request_id", "num_tokens"),
+            why="a lie is seeded per request and bounded by its length",
+        ),
         _r("vllm.distributed.kv_transfer:get_kv_transfer_group", why="the worker's connector, for its stats"),
         _r("vllm.distributed.kv_transfer:has_kv_transfer_group", why="whether the worker has a connector"),
     ),
     "accounting": (
-        _r("vllm.v1.metrics.stats:SchedulerStats", attrs=("num_kv_fetch_reqs_by_stage",),
-           why="EngineCore's violation and correction counts ride to the frontend in this dict (keys prefixed "
-               "`fuzzserve.`), taken out before any stat logger reads it: it must stay a str -> int dict that "
-               "EngineCore ships with every step's stats"),
-        _r("vllm.v1.request:Request",
-           attrs=("prefill_stats", "request_id", "num_tokens", "num_prompt_tokens", "num_computed_tokens"),
-           why="each request's prefill stats are checked against its length and re-taken"),
-        _r("vllm.v1.metrics.stats:PrefillStats",
-           attrs=("num_prompt_tokens", "num_computed_tokens", "num_cached_tokens", "num_local_cached_tokens",
-                  "num_external_cached_tokens"),
-           why="the counts the accounting invariant is about"),
+        _r(
+            "vllm.v1.metrics.stats:SchedulerStats",
+            attrs=("num_kv_fetch_reqs_by_stage",),
+            why="EngineCore's violation and correction counts ride to the frontend in this dict (keys prefixed "
+            "`fuzzserve.`), taken out before any stat logger reads it: it must stay a str -> int dict that "
+            "EngineCore ships with every step's stats",
+        ),
+        _r(
+            "vllm.v1.request:Request",
+            attrs=("prefill_stats", "request_id", "num_tokens", "num_prompt_tokens", "num_computed_tokens"),
+            why="each request's prefill stats are checked against its length and re-taken",
+        ),
+        _r(
+            "vllm.v1.metrics.stats:PrefillStats",
+            attrs=(
+                "num_prompt_tokens",
+                "num_computed_tokens",
+                "num_cached_tokens",
+                "num_local_cached_tokens",
+                "num_external_cached_tokens",
+            ),
+            why="the counts the accounting invariant is about",
+        ),
     ),
     "cpu_inproc": (
-        _r("vllm.utils.ompmultiprocessing:OMPProcessManager.__init__", params=("config",),
-           why="built from the engine's config, as MultiprocExecutor builds it for a worker"),
-        _r("vllm.utils.ompmultiprocessing:OMPProcessManager.configure_omp_envs", keywords=("rank", "local_rank"),
-           why="the OpenMP environment upstream gives a CPU worker, set for EngineCore's spawn"),
-        _r("vllm.v1.executor.uniproc_executor:UniProcExecutor",
-           why="the executor that runs the model in EngineCore's process: its subclasses get the environment"),
-        _r("vllm.v1.engine.utils:current_platform",
-           why="the platform reference CoreEngineProcManager itself consults (upstream's tests swap it)"),
+        _r(
+            "vllm.utils.ompmultiprocessing:OMPProcessManager.__init__",
+            params=("config",),
+            why="built from the engine's config, as MultiprocExecutor builds it for a worker",
+        ),
+        _r(
+            "vllm.utils.ompmultiprocessing:OMPProcessManager.configure_omp_envs",
+            keywords=("rank", "local_rank"),
+            why="the OpenMP environment upstream gives a CPU worker, set for EngineCore's spawn",
+        ),
+        _r(
+            "vllm.v1.executor.uniproc_executor:UniProcExecutor",
+            why="the executor that runs the model in EngineCore's process: its subclasses get the environment",
+        ),
+        _r(
+            "vllm.v1.engine.utils:current_platform",
+            why="the platform reference CoreEngineProcManager itself consults (upstream's tests swap it)",
+        ),
         _r("vllm.envs:VLLM_ENABLE_V1_MULTIPROCESSING", why="EngineCore in a process of its own"),
-        _r("vllm.config.parallel:ParallelConfig",
-           attrs=("world_size", "data_parallel_size", "distributed_executor_backend"),
-           why="one worker, no data parallelism, a local backend: the engines the patch runs in-process"),
+        _r(
+            "vllm.config.parallel:ParallelConfig",
+            attrs=("world_size", "data_parallel_size", "distributed_executor_backend"),
+            why="one worker, no data parallelism, a local backend: the engines the patch runs in-process",
+        ),
         _CURRENT_PLATFORM,
     ),
     "shm_wait": (_CURRENT_PLATFORM,),

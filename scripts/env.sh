@@ -1,7 +1,8 @@
-# Sourced by scripts/main.sh and scripts/test.sh (and by hand: `source
-# scripts/env.sh`): build/reuse .venv and set the environment every command of
-# the project runs under. No `set -e` here: it would leak into an interactive
-# shell that sources this file; the scripts set it themselves.
+# Sourced by scripts/main.sh, scripts/test.sh and scripts/lint.sh (and by
+# hand: `source scripts/env.sh`): build/reuse .venv and set the environment
+# every command of the project runs under. No `set -e` here: it would leak
+# into an interactive shell that sources this file; the scripts set it
+# themselves.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Set-up prints its progress and its errors. Its import check imports Ray
 # Serve LLM, which turns every library logger of that process into JSON lines

@@ -59,22 +59,32 @@ class FuzzServeArgs(BaseModel):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     routing: Routing = "power_of_two"
     ingress: Literal["direct", "router"] = Field(
-        "direct", description="direct: Ray's direct streaming through HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1 for "
-                              "`ray start`), the checks inside each replica (serve_app/direct_server.py); router: "
-                              "a FuzzIngress deployment (the HTTP ingress) in front of the replicas (Serve's default path)")
-    ingress_deployment_config: dict[str, Any] = Field(default_factory=dict,
-                                                      description="Serve options of the ingress deployment (ingress: router)")
+        "direct",
+        description="direct: Ray's direct streaming through HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1 for "
+        "`ray start`), the checks inside each replica (serve_app/direct_server.py); router: "
+        "a FuzzIngress deployment (the HTTP ingress) in front of the replicas (Serve's default path)",
+    )
+    ingress_deployment_config: dict[str, Any] = Field(
+        default_factory=dict, description="Serve options of the ingress deployment (ingress: router)"
+    )
     engine_cores_per_replica: int | None = Field(
-        None, ge=1, description="CPU hosts: bind each engine replica's OpenMP threads to its own this many cores "
-                                "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding")
+        None,
+        ge=1,
+        description="CPU hosts: bind each engine replica's OpenMP threads to its own this many cores "
+        "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding",
+    )
     engine_replicas: int | Literal["fit"] | None = Field(
-        None, description="engine replicas per model: a number, or fit: as many as the cluster's CPUs hold, "
-                          "engine_cores_per_replica (1 if unset) + 1 for the replica's HTTP frontend each, per "
-                          "node; null: as each llm_config's deployment_config says (num_replicas, autoscaling_config)")
+        None,
+        description="engine replicas per model: a number, or fit: as many as the cluster's CPUs hold, "
+        "engine_cores_per_replica (1 if unset) + 1 for the replica's HTTP frontend each, per "
+        "node; null: as each llm_config's deployment_config says (num_replicas, autoscaling_config)",
+    )
     shm_wait: bool = Field(
-        True, description="the shm_wait patch in this app's engines (EngineCore and its worker nap instead of "
-                          "spinning while they wait for each other; only where the worker is a process of its own: "
-                          "the cpu_inproc patch off); false where they have a core to themselves")
+        True,
+        description="the shm_wait patch in this app's engines (EngineCore and its worker nap instead of "
+        "spinning while they wait for each other; only where the worker is a process of its own: "
+        "the cpu_inproc patch off); false where they have a core to themselves",
+    )
 
     def server_kwargs(self) -> dict[str, Any]:
         """What every engine replica of this app is bound with (serve_app.core_binding.EngineServer)."""
@@ -108,8 +118,10 @@ def cluster_node_cpus() -> list[float]:
     import ray
 
     if not ray.is_initialized():
-        raise ValueError("engine_replicas: fit sizes the deployment to a running Ray cluster; build the app on one "
-                         "(serve deploy / serve run) or give engine_replicas a number")
+        raise ValueError(
+            "engine_replicas: fit sizes the deployment to a running Ray cluster; build the app on one "
+            "(serve deploy / serve run) or give engine_replicas a number"
+        )
     return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
 
 
@@ -134,13 +146,17 @@ def resolve_model_source(source: str, root: Path | None = None) -> str:
     if local.exists():
         return str(local.resolve())
     if source.startswith("."):
-        raise ValueError(f"model_source {source!r}: no such path under {root} (the fixture model: build it with "
-                         "`python -m fixture_model.build` before deploying)")
+        raise ValueError(
+            f"model_source {source!r}: no such path under {root} (the fixture model: build it with "
+            "`python -m fixture_model.build` before deploying)"
+        )
     return source
 
 
-def resolve_llm_configs(args: FuzzServeArgs, node_cpus: Callable[[], list[float]] | None = None,
-                        ) -> list[dict[str, Any]]:
+def resolve_llm_configs(
+    args: FuzzServeArgs,
+    node_cpus: Callable[[], list[float]] | None = None,
+) -> list[dict[str, Any]]:
     """The LLMConfig dicts with local model paths resolved, replicas counted and the request router set.
 
     The request router is set wherever the deployment can run more than one
@@ -158,10 +174,15 @@ def resolve_llm_configs(args: FuzzServeArgs, node_cpus: Callable[[], list[float]
         if args.engine_replicas is not None:
             given = sorted({"num_replicas", "autoscaling_config"} & deployment.keys())
             if given:
-                raise ValueError(f"engine_replicas is set and model {loading.get('model_id')!r}'s deployment_config "
-                                 f"sets {', '.join(given)}: give the replica count in one place")
-            deployment["num_replicas"] = (fit_replicas((node_cpus or cluster_node_cpus)(), args.engine_cores_per_replica)
-                                          if args.engine_replicas == "fit" else args.engine_replicas)
+                raise ValueError(
+                    f"engine_replicas is set and model {loading.get('model_id')!r}'s deployment_config "
+                    f"sets {', '.join(given)}: give the replica count in one place"
+                )
+            deployment["num_replicas"] = (
+                fit_replicas((node_cpus or cluster_node_cpus)(), args.engine_cores_per_replica)
+                if args.engine_replicas == "fit"
+                else args.engine_replicas
+            )
         if needs_request_router(args.ingress, deployment):
             # Always explicit: the direct path's default would otherwise be Ray's round robin.
             deployment.setdefault("request_router_config", copy.deepcopy(router_config))
@@ -187,12 +208,15 @@ def engine_deployment(llm_config, server_kwargs: dict[str, Any]):
     if llm_config.server_cls is not None:  # the user's own server class, as build_openai_app would use it
         changed = sorted(k for k, v in server_kwargs.items() if v != FuzzServeArgs.model_fields[k].default)
         if changed:
-            raise ValueError(f"model {llm_config.model_id!r} names server_cls {llm_config.server_cls!r}; "
-                             f"{', '.join(changed)} need the default server class")
+            raise ValueError(
+                f"model {llm_config.model_id!r} names server_cls {llm_config.server_cls!r}; "
+                f"{', '.join(changed)} need the default server class"
+            )
         return build_llm_deployment(llm_config)
     # name_prefix keeps Serve's deployment name ("LLMServer:<model>") that dashboards and the monitor know
-    return build_llm_deployment(llm_config, deployment_cls=EngineServer, name_prefix=ENGINE_DEPLOYMENT_PREFIX,
-                                bind_kwargs=server_kwargs)
+    return build_llm_deployment(
+        llm_config, deployment_cls=EngineServer, name_prefix=ENGINE_DEPLOYMENT_PREFIX, bind_kwargs=server_kwargs
+    )
 
 
 def deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
@@ -217,8 +241,10 @@ def build_app(args: dict[str, Any]):
         from .direct_server import build_direct
 
         if len(llm_configs) != 1 or parsed.ingress_deployment_config:
-            raise ValueError("ingress: direct serves exactly one model and has no ingress deployment to configure "
-                             "(ingress_deployment_config); use ingress: router for several models")
+            raise ValueError(
+                "ingress: direct serves exactly one model and has no ingress deployment to configure "
+                "(ingress_deployment_config); use ingress: router for several models"
+            )
         routed = needs_request_router(parsed.ingress, llm_configs[0].deployment_config)
         require_haproxy(body_aware_routing=routed and parsed.routing in BODY_AWARE)
         return build_direct(llm_configs[0], parsed.guard, parsed.server_kwargs(), ingress_request_router=routed)
@@ -237,12 +263,13 @@ def require_haproxy(body_aware_routing: bool, environ: dict[str, str] | None = N
     where the switches must be set.
     """
     env = os.environ if environ is None else environ
-    missing = [k for k in HAPROXY_ENV[:2 if body_aware_routing else 1] if env.get(k) != "1"]
+    missing = [k for k in HAPROXY_ENV[: 2 if body_aware_routing else 1] if env.get(k) != "1"]
     if missing:
-        raise ValueError(f"ingress: direct needs {', '.join(f'{k}=1' for k in missing)} in the environment of "
-                         "`ray start` (scripts/env.sh sets it: `source scripts/env.sh` before `ray start` or "
-                         "`serve run`); or deploy with ingress: router")
-
+        raise ValueError(
+            f"ingress: direct needs {', '.join(f'{k}=1' for k in missing)} in the environment of "
+            "`ray start` (scripts/env.sh sets it: `source scripts/env.sh` before `ray start` or "
+            "`serve run`); or deploy with ingress: router"
+        )
 
 
 def build_router(parsed: FuzzServeArgs, llm_configs: list):
@@ -253,8 +280,8 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
 
     from .fuzz_traffic import FuzzTraffic
     from .guard import RequestGuard
-    from .ray_internals import init_ingress_app, to_model_metadata
     from .ingress import ENDPOINTS, FuzzIngress, openai_http_error
+    from .ray_internals import init_ingress_app, to_model_metadata
 
     app = init_ingress_app()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard, on_admitted=FuzzTraffic().record)  # added last = runs first
@@ -264,10 +291,11 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
     if "num_replicas" in parsed.ingress_deployment_config:  # Serve refuses both
         options.pop("autoscaling_config", None)
     deep_update(options, parsed.ingress_deployment_config)
-    return serve.deployment(ingress_cls, **options).bind(
+    return serve.deployment(**options)(ingress_cls).bind(
         llm_deployments={c.model_id: engine_deployment(c, parsed.server_kwargs()) for c in llm_configs},
         model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},
-        lora_paths={c.model_id: c.lora_config.dynamic_lora_loading_path for c in llm_configs
-                    if c.lora_config is not None},
+        lora_paths={
+            c.model_id: c.lora_config.dynamic_lora_loading_path for c in llm_configs if c.lora_config is not None
+        },
         guard=parsed.guard.model_dump(),
     )

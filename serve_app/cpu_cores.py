@@ -9,9 +9,10 @@ process's logging. Why and how the binding works: :mod:`serve_app.core_binding`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from typing import Any
 
 import psutil
@@ -27,7 +28,7 @@ BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 ENGINE_CORE_NAME = "VLLM::EngineCore"[:15]
 
 
-def replica_cores(local_rank: int, cores_per_replica: int, allowed: Sequence[int]) -> tuple[list[int], bool]:
+def replica_cores(local_rank: int, cores_per_replica: int, allowed: Collection[int]) -> tuple[list[int], bool]:
     """The cores of the replica with ``local_rank``, and whether it shares them (more ranks than slots)."""
     if cores_per_replica < 1:
         raise ValueError(f"engine_cores_per_replica must be >= 1, got {cores_per_replica}")
@@ -35,25 +36,35 @@ def replica_cores(local_rank: int, cores_per_replica: int, allowed: Sequence[int
         raise ValueError(f"local rank must be >= 0, got {local_rank}")
     cores = sorted(set(allowed))
     if cores_per_replica > len(cores):
-        raise ValueError(f"engine_cores_per_replica={cores_per_replica} but this process may use only "
-                         f"{len(cores)} cores ({cores})")
+        raise ValueError(
+            f"engine_cores_per_replica={cores_per_replica} but this process may use only {len(cores)} cores ({cores})"
+        )
     slots = len(cores) // cores_per_replica
     slot = local_rank % slots
-    return cores[slot * cores_per_replica:(slot + 1) * cores_per_replica], local_rank >= slots
+    return cores[slot * cores_per_replica : (slot + 1) * cores_per_replica], local_rank >= slots
 
 
-def bind_engine_threads(cores_per_replica: int, local_rank: int | None,
-                        environ: dict[str, str] | Any = os.environ) -> str | None:
+def bind_engine_threads(
+    cores_per_replica: int, local_rank: int | None, environ: dict[str, str] | Any = os.environ
+) -> str | None:
     """Set ``VLLM_CPU_OMP_THREADS_BIND`` in ``environ`` for this replica; the value set, or None."""
     if local_rank is None:  # Serve always passes a rank to a replica it starts; do not guess
-        log.warning("engine_cores_per_replica=%d: this replica has no rank; vLLM's %s=%s applies",
-                    cores_per_replica, BIND_ENV, environ.get(BIND_ENV, "auto"))
+        log.warning(
+            "engine_cores_per_replica=%d: this replica has no rank; vLLM's %s=%s applies",
+            cores_per_replica,
+            BIND_ENV,
+            environ.get(BIND_ENV, "auto"),
+        )
         return None
     cores, shared = replica_cores(local_rank, cores_per_replica, os.sched_getaffinity(0))
     value = ",".join(map(str, cores))
     if shared:
-        log.warning("replica local rank %d: more replicas than %d-core slots on this node; sharing cores %s",
-                    local_rank, cores_per_replica, value)
+        log.warning(
+            "replica local rank %d: more replicas than %d-core slots on this node; sharing cores %s",
+            local_rank,
+            cores_per_replica,
+            value,
+        )
     if environ.get(BIND_ENV) not in (None, value):
         log.warning("engine_cores_per_replica overrides %s=%s from the environment", BIND_ENV, environ[BIND_ENV])
     environ[BIND_ENV] = value
@@ -79,10 +90,8 @@ def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None, with
             procs = [child, *child.children(recursive=True)] if with_workers else [child]
             for proc in procs:
                 for thread in proc.threads():
-                    try:
+                    with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
                         os.sched_setaffinity(thread.id, cores)
-                    except ProcessLookupError:  # the thread ended meanwhile
-                        pass
         except psutil.NoSuchProcess:
             continue
         pinned.append(child.pid)
@@ -93,5 +102,3 @@ def switch_patch_off(name: str, environ: dict[str, str] | Any = os.environ) -> s
     """Add patch ``name`` to ``FUZZSERVE_PATCHES_OFF`` in ``environ`` (kept as is when it says ``all``); the value."""
     environ[OFF_ENV] = with_patch_off(name, environ.get(OFF_ENV))
     return environ[OFF_ENV]
-
-

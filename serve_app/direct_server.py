@@ -52,7 +52,8 @@ from .route_policy import app_paths, unreviewed
 
 
 class FuzzServer(EngineServer):
-    async def __init__(self, llm_config, *, guard: dict[str, Any] | None = None, **kwargs):
+    # Serve awaits an async constructor (LLMServer's own is one); mypy knows only the synchronous kind.
+    async def __init__(self, llm_config, *, guard: dict[str, Any] | None = None, **kwargs):  # type: ignore[misc]
         self._guard_config = GuardConfig.model_validate(guard or {})
         # before the engine starts: a deployment that would serve anyone fails now, naming the fix
         require_auth(self._guard_config, await asyncio.to_thread(serve_http_host))
@@ -65,22 +66,28 @@ class FuzzServer(EngineServer):
 
     async def health(self, request: Request) -> JSONResponse:
         error = await probes.failure(self.check_health())
-        return probes.alive() if not error else JSONResponse(status_code=503,
-                                                             content={"status": "unhealthy", "error": error})
+        return (
+            probes.alive()
+            if not error
+            else JSONResponse(status_code=503, content={"status": "unhealthy", "error": error})
+        )
 
     async def __serve_build_asgi_app__(self):
         app = await super().__serve_build_asgi_app__()
         # A route nobody decided about must not be reachable: a vLLM that adds one fails here, naming it.
         missing = unreviewed(app_paths(app))
         if missing:
-            raise ValueError(f"the app serves routes without a guard policy: {missing}; add each to "
-                             "serve_app/route_policy.py ROUTES (checked, read, open or refused)")
+            raise ValueError(
+                f"the app serves routes without a guard policy: {missing}; add each to "
+                "serve_app/route_policy.py ROUTES (checked, read, open or refused)"
+            )
         # vLLM's /health (empty body) gives way to the router path's JSON answer.
         app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) != "/health"]
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])
-        add_middleware_to_built_app(app, RequestGuard, config=self._guard_config,
-                                    on_admitted=FuzzTraffic().record)  # outermost: runs first
+        add_middleware_to_built_app(
+            app, RequestGuard, config=self._guard_config, on_admitted=FuzzTraffic().record
+        )  # outermost: runs first
         return app
 
 
@@ -95,16 +102,19 @@ def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any], 
     from ray.serve.llm import build_llm_deployment
 
     server = build_llm_deployment(
-        llm_config, deployment_cls=serve.ingress()(FuzzServer),
+        llm_config,
+        deployment_cls=serve.ingress()(FuzzServer),
         # the deployment name dashboards, the monitor and LocalCluster know ("LLMServer:<model>")
         name_prefix=ENGINE_DEPLOYMENT_PREFIX,
-        bind_kwargs={"guard": guard.model_dump(), **server_kwargs})
+        bind_kwargs={"guard": guard.model_dump(), **server_kwargs},
+    )
     if not ingress_request_router:
         return server
     from .ingress_router import FuzzIngressRouter
 
     # As Ray's own direct-streaming builder: no CPU reserved (it only answers
     # routing calls) and a high concurrency limit (it is on every request's path).
-    router = serve.deployment(FuzzIngressRouter, name="LLMRouter", max_ongoing_requests=1000,
-                              ray_actor_options={"num_cpus": 0})
+    router = serve.deployment(name="LLMRouter", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})(
+        FuzzIngressRouter
+    )
     return with_ingress_request_router(server, router.bind(server=server))

@@ -52,9 +52,13 @@ class RefuseRayControlHeaders:
                     from .guard import _send_error
                     from .xargs_policy import RequestRejected
 
-                    await _send_error(send, RequestRejected(
-                        f"the header {normal} sets the server's own request limits and cannot be sent by "
-                        "clients", normal))
+                    await _send_error(
+                        send,
+                        RequestRejected(
+                            f"the header {normal} sets the server's own request limits and cannot be sent by clients",
+                            normal,
+                        ),
+                    )
                     return
         await self.app(scope, receive, send)
 

@@ -20,14 +20,18 @@ random strengths cannot blow up the series count.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
+
+if TYPE_CHECKING:  # for the annotation only: record() imports it at first use, inside the replica
+    from ray.serve.metrics import Counter
 
 METRIC = "fuzzserve_admitted_requests"
 EXPORTED = f"ray_{METRIC}_total"
 NEUTRAL_MODE = "none"
 # Decade upper bounds of the strength label, from 1e-4 up to MAX_STRENGTH; smaller strengths count as 1e-4.
-STRENGTH_BOUNDS = tuple(10.0 ** e for e in range(-4, round(math.log10(MAX_STRENGTH)) + 1))
+STRENGTH_BOUNDS = tuple(10.0**e for e in range(-4, round(math.log10(MAX_STRENGTH)) + 1))
 
 
 def labels(spec: FuzzSpec) -> dict[str, str]:
@@ -42,12 +46,16 @@ class FuzzTraffic:
     """Counts admitted requests; the Ray counter is created on first use, inside the replica."""
 
     def __init__(self) -> None:
-        self._counter = None
+        self._counter: Counter | None = None
 
     def record(self, spec: FuzzSpec) -> None:
         if self._counter is None:
             from ray.serve.metrics import Counter
 
-            self._counter = Counter(METRIC, description="requests admitted by the fuzzserve guard, by fuzz "
-                                    "mode and strength (decade upper bound)", tag_keys=("fuzz_mode", "fuzz_strength"))
+            self._counter = Counter(
+                METRIC,
+                description="requests admitted by the fuzzserve guard, by fuzz mode and strength (decade upper bound)",
+                # Ray annotates tag_keys as Tuple[str] (one key); ray.util.metrics.Metric takes Tuple[str, ...].
+                tag_keys=("fuzz_mode", "fuzz_strength"),  # type: ignore[arg-type]
+            )
         self._counter.inc(tags=labels(spec))

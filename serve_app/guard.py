@@ -33,7 +33,7 @@ import ipaddress
 import json
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -57,12 +57,15 @@ class GuardConfig(BaseModel):
         description="environment variable holding comma-separated API keys; auth is on when it is non-empty",
     )
     allow_no_auth: bool = Field(
-        default=False, description="serve without API keys even where other hosts can reach the HTTP port")
+        default=False, description="serve without API keys even where other hosts can reach the HTTP port"
+    )
     max_body_bytes: int = Field(default=1 << 20, gt=0, description="larger request bodies get 413")
     body_timeout_s: float = Field(
-        default=30.0, gt=0, description="a request body not fully received within this many seconds gets 408")
+        default=30.0, gt=0, description="a request body not fully received within this many seconds gets 408"
+    )
     routes: tuple[str, ...] = Field(
-        default=DEFAULT_ROUTES, description="the routes served (serve_app/route_policy.py); every other path gets 404")
+        default=DEFAULT_ROUTES, description="the routes served (serve_app/route_policy.py); every other path gets 404"
+    )
     xargs: XargsPolicy = Field(default_factory=XargsPolicy)
     limits: RequestLimits = Field(default_factory=RequestLimits)
 
@@ -97,17 +100,27 @@ def require_auth(config: GuardConfig, http_host: str, environ: dict[str, str] | 
     if config.api_keys(environ) or config.allow_no_auth or is_loopback(http_host):
         return
     where = f"the environment variable {config.api_keys_env}" if config.api_keys_env else "guard.api_keys_env"
-    raise ValueError(f"http_options.host is {http_host!r}: other hosts can reach this deployment, and no API key is "
-                     f"set. Set {where} (comma-separated keys, in the environment of `ray start` or the app's "
-                     "runtime_env.env_vars), or bind 127.0.0.1, or accept serving anyone with guard.allow_no_auth: "
-                     "true")
+    raise ValueError(
+        f"http_options.host is {http_host!r}: other hosts can reach this deployment, and no API key is "
+        f"set. Set {where} (comma-separated keys, in the environment of `ray start` or the app's "
+        "runtime_env.env_vars), or bind 127.0.0.1, or accept serving anyone with guard.allow_no_auth: "
+        "true"
+    )
 
 
-async def _send_error(send: Send, e: RequestRejected, headers: list[tuple[bytes, bytes]] = ()) -> None:
+async def _send_error(send: Send, e: RequestRejected, headers: Sequence[tuple[bytes, bytes]] = ()) -> None:
     payload = json.dumps(e.body()).encode()
-    await send({"type": "http.response.start", "status": e.status_code,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode()), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": e.status_code,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})
 
 
@@ -118,8 +131,12 @@ class _Disconnected(Exception):
 class RequestGuard:
     """ASGI middleware applying a :class:`GuardConfig` in front of ``app``."""
 
-    def __init__(self, app: ASGIApp, config: GuardConfig | dict[str, Any] | None = None,
-                 on_admitted: Callable[[FuzzSpec], None] | None = None):
+    def __init__(
+        self,
+        app: ASGIApp,
+        config: GuardConfig | dict[str, Any] | None = None,
+        on_admitted: Callable[[FuzzSpec], None] | None = None,
+    ):
         """``on_admitted`` is called with the fuzz settings of every generate request that passes."""
         self.app = app
         self._on_admitted = on_admitted
@@ -136,7 +153,7 @@ class RequestGuard:
         path = scope.get("path", "")
         root = scope.get("root_path", "")
         if root and path.startswith(root):
-            path = path[len(root):] or "/"
+            path = path[len(root) :] or "/"
         headers = dict(scope.get("headers") or [])
         try:
             route = self._routes.match(path)
@@ -166,8 +183,12 @@ class RequestGuard:
         auth = headers.get(b"authorization", b"")
         scheme, _, token = auth.partition(b" ")
         if scheme.lower() != b"bearer" or not token.strip():
-            raise RequestRejected("missing API key: send the header 'Authorization: Bearer <key>'",
-                                  "Authorization", 401, "authentication_error")
+            raise RequestRejected(
+                "missing API key: send the header 'Authorization: Bearer <key>'",
+                "Authorization",
+                401,
+                "authentication_error",
+            )
         presented = _digest(token.strip())
         match = False
         for key in self._digests:  # every key, every time: no early exit to time
@@ -200,8 +221,9 @@ class RequestGuard:
         try:
             return await asyncio.wait_for(read(), self.config.body_timeout_s)
         except TimeoutError:
-            raise RequestRejected(f"the request body did not arrive within {self.config.body_timeout_s:g} s",
-                                  None, 408, "timeout_error") from None
+            raise RequestRejected(
+                f"the request body did not arrive within {self.config.body_timeout_s:g} s", None, 408, "timeout_error"
+            ) from None
 
     def _check(self, raw: bytes, scope: Scope, route: Route) -> tuple[bytes, Scope]:
         try:
@@ -225,12 +247,21 @@ def _require_local_host(headers: dict[bytes, bytes]) -> None:
     """Without API keys (a loopback-only deployment) a request must name a loopback host: a web page whose own
     name an attacker points at 127.0.0.1 (DNS rebinding) makes the browser send its name as Host, and is refused."""
     host = headers.get(b"host", b"").decode("latin-1").strip().lower()
-    name = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0] if \
-        host.count(":") == 1 else host
+    name = (
+        host[1 : host.index("]")]
+        if host.startswith("[") and "]" in host
+        else host.rsplit(":", 1)[0]
+        if host.count(":") == 1
+        else host
+    )
     if not is_loopback(name):
-        raise RequestRejected(f"Host {host!r} is not this machine: without API keys this deployment answers only "
-                              "requests addressed to localhost or a loopback address (set API keys to serve others)",
-                              "Host", 403, "permission_error")
+        raise RequestRejected(
+            f"Host {host!r} is not this machine: without API keys this deployment answers only "
+            "requests addressed to localhost or a loopback address (set API keys to serve others)",
+            "Host",
+            403,
+            "permission_error",
+        )
 
 
 def _digest(key: bytes) -> bytes:
@@ -241,8 +272,7 @@ def _refuse_reserved_headers(headers: dict[bytes, bytes]) -> None:
     for raw in headers:
         name = raw.decode("latin-1").lower().replace("_", "-")
         if name in RESERVED_HEADERS:
-            raise RequestRejected(f"the header {name} is reserved for the engine and cannot be set by clients",
-                                  name)
+            raise RequestRejected(f"the header {name} is reserved for the engine and cannot be set by clients", name)
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

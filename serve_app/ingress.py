@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any
 
 from fastapi import Request
@@ -42,7 +42,7 @@ from .ray_internals import DEFAULT_ENDPOINTS, serve_http_host
 log = logging.getLogger("ray.serve.fuzzserve.ingress")
 
 
-async def error_terminated(chunks: AsyncIterator, request_id: str | None) -> AsyncIterator:
+async def error_terminated(chunks: AsyncIterable, request_id: str | None) -> AsyncIterator:
     """Pass a stream's chunks through; if the stream fails midway, end it with an error event and ``[DONE]``.
 
     Without this, a replica that dies while streaming (SIGKILL, OOM, a dead
@@ -57,8 +57,12 @@ async def error_terminated(chunks: AsyncIterator, request_id: str | None) -> Asy
             yield chunk
     except Exception as e:
         log.warning("stream %s failed midway: %s: %s", request_id, type(e).__name__, str(e)[:300])
-        error = {"message": f"the stream failed midway: {type(e).__name__}: {str(e)[:300]}",
-                 "type": "server_error", "param": None, "code": 500}
+        error = {
+            "message": f"the stream failed midway: {type(e).__name__}: {str(e)[:300]}",
+            "type": "server_error",
+            "param": None,
+            "code": 500,
+        }
         yield f"data: {json.dumps({'error': error})}\n\n"
         yield "data: [DONE]\n\n"
 
@@ -83,9 +87,10 @@ class FuzzIngress(OpenAiIngress):
 
     async def ready(self) -> JSONResponse:
         models = sorted(self._default_serve_handles)
-        errors = await asyncio.gather(*(probes.failure(self._default_serve_handles[m].check_health.remote())
-                                        for m in models))
-        failed = {m: err for m, err in zip(models, errors) if err}
+        errors = await asyncio.gather(
+            *(probes.failure(self._default_serve_handles[m].check_health.remote()) for m in models)
+        )
+        failed = {m: err for m, err in zip(models, errors, strict=True) if err}
         return probes.not_ready(failed) if failed else probes.ready(models)
 
 
@@ -93,9 +98,18 @@ async def openai_http_error(request: Request, exc: HTTPException) -> JSONRespons
     """FastAPI's ``{"detail": ...}`` errors (unknown model, unknown route, wrong method) in OpenAI's format."""
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     param = "model" if exc.status_code == 404 and "model" in detail.lower() else None
-    return JSONResponse(status_code=exc.status_code, headers=getattr(exc, "headers", None), content={
-        "error": {"message": detail, "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
-                  "param": param, "code": exc.status_code}})
+    return JSONResponse(
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+        content={
+            "error": {
+                "message": detail,
+                "type": "invalid_request_error" if exc.status_code < 500 else "server_error",
+                "param": param,
+                "code": exc.status_code,
+            }
+        },
+    )
 
 
 # The routes of OpenAiIngress plus the probes (method name -> route decorator).

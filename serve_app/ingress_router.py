@@ -128,8 +128,9 @@ async def read_route_body(request: Request) -> bytes | JSONResponse:
     try:
         body = await asyncio.wait_for(bounded_body(request), ROUTE_BODY_TIMEOUT_S)
     except TimeoutError:
-        return JSONResponse({"detail": f"the routing body did not arrive within {ROUTE_BODY_TIMEOUT_S:g} s"},
-                            status_code=408)
+        return JSONResponse(
+            {"detail": f"the routing body did not arrive within {ROUTE_BODY_TIMEOUT_S:g} s"}, status_code=408
+        )
     if body is None:
         return JSONResponse({"detail": f"a routing body is at most {ROUTE_BODY_LIMIT} bytes"}, status_code=413)
     return body

@@ -65,18 +65,25 @@ class RayNode:
     _log: Any = None
 
     def start(self) -> None:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True, cwd=REPO)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - open while the process runs, closed by stop()
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, cwd=REPO
+        )
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def process(self) -> subprocess.Popen:
+        """The ``ray start`` process (an AttributeError before :meth:`start`, as ``proc.pid`` of None raised)."""
+        if self.proc is None:
+            raise AttributeError(f"Ray node {self.name} was not started")
+        return self.proc
 
     def descendants(self) -> list[psutil.Process]:
         if not self.alive():
             return []
         try:
-            return psutil.Process(self.proc.pid).children(recursive=True)
+            return psutil.Process(self.process().pid).children(recursive=True)
         except psutil.NoSuchProcess:
             return []
 
@@ -164,19 +171,40 @@ class LocalCluster:
         env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
         return env
 
+    def _logs(self) -> Path:
+        """The log directory, which :meth:`start` sets (a TypeError before, as ``None / name`` raised)."""
+        if self.log_dir is None:
+            raise TypeError("the cluster's log directory is set by start()")
+        return self.log_dir
+
     def start(self, timeout: float = 180) -> LocalCluster:
         prepare_node(self._env())
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="fuzzserve-cluster-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.gcs_port, self.dashboard_port = free_port(), free_port()
         try:
-            self._add_node("head", ["--head", "--port", str(self.gcs_port), *_cpus(self.num_cpus),
-                                    "--dashboard-host", "127.0.0.1", "--dashboard-port", str(self.dashboard_port),
-                                    "--ray-client-server-port", str(free_port()), "--include-dashboard", "true"])
+            self._add_node(
+                "head",
+                [
+                    "--head",
+                    "--port",
+                    str(self.gcs_port),
+                    *_cpus(self.num_cpus),
+                    "--dashboard-host",
+                    "127.0.0.1",
+                    "--dashboard-port",
+                    str(self.dashboard_port),
+                    "--ray-client-server-port",
+                    str(free_port()),
+                    "--include-dashboard",
+                    "true",
+                ],
+            )
             self._wait(lambda: self._dashboard_up(), timeout, "the head node's dashboard")
             for i in range(self.workers):
-                self._add_node(f"worker{i + 1}", ["--address", f"127.0.0.1:{self.gcs_port}",
-                                                  *_cpus(self.worker_num_cpus)])
+                self._add_node(
+                    f"worker{i + 1}", ["--address", f"127.0.0.1:{self.gcs_port}", *_cpus(self.worker_num_cpus)]
+                )
             self._wait(lambda: len(self.alive_nodes()) == 1 + self.workers, timeout, f"{1 + self.workers} alive nodes")
             # A node counts as ALIVE as soon as its raylet registers; its agents
             # (which serve the metrics port) may still fail to start and take
@@ -198,11 +226,24 @@ class LocalCluster:
 
     def _add_node(self, name: str, args: list[str]) -> RayNode:
         metrics = free_port()
-        argv = [str(BIN / "ray"), "start", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
-                "--metrics-export-port", str(metrics), "--dashboard-agent-listen-port", str(free_port()),
-                "--dashboard-agent-grpc-port", str(free_port()), "--runtime-env-agent-port", str(free_port()),
-                *args]
-        node = RayNode(name, argv, metrics, self.log_dir / f"ray-{name}.log", self._env())
+        argv = [
+            str(BIN / "ray"),
+            "start",
+            "--block",
+            "--disable-usage-stats",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--metrics-export-port",
+            str(metrics),
+            "--dashboard-agent-listen-port",
+            str(free_port()),
+            "--dashboard-agent-grpc-port",
+            str(free_port()),
+            "--runtime-env-agent-port",
+            str(free_port()),
+            *args,
+        ]
+        node = RayNode(name, argv, metrics, self._logs() / f"ray-{name}.log", self._env())
         self.nodes.append(node)
         node.start()
         return node
@@ -212,8 +253,10 @@ class LocalCluster:
         while not ready():
             for node in self.nodes:
                 if not node.alive():
-                    raise ClusterError(f"Ray node {node.name} exited (code {node.proc.returncode}) while waiting for "
-                                       f"{what}; log: {node.log_path}; its end:\n{node.log_tail()}")
+                    raise ClusterError(
+                        f"Ray node {node.name} exited (code {node.process().returncode}) while waiting for "
+                        f"{what}; log: {node.log_path}; its end:\n{node.log_tail()}"
+                    )
             if time.monotonic() > deadline:
                 raise ClusterError(f"timed out after {timeout:.0f}s waiting for {what}; logs in {self.log_dir}")
             time.sleep(interval)
@@ -262,13 +305,28 @@ class LocalCluster:
 
     def actors(self, class_name_prefix: str = REPLICA_CLASS_PREFIX) -> list[dict[str, Any]]:
         """Alive actors whose class name starts with ``class_name_prefix`` (Ray's state API)."""
-        out = self.cli("ray", "list", "actors", "--format", "json", "--filter", "state=ALIVE",
-                       "--limit", "1000", "--detail", timeout=60)
+        out = self.cli(
+            "ray",
+            "list",
+            "actors",
+            "--format",
+            "json",
+            "--filter",
+            "state=ALIVE",
+            "--limit",
+            "1000",
+            "--detail",
+            timeout=60,
+        )
         return [a for a in _json_list(out) if a.get("class_name", "").startswith(class_name_prefix)]
 
     # ---------------------------------------------------------------- deploy
-    def effective_config(self, config: Path | dict[str, Any] = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
-                         http_port: int | None = None) -> dict[str, Any]:
+    def effective_config(
+        self,
+        config: Path | dict[str, Any] = DEFAULT_CONFIG,
+        args: dict[str, Any] | None = None,
+        http_port: int | None = None,
+    ) -> dict[str, Any]:
         """The config (a YAML path or its content) with the HTTP port and builder arguments overridden."""
         cfg = copy.deepcopy(config) if isinstance(config, dict) else yaml.safe_load(Path(config).read_text())
         cfg.setdefault("http_options", {})
@@ -282,9 +340,16 @@ class LocalCluster:
                 deep_update(app.setdefault("args", {}), args)
         return cfg
 
-    def deploy(self, config: Path | dict[str, Any] = DEFAULT_CONFIG, args: dict[str, Any] | None = None,
-               http_port: int | None = None, timeout: float = 900, wait_ready: bool = True) -> dict[str, Any]:
-        """``serve deploy`` the config; wait until every application is RUNNING and (``wait_ready``) ``/ready`` answers."""
+    def deploy(
+        self,
+        config: Path | dict[str, Any] = DEFAULT_CONFIG,
+        args: dict[str, Any] | None = None,
+        http_port: int | None = None,
+        timeout: float = 900,
+        wait_ready: bool = True,
+    ) -> dict[str, Any]:
+        """``serve deploy`` the config; wait until every application is RUNNING and (``wait_ready``) ``/ready``
+        answers."""
         cfg = self.effective_config(config, args, http_port)
         self.apply(cfg, "effective")
         deadline = time.monotonic() + timeout
@@ -296,17 +361,19 @@ class LocalCluster:
     def apply(self, cfg: dict[str, Any], name: str) -> None:
         """``serve deploy`` the config document ``cfg`` as it is (saved as ``serve_config.<name>.yaml`` in the log
         directory) and return at once: Serve rolls it out in the background."""
-        path = self.log_dir / f"serve_config.{name}.yaml"
+        path = self._logs() / f"serve_config.{name}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         self.cli("serve", "deploy", str(path))
         self.deployed_config = copy.deepcopy(cfg)
 
     def wait_http(self, route_prefixes: Iterable[str], timeout: float = 300) -> None:
         """Wait until ``GET <prefix>/v1/models`` answers 200 for every prefix (apps without ``/ready``)."""
+
         def up() -> bool:
             try:
-                return all(httpx.get(f"{self.base_url}{p}/v1/models", timeout=15).status_code == 200
-                           for p in route_prefixes)
+                return all(
+                    httpx.get(f"{self.base_url}{p}/v1/models", timeout=15).status_code == 200 for p in route_prefixes
+                )
             except httpx.HTTPError:
                 return False
 
@@ -317,7 +384,7 @@ class LocalCluster:
 
     def _apps_running(self) -> bool:
         try:
-            apps = (self.serve_status().get("applications") or {})
+            apps = self.serve_status().get("applications") or {}
         except subprocess.TimeoutExpired:
             # On a saturated 2-core host (replicas compiling, engines starting)
             # the CLI itself can stall past its timeout; that is "not yet",
@@ -326,7 +393,9 @@ class LocalCluster:
             return False
         failed = {name: a for name, a in apps.items() if a.get("status") in ("DEPLOY_FAILED", "UNHEALTHY")}
         if failed:
-            raise ClusterError(f"Serve deployment failed: {json.dumps(failed, indent=1)[:4000]}; logs in {self.log_dir}")
+            raise ClusterError(
+                f"Serve deployment failed: {json.dumps(failed, indent=1)[:4000]}; logs in {self.log_dir}"
+            )
         return bool(apps) and all(a.get("status") == "RUNNING" for a in apps.values())
 
     def _ready(self) -> bool:

@@ -29,9 +29,18 @@ def ready(models: list[str]) -> JSONResponse:
 
 def not_ready(failed: dict[str, str]) -> JSONResponse:
     """503 in OpenAI's error shape, naming each model without a healthy replica and why."""
-    return JSONResponse(status_code=503, content={"error": {
-        "message": f"not ready: {', '.join(failed)} has no healthy replica",
-        "type": "service_unavailable", "param": None, "code": 503, "models": failed}})
+    return JSONResponse(
+        status_code=503,
+        content={
+            "error": {
+                "message": f"not ready: {', '.join(failed)} has no healthy replica",
+                "type": "service_unavailable",
+                "param": None,
+                "code": 503,
+                "models": failed,
+            }
+        },
+    )
 
 
 def alive() -> JSONResponse:

@@ -51,6 +51,7 @@ symbol                                      why it is needed
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 import ray
 from ray.serve.deployment import Application
@@ -70,7 +71,8 @@ def _load(module: str, name: str):
         raise RayInternalsMoved(
             f"Ray {ray.__version__}: {module}.{name} is gone or moved ({type(e).__name__}: {e}); serve_app uses "
             f"it as verified on Ray {VERIFIED_RAY} (see serve_app/ray_internals.py for why). Pin ray=={VERIFIED_RAY} "
-            "or port serve_app/ray_internals.py to this Ray.") from e
+            "or port serve_app/ray_internals.py to this Ray."
+        ) from e
 
 
 _INGRESS = "ray.llm._internal.serve.core.ingress.ingress"
@@ -80,20 +82,25 @@ to_model_metadata = _load("ray.llm._internal.serve.core.configs.openai_api_model
 LLMRouter = _load("ray.llm._internal.serve.core.ingress.router", "LLMRouter")
 LLMRouterBase = LLMRouter.__bases__[0]
 if not all(hasattr(LLMRouterBase, a) for a in ("route", "_pick_replica")) or LLMRouterBase.__name__ != "LLMRouter":
-    raise RayInternalsMoved(f"Ray {ray.__version__}: LLMRouter is no longer Serve's ingress wrapper around a class "
-                            f"with route() and _pick_replica(); verified on Ray {VERIFIED_RAY} "
-                            "(serve_app/ray_internals.py, serve_app/ingress_router.py)")
-add_middleware_to_built_app = _load("ray.llm._internal.serve.core.server.llm_server",
-                                    "_add_middleware_to_built_app")
+    raise RayInternalsMoved(
+        f"Ray {ray.__version__}: LLMRouter is no longer Serve's ingress wrapper around a class "
+        f"with route() and _pick_replica(); verified on Ray {VERIFIED_RAY} "
+        "(serve_app/ray_internals.py, serve_app/ingress_router.py)"
+    )
+add_middleware_to_built_app = _load("ray.llm._internal.serve.core.server.llm_server", "_add_middleware_to_built_app")
 if not hasattr(Application, "_with_ingress_request_router"):
-    raise RayInternalsMoved(f"Ray {ray.__version__}: Application._with_ingress_request_router is gone; "
-                            f"the direct path was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)")
+    raise RayInternalsMoved(
+        f"Ray {ray.__version__}: Application._with_ingress_request_router is gone; "
+        f"the direct path was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)"
+    )
 
 
-_probe = getattr(RequestRouter, "_probe_queue_lens", None)
+_probe: Any = getattr(RequestRouter, "_probe_queue_lens", None)
 if _probe is None:
-    raise RayInternalsMoved(f"Ray {ray.__version__}: RequestRouter._probe_queue_lens is gone; fuzz_affinity "
-                            f"routing was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)")
+    raise RayInternalsMoved(
+        f"Ray {ray.__version__}: RequestRouter._probe_queue_lens is gone; fuzz_affinity "
+        f"routing was verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)"
+    )
 
 
 _get_global_client = _load("ray.serve.context", "_get_global_client")

@@ -97,8 +97,16 @@ ROUTES: tuple[Route, ...] = (
     Route("/redoc", "refused", "documents the app"),
 )
 BY_PATH = {r.path: r for r in ROUTES}
-DEFAULT_ROUTES: tuple[str, ...] = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1/models/{model:path}",
-                                   "/metrics", "/health", "/ready", "/ping")
+DEFAULT_ROUTES: tuple[str, ...] = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/models",
+    "/v1/models/{model:path}",
+    "/metrics",
+    "/health",
+    "/ready",
+    "/ping",
+)
 
 
 class RouteTable:
@@ -108,12 +116,15 @@ class RouteTable:
         enabled = tuple(enabled)
         unknown = [p for p in enabled if p not in BY_PATH]
         if unknown:
-            raise ValueError(f"guard.routes: unknown route(s) {unknown}; known: "
-                             f"{[r.path for r in ROUTES if r.policy != 'refused']}")
+            raise ValueError(
+                f"guard.routes: unknown route(s) {unknown}; known: {[r.path for r in ROUTES if r.policy != 'refused']}"
+            )
         refused = [p for p in enabled if BY_PATH[p].policy == "refused"]
         if refused:
-            raise ValueError(f"guard.routes: {refused} cannot be switched on: "
-                             + "; ".join(f"{p}: {BY_PATH[p].why}" for p in refused))
+            raise ValueError(
+                f"guard.routes: {refused} cannot be switched on: "
+                + "; ".join(f"{p}: {BY_PATH[p].why}" for p in refused)
+            )
         self.enabled = tuple(BY_PATH[p] for p in enabled)
         self._exact = {r.path: r for r in self.enabled if "{" not in r.path}
         self._templated = [(r.regex, r) for r in self.enabled if "{" in r.path]

@@ -56,8 +56,15 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 from .ray_internals import probe_queue_lens
 from .routing_keys import DEFAULT_PREFIX_CHARS, affinity_key, rendezvous, request_text, routing_key
 
-__all__ = ["FuzzAffinityRouter", "DEFAULT_PREFIX_CHARS", "affinity_key", "rendezvous", "request_text", "routing_key",
-           "choose"]
+__all__ = [
+    "DEFAULT_PREFIX_CHARS",
+    "FuzzAffinityRouter",
+    "affinity_key",
+    "choose",
+    "rendezvous",
+    "request_text",
+    "routing_key",
+]
 
 log = logging.getLogger("ray.serve.fuzzserve.routing")
 
@@ -82,10 +89,14 @@ def choose(preferred: str, queue_lens: dict[str, int | None], threshold: float) 
 
 
 class FuzzAffinityRouter(FIFOMixin, RequestRouter):
-    def initialize_state(self, prefix_chars: int = DEFAULT_PREFIX_CHARS,
-                         imbalanced_threshold: float | None = DEFAULT_IMBALANCED_THRESHOLD,
-                         probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
-                         max_view_age_s: float = DEFAULT_MAX_VIEW_AGE_S, **kwargs):
+    def initialize_state(
+        self,
+        prefix_chars: int = DEFAULT_PREFIX_CHARS,
+        imbalanced_threshold: float | None = DEFAULT_IMBALANCED_THRESHOLD,
+        probe_interval_s: float = DEFAULT_PROBE_INTERVAL_S,
+        max_view_age_s: float = DEFAULT_MAX_VIEW_AGE_S,
+        **kwargs,
+    ):
         if prefix_chars < 1:
             raise ValueError(f"prefix_chars must be >= 1, got {prefix_chars}")
         if probe_interval_s < 0:
@@ -135,8 +146,9 @@ class FuzzAffinityRouter(FIFOMixin, RequestRouter):
         self._lens = {i: answers.get(i) for i in ids}
         self._view_at = time.monotonic()
 
-    async def choose_replicas(self, candidate_replicas: list[RunningReplica],
-                              pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
         if not candidate_replicas:
             return []
         by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
@@ -146,6 +158,6 @@ class FuzzAffinityRouter(FIFOMixin, RequestRouter):
         if len(by_id) > 1 and (key is None or math.isfinite(self._imbalanced_threshold)):
             lens = await self._queue_lens(candidate_replicas)
             preferred = choose(preferred, lens, 0 if key is None else self._imbalanced_threshold)
-            if self._lens.get(preferred) is not None:  # counted until the next probe says otherwise
-                self._lens[preferred] += 1
+            if (n := self._lens.get(preferred)) is not None:  # counted until the next probe says otherwise
+                self._lens[preferred] = n + 1
         return [[by_id[preferred]]]

@@ -53,7 +53,7 @@ class _Prefix:
 
     def add(self, text: str) -> None:
         if self.left < len(text):
-            text = text[:int(self.left)]
+            text = text[: int(self.left)]
         self.parts.append(text)
         self.left -= len(text)
 
@@ -116,6 +116,7 @@ def routing_key(pending_request: PendingRequest | None, prefix_chars: int) -> st
 
 def rendezvous(key: str, replica_ids: list[str]) -> str:
     """The replica id with the highest hash of (key, id): stable per key, only a removed replica's keys move."""
+
     def weight(rid: str) -> bytes:
         return hashlib.blake2b(f"{rid}\x00{key}".encode(), digest_size=8).digest()
 

@@ -59,8 +59,14 @@ GRAMMAR_FIELDS = ("structured_outputs", "response_format", "text", "output_confi
 FIXED_FORMATS = ("text",)
 # vLLM 0.32 removed these and ignores them (the answer is 200 and unconstrained):
 # refused, whatever the limits, so a client learns it.
-REMOVED_GUIDED_FIELDS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                         "guided_decoding_backend", "guided_whitespace_pattern")
+REMOVED_GUIDED_FIELDS = (
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+    "guided_decoding_backend",
+    "guided_whitespace_pattern",
+)
 
 
 class XargsPolicy(BaseModel):
@@ -86,18 +92,32 @@ class RequestLimits(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_n: int = Field(8, ge=1, description="most sequences per prompt (n, best_of)")
-    max_batch: int = Field(16, ge=1, description="most prompts in one /v1/completions request, or conversations in "
-                                                 "one /v1/chat/completions/batch request")
-    max_sequences: int = Field(16, ge=1, description="most sequences one request asks for on any generate route: "
-                                                     "its prompts (or conversations) x n")
+    max_batch: int = Field(
+        16,
+        ge=1,
+        description="most prompts in one /v1/completions request, or conversations in "
+        "one /v1/chat/completions/batch request",
+    )
+    max_sequences: int = Field(
+        16,
+        ge=1,
+        description="most sequences one request asks for on any generate route: its prompts (or conversations) x n",
+    )
     beam_search: bool = Field(False, description="whether use_beam_search is accepted at all")
     max_beam_width: int = Field(4, ge=1, description="most beams (n with use_beam_search)")
-    structured_outputs: bool = Field(False, description="whether requests may carry a spec the engine compiles into "
-                                                         "a grammar (structured outputs, tools unless tool_choice is "
-                                                         "none, JSON mode); plain text is always accepted")
-    max_grammar_bytes: int = Field(16384, ge=1, description="most bytes of structured-output specs "
-                                                            f"({', '.join(GRAMMAR_FIELDS)}, tools) per request, when "
-                                                            "structured_outputs is on")
+    structured_outputs: bool = Field(
+        False,
+        description="whether requests may carry a spec the engine compiles into "
+        "a grammar (structured outputs, tools unless tool_choice is "
+        "none, JSON mode); plain text is always accepted",
+    )
+    max_grammar_bytes: int = Field(
+        16384,
+        ge=1,
+        description="most bytes of structured-output specs "
+        f"({', '.join(GRAMMAR_FIELDS)}, tools) per request, when "
+        "structured_outputs is on",
+    )
 
 
 DEFAULT_LIMITS = RequestLimits()
@@ -106,15 +126,17 @@ DEFAULT_LIMITS = RequestLimits()
 class RequestRejected(Exception):
     """A client error, carried as an OpenAI-style error body."""
 
-    def __init__(self, message: str, param: str | None = None, status_code: int = 400,
-                 error_type: str = "invalid_request_error"):
+    def __init__(
+        self, message: str, param: str | None = None, status_code: int = 400, error_type: str = "invalid_request_error"
+    ):
         super().__init__(message)
         self.message, self.param, self.status_code, self.error_type = message, param, status_code, error_type
 
     def body(self) -> dict[str, Any]:
         """The OpenAI error format: ``{"error": {"message", "type", "param", "code"}}``."""
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param,
-                          "code": self.status_code}}
+        return {
+            "error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.status_code}
+        }
 
 
 def check_xargs(xargs: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[str, Any] | None, FuzzSpec]:
@@ -131,8 +153,9 @@ def check_xargs(xargs: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[
         if key in RESERVED_KEYS:
             if policy.reserved == "strip":
                 continue
-            raise RequestRejected(f"vllm_xargs.{key} is reserved for the engine and cannot be set by clients",
-                                  f"vllm_xargs.{key}")
+            raise RequestRejected(
+                f"vllm_xargs.{key} is reserved for the engine and cannot be set by clients", f"vllm_xargs.{key}"
+            )
         if key in FUZZ_KEYS or key in policy.allowed_extra_keys or (isinstance(key, str) and key.startswith("fuzz_")):
             forwarded[key] = value
             continue
@@ -152,8 +175,9 @@ def check_xargs(xargs: Any, policy: XargsPolicy = DEFAULT_POLICY) -> tuple[dict[
 # them equal to vLLM's own), and a value they cannot read is left to vLLM's own 400.
 _INT = TypeAdapter(int)
 _BOOL = TypeAdapter(bool)
-_PROMPT = TypeAdapter(list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]] | str | list[str]
-                      | None)
+_PROMPT = TypeAdapter(
+    list[Annotated[int, Field(ge=0)]] | list[list[Annotated[int, Field(ge=0)]]] | str | list[str] | None
+)
 
 
 def _as(adapter: TypeAdapter, value: Any) -> Any:
@@ -235,28 +259,40 @@ def check_limits(body: dict[str, Any], limits: RequestLimits = DEFAULT_LIMITS, b
         raise RequestRejected(f"{field} must hold <= {limits.max_batch} {unit}, got {prompts}", field)
     if prompts * per_prompt > limits.max_sequences:
         param = field if prompts > 1 else "n"
-        raise RequestRejected(f"{param}: this request asks for {prompts} x {per_prompt} = {prompts * per_prompt} "
-                              f"sequences (prompts x n); this deployment allows <= {limits.max_sequences} per request",
-                              param)
+        raise RequestRejected(
+            f"{param}: this request asks for {prompts} x {per_prompt} = {prompts * per_prompt} "
+            f"sequences (prompts x n); this deployment allows <= {limits.max_sequences} per request",
+            param,
+        )
     for key in REMOVED_GUIDED_FIELDS:
         if key in body:
-            raise RequestRejected(f"{key} was removed from vLLM, which ignores it (the output would not be "
-                                  "constrained); use response_format or structured_outputs", key)
+            raise RequestRejected(
+                f"{key} was removed from vLLM, which ignores it (the output would not be "
+                "constrained); use response_format or structured_outputs",
+                key,
+            )
     grammar = grammar_specs(body)
     if grammar and not limits.structured_outputs:
         field = next(iter(grammar))
-        raise RequestRejected(f"{field}: structured outputs are off on this deployment (guard.limits."
-                              "structured_outputs); a grammar's compile cost is not bounded by its size "
-                              "(docs/security.md)", field)
+        raise RequestRejected(
+            f"{field}: structured outputs are off on this deployment (guard.limits."
+            "structured_outputs); a grammar's compile cost is not bounded by its size "
+            "(docs/security.md)",
+            field,
+        )
     if grammar:
         size = grammar_bytes(grammar)
         if size > limits.max_grammar_bytes:
-            raise RequestRejected(f"structured-output specs ({', '.join(grammar)}) must be <= "
-                                  f"{limits.max_grammar_bytes} bytes, got {size}", next(iter(grammar)))
+            raise RequestRejected(
+                f"structured-output specs ({', '.join(grammar)}) must be <= "
+                f"{limits.max_grammar_bytes} bytes, got {size}",
+                next(iter(grammar)),
+            )
 
 
-def check_request_body(body: Any, policy: XargsPolicy = DEFAULT_POLICY, limits: RequestLimits = DEFAULT_LIMITS,
-                       batch: bool = False) -> tuple[dict[str, Any], FuzzSpec, bool]:
+def check_request_body(
+    body: Any, policy: XargsPolicy = DEFAULT_POLICY, limits: RequestLimits = DEFAULT_LIMITS, batch: bool = False
+) -> tuple[dict[str, Any], FuzzSpec, bool]:
     """Check the body of a route that builds sampling parameters; return (body to forward, fuzz settings, changed).
 
     ``changed`` is True when something was stripped, so the caller knows to

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The lint: ruff's formatter check, ruff's lint rules and mypy over the paths listed below (their settings:
+# [tool.ruff] and [tool.mypy] in pyproject.toml). scripts/test.sh runs it before the tests; alone:
+# `scripts/lint.sh`. Exits non-zero on the first step that finds something; `ruff format <path>` (with the venv
+# on PATH: `source scripts/env.sh`) rewrites what the format check flags.
+set -euo pipefail
+source "$(dirname "$0")/env.sh"
+# The one list of what is formatted, linted and type-checked; the folders not here are not, yet.
+LINT_PATHS=(serve_app patches monitoring fixture_model)
+ruff format --check "${LINT_PATHS[@]}"
+ruff check "${LINT_PATHS[@]}"
+mypy "${LINT_PATHS[@]}"
