@@ -47,90 +47,175 @@ log = logging.getLogger("fuzzserve.load_tests")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m load_tests", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--scenario", choices=sorted(SCENARIOS), default="smoke",
-                    help="; ".join(f"{k}: {s.description}" for k, s in SCENARIOS.items()).replace("%", "%%"))
+    ap = argparse.ArgumentParser(
+        prog="python -m load_tests", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        default="smoke",
+        help="; ".join(f"{k}: {s.description}" for k, s in SCENARIOS.items()).replace("%", "%%"),
+    )
     tgt = ap.add_argument_group("target (default: deploy locally)")
     tgt.add_argument("--url", help="base URL of a running deployment, e.g. http://127.0.0.1:8000")
-    tgt.add_argument("--api-key", default=None,
-                     help="API key (default: the first of FUZZSERVE_API_KEYS, which a local deploy also uses)")
-    tgt.add_argument("--metrics-url", action="append", default=[],
-                     help="a node's metrics endpoint (repeat per node); default: Ray's service discovery file")
+    tgt.add_argument(
+        "--api-key",
+        default=None,
+        help="API key (default: the first of FUZZSERVE_API_KEYS, which a local deploy also uses)",
+    )
+    tgt.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        help="a node's metrics endpoint (repeat per node); default: Ray's service discovery file",
+    )
     tgt.add_argument("--allow-remote", action="store_true", help="allow a --url that is not on this machine")
     dep = ap.add_argument_group("local deployment")
     dep.add_argument("--config", type=Path, default=None, help="Serve config (default: serve_config.yaml)")
     dep.add_argument("--http-port", type=int, default=None, help="override the config's HTTP port")
-    dep.add_argument("--patches-off", default=None,
-                     help=f"{OFF_ENV} for the cluster, for A/B runs (e.g. 'accounting')")
-    dep.add_argument("--replicas", type=_replicas, default=DEFAULT_REPLICAS,
-                     help=f"engine replicas (the config's engine_replicas; default {DEFAULT_REPLICAS}, so that the "
-                          "request router and per-replica checks have several replicas to work on; 'fit': the "
-                          "config's own sizing in a cluster of the host's CPU count, as serve deploy on `ray start` gives: one "
-                          "replica per engine core + frontend core)")
-    dep.add_argument("--routing", choices=tuple(ROUTERS), default=None,
-                     help="the engine replicas' request router (serve_app.routing; default: the config's)")
+    dep.add_argument("--patches-off", default=None, help=f"{OFF_ENV} for the cluster, for A/B runs (e.g. 'accounting')")
+    dep.add_argument(
+        "--replicas",
+        type=_replicas,
+        default=DEFAULT_REPLICAS,
+        help=f"engine replicas (the config's engine_replicas; default {DEFAULT_REPLICAS}, so that the "
+        "request router and per-replica checks have several replicas to work on; 'fit': the "
+        "config's own sizing in a cluster of the host's CPU count, as serve deploy on `ray start` gives: one "
+        "replica per engine core + frontend core)",
+    )
+    dep.add_argument(
+        "--routing",
+        choices=tuple(ROUTERS),
+        default=None,
+        help="the engine replicas' request router (serve_app.routing; default: the config's)",
+    )
     load = ap.add_argument_group("load (overrides the scenario)")
-    load.add_argument("--profile", choices=("fixed", "ramp", "poisson", "sweep"), default=None,
-                      help="sweep: the capacity search (load_tests.judge.capacity), steps of --step-s seconds at 1, 2, "
-                           "4, ... in flight up to --concurrency; names the knee")
+    load.add_argument(
+        "--profile",
+        choices=("fixed", "ramp", "poisson", "sweep"),
+        default=None,
+        help="sweep: the capacity search (load_tests.judge.capacity), steps of --step-s seconds at 1, 2, "
+        "4, ... in flight up to --concurrency; names the knee",
+    )
     load.add_argument("--concurrency", type=int, default=None, help="in flight (sweep: the last step's)")
     load.add_argument("--step-s", type=float, default=None, help="sweep: seconds per step (default 30)")
-    load.add_argument("--slo", type=json.loads, default=None,
-                      help='JSON overriding the scenario\'s latency targets, e.g. \'{"ttft_s": 2, "tpot_s": 0.2}\' '
-                           "(null unsets one)")
-    load.add_argument("--slo-attainment", type=float, default=0.95,
-                      help="sweep: share of a step's complete answers that must meet the SLO (default 0.95)")
-    load.add_argument("--repeat", type=_positive, default=1,
-                      help="run the profile N times on the one deployment; report each figure's median and spread")
+    load.add_argument(
+        "--slo",
+        type=json.loads,
+        default=None,
+        help='JSON overriding the scenario\'s latency targets, e.g. \'{"ttft_s": 2, "tpot_s": 0.2}\' (null unsets one)',
+    )
+    load.add_argument(
+        "--slo-attainment",
+        type=float,
+        default=0.95,
+        help="sweep: share of a step's complete answers that must meet the SLO (default 0.95)",
+    )
+    load.add_argument(
+        "--repeat",
+        type=_positive,
+        default=1,
+        help="run the profile N times on the one deployment; report each figure's median and spread",
+    )
     load.add_argument("--rate", type=float, default=None, help="poisson: requests per second")
     load.add_argument("--duration", type=float, default=None, help="seconds of load")
     load.add_argument("--requests", type=int, default=None, help="stop after this many requests")
-    load.add_argument("--mix", type=json.loads, default=None,
-                      help='JSON overriding request-mix shares, e.g. \'{"bad": 0.1, "cancel": 0.2}\'')
-    load.add_argument("--seed", type=int, default=0, help="the request mix's draws (with --repeat, run k uses seed + k)")
-    load.add_argument("--prompts-file", type=Path, default=None,
-                      help="send these prompts (a vLLM `custom` dataset JSONL file of {\"prompt\": ...}) in order, "
-                           "none twice, with the body vLLM's bench serve sends; needs --requests (and, with "
-                           "--repeat N, N x that many prompts: run k sends the k-th slice)")
+    load.add_argument(
+        "--mix",
+        type=json.loads,
+        default=None,
+        help='JSON overriding request-mix shares, e.g. \'{"bad": 0.1, "cancel": 0.2}\'',
+    )
+    load.add_argument(
+        "--seed", type=int, default=0, help="the request mix's draws (with --repeat, run k uses seed + k)"
+    )
+    load.add_argument(
+        "--prompts-file",
+        type=Path,
+        default=None,
+        help='send these prompts (a vLLM `custom` dataset JSONL file of {"prompt": ...}) in order, '
+        "none twice, with the body vLLM's bench serve sends; needs --requests (and, with "
+        "--repeat N, N x that many prompts: run k sends the k-th slice)",
+    )
     load.add_argument("--kill-replica-at", type=float, default=None, help="SIGKILL one replica after N s (local only)")
     load.add_argument("--timeout", type=float, default=300.0, help="per-request timeout (s)")
-    load.add_argument("--ingress-retry", action=argparse.BooleanOptionalAction, default=True,
-                      help="send a request Serve's HAProxy refused before any replica saw it again, after 0.5 and "
-                           "1 s, as the openai SDK does (default); --no-ingress-retry: the refusal is the request's "
-                           "outcome (a 5xx), as curl, vLLM's bench serve or GuideLLM see it")
-    load.add_argument("--probes", action=argparse.BooleanOptionalAction, default=None,
-                      help="greedy probes under the load vs a fault-free deployment (local only; default: the "
-                           "scenario's, on for soak)")
+    load.add_argument(
+        "--ingress-retry",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send a request Serve's HAProxy refused before any replica saw it again, after 0.5 and "
+        "1 s, as the openai SDK does (default); --no-ingress-retry: the refusal is the request's "
+        "outcome (a 5xx), as curl, vLLM's bench serve or GuideLLM see it",
+    )
+    load.add_argument(
+        "--probes",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="greedy probes under the load vs a fault-free deployment (local only; default: the "
+        "scenario's, on for soak)",
+    )
     load.add_argument("--probe-every", type=float, default=60.0, help="seconds between probe rounds under the load")
     ops = ap.add_argument_group("operations (redeploy, redeploy-lite, scale, node-loss)")
-    ops.add_argument("--redeploy-engine-kwargs", type=json.loads, default=None,
-                     help='JSON replacing the engine settings a redeploy changes, e.g. \'{"max_model_len": 99999}\' '
-                          "(new replicas that never become ready: the run must fail saying so)")
-    ops.add_argument("--scale-to", type=lambda v: [int(n) for n in v.split(",")], default=None, metavar="N[,N...]",
-                     help="the replica counts of the scale steps instead of the scenario's (2 -> 4 -> 1 -> 2), e.g. "
-                          "16: more replicas than the cluster holds (the run must fail naming the step)")
-    ops.add_argument("--converge-timeout", type=float, default=None,
-                     help="seconds a step may take to converge (default: the scenario's, 480)")
-    ops.add_argument("--declare-lost-nodes", action=argparse.BooleanOptionalAction, default=True,
-                     help="tell the monitor which node a node loss killed (--no-declare-lost-nodes: the monitor "
-                          "must then fail the run on the lost endpoint)")
+    ops.add_argument(
+        "--redeploy-engine-kwargs",
+        type=json.loads,
+        default=None,
+        help="JSON replacing the engine settings a redeploy changes, e.g. '{\"max_model_len\": 99999}' "
+        "(new replicas that never become ready: the run must fail saying so)",
+    )
+    ops.add_argument(
+        "--scale-to",
+        type=lambda v: [int(n) for n in v.split(",")],
+        default=None,
+        metavar="N[,N...]",
+        help="the replica counts of the scale steps instead of the scenario's (2 -> 4 -> 1 -> 2), e.g. "
+        "16: more replicas than the cluster holds (the run must fail naming the step)",
+    )
+    ops.add_argument(
+        "--converge-timeout",
+        type=float,
+        default=None,
+        help="seconds a step may take to converge (default: the scenario's, 480)",
+    )
+    ops.add_argument(
+        "--declare-lost-nodes",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tell the monitor which node a node loss killed (--no-declare-lost-nodes: the monitor "
+        "must then fail the run on the lost endpoint)",
+    )
     mon = ap.add_argument_group("monitor")
     mon.add_argument("--scrape-interval", type=float, default=2.0, help="seconds between scrapes during the load")
-    mon.add_argument("--settle-interval", type=float, default=SETTLE_INTERVAL_S,
-                     help="seconds between the idle scrapes that must agree at quiescence; must exceed the "
-                          "cluster's metrics export interval (Ray: RAY_metrics_report_interval_ms, 10 s by default)")
-    mon.add_argument("--settle-timeout", type=float, default=90.0,
-                     help="seconds to wait for quiescence before the final checks run anyway (not_quiescent)")
+    mon.add_argument(
+        "--settle-interval",
+        type=float,
+        default=SETTLE_INTERVAL_S,
+        help="seconds between the idle scrapes that must agree at quiescence; must exceed the "
+        "cluster's metrics export interval (Ray: RAY_metrics_report_interval_ms, 10 s by default)",
+    )
+    mon.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=90.0,
+        help="seconds to wait for quiescence before the final checks run anyway (not_quiescent)",
+    )
     out = ap.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="report directory (default: out/<scenario>)")
-    out.add_argument("--sweep", action=argparse.BooleanOptionalAction, default=None,
-                     help="run the fuzz sweep through the deployment after the load (default: on, except smoke)")
+    out.add_argument(
+        "--sweep",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the fuzz sweep through the deployment after the load (default: on, except smoke)",
+    )
     out.add_argument("--sweep-per-task", type=int, default=15)
     out.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    out.add_argument("--record-metrics", type=Path, default=None,
-                     help="save what every node exported of the families monitoring/'s rules use, every 10 s of "
-                          "the run, to this JSON-lines file (input for promtool: testkit.monitoring.record)")
+    out.add_argument(
+        "--record-metrics",
+        type=Path,
+        default=None,
+        help="save what every node exported of the families monitoring/'s rules use, every 10 s of "
+        "the run, to this JSON-lines file (input for promtool: testkit.monitoring.record)",
+    )
     return ap.parse_args(argv)
 
 
@@ -154,8 +239,14 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
     """The scenario the flags ask for: the named one with the load, SLO, fault and operation overrides."""
     sc = SCENARIOS[args.scenario].model_copy(deep=True)
     prof = sc.profile.model_dump()
-    for key, val in (("kind", args.profile), ("concurrency", args.concurrency), ("rate", args.rate),
-                     ("duration_s", args.duration), ("max_requests", args.requests), ("step_s", args.step_s)):
+    for key, val in (
+        ("kind", args.profile),
+        ("concurrency", args.concurrency),
+        ("rate", args.rate),
+        ("duration_s", args.duration),
+        ("max_requests", args.requests),
+        ("step_s", args.step_s),
+    ):
         if val is not None:
             prof[key] = val
     if args.requests is not None and args.duration is None:
@@ -168,14 +259,18 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
             raise ValueError("--prompts-file sends each prompt once: give --requests (a fixed number per run)")
         have, need = len(file_prompts(str(args.prompts_file))), sc.profile.max_requests * args.repeat
         if have < need:
-            raise ValueError(f"--prompts-file {args.prompts_file} has {have} prompts; {args.repeat} run(s) of "
-                             f"{sc.profile.max_requests} requests need {need} (none is sent twice)")
+            raise ValueError(
+                f"--prompts-file {args.prompts_file} has {have} prompts; {args.repeat} run(s) of "
+                f"{sc.profile.max_requests} requests need {need} (none is sent twice)"
+            )
         sc.mix = sc.mix.model_copy(update={"prompts_file": str(args.prompts_file), "bench_body": True})
     if args.slo:
         sc.slo = type(sc.slo).model_validate({**sc.slo.model_dump(), **args.slo})
     if sc.profile.kind == "sweep" and (sc.kill_replica_at_s is not None or sc.probes):
-        raise ValueError(f"scenario {sc.name} kills a replica or sends probes: a capacity search does neither "
-                         "(pick a scenario without, e.g. stress or bench)")
+        raise ValueError(
+            f"scenario {sc.name} kills a replica or sends probes: a capacity search does neither "
+            "(pick a scenario without, e.g. stress or bench)"
+        )
     if args.repeat > 1 and sc.kill_replica_at_s is not None:
         raise ValueError("--repeat measures figures; a scenario that kills a replica is run once")
     if args.kill_replica_at is not None:
@@ -183,16 +278,21 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
     if sc.operations is not None:
         if sc.profile.kind == "sweep" or args.repeat > 1:
             raise ValueError(f"scenario {sc.name} changes the deployment under the load: run it once, fixed load")
-        steps = tuple(s.model_copy(update={"engine_kwargs": args.redeploy_engine_kwargs})
-                      if s.kind == "redeploy" and args.redeploy_engine_kwargs is not None else s
-                      for s in sc.operations.steps)
+        steps = tuple(
+            s.model_copy(update={"engine_kwargs": args.redeploy_engine_kwargs})
+            if s.kind == "redeploy" and args.redeploy_engine_kwargs is not None
+            else s
+            for s in sc.operations.steps
+        )
         if args.scale_to is not None:
             steps = scale_steps(steps, args.scale_to, sc.name)
-        sc.operations = sc.operations.model_copy(update={"steps": steps} | (
-            {"converge_timeout_s": args.converge_timeout} if args.converge_timeout else {}))
+        sc.operations = sc.operations.model_copy(
+            update={"steps": steps} | ({"converge_timeout_s": args.converge_timeout} if args.converge_timeout else {})
+        )
     elif args.redeploy_engine_kwargs is not None or args.converge_timeout is not None or args.scale_to is not None:
-        raise ValueError(f"scenario {sc.name} has no operations (--redeploy-engine-kwargs, --scale-to, "
-                         "--converge-timeout)")
+        raise ValueError(
+            f"scenario {sc.name} has no operations (--redeploy-engine-kwargs, --scale-to, --converge-timeout)"
+        )
     if args.probes is not None:
         sc.probes = args.probes
     return sc
@@ -211,34 +311,55 @@ def scale_steps(steps: tuple[Operation, ...], counts: list[int], scenario: str) 
 
 
 def run_config_from(args: argparse.Namespace) -> RunConfig:
-    return RunConfig(seed=args.seed, request_timeout_s=args.timeout, progress=not args.no_progress,
-                     scrape_interval_s=args.scrape_interval, settle_interval_s=args.settle_interval,
-                     settle_timeout_s=args.settle_timeout, probe_every_s=args.probe_every,
-                     declare_lost_nodes=args.declare_lost_nodes, record_metrics=args.record_metrics,
-                     ingress_retry=args.ingress_retry)
+    return RunConfig(
+        seed=args.seed,
+        request_timeout_s=args.timeout,
+        progress=not args.no_progress,
+        scrape_interval_s=args.scrape_interval,
+        settle_interval_s=args.settle_interval,
+        settle_timeout_s=args.settle_timeout,
+        probe_every_s=args.probe_every,
+        declare_lost_nodes=args.declare_lost_nodes,
+        record_metrics=args.record_metrics,
+        ingress_retry=args.ingress_retry,
+    )
 
 
 def deploy_settings_from(args: argparse.Namespace) -> DeploySettings:
-    return DeploySettings(config=args.config, http_port=args.http_port, patches_off=args.patches_off,
-                          replicas=args.replicas, routing=args.routing)
+    return DeploySettings(
+        config=args.config,
+        http_port=args.http_port,
+        patches_off=args.patches_off,
+        replicas=args.replicas,
+        routing=args.routing,
+    )
 
 
 def target_from(args: argparse.Namespace) -> RunTarget:
     api_key = args.api_key or (os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None)
-    return RunTarget(url=args.url, metrics_urls=tuple(args.metrics_url), api_key=api_key,
-                  allow_remote=args.allow_remote)
+    return RunTarget(
+        url=args.url, metrics_urls=tuple(args.metrics_url), api_key=api_key, allow_remote=args.allow_remote
+    )
 
 
 def outputs_from(args: argparse.Namespace, sc: Scenario) -> Outputs:
     out = args.out or Path("out") / sc.name
-    if args.record_metrics is not None and args.record_metrics.resolve().parent == out.resolve() \
-            and args.record_metrics.name in REPORT_FILES:
+    if (
+        args.record_metrics is not None
+        and args.record_metrics.resolve().parent == out.resolve()
+        and args.record_metrics.name in REPORT_FILES
+    ):
         raise ValueError(f"--record-metrics {args.record_metrics}: the report writes that file; pick another name")
     # the fuzz sweep after the load: on by default, except for smoke and the capacity search (its own minutes)
     sweep_on = args.sweep if args.sweep is not None else (sc.name != "smoke" and sc.profile.kind != "sweep")
     title = f"Load test: {sc.name}" + (f" (patches off: {args.patches_off})" if args.patches_off else "")
-    return Outputs(out=out, title=title, repeat=args.repeat, fuzz_sweep_per_task=args.sweep_per_task if sweep_on
-                   else None, slo_attainment=args.slo_attainment)
+    return Outputs(
+        out=out,
+        title=title,
+        repeat=args.repeat,
+        fuzz_sweep_per_task=args.sweep_per_task if sweep_on else None,
+        slo_attainment=args.slo_attainment,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

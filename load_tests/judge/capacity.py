@@ -37,19 +37,35 @@ from ..results.models import Capacity, SweepStep
 from .figures import latency, throughput
 
 
-def step_figures(results: Sequence[RequestResult], started: int, concurrency: int, t_start: float, wall_s: float,
-                 slo: Slo, violations: Sequence[Violation], plan: SweepPlan) -> SweepStep:
+def step_figures(
+    results: Sequence[RequestResult],
+    started: int,
+    concurrency: int,
+    t_start: float,
+    wall_s: float,
+    slo: Slo,
+    violations: Sequence[Violation],
+    plan: SweepPlan,
+) -> SweepStep:
     """A step's :class:`SweepStep` from its requests' results and the violations seen while it ran."""
     tp = throughput(results, wall_s, slo)
     failures = sum(r.outcome in FAILURE_OUTCOMES for r in results) + max(0, started - len(results))
     within = failures <= plan.error_budget * max(started, 1)
     attainment = tp.slo_met / tp.completed if tp.completed else None
-    return SweepStep(concurrency=concurrency, t_start=t_start, wall_s=wall_s, started=started, throughput=tp,
-                     latency_s=latency([r for r in results if r.outcome == "ok"]), slo_attainment=attainment,
-                     unexpected_failures=failures, violations=len(violations),
-                     violation_kinds=sorted({v.kind for v in violations}), within_error_budget=within,
-                     meets_slo=within and not violations and attainment is not None
-                     and attainment >= plan.slo_attainment)
+    return SweepStep(
+        concurrency=concurrency,
+        t_start=t_start,
+        wall_s=wall_s,
+        started=started,
+        throughput=tp,
+        latency_s=latency([r for r in results if r.outcome == "ok"]),
+        slo_attainment=attainment,
+        unexpected_failures=failures,
+        violations=len(violations),
+        violation_kinds=sorted({v.kind for v in violations}),
+        within_error_budget=within,
+        meets_slo=within and not violations and attainment is not None and attainment >= plan.slo_attainment,
+    )
 
 
 def stop_reason(steps: Sequence[SweepStep], plan: SweepPlan) -> str | None:
@@ -58,16 +74,23 @@ def stop_reason(steps: Sequence[SweepStep], plan: SweepPlan) -> str | None:
     if last.violations:
         return f"{last.violations} invariant violation(s) at {last.concurrency} in flight: {last.violation_kinds}"
     if not last.within_error_budget:
-        return (f"{last.unexpected_failures} of {last.started} requests failed at {last.concurrency} in flight "
-                f"(budget {plan.error_budget:.0%})")
+        return (
+            f"{last.unexpected_failures} of {last.started} requests failed at {last.concurrency} in flight "
+            f"(budget {plan.error_budget:.0%})"
+        )
     best_at = 0
     for i, s in enumerate(steps):
-        if s.throughput.goodput_requests_per_s > (1 + plan.knee_within) * steps[best_at].throughput.goodput_requests_per_s:
+        if (
+            s.throughput.goodput_requests_per_s
+            > (1 + plan.knee_within) * steps[best_at].throughput.goodput_requests_per_s
+        ):
             best_at = i
     if len(steps) - 1 - best_at >= plan.patience:
-        return (f"goodput stopped rising: {plan.patience} step(s) after {steps[best_at].concurrency} in flight "
-                f"none beat its {steps[best_at].throughput.goodput_requests_per_s:.2f} req/s by more than "
-                f"{plan.knee_within:.0%}")
+        return (
+            f"goodput stopped rising: {plan.patience} step(s) after {steps[best_at].concurrency} in flight "
+            f"none beat its {steps[best_at].throughput.goodput_requests_per_s:.2f} req/s by more than "
+            f"{plan.knee_within:.0%}"
+        )
     return None
 
 
@@ -82,7 +105,11 @@ def knee(steps: Sequence[SweepStep], plan: SweepPlan) -> SweepStep | None:
 
 def capacity(steps: Sequence[SweepStep], plan: SweepPlan, stopped_because: str) -> Capacity:
     k = knee(steps, plan)
-    return Capacity(plan=plan, steps=list(steps), knee=k.concurrency if k else None,
-                    knee_goodput_requests_per_s=k.throughput.goodput_requests_per_s if k else None,
-                    best_goodput_requests_per_s=max((s.throughput.goodput_requests_per_s for s in steps), default=0.0),
-                    stopped_because=stopped_because)
+    return Capacity(
+        plan=plan,
+        steps=list(steps),
+        knee=k.concurrency if k else None,
+        knee_goodput_requests_per_s=k.throughput.goodput_requests_per_s if k else None,
+        best_goodput_requests_per_s=max((s.throughput.goodput_requests_per_s for s in steps), default=0.0),
+        stopped_because=stopped_because,
+    )

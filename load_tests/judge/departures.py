@@ -9,13 +9,14 @@ from ..observe.monitor import InvariantChecker
 from ..results.events import RETIRING, Event, NodeLost, ReplicaKilled
 
 
-def planned_departures(checker: InvariantChecker, events: Sequence[Event], listed_dead: Sequence[str] = ()
-                       ) -> dict[str, str]:
+def planned_departures(
+    checker: InvariantChecker, events: Sequence[Event], listed_dead: Sequence[str] = ()
+) -> dict[str, str]:
     """Replicas that left because of an operation the run made, and why (the rest of the deaths are unplanned).
 
     * lost with a node the run killed (the node's replicas, from the monitor);
-    * retired: gone after a redeploy, scale or autoscaling step began, with no failed health check (Serve stopped a healthy
-      replica; a crash, a hang or a lost node fails its health checks first).
+    * retired: gone after a redeploy, scale or autoscaling step began, with no failed health check (Serve stopped a
+      healthy replica; a crash, a hang or a lost node fails its health checks first).
     """
     out: dict[str, str] = {}
     for f in events:
@@ -30,13 +31,22 @@ def planned_departures(checker: InvariantChecker, events: Sequence[Event], liste
         died = checker.deaths.get(key)
         if died is not None and died < min(starts):
             continue
-        failed = (final[key].health_check_failures - (baseline[key].health_check_failures if key in baseline else 0.0)
-                  if key in final else 0.0)
+        failed = (
+            final[key].health_check_failures - (baseline[key].health_check_failures if key in baseline else 0.0)
+            if key in final
+            else 0.0
+        )
         if failed <= 0:
-            op = max((f for f in events if f.kind in RETIRING and (died is None or f.t <= died)),
-                     key=lambda f: f.t, default=None)
-            out[key] = f"retired by Serve after the {op.kind if op else 'operation'}" + (
-                f" at t = {op.t:.0f} s" if op else "") + " (no failed health check)"
+            op = max(
+                (f for f in events if f.kind in RETIRING and (died is None or f.t <= died)),
+                key=lambda f: f.t,
+                default=None,
+            )
+            out[key] = (
+                f"retired by Serve after the {op.kind if op else 'operation'}"
+                + (f" at t = {op.t:.0f} s" if op else "")
+                + " (no failed health check)"
+            )
     return out
 
 

@@ -44,8 +44,7 @@ from ..results.events import Event, OperationFailed, ReplicaKilled, StepEvent
 from ..results.models import FaultCheck
 from .departures import planned_departures
 
-PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill",
-                  *STEP_TYPES)
+PLANNED_FAULTS = ("load_failures", "load_delays", "lying_connector", "preemption_storm", "replica_kill", *STEP_TYPES)
 
 
 def _delta(now: dict[str, float], before: dict[str, float] | None, keys) -> float:
@@ -53,7 +52,9 @@ def _delta(now: dict[str, float], before: dict[str, float] | None, keys) -> floa
     return sum(now.get(k, 0.0) - before.get(k, 0.0) for k in keys)
 
 
-def _grown(final: dict[str, ReplicaCounters], baseline: dict[str, ReplicaCounters], attr: str, keys) -> dict[str, float]:
+def _grown(
+    final: dict[str, ReplicaCounters], baseline: dict[str, ReplicaCounters], attr: str, keys
+) -> dict[str, float]:
     """Per replica, how much ``attr[key]`` (summed over ``keys``) grew during the run; only replicas where it did."""
     out = {}
     for key, rc in final.items():
@@ -64,9 +65,14 @@ def _grown(final: dict[str, ReplicaCounters], baseline: dict[str, ReplicaCounter
     return out
 
 
-def check_planned_faults(planned: Sequence[str], checker: InvariantChecker, events: Sequence[Event],
-                         accounting_on: bool, forced_kills: Sequence[str] = (),
-                         listed_dead: Sequence[str] = ()) -> list[FaultCheck]:
+def check_planned_faults(
+    planned: Sequence[str],
+    checker: InvariantChecker,
+    events: Sequence[Event],
+    accounting_on: bool,
+    forced_kills: Sequence[str] = (),
+    listed_dead: Sequence[str] = (),
+) -> list[FaultCheck]:
     """One :class:`FaultCheck` per planned fault (``events``: what the run did itself, e.g. replica kills and
     operations; ``forced_kills``: Serve's log lines for replicas it force-killed; ``listed_dead``: replicas Ray
     listed during the run and not after it)."""
@@ -81,8 +87,15 @@ def check_planned_faults(planned: Sequence[str], checker: InvariantChecker, even
             kind = "load_failure" if fault == "load_failures" else "load_delay"
             checks.append(_injected(fault, kind, (kind,), final, baseline))
             if fault == "load_failures" and accounting_on:
-                _handled(checks[-1], final, baseline, live, "corrections", ("after_load_failure",),
-                         "failed loads injected but no after_load_failure correction")
+                _handled(
+                    checks[-1],
+                    final,
+                    baseline,
+                    live,
+                    "corrections",
+                    ("after_load_failure",),
+                    "failed loads injected but no after_load_failure correction",
+                )
         elif fault == "lying_connector":
             check = _injected(fault, "lie_*", LIE_KINDS, final, baseline)
             checks.append(check)
@@ -95,8 +108,11 @@ def check_planned_faults(planned: Sequence[str], checker: InvariantChecker, even
                 if d > 0:
                     grown[key] = d
             total = sum(grown.values())
-            checks.append(FaultCheck(fault, total > 0, f"num_preemptions grew by {total:g}: {grown or 'nowhere'}",
-                                     per_replica=grown))
+            checks.append(
+                FaultCheck(
+                    fault, total > 0, f"num_preemptions grew by {total:g}: {grown or 'nowhere'}", per_replica=grown
+                )
+            )
         elif fault == "replica_kill":
             checks.append(_replica_kill(checker, events, final, baseline))
         else:
@@ -108,20 +124,33 @@ def check_planned_faults(planned: Sequence[str], checker: InvariantChecker, even
     if checker.deaths:
         for c in checks:
             if not c.fired and c.fault != "replica_kill":
-                c.evidence += (f" ({len(checker.deaths)} replica(s) died during the run: a replica that dies in "
-                               f"the step that injects a fault never exports its count)")
+                c.evidence += (
+                    f" ({len(checker.deaths)} replica(s) died during the run: a replica that dies in "
+                    f"the step that injects a fault never exports its count)"
+                )
     return checks
 
 
 def _injected(fault: str, label: str, kinds: tuple[str, ...], final, baseline) -> FaultCheck:
     grown = _grown(final, baseline, "injections", kinds)
     total = sum(grown.values())
-    return FaultCheck(fault, total > 0, f"kv_fault_injections{{{label}}} grew by {total:g}: {grown or 'nowhere'}",
-                      per_replica={k: {"injected": v} for k, v in grown.items()})
+    return FaultCheck(
+        fault,
+        total > 0,
+        f"kv_fault_injections{{{label}}} grew by {total:g}: {grown or 'nowhere'}",
+        per_replica={k: {"injected": v} for k, v in grown.items()},
+    )
 
 
-def _handled(check: FaultCheck, injected_on: dict[str, ReplicaCounters], baseline, live: set[str], attr: str,
-             kinds: tuple[str, ...], problem: str) -> None:
+def _handled(
+    check: FaultCheck,
+    injected_on: dict[str, ReplicaCounters],
+    baseline,
+    live: set[str],
+    attr: str,
+    kinds: tuple[str, ...],
+    problem: str,
+) -> None:
     handled = _grown(injected_on, baseline, attr, kinds)
     for key in injected_on:
         check.per_replica.setdefault(key, {})[attr] = handled.get(key, 0.0)
@@ -143,8 +172,10 @@ def _every_lie_clamped(check: FaultCheck, final, baseline, live: set[str]) -> No
             if key not in live:
                 check.per_replica[key]["note"] = "dead: its last export may lag, not checked"
             elif clamped.get(key, 0.0) < n:
-                check.problems.append(f"replica {key}: the connector told {n:g} x {lie} but only "
-                                      f"{clamped.get(key, 0.0):g} x {kind} were clamped")
+                check.problems.append(
+                    f"replica {key}: the connector told {n:g} x {lie} but only "
+                    f"{clamped.get(key, 0.0):g} x {kind} were clamped"
+                )
 
 
 def _replica_kill(checker: InvariantChecker, events: Sequence[Event], final, baseline) -> FaultCheck:
@@ -173,11 +204,14 @@ def _replica_kill(checker: InvariantChecker, events: Sequence[Event], final, bas
     return FaultCheck("replica_kill", True, "; ".join(evidence) or "no evidence", problems, replacements)
 
 
-def _operation(kind: str, checker: InvariantChecker, events: Sequence[Event], final, baseline, forced_kills,
-               listed_dead) -> FaultCheck:
+def _operation(
+    kind: str, checker: InvariantChecker, events: Sequence[Event], final, baseline, forced_kills, listed_dead
+) -> FaultCheck:
     """Every step of ``kind``: carried out and converged, the replicas it brought up served, its own evidence (its
     step class's :meth:`~load_tests.operate.steps.Step.judge`); no replica died unplanned, none force-killed."""
-    steps: list[StepEvent] = [f for f in events if f.kind == kind and not isinstance(f, (ReplicaKilled, OperationFailed))]
+    steps: list[StepEvent] = [
+        f for f in events if f.kind == kind and not isinstance(f, (ReplicaKilled, OperationFailed))
+    ]
     failed = [f.error for f in events if isinstance(f, OperationFailed) and f.step == kind]
     if not steps:
         return FaultCheck(kind, False, f"the run carried out no {kind}" + (f": {kind}: {failed[0]}" if failed else ""))
@@ -188,14 +222,20 @@ def _operation(kind: str, checker: InvariantChecker, events: Sequence[Event], fi
     for f in steps:
         what = f"{kind} at t = {f.t:.0f} s ({f.by})"
         if not f.converged:
-            problems.append(f"{what} did not converge: {f.why or 'the load ended first'}"
-                            + (f"; Ray: {f.ray}" if f.ray else ""))
+            problems.append(
+                f"{what} did not converge: {f.why or 'the load ended first'}" + (f"; Ray: {f.ray}" if f.ray else "")
+            )
             continue
-        evidence.append(f"{what}: {len(f.replicas_before)} -> {len(f.replicas_after)} replicas serving, "
-                        f"converged in {f.converge_s:.0f} s")
+        evidence.append(
+            f"{what}: {len(f.replicas_before)} -> {len(f.replicas_after)} replicas serving, "
+            f"converged in {f.converge_s:.0f} s"
+        )
         came_up = set(f.replicas_after) - set(f.replicas_before)
-        fresh = {k: final[k].requests_total - (baseline[k].requests_total if k in baseline else 0.0)
-                 for k in came_up if k in final}
+        fresh = {
+            k: final[k].requests_total - (baseline[k].requests_total if k in baseline else 0.0)
+            for k in came_up
+            if k in final
+        }
         if any(v <= 0 for v in fresh.values()) or len(fresh) < len(came_up):
             problems.append(f"{what}: a replica that came up for it finished no request: {fresh}")
         judge(f.step).judge(f, what, problems, evidence)
@@ -205,6 +245,8 @@ def _operation(kind: str, checker: InvariantChecker, events: Sequence[Event], fi
     if unplanned:
         problems.append(f"replica(s) died with failed health checks during the operations: {unplanned}")
     if forced_kills:
-        problems.append(f"Serve force-killed {len(forced_kills)} draining replica(s) (requests cut at the graceful "
-                        f"shutdown timeout): {forced_kills[0]}")
+        problems.append(
+            f"Serve force-killed {len(forced_kills)} draining replica(s) (requests cut at the graceful "
+            f"shutdown timeout): {forced_kills[0]}"
+        )
     return FaultCheck(kind, True, "; ".join(evidence) or "no evidence", problems, {"departures": departures})

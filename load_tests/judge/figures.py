@@ -25,14 +25,17 @@ def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) ->
 
 def latency(ok: Sequence[RequestResult]) -> Latency:
     """The latency rows over the complete answers ``ok``, each over the requests that have the figure."""
+
     def row(per_request: list[list[float]]) -> Percentiles:
         have = [xs for xs in per_request if xs]
         return Percentiles(**percentiles([x for xs in have for x in xs]), requests=len(have))
 
-    return Latency(ttft=row([[r.ttft] if r.ttft is not None else [] for r in ok]),
-                   itl=row([list(r.itl) if r.ttft is not None else [] for r in ok]),
-                   tpot=row([[r.tpot] if r.tpot is not None else [] for r in ok]),
-                   e2e=row([[r.e2e] if r.e2e is not None else [] for r in ok]))
+    return Latency(
+        ttft=row([[r.ttft] if r.ttft is not None else [] for r in ok]),
+        itl=row([list(r.itl) if r.ttft is not None else [] for r in ok]),
+        tpot=row([[r.tpot] if r.tpot is not None else [] for r in ok]),
+        e2e=row([[r.e2e] if r.e2e is not None else [] for r in ok]),
+    )
 
 
 def throughput(results: Sequence[RequestResult], wall_s: float, slo: Slo) -> Throughput:
@@ -44,6 +47,10 @@ def throughput(results: Sequence[RequestResult], wall_s: float, slo: Slo) -> Thr
     def rate(n: float) -> float:
         return n / wall_s if wall_s else 0.0
 
-    return Throughput(completed=len(ok), requests_per_s=rate(len(ok)),
-                      output_tokens_per_s=rate(sum(r.output_tokens for r in ok)), slo_met=met,
-                      goodput_requests_per_s=rate(met))
+    return Throughput(
+        completed=len(ok),
+        requests_per_s=rate(len(ok)),
+        output_tokens_per_s=rate(sum(r.output_tokens for r in ok)),
+        slo_met=met,
+        goodput_requests_per_s=rate(met),
+    )

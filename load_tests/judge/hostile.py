@@ -14,7 +14,6 @@ falls on both sides alike; each block's own drop is reported beside
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 
@@ -30,23 +29,46 @@ Window = tuple[str, float, float]  # (calm | hostile, start, end), seconds since
 def refused_as_expected(r: RequestResult) -> bool:
     """The answer a hostile request must get: its status, naming its field or header."""
     want_status, want_param = r.spec.get("expect_status"), r.spec.get("expect_param")
-    return (r.outcome == "rejected" and r.status == want_status
-            and (r.error_param == want_param or want_param in (r.error or "")))
+    return (
+        r.outcome == "rejected"
+        and r.status == want_status
+        and (r.error_param == want_param or want_param in (r.error or ""))
+    )
+
+
+def _closed(c: HostileConnection) -> str:
+    return f"closed after {c.closed_after_s} s" if c.closed_after_s is not None else "still open"
 
 
 def window_figures(results: Sequence[RequestResult], windows: Sequence[Window], slo: Slo) -> list[HostileWindow]:
     out = []
     for kind, start, end in windows:
-        normal = [r for r in results if start <= r.start < end
-                  and r.spec.get("tags", {}).get("kind") not in ("hostile", "bad", "probe")]
+        normal = [
+            r
+            for r in results
+            if start <= r.start < end and r.spec.get("tags", {}).get("kind") not in ("hostile", "bad", "probe")
+        ]
         met = sum(slo.met(r) for r in normal)
-        out.append(HostileWindow(kind=kind, t_start=start, t_end=end, normal_started=len(normal), normal_slo_met=met,
-                                 goodput_requests_per_s=met / (end - start) if end > start else 0.0))
+        out.append(
+            HostileWindow(
+                kind=kind,
+                t_start=start,
+                t_end=end,
+                normal_started=len(normal),
+                normal_slo_met=met,
+                goodput_requests_per_s=met / (end - start) if end > start else 0.0,
+            )
+        )
     return out
 
 
-def judge_hostile(plan: HostilePlan, results: Sequence[RequestResult], connections: Sequence[HostileConnection],
-                  windows: Sequence[Window], slo: Slo) -> HostileVerdict:
+def judge_hostile(
+    plan: HostilePlan,
+    results: Sequence[RequestResult],
+    connections: Sequence[HostileConnection],
+    windows: Sequence[Window],
+    slo: Slo,
+) -> HostileVerdict:
     problems: list[str] = []
     hostile = [r for r in results if r.spec.get("tags", {}).get("kind") == "hostile"]
     requests: dict[str, dict[str, int]] = {}
@@ -55,10 +77,13 @@ def judge_hostile(plan: HostilePlan, results: Sequence[RequestResult], connectio
         good = sum(refused_as_expected(r) for r in mine)
         requests[kind] = {"sent": len(mine), "refused_as_expected": good, "otherwise": len(mine) - good}
         if len(mine) > good:
-            odd = Counter(f"{r.outcome} {r.status} {r.error_param or ''}".strip() for r in mine
-                          if not refused_as_expected(r))
-            problems.append(f"hostile {kind}: {len(mine) - good} of {len(mine)} not refused naming "
-                            f"{mine[0].spec.get('expect_param')}: {dict(odd)}")
+            odd = Counter(
+                f"{r.outcome} {r.status} {r.error_param or ''}".strip() for r in mine if not refused_as_expected(r)
+            )
+            problems.append(
+                f"hostile {kind}: {len(mine) - good} of {len(mine)} not refused naming "
+                f"{mine[0].spec.get('expect_param')}: {dict(odd)}"
+            )
     if plan.share and not hostile:
         problems.append("no hostile request was sent")
     conns: dict[str, dict[str, object]] = {}
@@ -66,14 +91,19 @@ def judge_hostile(plan: HostilePlan, results: Sequence[RequestResult], connectio
         mine = [c for c in connections if c.kind == kind]
         bound = plan.close_bound_s[kind]
         closed = [c for c in mine if c.closed_after_s is not None and c.closed_after_s <= bound]
-        conns[kind] = {"opened": len(mine), "closed_within_bound": len(closed), "bound_s": bound,
-                       "slowest_close_s": max((c.closed_after_s for c in mine if c.closed_after_s is not None),
-                                              default=None)}
+        conns[kind] = {
+            "opened": len(mine),
+            "closed_within_bound": len(closed),
+            "bound_s": bound,
+            "slowest_close_s": max((c.closed_after_s for c in mine if c.closed_after_s is not None), default=None),
+        }
         if len(closed) < len(mine):
             late = [c for c in mine if c not in closed]
-            problems.append(f"{len(late)} of {len(mine)} {kind} connection(s) not closed by the server within "
-                            f"{bound:g} s (first at t = {late[0].t:.0f} s: "
-                            f"{late[0].error or ('closed after %s s' % late[0].closed_after_s if late[0].closed_after_s else 'still open')})")
+            problems.append(
+                f"{len(late)} of {len(mine)} {kind} connection(s) not closed by the server within "
+                f"{bound:g} s (first at t = {late[0].t:.0f} s: "
+                f"{late[0].error or _closed(late[0])})"
+            )
         if plan.connections and not mine:
             problems.append(f"no {kind} connection was opened")
     figures = window_figures(results, windows, slo)
@@ -84,16 +114,28 @@ def judge_hostile(plan: HostilePlan, results: Sequence[RequestResult], connectio
     calm_rate = calm / calm_s if calm_s else None
     hostile_rate = under / under_s if under_s else None
     drop = 1 - hostile_rate / calm_rate if calm_rate and hostile_rate is not None else None
-    blocks = [1 - (b[1].normal_slo_met + b[2].normal_slo_met) / (b[0].normal_slo_met + b[3].normal_slo_met)
-              for b in (figures[i:i + 4] for i in range(0, len(figures) - 3, 4))
-              if b[0].normal_slo_met + b[3].normal_slo_met]
+    blocks = [
+        1 - (b[1].normal_slo_met + b[2].normal_slo_met) / (b[0].normal_slo_met + b[3].normal_slo_met)
+        for b in (figures[i : i + 4] for i in range(0, len(figures) - 3, 4))
+        if b[0].normal_slo_met + b[3].normal_slo_met
+    ]
     if calm_rate is None or hostile_rate is None:
         problems.append(f"goodput not compared: {calm_s:.0f} s of calm and {under_s:.0f} s of hostile windows")
     elif not calm_rate:
         problems.append("no normal request met the SLO in the calm windows: nothing to compare against")
     elif drop > plan.goodput_drop_bound:
-        problems.append(f"normal goodput fell {drop:.0%} under attack ({hostile_rate:.2f} req/s in hostile windows "
-                        f"against {calm_rate:.2f} calm; bound {plan.goodput_drop_bound:.0%})")
-    return HostileVerdict(requests=requests, connections=conns, windows=figures, calm_goodput_requests_per_s=calm_rate,
-                          hostile_goodput_requests_per_s=hostile_rate, goodput_drop=drop, block_drops=blocks,
-                          goodput_drop_bound=plan.goodput_drop_bound, problems=problems)
+        problems.append(
+            f"normal goodput fell {drop:.0%} under attack ({hostile_rate:.2f} req/s in hostile windows "
+            f"against {calm_rate:.2f} calm; bound {plan.goodput_drop_bound:.0%})"
+        )
+    return HostileVerdict(
+        requests=requests,
+        connections=conns,
+        windows=figures,
+        calm_goodput_requests_per_s=calm_rate,
+        hostile_goodput_requests_per_s=hostile_rate,
+        goodput_drop=drop,
+        block_drops=blocks,
+        goodput_drop_bound=plan.goodput_drop_bound,
+        problems=problems,
+    )

@@ -54,22 +54,29 @@ def ingress_retries(results: Sequence[RequestResult], events: Sequence[Event] = 
     refused = [r for r in results if r.ingress_refusals]
     windows = change_windows(events)
     inside = [r for r in refused if any(start <= r.start <= end for start, end in windows)]
-    return IngressRetries(requests=len(refused),
-                          refusals=dict(Counter(reason for r in refused for reason in r.ingress_refusals)),
-                          answered=sum(r.outcome != "server_error" for r in refused),
-                          in_change_windows=len(inside), outside_change_windows=len(refused) - len(inside),
-                          budget=BUDGET_PER_CHANGE * len(windows),
-                          windows=[[round(a, 1), None if b == float("inf") else round(b, 1)] for a, b in windows])
+    return IngressRetries(
+        requests=len(refused),
+        refusals=dict(Counter(reason for r in refused for reason in r.ingress_refusals)),
+        answered=sum(r.outcome != "server_error" for r in refused),
+        in_change_windows=len(inside),
+        outside_change_windows=len(refused) - len(inside),
+        budget=BUDGET_PER_CHANGE * len(windows),
+        windows=[[round(a, 1), None if b == float("inf") else round(b, 1)] for a, b in windows],
+    )
 
 
 def ingress_problems(ir: IngressRetries) -> list[str]:
     """Why the run's refusals fail it (empty: each fell in a change's window, within the budget)."""
     out = []
     if ir.outside_change_windows:
-        out.append(f"{ir.outside_change_windows} request(s) refused at the ingress ({ir.refusals}) outside any "
-                   f"replica change's window {ir.windows or '(the run changed no replica)'}; {ir.answered} of "
-                   f"{ir.requests} answered on a retry")
+        out.append(
+            f"{ir.outside_change_windows} request(s) refused at the ingress ({ir.refusals}) outside any "
+            f"replica change's window {ir.windows or '(the run changed no replica)'}; {ir.answered} of "
+            f"{ir.requests} answered on a retry"
+        )
     if ir.in_change_windows > ir.budget:
-        out.append(f"{ir.in_change_windows} request(s) refused at the ingress during replica changes, over the "
-                   f"budget of {ir.budget} ({BUDGET_PER_CHANGE} per change)")
+        out.append(
+            f"{ir.in_change_windows} request(s) refused at the ingress during replica changes, over the "
+            f"budget of {ir.budget} ({BUDGET_PER_CHANGE} per change)"
+        )
     return out

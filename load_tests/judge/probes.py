@@ -16,16 +16,22 @@ from ..results.models import ProbeAnswer, ProbeReference, ProbeVerdict
 
 def answers(results: list[RequestResult]) -> list[ProbeAnswer]:
     """The probes among ``results``, each as its answer (text None: the request failed)."""
-    return [ProbeAnswer(r.spec["tags"]["round"], r.spec["tags"]["probe"], r.start,
-                        r.text if r.outcome == "ok" else None)
-            for r in results if r.spec.get("tags", {}).get("kind") == "probe"]
+    return [
+        ProbeAnswer(r.spec["tags"]["round"], r.spec["tags"]["probe"], r.start, r.text if r.outcome == "ok" else None)
+        for r in results
+        if r.spec.get("tags", {}).get("kind") == "probe"
+    ]
 
 
 def reference_is_stable(first: list[ProbeAnswer], second: list[ProbeAnswer]) -> list[str]:
-    """Greedy answers of one fault-free deployment to the same probes twice must agree (else nothing can be compared)."""
+    """Greedy answers of one fault-free deployment to the same probes twice must agree (else nothing can be
+    compared)."""
     a = {p.index: p.text for p in first}
-    return [f"fault-free probe {p.index} answered differently twice: {a.get(p.index)!r} vs {p.text!r}"
-            for p in second if p.text != a.get(p.index)]
+    return [
+        f"fault-free probe {p.index} answered differently twice: {a.get(p.index)!r} vs {p.text!r}"
+        for p in second
+        if p.text != a.get(p.index)
+    ]
 
 
 def reference(first: list[RequestResult], second: list[RequestResult]) -> ProbeReference:
@@ -37,20 +43,31 @@ def reference(first: list[RequestResult], second: list[RequestResult]) -> ProbeR
 def compare(reference: list[ProbeAnswer], under_faults: list[ProbeAnswer]) -> ProbeVerdict:
     """Every answered probe under faults against the fault-free answer of the same probe."""
     ref = {a.index: a.text for a in reference if a.text is not None}
-    differing = [asdict(a) | {"reference": ref[a.index]} for a in under_faults
-                 if a.text is not None and a.index in ref and a.text != ref[a.index]]
+    differing = [
+        asdict(a) | {"reference": ref[a.index]}
+        for a in under_faults
+        if a.text is not None and a.index in ref and a.text != ref[a.index]
+    ]
     compared = sum(a.text is not None and a.index in ref for a in under_faults)
     problems = []
     if len(ref) < len({a.index for a in reference}):
         problems.append(f"the fault-free reference failed {len({a.index for a in reference}) - len(ref)} probe(s)")
     if differing:
-        problems.append(f"{len(differing)} of {compared} greedy probe answers under faults differ from the "
-                        f"fault-free run (first: probe {differing[0]['index']} at t = {differing[0]['t']:.0f} s)")
+        problems.append(
+            f"{len(differing)} of {compared} greedy probe answers under faults differ from the "
+            f"fault-free run (first: probe {differing[0]['index']} at t = {differing[0]['t']:.0f} s)"
+        )
     if not compared:
         problems.append("no probe was answered under faults: nothing compared")
-    return ProbeVerdict(rounds=len({a.round for a in under_faults}), sent=len(under_faults), compared=compared,
-                        equal=compared - len(differing), failed=sum(a.text is None for a in under_faults),
-                        differing=differing[:10], problems=problems)
+    return ProbeVerdict(
+        rounds=len({a.round for a in under_faults}),
+        sent=len(under_faults),
+        compared=compared,
+        equal=compared - len(differing),
+        failed=sum(a.text is None for a in under_faults),
+        differing=differing[:10],
+        problems=problems,
+    )
 
 
 def probe_verdict(ref: ProbeReference, results: list[RequestResult]) -> ProbeVerdict:

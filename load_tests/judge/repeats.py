@@ -34,14 +34,23 @@ def spread(values: Sequence[float | None]) -> Spread:
     if not have:
         return Spread(values=list(values), median=None, min=None, max=None, relative_spread=None)
     med = statistics.median(have)
-    return Spread(values=list(values), median=med, min=min(have), max=max(have),
-                  relative_spread=(max(have) - min(have)) / med if med else None)
+    return Spread(
+        values=list(values),
+        median=med,
+        min=min(have),
+        max=max(have),
+        relative_spread=(max(have) - min(have)) / med if med else None,
+    )
 
 
 def repeats(summaries: Sequence[RunSummary], reports: Sequence[str]) -> Repeats:
     figures = {name: spread([read(s) for s in summaries]) for name, read in FIGURES.items()}
-    return Repeats(runs=len(summaries), passed=sum(s.passed for s in summaries),
-                   figures={k: v for k, v in figures.items() if v.median is not None}, reports=list(reports))
+    return Repeats(
+        runs=len(summaries),
+        passed=sum(s.passed for s in summaries),
+        figures={k: v for k, v in figures.items() if v.median is not None},
+        reports=list(reports),
+    )
 
 
 def combined(summaries: Sequence[RunSummary], reports: Sequence[str]) -> RunSummary:

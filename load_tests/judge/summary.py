@@ -29,11 +29,22 @@ from ..observe.counters import ReplicaCounters
 from ..observe.monitor import InvariantChecker
 from ..plan.slo import Slo
 from ..results.events import CUTTING, Event
-from ..results.models import (BadRequestProblem, BadRequests, ClientServer, FaultCheck, HostileVerdict,
-                              Invariants, Percentiles, ProbeVerdict, ReplicaRecord, RunSummary)
+from ..results.models import (
+    BadRequestProblem,
+    BadRequests,
+    ClientServer,
+    FaultCheck,
+    HostileVerdict,
+    Invariants,
+    Percentiles,
+    ProbeVerdict,
+    ReplicaRecord,
+    RunSummary,
+)
 from .figures import latency, percentiles, throughput
 from .ingress import ingress_retries
 from .verdict import verdict
+
 # After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
 # replica die and stop routing to it).
 KILL_GRACE_S = 30.0
@@ -55,14 +66,26 @@ def bad_request_problems(results: list[RequestResult]) -> list[BadRequestProblem
         want_status, want_param = r.spec.get("expect_status"), r.spec.get("expect_param")
         named = want_param is None or r.error_param == want_param or (want_param in (r.error or ""))
         if (want_status and r.status != want_status) or not named:
-            problems.append(BadRequestProblem(index=r.index, status=r.status, want_status=want_status,
-                                              want_param=want_param, error_param=r.error_param, error=r.error))
+            problems.append(
+                BadRequestProblem(
+                    index=r.index,
+                    status=r.status,
+                    want_status=want_status,
+                    want_param=want_param,
+                    error_param=r.error_param,
+                    error=r.error,
+                )
+            )
     return problems
 
 
-def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCounters],
-                       replicas_died: bool, baseline: dict[str, ReplicaCounters] | None = None,
-                       operator_ok: int = 0) -> ClientServer:
+def server_cross_check(
+    results: list[RequestResult],
+    final: dict[str, ReplicaCounters],
+    replicas_died: bool,
+    baseline: dict[str, ReplicaCounters] | None = None,
+    operator_ok: int = 0,
+) -> ClientServer:
     """Compare what the clients saw complete with what the engines counted as finished.
 
     Each request that reaches an engine finishes there exactly once (stop,
@@ -79,8 +102,11 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
 
     def delta(key: str, rc: ReplicaCounters, reasons: tuple[str, ...] | None) -> float:
         before = baseline.get(key)
-        return sum(v - (before.requests_finished.get(reason, 0.0) if before else 0.0)
-                   for reason, v in rc.requests_finished.items() if reasons is None or reason in reasons)
+        return sum(
+            v - (before.requests_finished.get(reason, 0.0) if before else 0.0)
+            for reason, v in rc.requests_finished.items()
+            if reasons is None or reason in reasons
+        )
 
     client_ok = sum(r.outcome == "ok" for r in results)
     ok = client_ok + operator_ok  # every complete answer the engines gave, the load's and the operations'
@@ -88,8 +114,14 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
     sent_to_engines = sum(r.outcome not in ("rejected",) for r in results) + operator_ok
     completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
     finished = sum(delta(k, rc, None) for k, rc in final.items())
-    out = ClientServer(client_ok=client_ok, client_cancelled=cancelled, engine_completed=completed,
-                       engine_finished=finished, sent_past_router=sent_to_engines, operator_ok=operator_ok)
+    out = ClientServer(
+        client_ok=client_ok,
+        client_cancelled=cancelled,
+        engine_completed=completed,
+        engine_finished=finished,
+        sent_past_router=sent_to_engines,
+        operator_ok=operator_ok,
+    )
     if replicas_died:
         # A dead replica's last export can lag its last completions by a few
         # seconds, so only the upper bound is sound.
@@ -97,8 +129,10 @@ def server_cross_check(results: list[RequestResult], final: dict[str, ReplicaCou
     elif completed < ok:
         out.problems.append(f"engines completed {completed:g} requests but clients received {ok} complete answers")
     elif completed > ok + cancelled:
-        out.problems.append(f"engines completed {completed:g} requests, more than the {ok} complete + "
-                            f"{cancelled} cancelled the clients saw")
+        out.problems.append(
+            f"engines completed {completed:g} requests, more than the {ok} complete + "
+            f"{cancelled} cancelled the clients saw"
+        )
     if finished > sent_to_engines:
         out.problems.append(f"engines finished {finished:g} requests but only {sent_to_engines} got past the router")
     return out
@@ -110,10 +144,19 @@ def error_signature(r: RequestResult) -> str:
     return re.sub(r"[\w-]*\d[\w-]*", "N", f"{r.outcome}: {r.error or r.status}")[:160]
 
 
-def run_statistics(results: list[RequestResult], started: int, checker: InvariantChecker, events: Sequence[Event],
-                   wall_s: float, slo: Slo, deaths: list[str], fault_checks: Sequence[FaultCheck] = (),
-                   operator_ok: int = 0, probes: ProbeVerdict | None = None,
-                   hostile: HostileVerdict | None = None) -> RunSummary:
+def run_statistics(
+    results: list[RequestResult],
+    started: int,
+    checker: InvariantChecker,
+    events: Sequence[Event],
+    wall_s: float,
+    slo: Slo,
+    deaths: list[str],
+    fault_checks: Sequence[FaultCheck] = (),
+    operator_ok: int = 0,
+    probes: ProbeVerdict | None = None,
+    hostile: HostileVerdict | None = None,
+) -> RunSummary:
     """Every figure of the run, with no verdict yet (``failures`` empty).
 
     ``deaths``: replicas that died without the run killing them
@@ -130,8 +173,13 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
             (explained if explained_by_fault(r, events) else unexplained).append(r)
     ok = [r for r in results if r.outcome == "ok"]
     final = checker.final()
-    cross = server_cross_check(results, final, replicas_died=bool(checker.deaths or any(
-        f.kind in CUTTING for f in events) or deaths), baseline=checker.baseline(), operator_ok=operator_ok)
+    cross = server_cross_check(
+        results,
+        final,
+        replicas_died=bool(checker.deaths or any(f.kind in CUTTING for f in events) or deaths),
+        baseline=checker.baseline(),
+        operator_ok=operator_ok,
+    )
     bad = bad_request_problems(results)
     return RunSummary(
         wall_s=wall_s,
@@ -145,26 +193,41 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
         errors_explained_by_faults=dict(Counter(r.outcome for r in explained)),
         ingress_retries=ingress_retries(results, events),
         first_unexpected_errors=[r.to_json() for r in unexplained[:5]],
-        bad_requests=BadRequests(sent=sum(r.spec.get("expect") == "4xx" for r in results),
-                                 rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),
-                                 problems=bad[:10]),
+        bad_requests=BadRequests(
+            sent=sum(r.spec.get("expect") == "4xx" for r in results),
+            rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),
+            problems=bad[:10],
+        ),
         faults=list(events),
         invariants=Invariants(
-            ok=checker.ok, violations=len(checker.violations),
+            ok=checker.ok,
+            violations=len(checker.violations),
             by_kind=dict(Counter(v.kind for v in checker.violations)),
             first_violation=checker.violations[0] if checker.violations else None,
             expected_accounting_violations=checker.expected_violations,
-            scrapes=len(checker.history), scrape_errors=checker.scrape_errors[:10],
+            scrapes=len(checker.history),
+            scrape_errors=checker.scrape_errors[:10],
             failed_scrapes=len(checker.scrape_errors),
             scrape_seconds=Percentiles(**percentiles([h.scrape_s for h in checker.history[1:-1]]), requests=None),
             first_scrape_t=checker.history[0].t if checker.history else None,
-            last_scrape_t=checker.history[-1].t if checker.history else None),
-        replicas={k: ReplicaRecord(stale=k in checker.stale, died_at=checker.deaths.get(k),
-                                   first_alive_at=checker.first_alive.get(k), node=rc.node,
-                                   prompt_tokens=rc.prompt_tokens, by_source=rc.by_source,
-                                   requests_finished=rc.requests_finished, preemptions=rc.preemptions,
-                                   violations=rc.violations, corrections=rc.corrections, injections=rc.injections)
-                  for k, rc in final.items()},
+            last_scrape_t=checker.history[-1].t if checker.history else None,
+        ),
+        replicas={
+            k: ReplicaRecord(
+                stale=k in checker.stale,
+                died_at=checker.deaths.get(k),
+                first_alive_at=checker.first_alive.get(k),
+                node=rc.node,
+                prompt_tokens=rc.prompt_tokens,
+                by_source=rc.by_source,
+                requests_finished=rc.requests_finished,
+                preemptions=rc.preemptions,
+                violations=rc.violations,
+                corrections=rc.corrections,
+                injections=rc.injections,
+            )
+            for k, rc in final.items()
+        },
         unexpected_replica_deaths=deaths,
         planned_faults=list(fault_checks),
         client_server=cross,
@@ -174,12 +237,22 @@ def run_statistics(results: list[RequestResult], started: int, checker: Invarian
     )
 
 
-def summarize(results: list[RequestResult], started: int, checker: InvariantChecker, events: Sequence[Event],
-              wall_s: float, slo: Slo, deaths: list[str], fault_checks: Sequence[FaultCheck] = (),
-              operator_ok: int = 0, probes: ProbeVerdict | None = None,
-              hostile: HostileVerdict | None = None) -> RunSummary:
+def summarize(
+    results: list[RequestResult],
+    started: int,
+    checker: InvariantChecker,
+    events: Sequence[Event],
+    wall_s: float,
+    slo: Slo,
+    deaths: list[str],
+    fault_checks: Sequence[FaultCheck] = (),
+    operator_ok: int = 0,
+    probes: ProbeVerdict | None = None,
+    hostile: HostileVerdict | None = None,
+) -> RunSummary:
     """:func:`run_statistics` with its verdict (``failures``, :func:`load_tests.judge.verdict.verdict`)."""
-    summary = run_statistics(results, started, checker, events, wall_s, slo, deaths, fault_checks, operator_ok,
-                             probes, hostile)
+    summary = run_statistics(
+        results, started, checker, events, wall_s, slo, deaths, fault_checks, operator_ok, probes, hostile
+    )
     summary.failures = verdict(summary, checker.violations)
     return summary

@@ -53,28 +53,38 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
         first = {}
         for v in violations:
             first.setdefault(v.kind, v)
-        reasons.append(f"{len(violations)} invariant violation(s): {summary.invariants.by_kind}; "
-                       + "; ".join(f"first {k} at t = {v.t:.0f} s: {v.message}" for k, v in first.items()))
+        reasons.append(
+            f"{len(violations)} invariant violation(s): {summary.invariants.by_kind}; "
+            + "; ".join(f"first {k} at t = {v.t:.0f} s: {v.message}" for k, v in first.items())
+        )
     errors = summary.errors_by_kind
     lost = summary.outcomes.get("lost", 0) + sum(errors.get(o, 0) for o in LOST_OUTCOMES)
     if lost:
-        reasons.append(f"{lost} lost request(s) (truncated / timed out / never finished, not explained by a "
-                       f"planned fault)")
+        reasons.append(
+            f"{lost} lost request(s) (truncated / timed out / never finished, not explained by a planned fault)"
+        )
     if errors:
         common = list(summary.errors_by_message.items())[:3]
-        reasons.append(f"{sum(errors.values())} unexpected error(s): {errors}; most common: "
-                       + "; ".join(f"({n}x) {sig}" for sig, n in common))
+        reasons.append(
+            f"{sum(errors.values())} unexpected error(s): {errors}; most common: "
+            + "; ".join(f"({n}x) {sig}" for sig, n in common)
+        )
     reasons.extend(ingress_problems(summary.ingress_retries))
     bad = summary.outcomes.get("rejected", 0) - summary.bad_requests.rejected_naming_the_field
     if bad:
         reasons.append(f"{bad} bad request(s) refused without naming the field")
     reasons.extend(summary.client_server.problems)
     if summary.unexpected_replica_deaths:
-        when = {k: summary.replicas[k].died_at if k in summary.replicas else None
-                for k in summary.unexpected_replica_deaths}
-        reasons.append("replica(s) died without the run killing them: " + ", ".join(
-            f"{k}" + (f" (seen dead from t = {t:.0f} s)" if t is not None else " (gone from Ray's replica list)")
-            for k, t in when.items()))
+        when = {
+            k: summary.replicas[k].died_at if k in summary.replicas else None for k in summary.unexpected_replica_deaths
+        }
+        reasons.append(
+            "replica(s) died without the run killing them: "
+            + ", ".join(
+                f"{k}" + (f" (seen dead from t = {t:.0f} s)" if t is not None else " (gone from Ray's replica list)")
+                for k, t in when.items()
+            )
+        )
     for c in summary.planned_faults:
         if not c.fired:
             reasons.append(f"planned fault {c.fault} did not fire: {c.evidence}")

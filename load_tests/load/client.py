@@ -56,8 +56,8 @@ from typing import Any
 
 import aiohttp
 
-from .outcomes import Outcome
 from ..plan.workload import RequestSpec
+from .outcomes import Outcome
 
 # The refusals of Serve's HAProxy that come before any replica is chosen and say the replica set is changing
 # (its ingress_request_router.lua: the reason goes out in X-Serve-Reason with the 503).
@@ -127,9 +127,13 @@ def ingress_refusal(status: int, headers: Any) -> str | None:
 
 
 @asynccontextmanager
-async def post_past_ingress_refusals(session: aiohttp.ClientSession, url: str, refusals: list[str],
-                                     delays_s: tuple[float, ...] = INGRESS_RETRY_DELAYS_S,
-                                     **kwargs: Any) -> AsyncIterator[aiohttp.ClientResponse]:
+async def post_past_ingress_refusals(
+    session: aiohttp.ClientSession,
+    url: str,
+    refusals: list[str],
+    delays_s: tuple[float, ...] = INGRESS_RETRY_DELAYS_S,
+    **kwargs: Any,
+) -> AsyncIterator[aiohttp.ClientResponse]:
     """POST ``url`` (``kwargs``: aiohttp's); a refusal at the ingress (:func:`ingress_refusal`) is appended to
     ``refusals``, read away, and the request sent again after each of ``delays_s`` in turn. Yields the first
     response that is not such a refusal, or the last refusal."""
@@ -145,19 +149,29 @@ async def post_past_ingress_refusals(session: aiohttp.ClientSession, url: str, r
         await asyncio.sleep(retry_after)
 
 
-async def send(session: aiohttp.ClientSession, base_url: str, spec: RequestSpec, t0: float,
-               timeout_s: float = 300.0, headers: dict[str, str] | None = None,
-               ingress_retry_delays_s: tuple[float, ...] = INGRESS_RETRY_DELAYS_S) -> RequestResult:
+async def send(
+    session: aiohttp.ClientSession,
+    base_url: str,
+    spec: RequestSpec,
+    t0: float,
+    timeout_s: float = 300.0,
+    headers: dict[str, str] | None = None,
+    ingress_retry_delays_s: tuple[float, ...] = INGRESS_RETRY_DELAYS_S,
+) -> RequestResult:
     """Send ``spec``, again after a refusal at the ingress (the module's doc); never raises for anything the
     server or network does."""
-    res = RequestResult(index=spec.index, outcome="transport_error", start=time.monotonic() - t0,
-                        spec=spec.to_json())
+    res = RequestResult(index=spec.index, outcome="transport_error", start=time.monotonic() - t0, spec=spec.to_json())
     start = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
             async with post_past_ingress_refusals(
-                    session, f"{base_url}{spec.route}", res.ingress_refusals, ingress_retry_delays_s,
-                    data=spec.payload(), headers={"content-type": "application/json", **(headers or {}), **spec.headers}) as r:
+                session,
+                f"{base_url}{spec.route}",
+                res.ingress_refusals,
+                ingress_retry_delays_s,
+                data=spec.payload(),
+                headers={"content-type": "application/json", **(headers or {}), **spec.headers},
+            ) as r:
                 res.status = r.status
                 await _read_answer(r, res, spec, start)
     except TimeoutError:

@@ -9,6 +9,7 @@ records its outcome; it never raises) and return how many they started; a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -16,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from ..plan.profiles import Profile
 
 
-async def drive(profile: Profile, one: Callable[[int], Awaitable[None]], seed: int = 0,
-                stop: asyncio.Event | None = None) -> int:
+async def drive(
+    profile: Profile, one: Callable[[int], Awaitable[None]], seed: int = 0, stop: asyncio.Event | None = None
+) -> int:
     """Call ``one(index)`` for indexes 0, 1, ... as the profile says; return how many were started.
 
     ``one`` must not raise (the caller records outcomes); ``stop`` ends the
@@ -59,10 +61,8 @@ async def drive(profile: Profile, one: Callable[[int], Awaitable[None]], seed: i
             next_at += rng.expovariate(profile.rate)
             delay = next_at - time.monotonic()
             if delay > 0:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
-                except TimeoutError:
-                    pass
             await sem.acquire()
             i = take()
             if i is None:

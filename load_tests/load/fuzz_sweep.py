@@ -32,7 +32,7 @@ from ..plan.workload import LOG_SWEEP
 # grows mostly near s = 1.
 SWEEPS: dict[str, list[float]] = {
     "scale": [0.0, 0.5, 0.8, 0.9, 0.95, 0.99, 1.0],
-    "gaussian": [0.0, 0.1, 0.3] + LOG_SWEEP[1:],
+    "gaussian": [0.0, 0.1, 0.3, *LOG_SWEEP[1:]],
 }
 MAX_TOKENS = 8
 
@@ -56,7 +56,7 @@ def token_divergence(a: list[int], b: list[int]) -> float:
     n = max(len(a), len(b))
     if n == 0:
         return 0.0
-    same = sum(1 for x, y in zip(a, b) if x == y)
+    same = sum(1 for x, y in zip(a, b, strict=False) if x == y)
     return 1.0 - same / n
 
 
@@ -65,10 +65,10 @@ def summarize(mode: str, strength: float, examples, outputs, baseline) -> SweepP
     from fixture_model.tasks import is_correct
 
     by_task: dict[str, list[bool]] = {}
-    for ex, (text, _ids) in zip(examples, outputs):
+    for ex, (text, _ids) in zip(examples, outputs, strict=False):
         by_task.setdefault(ex.task, []).append(is_correct(ex, text))
     flat = [ok for v in by_task.values() for ok in v]
-    div = [token_divergence(o[1], b[1]) for o, b in zip(outputs, baseline)]
+    div = [token_divergence(o[1], b[1]) for o, b in zip(outputs, baseline, strict=False)]
     return SweepPoint(
         mode=mode,
         strength=strength,
@@ -118,9 +118,15 @@ def http_generator(base_url: str, api_key: str | None = None, model: str = "fixt
     async def run(prompts, xargs):
         sem = asyncio.Semaphore(concurrency)
         async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=300) as client:
+
             async def one(prompt):
-                body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-                        "return_token_ids": True}
+                body = {
+                    "model": model,
+                    "prompt": prompt,
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "return_token_ids": True,
+                }
                 if xargs:
                     body["vllm_xargs"] = xargs
                 async with sem:
@@ -147,8 +153,14 @@ def print_table(points: list[SweepPoint]) -> None:
         table.add_column(col, justify="right")
     for p in points:
         t = p.accuracy_by_task
-        table.add_row(p.mode, f"{p.strength:g}", f"{p.accuracy:.2f}", *(f"{t.get(k, 0):.2f}" for k in ("count", "abc", "copy")),
-                      f"{p.changed_outputs:.2f}", f"{p.token_divergence:.2f}")
+        table.add_row(
+            p.mode,
+            f"{p.strength:g}",
+            f"{p.accuracy:.2f}",
+            *(f"{t.get(k, 0):.2f}" for k in ("count", "abc", "copy")),
+            f"{p.changed_outputs:.2f}",
+            f"{p.token_divergence:.2f}",
+        )
     Console().print(table)
 
 
@@ -171,9 +183,17 @@ def main(argv: list[str] | None = None) -> int:
 
     # As every engine of this project: prefix caching and vLLM's native KV
     # offloading on (on CPU through patches/cpu_offload.py).
-    llm = LLM(model=str(model), dtype="float32", enforce_eager=not args.compile, seed=0,
-              max_model_len=1024, max_num_seqs=64, enable_prefix_caching=True,
-              kv_offloading_size=args.offload_gib, kv_offloading_backend="native")
+    llm = LLM(
+        model=str(model),
+        dtype="float32",
+        enforce_eager=not args.compile,
+        seed=0,
+        max_model_len=1024,
+        max_num_seqs=64,
+        enable_prefix_caching=True,
+        kv_offloading_size=args.offload_gib,
+        kv_offloading_backend="native",
+    )
     try:
         points = run_sweep(offline_generator(llm), held_out_examples(args.per_task))
     finally:

@@ -32,8 +32,9 @@ class HostileConnection:
     error: str | None = None
 
 
-async def _wait_closed(reader: asyncio.StreamReader, start: float, limit_s: float, writer: asyncio.StreamWriter,
-                       trickle: bytes = b"") -> tuple[float | None, bytes]:
+async def _wait_closed(
+    reader: asyncio.StreamReader, start: float, limit_s: float, writer: asyncio.StreamWriter, trickle: bytes = b""
+) -> tuple[float | None, bytes]:
     """Poll until the server closes (EOF or reset), sending ``trickle`` a byte every TRICKLE_GAP_S meanwhile; the
     seconds it took (None past ``limit_s``) and what it sent first."""
     got = b""
@@ -41,7 +42,7 @@ async def _wait_closed(reader: asyncio.StreamReader, start: float, limit_s: floa
     while time.monotonic() - start < limit_s:
         if i < len(trickle):
             try:
-                writer.write(trickle[i:i + 1])
+                writer.write(trickle[i : i + 1])
                 await writer.drain()
             except (ConnectionError, OSError):
                 return time.monotonic() - start, got
@@ -58,8 +59,9 @@ async def _wait_closed(reader: asyncio.StreamReader, start: float, limit_s: floa
     return None, got
 
 
-async def attack(kind: ConnectionKind, base_url: str, t0: float, limit_s: float, api_key: str | None = None,
-                 model: str = "fixture") -> HostileConnection:
+async def attack(
+    kind: ConnectionKind, base_url: str, t0: float, limit_s: float, api_key: str | None = None, model: str = "fixture"
+) -> HostileConnection:
     """Open one hostile connection of ``kind`` to ``base_url`` and wait (at most ``limit_s``) for the server to
     close it. A stalled reader sends a real streamed completion (with the key) and reads nothing for ``limit_s``
     / 2, then drains what the server sent to see whether it closed meanwhile."""
@@ -76,11 +78,23 @@ async def attack(kind: ConnectionKind, base_url: str, t0: float, limit_s: float,
         elif kind == "trickle":
             took, got = await _wait_closed(reader, start, limit_s, writer, TRICKLE)
         else:
-            body = json.dumps({"model": model, "prompt": "count 1 2", "max_tokens": 900, "ignore_eos": True,
-                               "stream": True, "temperature": 0}).encode()
+            body = json.dumps(
+                {
+                    "model": model,
+                    "prompt": "count 1 2",
+                    "max_tokens": 900,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "temperature": 0,
+                }
+            ).encode()
             auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
-            writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth
-                         + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                + auth
+                + f"Content-Length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             await writer.drain()
             await asyncio.sleep(limit_s / 2)  # the reader stalls: nothing read while the server writes
             took, got = await _drained_then_closed(reader, start, limit_s)
@@ -89,8 +103,9 @@ async def attack(kind: ConnectionKind, base_url: str, t0: float, limit_s: float,
         writer.close()
 
 
-async def _drained_then_closed(reader: asyncio.StreamReader, start: float, limit_s: float
-                               ) -> tuple[float | None, bytes]:
+async def _drained_then_closed(
+    reader: asyncio.StreamReader, start: float, limit_s: float
+) -> tuple[float | None, bytes]:
     """Read what the server buffered for a stalled reader, then wait for its close (at most until ``limit_s``).
     The time is when the EOF was seen: an upper bound on when the server closed (it may have closed while the
     reader stalled)."""

@@ -9,8 +9,18 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-Outcome = Literal["ok", "cancelled", "rejected", "unexpected_4xx", "unexpected_ok", "server_error", "stream_error",
-                  "transport_error", "truncated", "timeout"]
+Outcome = Literal[
+    "ok",
+    "cancelled",
+    "rejected",
+    "unexpected_4xx",
+    "unexpected_ok",
+    "server_error",
+    "stream_error",
+    "transport_error",
+    "truncated",
+    "timeout",
+]
 # What a summary counts: every outcome, and "lost" (started, never finished: no result at all).
 Counted = Literal[Outcome, "lost"]
 

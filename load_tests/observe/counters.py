@@ -59,7 +59,7 @@ def canonical(sample_name: str) -> tuple[str, bool] | None:
     """``ray_vllm_prompt_tokens_total`` / ``vllm:prompt_tokens_total`` -> (``vllm:prompt_tokens``, is_total)."""
     name = sample_name
     if name.startswith("ray_vllm_"):
-        name = "vllm:" + name[len("ray_vllm_"):]
+        name = "vllm:" + name[len("ray_vllm_") :]
     elif not name.startswith("vllm:"):
         return None
     is_total = name.endswith("_total")

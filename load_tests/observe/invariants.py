@@ -52,19 +52,39 @@ class Finding:
 
 def negative(rc: ReplicaCounters) -> list[Finding]:
     now = rc.counters()
-    return [Finding("negative", rc.replica, name, f"{name} = {v} on replica {rc.replica}",
-                    {"node": rc.node, "counters": now})
-            for name, v in now.items() if v < 0 or not math.isfinite(v)]
+    return [
+        Finding(
+            "negative", rc.replica, name, f"{name} = {v} on replica {rc.replica}", {"node": rc.node, "counters": now}
+        )
+        for name, v in now.items()
+        if v < 0 or not math.isfinite(v)
+    ]
 
 
 def decreases(before: ReplicaCounters, now: ReplicaCounters) -> list[Finding]:
     old, new = before.counters(), now.counters()
-    out = [Finding("decrease", now.replica, name, f"{name} went backwards on replica {now.replica}: {old[name]:g} -> {v:g}",
-                   {"node": now.node, "previous": old, "current": new})
-           for name, v in new.items() if name in old and v < old[name]]
-    out += [Finding("decrease", now.replica, name, f"{name} disappeared from replica {now.replica} (was {was:g})",
-                    {"node": now.node, "previous": old, "current": new})
-            for name, was in old.items() if name not in new and was > 0]
+    out = [
+        Finding(
+            "decrease",
+            now.replica,
+            name,
+            f"{name} went backwards on replica {now.replica}: {old[name]:g} -> {v:g}",
+            {"node": now.node, "previous": old, "current": new},
+        )
+        for name, v in new.items()
+        if name in old and v < old[name]
+    ]
+    out += [
+        Finding(
+            "decrease",
+            now.replica,
+            name,
+            f"{name} disappeared from replica {now.replica} (was {was:g})",
+            {"node": now.node, "previous": old, "current": new},
+        )
+        for name, was in old.items()
+        if name not in new and was > 0
+    ]
     return out
 
 
@@ -73,23 +93,42 @@ def quiescence(rc: ReplicaCounters) -> list[Finding]:
     out = []
     parts = {s: rc.by_source.get(s, 0.0) for s in SOURCES}
     if sum(parts.values()) != rc.prompt_tokens:
-        out.append(Finding("sum_mismatch", rc.replica, "prompt_tokens",
-                           f"replica {rc.replica}: local_compute + local_cache_hit + external_kv_transfer = "
-                           f"{sum(parts.values()):g} != prompt_tokens = {rc.prompt_tokens:g}",
-                           {"node": rc.node, "by_source": parts, "prompt_tokens": rc.prompt_tokens}))
+        out.append(
+            Finding(
+                "sum_mismatch",
+                rc.replica,
+                "prompt_tokens",
+                f"replica {rc.replica}: local_compute + local_cache_hit + external_kv_transfer = "
+                f"{sum(parts.values()):g} != prompt_tokens = {rc.prompt_tokens:g}",
+                {"node": rc.node, "by_source": parts, "prompt_tokens": rc.prompt_tokens},
+            )
+        )
     if rc.prompt_tokens_cached > rc.prompt_tokens:
-        out.append(Finding("cached_exceeds_total", rc.replica, "prompt_tokens_cached",
-                           f"replica {rc.replica}: prompt_tokens_cached = {rc.prompt_tokens_cached:g} > "
-                           f"prompt_tokens = {rc.prompt_tokens:g}", {"node": rc.node}))
+        out.append(
+            Finding(
+                "cached_exceeds_total",
+                rc.replica,
+                "prompt_tokens_cached",
+                f"replica {rc.replica}: prompt_tokens_cached = {rc.prompt_tokens_cached:g} > "
+                f"prompt_tokens = {rc.prompt_tokens:g}",
+                {"node": rc.node},
+            )
+        )
     return out
 
 
 def busy(rc: ReplicaCounters) -> list[Finding]:
     if not (rc.running or rc.waiting):
         return []
-    return [Finding("not_quiescent", rc.replica, "num_requests_running",
-                    f"replica {rc.replica} still has {rc.running:g} running / {rc.waiting:g} waiting requests",
-                    {"counters": rc.counters()})]
+    return [
+        Finding(
+            "not_quiescent",
+            rc.replica,
+            "num_requests_running",
+            f"replica {rc.replica} still has {rc.running:g} running / {rc.waiting:g} waiting requests",
+            {"counters": rc.counters()},
+        )
+    ]
 
 
 def at_rest(rc: ReplicaCounters) -> list[Finding]:

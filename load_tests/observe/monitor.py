@@ -44,6 +44,7 @@ mid-flight). Whether a death was planned is the verdict's question
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -52,8 +53,8 @@ from typing import Any
 import httpx
 
 from . import invariants
-from .invariants import Finding
 from .counters import ReplicaCounters
+from .invariants import Finding
 from .scraper import merge_pages
 
 # Under full load on 2 cores Ray's metrics agent can take many seconds to answer.
@@ -126,9 +127,17 @@ class InvariantChecker:
         self.history.append(snap)
         self._endpoints(snap)
         for key, urls in snap.duplicates.items():
-            self._flag(Finding("duplicate_replica", key, "", f"replica {key} reported by {len(urls)} endpoints: "
-                               f"{', '.join(urls)} (kept the first; two series are being mixed up)",
-                               {"endpoints": urls}), snap.t)
+            self._flag(
+                Finding(
+                    "duplicate_replica",
+                    key,
+                    "",
+                    f"replica {key} reported by {len(urls)} endpoints: "
+                    f"{', '.join(urls)} (kept the first; two series are being mixed up)",
+                    {"endpoints": urls},
+                ),
+                snap.t,
+            )
         self._liveness(snap)
         for key, rc in snap.replicas.items():
             self.first_seen.setdefault(key, snap.t)
@@ -168,9 +177,17 @@ class InvariantChecker:
             since, n = self._failing.get(url, (snap.t, 0))
             self._failing[url] = (since, n + 1)
             if n + 1 == SCRAPE_FAILURE_BOUND:
-                self._flag(Finding("scrape_failed", "", url,
-                                   f"metrics endpoint {url} unreadable in {SCRAPE_FAILURE_BOUND} consecutive scrapes "
-                                   f"from t = {since:.0f} s: {err}", {"since": since, "error": err}), snap.t)
+                self._flag(
+                    Finding(
+                        "scrape_failed",
+                        "",
+                        url,
+                        f"metrics endpoint {url} unreadable in {SCRAPE_FAILURE_BOUND} consecutive scrapes "
+                        f"from t = {since:.0f} s: {err}",
+                        {"since": since, "error": err},
+                    ),
+                    snap.t,
+                )
         for url in [u for u in self._failing if u not in snap.errors]:
             del self._failing[url]
 
@@ -182,8 +199,11 @@ class InvariantChecker:
             else:
                 looks_dead.add(key)
         # seen before, absent now although its endpoint was read: its series are gone
-        looks_dead |= {key for key, (_t, rc) in self.last.items()
-                       if key not in snap.replicas and rc.node not in snap.errors and rc.node not in self.lost_endpoints}
+        looks_dead |= {
+            key
+            for key, (_t, rc) in self.last.items()
+            if key not in snap.replicas and rc.node not in snap.errors and rc.node not in self.lost_endpoints
+        }
         for key in list(self._dead_since):
             if key not in looks_dead:
                 del self._dead_since[key]
@@ -202,18 +222,25 @@ class InvariantChecker:
 
     def live_in(self, snap: Snapshot) -> dict[str, ReplicaCounters]:
         """The replicas alive in scrape ``snap`` and not dead by now, with their counters."""
-        return {key: rc for key, rc in snap.replicas.items()
-                if rc.alive and key not in self.deaths and key not in snap.dead}
+        return {
+            key: rc for key, rc in snap.replicas.items() if rc.alive and key not in self.deaths and key not in snap.dead
+        }
 
     def _check_accounting(self, key: str, before: ReplicaCounters | None, now: ReplicaCounters, t: float) -> None:
         for kind, grew in invariants.violations_grown(before, now).items():
             if kind in self.expected_violation_kinds:
                 self.expected_violations[kind] = self.expected_violations.get(kind, 0.0) + grew
             else:
-                self._flag(Finding("accounting_violation", key, f"violations{{{kind}}}",
-                                   f"the accounting patch clamped {grew:g} x {kind} on replica {key}",
-                                   {"node": now.node, "violations": now.violations, "corrections": now.corrections}),
-                           t)
+                self._flag(
+                    Finding(
+                        "accounting_violation",
+                        key,
+                        f"violations{{{kind}}}",
+                        f"the accounting patch clamped {grew:g} x {kind} on replica {key}",
+                        {"node": now.node, "violations": now.violations, "corrections": now.corrections},
+                    ),
+                    t,
+                )
 
     def check_quiescent(self, snap: Snapshot) -> None:
         """The end-of-run checks, on a scrape taken with no request in flight."""
@@ -229,7 +256,8 @@ class InvariantChecker:
         return {k: rc for k, (_t, rc) in self.last.items()}
 
     def baseline(self) -> dict[str, ReplicaCounters]:
-        """The scrape before the load: counting from it leaves out earlier traffic (a replica new since counts from 0)."""
+        """The scrape before the load: counting from it leaves out earlier traffic (a replica new since counts from
+        0)."""
         return self.history[0].replicas if self.history else {}
 
 
@@ -243,9 +271,16 @@ class Monitor:
     take a minute to answer then; a process-table lookup by pid does not).
     """
 
-    def __init__(self, urls: list[str], checker: InvariantChecker, interval: float = 2.0,
-                 dead: Callable[[], frozenset[str]] | None = None, settle_interval: float = SETTLE_INTERVAL_S,
-                 t0: float | None = None, record: Callable[[float, list], None] | None = None):
+    def __init__(
+        self,
+        urls: list[str],
+        checker: InvariantChecker,
+        interval: float = 2.0,
+        dead: Callable[[], frozenset[str]] | None = None,
+        settle_interval: float = SETTLE_INTERVAL_S,
+        t0: float | None = None,
+        record: Callable[[float, list], None] | None = None,
+    ):
         self.urls, self.checker, self.interval = urls, checker, interval
         self.record = record  # gets (t, [(url, text or error)]) of every scrape (load_tests.record)
         self.settle_interval = settle_interval
@@ -268,8 +303,14 @@ class Monitor:
         result = await asyncio.to_thread(merge_pages, pages)
         if self.record is not None:
             await asyncio.to_thread(self.record, started - self._t0, pages)
-        return Snapshot(started - self._t0, result.replicas, self.dead(), time.monotonic() - started,
-                        result.errors, result.duplicates)
+        return Snapshot(
+            started - self._t0,
+            result.replicas,
+            self.dead(),
+            time.monotonic() - started,
+            result.errors,
+            result.duplicates,
+        )
 
     async def _loop(self) -> None:
         async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
@@ -293,10 +334,8 @@ class Monitor:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
 
     async def quiescent_check(self, settle_s: float = 90.0) -> Snapshot:
         """Wait until no live replica has work and the counters stop moving, then run the final checks.
@@ -316,10 +355,11 @@ class Monitor:
                 snap = await self.scrape_once(client)
                 gone = self.checker.stale | snap.dead
                 errors = {u for u in snap.errors if not self.checker.lost(u, snap.t)}
-                idle = not errors and all(r.running == 0 and r.waiting == 0
-                                               for k, r in snap.replicas.items() if k not in gone)
+                idle = not errors and all(
+                    r.running == 0 and r.waiting == 0 for k, r in snap.replicas.items() if k not in gone
+                )
                 values = {k: r.counters() for k, r in snap.replicas.items()}
-                if idle and values == last or time.monotonic() > deadline:
+                if (idle and values == last) or time.monotonic() > deadline:
                     break
                 self.checker.observe(snap)
                 last = values if idle else None

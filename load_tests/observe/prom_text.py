@@ -24,8 +24,11 @@ def parse_samples(text: str) -> dict[tuple[str, Labels], float]:
 
 def total(samples: dict[tuple[str, Labels], float], name: str, **match: str) -> float:
     """Sum of the samples called ``name`` whose labels include ``match``."""
-    return sum(v for (n, labels), v in samples.items()
-               if n == name and all(dict(labels).get(k) == want for k, want in match.items()))
+    return sum(
+        v
+        for (n, labels), v in samples.items()
+        if n == name and all(dict(labels).get(k) == want for k, want in match.items())
+    )
 
 
 def series(samples: dict[tuple[str, Labels], float], name: str) -> Iterable[tuple[dict[str, str], float]]:

@@ -64,12 +64,14 @@ def replica_counters(text: str, node: str = "") -> dict[str, ReplicaCounters]:
 def health_gauges(text: str, name: str = HEALTH_GAUGE) -> dict[str, float]:
     """Serve's per-replica series ``name`` (``replica`` label -> value) from one endpoint's text: the health gauge
     (1 healthy / 0 not; the lowest where several series name one replica) or :data:`HEALTH_CHECK_FAILURES`."""
-    lines = [line for line in text.splitlines() if line.startswith(name) or line.startswith(f"# TYPE {name} ")]
+    lines = [line for line in text.splitlines() if line.startswith((name, f"# TYPE {name} "))]
     out: dict[str, float] = {}
     for (sample, labels), value in parse_samples("\n".join(lines) + "\n").items():
         replica = dict(labels).get("replica")
         if replica and sample.startswith(name):  # also a counter exported as name_total
-            out[replica] = min(value, out.get(replica, value)) if name == HEALTH_GAUGE else out.get(replica, 0.0) + value
+            out[replica] = (
+                min(value, out.get(replica, value)) if name == HEALTH_GAUGE else out.get(replica, 0.0) + value
+            )
     return out
 
 
@@ -82,9 +84,10 @@ class Scrape:
     duplicates: dict[str, list[str]] = field(default_factory=dict)  # replica -> the endpoints that all report it
 
     def problems(self) -> list[str]:
-        return ([f"{url} could not be read: {err}" for url, err in self.errors.items()]
-                + [f"replica {key} reported by {len(urls)} endpoints: {', '.join(urls)}"
-                   for key, urls in self.duplicates.items()])
+        return [f"{url} could not be read: {err}" for url, err in self.errors.items()] + [
+            f"replica {key} reported by {len(urls)} endpoints: {', '.join(urls)}"
+            for key, urls in self.duplicates.items()
+        ]
 
 
 def merge_pages(pages: Iterable[tuple[str, str | BaseException]]) -> Scrape:
@@ -138,8 +141,9 @@ def fetch(urls: Iterable[str], client: httpx.Client | None = None, timeout: floa
     return merge_pages(pages)
 
 
-def scrape(urls: Iterable[str], client: httpx.Client | None = None, timeout: float = 10.0
-           ) -> dict[str, ReplicaCounters]:
+def scrape(
+    urls: Iterable[str], client: httpx.Client | None = None, timeout: float = 10.0
+) -> dict[str, ReplicaCounters]:
     """Every replica of every endpoint; :class:`ScrapeFailed` if an endpoint failed or a replica came twice."""
     result = fetch(urls, client, timeout)
     if result.problems():
@@ -150,7 +154,8 @@ def scrape(urls: Iterable[str], client: httpx.Client | None = None, timeout: flo
 def discover_metrics_urls(path: Path = DISCOVERY_FILE) -> list[str]:
     """Every node's metrics endpoint, from the file Ray writes for Prometheus service discovery."""
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: is a Ray cluster running on this machine? "
-                                "Pass --metrics-url for each node instead.")
+        raise FileNotFoundError(
+            f"{path} not found: is a Ray cluster running on this machine? Pass --metrics-url for each node instead."
+        )
     groups = json.loads(path.read_text())
     return [f"http://{t}/metrics" for g in groups for t in g.get("targets", [])]

@@ -44,8 +44,11 @@ MAX_TOKENS = 4
 
 def candidate_settings(n: int = 64) -> list[dict[str, Any] | None]:
     """Fuzz settings with distinct cache salts (unfuzzed first): the keys the check picks from."""
-    return [None, {"fuzz_strength": 0.5},
-            *({"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": s} for s in range(n))]
+    return [
+        None,
+        {"fuzz_strength": 0.5},
+        *({"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": s} for s in range(n)),
+    ]
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,9 @@ def affinity_keys(live: list[str], model: str, prefix_chars: int) -> list[Affini
         if len(found) == len(order):
             break
     else:  # 66 keys over a handful of replicas: missing one means the hash is broken
-        raise ValueError(f"no key homed on {sorted(set(order) - set(found))} among {len(candidate_settings())} settings")
+        raise ValueError(
+            f"no key homed on {sorted(set(order) - set(found))} among {len(candidate_settings())} settings"
+        )
     return [AffinityKey(found[r], r, j + 1) for j, r in enumerate(order)]
 
 
@@ -130,17 +135,26 @@ class AffinityCheck:
         if bad:
             out.append(f"{len(bad)} of {len(self.statuses)} affinity request(s) failed: {bad[:5]}")
         if self.after is None:
-            return out + ["the replicas did not go idle after the affinity requests"]
+            return [*out, "the replicas did not go idle after the affinity requests"]
         if set(self.after) != set(self.before):
             out.append(f"the live replicas changed during the check: {sorted(self.before)} -> {sorted(self.after)}")
         want = {k.home: float(k.count) for k in self.keys}
         got = {k: v for k, v in self.served.items() if v}
         if got != want:
-            out.append(f"requests per replica {got}, the router's hash names {want} (each key's home gets its "
-                       f"count: keys {[(k.xargs, k.home) for k in self.keys]})")
+            out.append(
+                f"requests per replica {got}, the router's hash names {want} (each key's home gets its "
+                f"count: keys {[(k.xargs, k.home) for k in self.keys]})"
+            )
         return out
 
     def record(self) -> AffinityRecord:
-        return AffinityRecord(t=round(self.t, 1), keys=[AffinityKeyRecord(**asdict(k)) for k in self.keys],
-                              before=self.before, after=self.after, served=self.served, statuses=self.statuses,
-                              paused_s=round(self.paused_s, 1), problems=self.problems())
+        return AffinityRecord(
+            t=round(self.t, 1),
+            keys=[AffinityKeyRecord(**asdict(k)) for k in self.keys],
+            before=self.before,
+            after=self.after,
+            served=self.served,
+            statuses=self.statuses,
+            paused_s=round(self.paused_s, 1),
+            problems=self.problems(),
+        )

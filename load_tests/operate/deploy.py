@@ -72,8 +72,11 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     # gives it (a fixed replica count runs in LocalCluster's default cluster, whatever the host)
     sized = {"num_cpus": None} if settings.replicas == "fit" else {}
     if sc.cluster is not None:  # the scenario's nodes (node-loss: a worker to lose, room on the head to recover)
-        sized = {"workers": sc.cluster.workers, "num_cpus": sc.cluster.head_cpus,
-                 "worker_num_cpus": sc.cluster.worker_cpus}
+        sized = {
+            "workers": sc.cluster.workers,
+            "num_cpus": sc.cluster.head_cpus,
+            "worker_num_cpus": sc.cluster.worker_cpus,
+        }
     cluster = LocalCluster(env=env, log_dir=out / "cluster", **sized)
     t = time.monotonic()
     try:
@@ -86,18 +89,22 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     replicas = cluster.replicas()
     for _ in range(sc.cluster.spare_workers if sc.cluster else 0):
         cluster.add_worker(sc.cluster.worker_cpus)
-    console.print(f"deployed in {time.monotonic() - t:.0f} s: {len(replicas)} engine replicas behind "
-                  f"{cluster.base_url} on {len({r.get('node_id') for r in replicas})} of {len(cluster.nodes)} node(s); cluster logs in "
-                  f"{cluster.log_dir}")
+    console.print(
+        f"deployed in {time.monotonic() - t:.0f} s: {len(replicas)} engine replicas behind "
+        f"{cluster.base_url} on {len({r.get('node_id') for r in replicas})} of {len(cluster.nodes)} node(s); "
+        f"cluster logs in {cluster.log_dir}"
+    )
     if sc.cluster is not None and sc.cluster.workers and len({r.get("node_id") for r in replicas}) < 2:
         cluster.close()
-        raise SetupError(f"scenario {sc.name} needs a replica on a worker node, but Ray placed all "
-                         f"{len(replicas)} on one node")
+        raise SetupError(
+            f"scenario {sc.name} needs a replica on a worker node, but Ray placed all {len(replicas)} on one node"
+        )
     return cluster
 
 
-def probe_reference(sc: Scenario, settings: DeploySettings, out: Path, console, api_key: str | None
-                    ) -> tuple[list[RequestResult], list[RequestResult]]:
+def probe_reference(
+    sc: Scenario, settings: DeploySettings, out: Path, console, api_key: str | None
+) -> tuple[list[RequestResult], list[RequestResult]]:
     """Deploy the same config without faults, send the probe set twice, tear down: the two rounds' results
     (:func:`load_tests.judge.probes.reference` judges them)."""
     fault_free = sc.model_copy(update={"faults": None, "kill_replica_at_s": None})
@@ -114,6 +121,11 @@ def probe_reference(sc: Scenario, settings: DeploySettings, out: Path, console, 
 async def _probe_rounds(target: LoadTarget, sc: Scenario) -> list[list[RequestResult]]:
     t0 = time.monotonic()
     async with aiohttp.ClientSession() as session:
-        return [list(await asyncio.gather(*(send(session, target.base_url, s, t0, headers=target.headers)
-                                            for s in probe_specs(rnd, sc.mix))))
-                for rnd in (0, 1)]
+        return [
+            list(
+                await asyncio.gather(
+                    *(send(session, target.base_url, s, t0, headers=target.headers) for s in probe_specs(rnd, sc.mix))
+                )
+            )
+            for rnd in (0, 1)
+        ]

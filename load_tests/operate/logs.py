@@ -17,7 +17,9 @@ def forced_kills(session_dir: Path | None) -> list[str]:
     lines = []
     for path in sorted(Path(session_dir).glob("logs/serve/controller_*.log")):
         try:
-            lines += [ln.strip()[:300] for ln in path.read_text(errors="replace").splitlines() if FORCE_KILL_LINE.search(ln)]
+            lines += [
+                ln.strip()[:300] for ln in path.read_text(errors="replace").splitlines() if FORCE_KILL_LINE.search(ln)
+            ]
         except OSError:
             continue
     return lines

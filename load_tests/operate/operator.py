@@ -48,10 +48,21 @@ log = logging.getLogger("fuzzserve.load_tests")
 class Operator:
     """Carries out an :class:`OperationPlan` beside the load (local cluster), or tells the operator to (``--url``)."""
 
-    def __init__(self, plan: OperationPlan, target: LoadTarget, checker: InvariantChecker, t0: float,
-                 stop: asyncio.Event, events: list[Event], model: str, declare_lost: bool = True,
-                 level: LoadLevel | None = None, gate: asyncio.Event | None = None, settle_s: float = 11.0,
-                 ingress_retry: bool = True):
+    def __init__(
+        self,
+        plan: OperationPlan,
+        target: LoadTarget,
+        checker: InvariantChecker,
+        t0: float,
+        stop: asyncio.Event,
+        events: list[Event],
+        model: str,
+        declare_lost: bool = True,
+        level: LoadLevel | None = None,
+        gate: asyncio.Event | None = None,
+        settle_s: float = 11.0,
+        ingress_retry: bool = True,
+    ):
         self.plan, self.target, self.checker, self.t0, self.stop = plan, target, checker, t0, stop
         self.model = model
         self.gate = gate  # set while the load may start requests (cleared for an affinity check)
@@ -80,8 +91,9 @@ class Operator:
                     event = await step.perform(self.deployment, t, before)
                 except Exception as e:  # a StepError, or `serve deploy` refused the config: the step never happened
                     log.error("t = %.0f s: %s could not be carried out: %s", self.now(), planned.kind, e)
-                    self.events.append(OperationFailed(t=self.now(), step=planned.kind,
-                                                       error=f"{type(e).__name__}: {e}"[:500]))
+                    self.events.append(
+                        OperationFailed(t=self.now(), step=planned.kind, error=f"{type(e).__name__}: {e}"[:500])
+                    )
                     break
                 log.info("t = %.0f s: %s (%s); serving before: %s", t, planned.kind, event.by, before)
                 self.events.append(event)
@@ -108,15 +120,22 @@ class Operator:
             if step.converged(live, event):
                 event.converged, event.converged_t, event.replicas_after = True, self.now(), sorted(live)
                 event.converge_s = self.now() - event.t
-                log.info("t = %.0f s: %s converged in %.0f s: serving %s", self.now(), step.kind, event.converge_s,
-                         sorted(live))
+                log.info(
+                    "t = %.0f s: %s converged in %.0f s: serving %s",
+                    self.now(),
+                    step.kind,
+                    event.converge_s,
+                    sorted(live),
+                )
                 self.look(event)
                 return True
             await asyncio.sleep(2.0)
         live = sorted(self.checker.live())
         event.replicas_after = live
-        event.why = (f"{len(live)} replica(s) serving after {self.plan.converge_timeout_s:.0f} s, want "
-                     f"{step.wanted(set(event.replicas_before))}" + (" new ones" if step.kind == "redeploy" else ""))
+        event.why = (
+            f"{len(live)} replica(s) serving after {self.plan.converge_timeout_s:.0f} s, want "
+            f"{step.wanted(set(event.replicas_before))}" + (" new ones" if step.kind == "redeploy" else "")
+        )
         self.look(event)
         log.error("t = %.0f s: %s did not converge: %s", self.now(), step.kind, event.why)
         return False
@@ -140,11 +159,21 @@ class Operator:
             view["replicas"] = {replica_id(a.get("name", "")): a.get("node_id", "")[:8] for a in cluster.replicas()}
             view["nodes"] = {n.get("node_id", "")[:8]: n.get("state") for n in cluster.all_nodes()}
             apps = cluster.serve_status(timeout=240).get("applications") or {}  # slow under the load
-            view["apps"] = {name: {"status": a.get("status"), "message": (a.get("message") or "")[:500],
-                                   "deployments": {d: {"status": s.get("status"), "message": (s.get("message") or "")[:500],
-                                                       "replica_states": s.get("replica_states")}
-                                                   for d, s in (a.get("deployments") or {}).items()}}
-                            for name, a in apps.items()}
+            view["apps"] = {
+                name: {
+                    "status": a.get("status"),
+                    "message": (a.get("message") or "")[:500],
+                    "deployments": {
+                        d: {
+                            "status": s.get("status"),
+                            "message": (s.get("message") or "")[:500],
+                            "replica_states": s.get("replica_states"),
+                        }
+                        for d, s in (a.get("deployments") or {}).items()
+                    },
+                }
+                for name, a in apps.items()
+            }
         except Exception as e:  # a slow state API is not a finding about the operation
             view["error"] = f"{type(e).__name__}: {e}"[:300]
         return view
@@ -157,18 +186,26 @@ class Operator:
         assert isinstance(event, Scaled)
         t, started = self.now(), time.monotonic()
         if self.gate is None:
-            check = AffinityCheck(t, [], {}, why="an affinity check needs the load loop's gate (load_tests.runner.loop)")
+            check = AffinityCheck(
+                t, [], {}, why="an affinity check needs the load loop's gate (load_tests.runner.loop)"
+            )
             event.affinity = check.record()
             return
         self.gate.clear()
         try:
             before = await self.wait_idle(t)
             if before is None:
-                check = AffinityCheck(t, [], {}, why=f"the deployment did not go idle within "
-                                                     f"{self.plan.affinity_idle_timeout_s:.0f} s of pausing the load")
+                check = AffinityCheck(
+                    t,
+                    [],
+                    {},
+                    why=f"the deployment did not go idle within "
+                    f"{self.plan.affinity_idle_timeout_s:.0f} s of pausing the load",
+                )
             else:
-                check = AffinityCheck(t, affinity_keys(list(before), self.model, self.prefix_chars()), before,
-                                      statuses=[])
+                check = AffinityCheck(
+                    t, affinity_keys(list(before), self.model, self.prefix_chars()), before, statuses=[]
+                )
                 for key in check.keys:
                     for i in range(key.count):  # one after another: each sees an idle deployment
                         check.statuses.append(await self.post(session, key.body(self.model, i)))
@@ -180,8 +217,13 @@ class Operator:
             self.gate.set()
         check.paused_s = time.monotonic() - started
         event.affinity = check.record()
-        log.info("t = %.0f s: affinity on %d replica(s), load paused %.0f s: %s", self.now(), len(check.before),
-                 check.paused_s, "; ".join(check.problems()) or f"every key on its replica {check.served}")
+        log.info(
+            "t = %.0f s: affinity on %d replica(s), load paused %.0f s: %s",
+            self.now(),
+            len(check.before),
+            check.paused_s,
+            "; ".join(check.problems()) or f"every key on its replica {check.served}",
+        )
 
     async def wait_idle(self, since: float) -> dict[str, float] | None:
         """Each live replica's requests_total once the monitor's scrapes since ``since`` show the deployment idle."""
@@ -206,12 +248,23 @@ class Operator:
         200 are counted (:attr:`completed`): the engines count them too. A refusal at the ingress is sent again
         when the load's requests are (:mod:`load_tests.load.client`)."""
         refusals: list[str] = []
-        async with post_past_ingress_refusals(session, f"{self.target.base_url}/v1/completions", refusals,
-                                              self.retry_delays_s, json=body, headers=self.target.headers) as r:
+        async with post_past_ingress_refusals(
+            session,
+            f"{self.target.base_url}/v1/completions",
+            refusals,
+            self.retry_delays_s,
+            json=body,
+            headers=self.target.headers,
+        ) as r:
             text = await r.text()
         if refusals:
-            log.info("t = %.0f s: the operator's request was refused at the ingress %d time(s) (%s), then "
-                     "answered %d", self.now(), len(refusals), refusals, r.status)
+            log.info(
+                "t = %.0f s: the operator's request was refused at the ingress %d time(s) (%s), then answered %d",
+                self.now(),
+                len(refusals),
+                refusals,
+                r.status,
+            )
         self.completed += r.status == 200
         return r.status, text
 

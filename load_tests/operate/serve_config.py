@@ -20,8 +20,10 @@ def redeployed_config(cfg: dict[str, Any], step: Redeploy) -> dict[str, Any]:
             llm.setdefault("engine_kwargs", {}).update(copy.deepcopy(step.engine_kwargs))
         if step.allow_xargs:
             xargs = args.setdefault("guard", {}).setdefault("xargs", {})
-            xargs["allowed_extra_keys"] = [*xargs.get("allowed_extra_keys", []),
-                                           *(k for k in step.allow_xargs if k not in xargs.get("allowed_extra_keys", []))]
+            xargs["allowed_extra_keys"] = [
+                *xargs.get("allowed_extra_keys", []),
+                *(k for k in step.allow_xargs if k not in xargs.get("allowed_extra_keys", [])),
+            ]
     return new
 
 

@@ -34,6 +34,7 @@ it; a node loss needs a local cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -103,9 +104,13 @@ class RedeployStep(Step):
 
     async def perform(self, d: Deployment, t: float, before: list[str]) -> StepEvent:
         if d.cluster is None:
-            return self._by_operator(t, before, f"serve deploy your config with engine_kwargs "
-                                                f"{self.step.engine_kwargs} and guard.xargs.allowed_extra_keys + "
-                                                f"{list(self.step.allow_xargs)}")
+            return self._by_operator(
+                t,
+                before,
+                f"serve deploy your config with engine_kwargs "
+                f"{self.step.engine_kwargs} and guard.xargs.allowed_extra_keys + "
+                f"{list(self.step.allow_xargs)}",
+            )
         await d.apply(redeployed_config(d.config, self.step), f"redeploy-{d.applied + 1}")
         return Redeployed(t=t, step=self.step, by="serve deploy", replicas_before=before)
 
@@ -145,8 +150,12 @@ class AutoscaleStep(Step):
         if d.level is None:
             raise StepError("an autoscale step needs the load driven at a level (load_tests.load.drive.drive_levels)")
         d.level.set(self.step.concurrency)
-        return Autoscaled(t=t, step=self.step, by=f"load -> {self.step.concurrency} in flight (Serve's autoscaler)",
-                          replicas_before=before)
+        return Autoscaled(
+            t=t,
+            step=self.step,
+            by=f"load -> {self.step.concurrency} in flight (Serve's autoscaler)",
+            replicas_before=before,
+        )
 
     def wanted(self, before: set[str]) -> int:
         return self.step.replicas
@@ -166,20 +175,29 @@ class NodeLossStep(Step):
         name = self.step.node
         node = next((n for n in d.cluster.nodes if n.name == name), None)
         if node is None or node is d.cluster.nodes[0]:
-            raise StepError(f"node-loss: {name!r} is not a worker node of this cluster "
-                            f"({[n.name for n in d.cluster.nodes[1:]]})")
+            raise StepError(
+                f"node-loss: {name!r} is not a worker node of this cluster ({[n.name for n in d.cluster.nodes[1:]]})"
+            )
         # declared before the kill: the monitor's next scrape of the endpoint already fails
-        lost = d.checker.lose_endpoint(node.metrics_url, t) if d.declare_lost else d.checker.replicas_on(node.metrics_url)
+        lost = (
+            d.checker.lose_endpoint(node.metrics_url, t) if d.declare_lost else d.checker.replicas_on(node.metrics_url)
+        )
         procs = [psutil.Process(node.proc.pid), *node.descendants()]
         for p in procs:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(procs, timeout=10)
         log.info("killed node %s: %d processes; its replicas %s", name, len(procs), lost)
-        return NodeLost(t=t, step=self.step, by="SIGKILL", replicas_before=before, node=name,
-                        pids=[p.pid for p in procs], endpoint=node.metrics_url, replicas=sorted(lost))
+        return NodeLost(
+            t=t,
+            step=self.step,
+            by="SIGKILL",
+            replicas_before=before,
+            node=name,
+            pids=[p.pid for p in procs],
+            endpoint=node.metrics_url,
+            replicas=sorted(lost),
+        )
 
     def converged(self, live: set[str], event: StepEvent) -> bool:
         assert isinstance(event, NodeLost)
@@ -203,8 +221,10 @@ def judge_affinity(check: AffinityRecord, what: str, problems: list[str], eviden
     if check.problems:
         problems += [f"{what}: routing affinity: {p}" for p in check.problems]
         return
-    evidence.append(f"affinity: {len(check.keys)} fuzz setting(s) + prefix, {sum(k.count for k in check.keys)} "
-                    f"requests, each on the replica the router's hash names (load paused {check.paused_s:.0f} s)")
+    evidence.append(
+        f"affinity: {len(check.keys)} fuzz setting(s) + prefix, {sum(k.count for k in check.keys)} "
+        f"requests, each on the replica the router's hash names (load paused {check.paused_s:.0f} s)"
+    )
 
 
 def judge_probes(event: Redeployed, problems: list[str], evidence: list[str]) -> None:
@@ -217,13 +237,17 @@ def judge_probes(event: Redeployed, problems: list[str], evidence: list[str]) ->
     before = [p for p in probes if p.answered < event.t]
     after = [p for p in probes if event.converged_t is not None and p.t >= event.converged_t]
     if not before or not after:
-        problems.append(f"probes of vllm_xargs.{key}: {len(before)} before the redeploy, {len(after)} after it "
-                        "converged (need both)")
+        problems.append(
+            f"probes of vllm_xargs.{key}: {len(before)} before the redeploy, {len(after)} after it "
+            "converged (need both)"
+        )
         return
     refused = sum(p.status == 400 and p.names_key for p in before)
     accepted = sum(p.status == 200 for p in after)
-    evidence.append(f"probe vllm_xargs.{key}: {refused}/{len(before)} refused naming it before, "
-                    f"{accepted}/{len(after)} accepted after")
+    evidence.append(
+        f"probe vllm_xargs.{key}: {refused}/{len(before)} refused naming it before, "
+        f"{accepted}/{len(after)} accepted after"
+    )
     if refused < len(before):
         problems.append(f"vllm_xargs.{key} before the redeploy: {len(before) - refused} probe(s) not refused naming it")
     if accepted < len(after):

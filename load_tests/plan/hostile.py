@@ -42,10 +42,25 @@ HOSTILE_REQUESTS: list[tuple[str, dict[str, Any], dict[str, str], int, str]] = [
     ("timeout_header_zero", {}, {"x-request-timeout-seconds": "0"}, 400, "x-request-timeout-seconds"),
     ("timeout_header_underscored", {}, {"X_Request_Timeout_Seconds": "-1"}, 400, "x-request-timeout-seconds"),
     ("disconnect_disabled_header", {}, {"x-request-disconnect-disabled": "?1"}, 400, "x-request-disconnect-disabled"),
-    ("costly_grammar_response_format", {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "costly", "schema": {"type": "string", "pattern": COSTLY_PATTERN}}}}, {}, 400, "response_format"),
-    ("costly_grammar_structured_outputs", {"structured_outputs": {"regex": COSTLY_PATTERN}}, {}, 400,
-     "structured_outputs"),
+    (
+        "costly_grammar_response_format",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "costly", "schema": {"type": "string", "pattern": COSTLY_PATTERN}},
+            }
+        },
+        {},
+        400,
+        "response_format",
+    ),
+    (
+        "costly_grammar_structured_outputs",
+        {"structured_outputs": {"regex": COSTLY_PATTERN}},
+        {},
+        400,
+        "structured_outputs",
+    ),
 ]
 HOSTILE_KINDS = tuple(k for k, *_ in HOSTILE_REQUESTS)
 ConnectionKind = Literal["idle", "trickle", "stalled_reader"]
@@ -59,18 +74,25 @@ class HostilePlan(BaseModel):
 
     windows: int = Field(8, ge=4, description="calm and hostile windows, in ABBA order (a multiple of 4)")
     window_s: float = Field(30.0, gt=0)
-    share: float = Field(0.2, ge=0, le=1, description="share of the requests started in a hostile window that "
-                                                      "are hostile requests")
-    connections: int = Field(4, ge=0, description="hostile connections of each kind opened at the start of every "
-                                                  "hostile window")
+    share: float = Field(
+        0.2, ge=0, le=1, description="share of the requests started in a hostile window that are hostile requests"
+    )
+    connections: int = Field(
+        4, ge=0, description="hostile connections of each kind opened at the start of every hostile window"
+    )
     close_bound_s: dict[ConnectionKind, float] = Field(
         default_factory=lambda: {"idle": 15.0, "trickle": 15.0, "stalled_reader": 90.0},
         description="the server must close each kind within this: headers within 10 s (HAProxy's timeout "
-                    "http-request), and a stalled reader's answer, once the engine finished it into the socket "
-                    "buffers, no longer than keep-alive / timeout client (30 s) after it; docs/security.md")
+        "http-request), and a stalled reader's answer, once the engine finished it into the socket "
+        "buffers, no longer than keep-alive / timeout client (30 s) after it; docs/security.md",
+    )
     goodput_drop_bound: float = Field(
-        0.10, gt=0, lt=1, description="the normal clients' goodput in hostile windows may fall at most this much "
-                                      "below the calm windows' (median over windows)")
+        0.10,
+        gt=0,
+        lt=1,
+        description="the normal clients' goodput in hostile windows may fall at most this much "
+        "below the calm windows' (median over windows)",
+    )
 
     def hostile_window(self, k: int) -> bool:
         """Window ``k`` (from 0) is hostile: calm, hostile, hostile, calm, then again."""

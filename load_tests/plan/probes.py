@@ -43,6 +43,12 @@ def probe_bodies(mix: Mix | None = None, n: int = 12) -> list[dict[str, Any]]:
 def probe_specs(round_no: int, mix: Mix | None = None, n: int = 12) -> list[RequestSpec]:
     """The probe set as request specs of round ``round_no`` (sent with the load's own client, so each probe is
     a request like any other in the verdict and the client/server cross-check)."""
-    return [RequestSpec(PROBE_INDEX_BASE * (round_no + 1) + i, "/v1/completions", body,
-                        tags={"kind": "probe", "probe": i, "round": round_no, "keep_text": True})
-            for i, body in enumerate(probe_bodies(mix, n))]
+    return [
+        RequestSpec(
+            PROBE_INDEX_BASE * (round_no + 1) + i,
+            "/v1/completions",
+            body,
+            tags={"kind": "probe", "probe": i, "round": round_no, "keep_text": True},
+        )
+        for i, body in enumerate(probe_bodies(mix, n))
+    ]

@@ -33,14 +33,16 @@ class Profile(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["fixed", "ramp", "poisson", "sweep"] = "fixed"
-    concurrency: int = Field(16, ge=1, description="in flight (fixed/ramp: target; poisson: cap; sweep: the last "
-                                                   "step's)")
+    concurrency: int = Field(
+        16, ge=1, description="in flight (fixed/ramp: target; poisson: cap; sweep: the last step's)"
+    )
     rate: float | None = Field(None, gt=0, description="poisson: requests per second")
     ramp_s: float = Field(30.0, ge=0, description="ramp: seconds to reach full concurrency")
     duration_s: float | None = Field(None, gt=0)
     max_requests: int | None = Field(None, ge=1)
-    step_s: float = Field(30.0, gt=0, description="sweep: seconds of load per step (duration_s and max_requests "
-                                                  "do not apply to a sweep)")
+    step_s: float = Field(
+        30.0, gt=0, description="sweep: seconds of load per step (duration_s and max_requests do not apply to a sweep)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> Profile:
@@ -60,12 +62,22 @@ class SweepPlan(BaseModel):
     start: int = Field(1, ge=1, description="the first step's")
     factor: float = Field(2.0, gt=1, description="each step's concurrency over the one before")
     step_s: float = Field(30.0, gt=0, description="seconds of load per step")
-    slo_attainment: float = Field(0.95, gt=0, le=1, description="share of a step's complete answers that must meet "
-                                                                "the SLO for the step to meet it")
-    error_budget: float = Field(0.01, ge=0, le=1, description="unexpected failures allowed, as a share of a step's "
-                                                              "requests")
-    knee_within: float = Field(0.05, ge=0, lt=1, description="the knee's goodput is within this of the best; a step "
-                                                             "must beat the best by more to count as rising")
+    slo_attainment: float = Field(
+        0.95,
+        gt=0,
+        le=1,
+        description="share of a step's complete answers that must meet the SLO for the step to meet it",
+    )
+    error_budget: float = Field(
+        0.01, ge=0, le=1, description="unexpected failures allowed, as a share of a step's requests"
+    )
+    knee_within: float = Field(
+        0.05,
+        ge=0,
+        lt=1,
+        description="the knee's goodput is within this of the best; a step "
+        "must beat the best by more to count as rising",
+    )
     patience: int = Field(2, ge=1, description="steps in a row without a rise that end the sweep")
 
     @classmethod
@@ -79,4 +91,4 @@ class SweepPlan(BaseModel):
             if not out or round(c) > out[-1]:
                 out.append(round(c))
             c *= self.factor
-        return out + [self.top]
+        return [*out, self.top]

@@ -40,8 +40,12 @@ class ClusterShape(BaseModel):
     workers: int = Field(0, ge=0, description="worker nodes beside the head")
     head_cpus: int = Field(8, ge=1, description="the head's logical CPUs")
     worker_cpus: int = Field(4, ge=1, description="each worker's logical CPUs")
-    spare_workers: int = Field(0, ge=0, description="workers started after the deploy, empty: room for Serve to "
-                                                    "reschedule replicas (Ray packs replicas onto the nodes it has)")
+    spare_workers: int = Field(
+        0,
+        ge=0,
+        description="workers started after the deploy, empty: room for Serve to "
+        "reschedule replicas (Ray packs replicas onto the nodes it has)",
+    )
 
 
 class Scenario(BaseModel):
@@ -57,15 +61,25 @@ class Scenario(BaseModel):
     max_num_seqs: int | None = None
     kill_replica_at_s: float | None = Field(None, description="SIGKILL one engine replica this long into the run")
     preemption_storm: bool = Field(False, description="the KV pool is sized for a preemption storm: it must happen")
-    probes: bool = Field(False, description="greedy probe set sent during the load and compared with a fault-free "
-                                            "deployment of the same config (load_tests.judge.probes)")
-    operations: OperationPlan | None = Field(None, description="redeploy / scale / node loss during the load "
-                                                               "(load_tests.operate); the load stops after them")
+    probes: bool = Field(
+        False,
+        description="greedy probe set sent during the load and compared with a fault-free "
+        "deployment of the same config (load_tests.judge.probes)",
+    )
+    operations: OperationPlan | None = Field(
+        None, description="redeploy / scale / node loss during the load (load_tests.operate); the load stops after them"
+    )
     cluster: ClusterShape | None = Field(None, description="the local cluster's nodes (default: one)")
-    hostile: HostilePlan | None = Field(None, description="hostile requests and connections beside the load, in "
-                                                          "calm and hostile windows (load_tests.plan.hostile)")
-    autoscaling: dict[str, Any] | None = Field(None, description="the engine deployment's autoscaling_config (Serve's "
-                                                                 "autoscaler sizes it; engine_replicas is left unset)")
+    hostile: HostilePlan | None = Field(
+        None,
+        description="hostile requests and connections beside the load, in "
+        "calm and hostile windows (load_tests.plan.hostile)",
+    )
+    autoscaling: dict[str, Any] | None = Field(
+        None,
+        description="the engine deployment's autoscaling_config (Serve's "
+        "autoscaler sizes it; engine_replicas is left unset)",
+    )
 
     @field_validator("faults")
     @classmethod
@@ -92,9 +106,17 @@ class Scenario(BaseModel):
     def planned_faults(self) -> tuple[str, ...]:
         """The faults this scenario injects, each of which the verdict requires to fire."""
         f = FaultConfig.model_validate(self.faults or {})
-        planned = [name for name, on in (("load_failures", f.load_failure_rate > 0), ("load_delays", f.load_delay_ms > 0),
-                                         ("lying_connector", f.lying_rate > 0), ("preemption_storm", self.preemption_storm),
-                                         ("replica_kill", self.kill_replica_at_s is not None)) if on]
+        planned = [
+            name
+            for name, on in (
+                ("load_failures", f.load_failure_rate > 0),
+                ("load_delays", f.load_delay_ms > 0),
+                ("lying_connector", f.lying_rate > 0),
+                ("preemption_storm", self.preemption_storm),
+                ("replica_kill", self.kill_replica_at_s is not None),
+            )
+            if on
+        ]
         return tuple(planned) + (self.operations.kinds if self.operations else ())
 
     @property
@@ -113,24 +135,36 @@ class Scenario(BaseModel):
             gib = kw.pop("kv_offloading_size", 0.25)
             kw.pop("kv_offloading_backend", None)
             kw["kv_transfer_config"] = {
-                "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                "kv_connector": "OffloadingConnector",
+                "kv_role": "kv_both",
                 "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * (1 << 30)),
-                                              CONFIG_KEY: self.faults}}
+                "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * (1 << 30)), CONFIG_KEY: self.faults},
+            }
         return kw
 
 
 CHAOS_FAULTS = {"seed": 7, "load_failure_rate": 0.1, "load_delay_ms": 3, "lying_rate": 0.1}
 
 # vLLM bench serve --dataset-name random --random-input-len 128 --random-output-len 64 --ignore-eos, as our mix
-BENCH_MIX = Mix(fuzz=0.0, explicit_zero=0.0, shared_prefix=0.0, long_prompt=0.0, stream=1.0, chat=0.0, cancel=0.0,
-                bad=0.0, prompt_tokens=128, max_tokens=(64, 64), ignore_eos=True)
+BENCH_MIX = Mix(
+    fuzz=0.0,
+    explicit_zero=0.0,
+    shared_prefix=0.0,
+    long_prompt=0.0,
+    stream=1.0,
+    chat=0.0,
+    cancel=0.0,
+    bad=0.0,
+    prompt_tokens=128,
+    max_tokens=(64, 64),
+    ignore_eos=True,
+)
 
 CHAOS = Scenario(
     name="chaos",
     description="stress plus KV load failures and delays, a lying connector, a KV pool small enough for "
-                "a preemption storm, and one replica SIGKILLed 30 s in (its replacement must come up and serve "
-                "before the load ends: ~90 s under load here)",
+    "a preemption storm, and one replica SIGKILLed 30 s in (its replacement must come up and serve "
+    "before the load ends: ~90 s under load here)",
     profile=Profile(kind="fixed", concurrency=256, duration_s=180),
     slo=LOADED_SLO,
     faults=CHAOS_FAULTS,
@@ -151,22 +185,27 @@ OPERATIONS_CAP_S = 3600  # scale's worst case: 3 steps x (wait + 480 s to conver
 def under_operations(name: str, description: str, steps: tuple, concurrency: int = 256, **kw: Any) -> Scenario:
     """A scenario that runs ``steps`` (load_tests.operate) under a fixed load, which stops after them."""
     plan = {k: kw.pop(k) for k in ("tail_s", "affinity_check", "converge_timeout_s") if k in kw}
-    return Scenario(name=name, description=description,
-                    profile=Profile(kind="fixed", concurrency=concurrency, duration_s=OPERATIONS_CAP_S),
-                    operations=OperationPlan(steps=steps, **plan), **kw)
+    return Scenario(
+        name=name,
+        description=description,
+        profile=Profile(kind="fixed", concurrency=concurrency, duration_s=OPERATIONS_CAP_S),
+        operations=OperationPlan(steps=steps, **plan),
+        **kw,
+    )
+
 
 SCENARIOS: dict[str, Scenario] = {
     "smoke": Scenario(
         name="smoke",
         description="16 concurrent requests for 40 s, the full request mix, a KV pool small enough that "
-                    "shared prefixes go to the offload tier and back, every invariant checked",
+        "shared prefixes go to the offload tier and back, every invariant checked",
         profile=Profile(kind="fixed", concurrency=16, duration_s=40),
         kv_blocks=48,
     ),
     "stress": Scenario(
         name="stress",
         description="256 concurrent streams for 3 minutes on the 2-replica deployment, a KV pool that "
-                    "spills shared prefixes to the offload tier",
+        "spills shared prefixes to the offload tier",
         profile=Profile(kind="fixed", concurrency=256, duration_s=180),
         kv_blocks=96,
         slo=LOADED_SLO,
@@ -174,71 +213,88 @@ SCENARIOS: dict[str, Scenario] = {
     "bench": Scenario(
         name="bench",
         description="vLLM bench serve's workload, for comparing figures with it: unfuzzed streamed completions "
-                    "of 128 random prompt tokens and exactly 64 output tokens (ignore_eos), 32 in flight, 640 "
-                    "requests, the deployment's own KV pool",
+        "of 128 random prompt tokens and exactly 64 output tokens (ignore_eos), 32 in flight, 640 "
+        "requests, the deployment's own KV pool",
         profile=Profile(kind="fixed", concurrency=32, max_requests=640),
         mix=BENCH_MIX,
     ),
     "chaos": CHAOS,
-    "chaos-lite": CHAOS.model_copy(update=dict(
-        name="chaos-lite",
-        description="CI's A/B through Serve: the chaos faults (load failures and delays, a lying connector, a "
-                    "preemption storm) at 24 concurrent requests for 60 s, no replica kill; passes with the "
-                    "patches, fails with --patches-off accounting",
-        profile=Profile(kind="fixed", concurrency=24, duration_s=60),
-        # More of the load on more shared prefixes than the pool holds (8 x ~5 blocks > 32), and longer
-        # answers: a minute is enough for reloads from the offload tier (where loads fail) and preemptions.
-        mix=Mix(shared_prefix=0.7, n_prefixes=8, max_tokens=(16, 96)),
-        kv_blocks=32,
-        max_num_seqs=16,
-        kill_replica_at_s=None,
-    )),
-    "soak": CHAOS.model_copy(update=dict(
-        name="soak",
-        description="chaos for 10 minutes at 256 concurrent streams, with a greedy probe set sent under the "
-                    "faults and compared with a fault-free deployment (docs/load_tests.md, the soak figure)",
-        profile=Profile(kind="fixed", concurrency=256, duration_s=600),
-        mix=Mix(stream=1.0),
-        kill_replica_at_s=120,
-        probes=True,
-    )),
+    "chaos-lite": CHAOS.model_copy(
+        update=dict(
+            name="chaos-lite",
+            description="CI's A/B through Serve: the chaos faults (load failures and delays, a lying connector, a "
+            "preemption storm) at 24 concurrent requests for 60 s, no replica kill; passes with the "
+            "patches, fails with --patches-off accounting",
+            profile=Profile(kind="fixed", concurrency=24, duration_s=60),
+            # More of the load on more shared prefixes than the pool holds (8 x ~5 blocks > 32), and longer
+            # answers: a minute is enough for reloads from the offload tier (where loads fail) and preemptions.
+            mix=Mix(shared_prefix=0.7, n_prefixes=8, max_tokens=(16, 96)),
+            kv_blocks=32,
+            max_num_seqs=16,
+            kill_replica_at_s=None,
+        )
+    ),
+    "soak": CHAOS.model_copy(
+        update=dict(
+            name="soak",
+            description="chaos for 10 minutes at 256 concurrent streams, with a greedy probe set sent under the "
+            "faults and compared with a fault-free deployment (docs/load_tests.md, the soak figure)",
+            profile=Profile(kind="fixed", concurrency=256, duration_s=600),
+            mix=Mix(stream=1.0),
+            kill_replica_at_s=120,
+            probes=True,
+        )
+    ),
     "redeploy": under_operations(
-        "redeploy", "256 concurrent streams on 2 replicas; 40 s in, serve deploy of the app with a changed engine "
-                    "setting (kv_offloading_size, so Serve replaces every replica) and a newly allowed vllm_xargs "
-                    "key (a probe sees it refused before, accepted after); the load runs until the new replicas "
-                    "serve, plus 45 s. Nothing lost, no 5xx, old replicas retired cleanly",
-        (REDEPLOY,), slo=LOADED_SLO),
+        "redeploy",
+        "256 concurrent streams on 2 replicas; 40 s in, serve deploy of the app with a changed engine "
+        "setting (kv_offloading_size, so Serve replaces every replica) and a newly allowed vllm_xargs "
+        "key (a probe sees it refused before, accepted after); the load runs until the new replicas "
+        "serve, plus 45 s. Nothing lost, no 5xx, old replicas retired cleanly",
+        (REDEPLOY,),
+        slo=LOADED_SLO,
+    ),
     "redeploy-lite": under_operations(
-        "redeploy-lite", "CI's redeploy: 16 concurrent requests on 2 replicas, the redeploy 15 s in, the load until "
-                         "the new replicas serve plus 15 s",
-        (REDEPLOY.model_copy(update={"after_s": 15}),), concurrency=16, tail_s=15),
+        "redeploy-lite",
+        "CI's redeploy: 16 concurrent requests on 2 replicas, the redeploy 15 s in, the load until "
+        "the new replicas serve plus 15 s",
+        (REDEPLOY.model_copy(update={"after_s": 15}),),
+        concurrency=16,
+        tail_s=15,
+    ),
     "scale": under_operations(
-        "scale", "256 concurrent streams while the engine deployment scales 2 -> 4 -> 1 -> 2 replicas "
-                 "(num_replicas in the YAML's deployments: section, changed in place), each step 40-60 s "
-                 "after the previous one converged; nothing lost, no 5xx, retired replicas not deaths; after "
-                 "each step the load pauses and each fuzz setting + prefix must land on the replica the router's "
-                 "hash names among those now serving",
-        (Scale(after_s=40, replicas=4), Scale(after_s=60, replicas=1), Scale(after_s=60, replicas=2)), slo=LOADED_SLO,
-        affinity_check=True),
+        "scale",
+        "256 concurrent streams while the engine deployment scales 2 -> 4 -> 1 -> 2 replicas "
+        "(num_replicas in the YAML's deployments: section, changed in place), each step 40-60 s "
+        "after the previous one converged; nothing lost, no 5xx, retired replicas not deaths; after "
+        "each step the load pauses and each fuzz setting + prefix must land on the replica the router's "
+        "hash names among those now serving",
+        (Scale(after_s=40, replicas=4), Scale(after_s=60, replicas=1), Scale(after_s=60, replicas=2)),
+        slo=LOADED_SLO,
+        affinity_check=True,
+    ),
     "node-loss": under_operations(
-        "node-loss", "256 concurrent streams on a three-node cluster (head and worker1 with one replica each, "
-                     "worker2 empty, started after the deploy); 40 s in, every process of worker1 is SIGKILLed; "
-                     "Serve must bring a replacement up on a surviving node; only the requests cut by the loss may "
-                     "fail, and the lost node's endpoint and series are declared, not violations",
-        (NodeLoss(after_s=40),), slo=LOADED_SLO,
+        "node-loss",
+        "256 concurrent streams on a three-node cluster (head and worker1 with one replica each, "
+        "worker2 empty, started after the deploy); 40 s in, every process of worker1 is SIGKILLed; "
+        "Serve must bring a replacement up on a surviving node; only the requests cut by the loss may "
+        "fail, and the lost node's endpoint and series are declared, not violations",
+        (NodeLoss(after_s=40),),
+        slo=LOADED_SLO,
         # the replacement starts on a node that never ran a replica, under the full load: 303, 435 and 488 s measured
         converge_timeout_s=720,
         # 2 CPUs a node: one replica each (a replica takes its engine core + its frontend's); Ray would pack both
         # onto a bigger head. The spare node is where the replacement can go.
-        cluster=ClusterShape(workers=1, head_cpus=2, worker_cpus=2, spare_workers=1)),
+        cluster=ClusterShape(workers=1, head_cpus=2, worker_cpus=2, spare_workers=1),
+    ),
     "hostile": Scenario(
         name="hostile",
         description="64 concurrent requests of the normal mix for 4 minutes in 30 s windows, calm and hostile in "
-                    "ABBA order; a hostile window adds hostile requests (a fifth of its requests: coerced caps, "
-                    "prompt lists, limit headers, costly grammars; each must get its 400 naming the field or "
-                    "header) and opens idle, header-trickling and never-read connections (each must be closed by "
-                    "the server within its bound); the normal clients' goodput in hostile windows may fall at most "
-                    "10 % below the calm windows' (docs/security.md, the hostile scenario)",
+        "ABBA order; a hostile window adds hostile requests (a fifth of its requests: coerced caps, "
+        "prompt lists, limit headers, costly grammars; each must get its 400 naming the field or "
+        "header) and opens idle, header-trickling and never-read connections (each must be closed by "
+        "the server within its bound); the normal clients' goodput in hostile windows may fall at most "
+        "10 % below the calm windows' (docs/security.md, the hostile scenario)",
         profile=Profile(kind="fixed", concurrency=64, duration_s=HOSTILE.duration_s),
         mix=Mix(bad=0.0),
         slo=LOADED_SLO,
@@ -247,18 +303,27 @@ SCENARIOS: dict[str, Scenario] = {
     "hostile-aa": Scenario(
         name="hostile-aa",
         description="the hostile scenario's load and windows with nothing hostile in them: the A/A control of its "
-                    "goodput comparison (the drop it shows is the host's noise)",
+        "goodput comparison (the drop it shows is the host's noise)",
         profile=Profile(kind="fixed", concurrency=64, duration_s=HOSTILE.duration_s),
         mix=Mix(bad=0.0),
         slo=LOADED_SLO,
         hostile=HOSTILE.model_copy(update={"share": 0.0, "connections": 0}),
     ),
     "autoscale": under_operations(
-        "autoscale", "Serve's autoscaler sizes the engine deployment (1 to 2 replicas, 32 ongoing requests per "
-                     "replica as the target): 16 concurrent requests, then 256 until it runs 2 replicas, then 16 "
-                     "until it is back to 1; nothing lost, no 5xx, the retired replica not a death",
+        "autoscale",
+        "Serve's autoscaler sizes the engine deployment (1 to 2 replicas, 32 ongoing requests per "
+        "replica as the target): 16 concurrent requests, then 256 until it runs 2 replicas, then 16 "
+        "until it is back to 1; nothing lost, no 5xx, the retired replica not a death",
         (Autoscale(after_s=60, concurrency=256, replicas=2), Autoscale(after_s=60, concurrency=16, replicas=1)),
-        concurrency=16, slo=LOADED_SLO,
-        autoscaling={"min_replicas": 1, "max_replicas": 2, "initial_replicas": 1, "target_ongoing_requests": 32,
-                     "upscale_delay_s": 10, "downscale_delay_s": 30}),
+        concurrency=16,
+        slo=LOADED_SLO,
+        autoscaling={
+            "min_replicas": 1,
+            "max_replicas": 2,
+            "initial_replicas": 1,
+            "target_ongoing_requests": 32,
+            "upscale_delay_s": 10,
+            "downscale_delay_s": 30,
+        },
+    ),
 }

@@ -45,9 +45,11 @@ class Slo(BaseModel):
             return False
         if r.ttft is not None:
             tpot = r.tpot
-            return ((self.ttft_s is None or r.ttft <= self.ttft_s)
-                    and (self.tpot_s is None or tpot is None or tpot <= self.tpot_s)
-                    and (self.e2e_s is None or r.e2e <= self.e2e_s))
+            return (
+                (self.ttft_s is None or r.ttft <= self.ttft_s)
+                and (self.tpot_s is None or tpot is None or tpot <= self.tpot_s)
+                and (self.e2e_s is None or r.e2e <= self.e2e_s)
+            )
         return r.e2e <= self.e2e_budget(r.output_tokens)
 
     def e2e_budget(self, tokens: int) -> float:

@@ -18,17 +18,22 @@ from pydantic import BaseModel, ConfigDict, Field
 class _Step(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    after_s: float = Field(ge=0, description="seconds after the load started (first step) or the previous step "
-                                             "converged")
+    after_s: float = Field(
+        ge=0, description="seconds after the load started (first step) or the previous step converged"
+    )
 
 
 class Redeploy(_Step):
     kind: Literal["redeploy"] = "redeploy"
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict,
-                                          description="merged into every llm_config's engine_kwargs (any change "
-                                                      "under the app's args makes Serve replace every replica)")
-    allow_xargs: tuple[str, ...] = Field((), description="vllm_xargs keys the guard allows after the redeploy "
-                                                         "(refused before): the change a probe can see")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="merged into every llm_config's engine_kwargs (any change "
+        "under the app's args makes Serve replace every replica)",
+    )
+    allow_xargs: tuple[str, ...] = Field(
+        (),
+        description="vllm_xargs keys the guard allows after the redeploy (refused before): the change a probe can see",
+    )
 
 
 class Scale(_Step):
@@ -57,9 +62,12 @@ class OperationPlan(BaseModel):
     converge_timeout_s: float = Field(480.0, gt=0, description="a step that has not converged by then fails the run")
     tail_s: float = Field(45.0, ge=0, description="load after the last step converged")
     probe_every_s: float = Field(5.0, gt=0, description="between guard probes (plans with allow_xargs)")
-    affinity_check: bool = Field(False, description="after each scale step converged: pause the load and check that "
-                                                    "a fuzz setting + prefix lands on the replica the router's hash "
-                                                    "names (load_tests.affinity)")
+    affinity_check: bool = Field(
+        False,
+        description="after each scale step converged: pause the load and check that "
+        "a fuzz setting + prefix lands on the replica the router's hash "
+        "names (load_tests.affinity)",
+    )
     affinity_idle_timeout_s: float = Field(180.0, gt=0, description="for the paused deployment to go idle")
 
     @property

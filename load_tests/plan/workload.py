@@ -28,9 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fixture_model.tasks import held_out_examples, training_examples
 
@@ -56,24 +55,40 @@ class Mix(BaseModel):
     chat: float = Field(0.3, ge=0, le=1)
     cancel: float = Field(0.1, ge=0, le=1, description="share of streams the client drops mid-way")
     bad: float = Field(0.05, ge=0, le=1, description="share of deliberately bad requests (expect 4xx)")
-    hostile: float = Field(0.0, ge=0, le=1, description="share of hostile requests (load_tests.plan.hostile: "
-                                                        "coerced caps, prompt lists, limit headers, costly "
-                                                        "grammars; each expects its 400)")
+    hostile: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="share of hostile requests (load_tests.plan.hostile: "
+        "coerced caps, prompt lists, limit headers, costly "
+        "grammars; each expects its 400)",
+    )
     n_prefixes: int = Field(6, ge=1)
     prefix_tokens: int = Field(600, ge=1, description="approximate length of each shared prefix")
     long_prompt_tokens: int = Field(900, ge=1)
     max_tokens: tuple[int, int] = (8, 48)
-    prompt_tokens: int | None = Field(None, ge=1, description="every prompt exactly this many random tokens (one "
-                                      "number word each), as vLLM bench's random dataset; None: the task prompts")
+    prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="every prompt exactly this many random tokens (one "
+        "number word each), as vLLM bench's random dataset; None: the task prompts",
+    )
     ignore_eos: bool = Field(False, description="answers run to max_tokens (vLLM's ignore_eos), for fixed lengths")
-    explicit_zero: float = Field(0.5, ge=0, le=1, description="share of unfuzzed requests that send "
-                                                              "fuzz_strength 0 (which must equal no fuzz)")
-    prompts_file: str | None = Field(None, description="request i sends prompt prompts_offset + i of this vLLM "
-                                     "`custom` dataset file (JSONL of {\"prompt\": ...}), none twice: the prompts "
-                                     "vLLM's bench serve sends from the same file (benchmarks/bench_agreement.py)")
+    explicit_zero: float = Field(
+        0.5, ge=0, le=1, description="share of unfuzzed requests that send fuzz_strength 0 (which must equal no fuzz)"
+    )
+    prompts_file: str | None = Field(
+        None,
+        description="request i sends prompt prompts_offset + i of this vLLM "
+        '`custom` dataset file (JSONL of {"prompt": ...}), none twice: the prompts '
+        "vLLM's bench serve sends from the same file (benchmarks/bench_agreement.py)",
+    )
     prompts_offset: int = Field(0, ge=0, description="the first prompt of prompts_file this run sends")
-    bench_body: bool = Field(False, description="send the body vLLM's bench serve sends for a completion "
-                             "(adds its repetition_penalty 1.0 and logprobs null), so both clients' bodies are equal")
+    bench_body: bool = Field(
+        False,
+        description="send the body vLLM's bench serve sends for a completion "
+        "(adds its repetition_penalty 1.0 and logprobs null), so both clients' bodies are equal",
+    )
     model: str = "fixture"
 
     @model_validator(mode="after")
@@ -133,7 +148,7 @@ def file_prompts(path: str) -> tuple[str, ...]:
             try:
                 prompts.append(str(json.loads(line)["prompt"]))
             except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{path}:{n}: not a {{\"prompt\": ...}} line: {e}") from e
+                raise ValueError(f'{path}:{n}: not a {{"prompt": ...}} line: {e}') from e
     return tuple(prompts)
 
 
@@ -163,20 +178,46 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
     if mix.hostile and rng.random() < mix.hostile:
         kind, change, headers, status, param = HOSTILE_REQUESTS[rng.randrange(len(HOSTILE_REQUESTS))]
         body = {"model": mix.model, "prompt": "count 1 2", "max_tokens": 4, **change}
-        return RequestSpec(index, "/v1/completions", body, expect="4xx", expect_status=status, expect_param=param,
-                           tags={"kind": "hostile", "hostile": kind}, headers=dict(headers))
+        return RequestSpec(
+            index,
+            "/v1/completions",
+            body,
+            expect="4xx",
+            expect_status=status,
+            expect_param=param,
+            tags={"kind": "hostile", "hostile": kind},
+            headers=dict(headers),
+        )
     max_tokens = rng.randint(*mix.max_tokens)
     chat = rng.random() < mix.chat
     route = "/v1/chat/completions" if chat else "/v1/completions"
     if rng.random() < mix.bad:
         change, status, param = BAD_REQUESTS[rng.randrange(len(BAD_REQUESTS))]
-        base = {"model": mix.model, "max_tokens": 4,
-                **({"messages": [{"role": "user", "content": "count 1 2"}]} if chat else {"prompt": "count 1 2"})}
+        base = {
+            "model": mix.model,
+            "max_tokens": 4,
+            **({"messages": [{"role": "user", "content": "count 1 2"}]} if chat else {"prompt": "count 1 2"}),
+        }
         if isinstance(change, bytes):
-            return RequestSpec(index, route, None, raw_body=change, expect="4xx", expect_status=status,
-                               expect_param=param, tags={"kind": "bad", "bad": "malformed_json"})
-        return RequestSpec(index, route, {**base, **change}, expect="4xx", expect_status=status, expect_param=param,
-                           tags={"kind": "bad", "bad": param})
+            return RequestSpec(
+                index,
+                route,
+                None,
+                raw_body=change,
+                expect="4xx",
+                expect_status=status,
+                expect_param=param,
+                tags={"kind": "bad", "bad": "malformed_json"},
+            )
+        return RequestSpec(
+            index,
+            route,
+            {**base, **change},
+            expect="4xx",
+            expect_status=status,
+            expect_param=param,
+            tags={"kind": "bad", "bad": param},
+        )
 
     tail = _tails()[rng.randrange(len(_tails()))]
     tags: dict[str, Any] = {"kind": "chat" if chat else "completion", "task": tail.task}
@@ -184,8 +225,10 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
         prompts = file_prompts(mix.prompts_file)
         k = mix.prompts_offset + index
         if k >= len(prompts):
-            raise ValueError(f"{mix.prompts_file} has {len(prompts)} prompts; request {index} would need prompt "
-                             f"{k} (prompts are never sent twice)")
+            raise ValueError(
+                f"{mix.prompts_file} has {len(prompts)} prompts; request {index} would need prompt "
+                f"{k} (prompts are never sent twice)"
+            )
         prompt = prompts[k]
         tags.update(prompt="file", task=None)
     elif mix.prompt_tokens is not None:

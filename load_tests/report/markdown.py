@@ -13,8 +13,14 @@ from ..results.models import Capacity, HostileVerdict, Repeats, RunSummary
 def ingress_retries_line(summary: RunSummary) -> str:
     """The refusals at the ingress the client sent again, in one line (the report and the CLI table)."""
     ir = summary.ingress_retries
-    return (f"{ir.requests} request(s), {ir.answered} answered on a retry; refusals {ir.refusals} "
-            f"(docs/load_tests.md#refused-at-the-ingress)") if ir.requests else "none"
+    return (
+        (
+            f"{ir.requests} request(s), {ir.answered} answered on a retry; refusals {ir.refusals} "
+            f"(docs/load_tests.md#refused-at-the-ingress)"
+        )
+        if ir.requests
+        else "none"
+    )
 
 
 def _ms(v: float | None) -> str:
@@ -26,35 +32,61 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
     verdict = "PASSED" if summary.passed else "FAILED"
     lines += [f"**{verdict}**" + ("" if summary.passed else ": " + "; ".join(summary.failures)), ""]
     t = summary.throughput
-    lines += ["## Load", "",
-              f"{summary.started} requests in {summary.wall_s:.0f} s; outcomes: "
-              + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())), "",
-              f"- throughput: {t.requests_per_s:.2f} req/s ({t.completed} complete answers), "
-              f"{t.output_tokens_per_s:.1f} output tokens/s",
-              f"- goodput: {t.goodput_requests_per_s:.2f} req/s ({t.slo_met} of the {t.completed} complete answers) "
-              f"meeting {summary.slo.model_dump()}: streams on TTFT and TPOT, the rest on end-to-end time "
-              f"(docs/load_tests.md#figures)", "",
-              "| latency (ms) | requests | values | p50 | p90 | p95 | p99 | mean |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Load",
+        "",
+        f"{summary.started} requests in {summary.wall_s:.0f} s; outcomes: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())),
+        "",
+        (
+            f"- throughput: {t.requests_per_s:.2f} req/s ({t.completed} complete answers), "
+            f"{t.output_tokens_per_s:.1f} output tokens/s"
+        ),
+        (
+            f"- goodput: {t.goodput_requests_per_s:.2f} req/s ({t.slo_met} of the {t.completed} complete answers) "
+            f"meeting {summary.slo.model_dump()}: streams on TTFT and TPOT, the rest on end-to-end time "
+            f"(docs/load_tests.md#figures)"
+        ),
+        "",
+        "| latency (ms) | requests | values | p50 | p90 | p95 | p99 | mean |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, p in summary.latency_s:
-        lines.append(f"| {name} | {p.requests} | {p.count} | {_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | "
-                     f"{_ms(p.p99)} | {_ms(p.mean)} |")
+        lines.append(
+            f"| {name} | {p.requests} | {p.count} | {_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | "
+            f"{_ms(p.p99)} | {_ms(p.mean)} |"
+        )
     faults = [f.model_dump(mode="json", exclude_none=True) for f in summary.faults]
-    lines += ["", "## Errors", "",
-              f"- unexpected, by kind: {summary.errors_by_kind or 'none'}",
-              f"- unexpected, most common messages: {summary.errors_by_message or 'none'}",
-              f"- explained by injected faults: {summary.errors_explained_by_faults or 'none'}",
-              f"- refused at the ingress and sent again: {ingress_retries_line(summary)}",
-              f"- bad requests sent {summary.bad_requests.sent}, refused naming the field "
-              f"{summary.bad_requests.rejected_naming_the_field}",
-              f"- faults injected: {faults or 'none'}", ""]
+    lines += [
+        "",
+        "## Errors",
+        "",
+        f"- unexpected, by kind: {summary.errors_by_kind or 'none'}",
+        f"- unexpected, most common messages: {summary.errors_by_message or 'none'}",
+        f"- explained by injected faults: {summary.errors_explained_by_faults or 'none'}",
+        f"- refused at the ingress and sent again: {ingress_retries_line(summary)}",
+        (
+            f"- bad requests sent {summary.bad_requests.sent}, refused naming the field "
+            f"{summary.bad_requests.rejected_naming_the_field}"
+        ),
+        f"- faults injected: {faults or 'none'}",
+        "",
+    ]
     if summary.first_unexpected_errors:
-        lines += ["First unexpected error:", "", "```json",
-                  json.dumps(summary.first_unexpected_errors[0], indent=1)[:3000], "```", ""]
+        lines += [
+            "First unexpected error:",
+            "",
+            "```json",
+            json.dumps(summary.first_unexpected_errors[0], indent=1)[:3000],
+            "```",
+            "",
+        ]
     if summary.planned_faults:
         lines += ["## Planned faults", "", "| fault | fired | shown | evidence | problems |", "|---|---|---|---|---|"]
-        lines += [f"| {c.fault} | {c.fired} | {'yes' if c.ok else '**no**'} | {c.evidence} | "
-                  f"{'; '.join(c.problems) or '-'} |" for c in summary.planned_faults]
+        lines += [
+            f"| {c.fault} | {c.fired} | {'yes' if c.ok else '**no**'} | {c.evidence} | {'; '.join(c.problems) or '-'} |"
+            for c in summary.planned_faults
+        ]
         lines.append("")
     lines += [f"Replicas that died without the run killing them: {summary.unexpected_replica_deaths or 'none'}", ""]
     if summary.capacity:
@@ -63,60 +95,112 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()
         lines += repeats_lines(summary.repeats)
     if summary.probes:
         p = summary.probes
-        lines += ["## Greedy probes under faults vs the fault-free deployment", "",
-                  f"{p.rounds} rounds, {p.sent} probes sent, {p.compared} answered and compared, "
-                  f"{p.equal} equal to the fault-free answer, {p.failed} failed (judged with the other "
-                  f"requests); problems: {'; '.join(p.problems) or 'none'}", ""]
+        lines += [
+            "## Greedy probes under faults vs the fault-free deployment",
+            "",
+            (
+                f"{p.rounds} rounds, {p.sent} probes sent, {p.compared} answered and compared, "
+                f"{p.equal} equal to the fault-free answer, {p.failed} failed (judged with the other "
+                f"requests); problems: {'; '.join(p.problems) or 'none'}"
+            ),
+            "",
+        ]
     if summary.hostile:
         lines += hostile_lines(summary.hostile)
     inv = summary.invariants
-    lines += ["## Counter invariants", "",
-              f"{inv.scrapes} scrapes (scrape time p50 {_ms(inv.scrape_seconds.p50)} ms, max "
-              f"{_ms(inv.scrape_seconds.p99)} ms; failed scrapes {inv.failed_scrapes}); violations: {inv.violations} {inv.by_kind or ''}; "
-              f"accounting violations expected from injected faults: {inv.expected_accounting_violations or 'none'}", ""]
+    lines += [
+        "## Counter invariants",
+        "",
+        (
+            f"{inv.scrapes} scrapes (scrape time p50 {_ms(inv.scrape_seconds.p50)} ms, max "
+            f"{_ms(inv.scrape_seconds.p99)} ms; failed scrapes {inv.failed_scrapes}); "
+            f"violations: {inv.violations} {inv.by_kind or ''}; "
+            f"accounting violations expected from injected faults: {inv.expected_accounting_violations or 'none'}"
+        ),
+        "",
+    ]
     if inv.first_violation:
-        lines += ["First violation, full context:", "", "```json",
-                  json.dumps(asdict(inv.first_violation), indent=1, default=str)[:4000], "```", ""]
-    lines += ["| replica | node | stale | prompt_tokens | local_compute | local_cache_hit | external_kv_transfer "
-              "| finished | violations | corrections |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "First violation, full context:",
+            "",
+            "```json",
+            json.dumps(asdict(inv.first_violation), indent=1, default=str)[:4000],
+            "```",
+            "",
+        ]
+    lines += [
+        (
+            "| replica | node | stale | prompt_tokens | local_compute | local_cache_hit | external_kv_transfer "
+            "| finished | violations | corrections |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for k, r in sorted(summary.replicas.items()):
         bs = r.by_source
-        lines.append(f"| {k} | {r.node} | {r.stale} | {r.prompt_tokens:g} | {bs.get('local_compute', 0):g} | "
-                     f"{bs.get('local_cache_hit', 0):g} | {bs.get('external_kv_transfer', 0):g} | "
-                     f"{sum(r.requests_finished.values()):g} | {r.violations or 0} | {r.corrections or 0} |")
+        lines.append(
+            f"| {k} | {r.node} | {r.stale} | {r.prompt_tokens:g} | {bs.get('local_compute', 0):g} | "
+            f"{bs.get('local_cache_hit', 0):g} | {bs.get('external_kv_transfer', 0):g} | "
+            f"{sum(r.requests_finished.values()):g} | {r.violations or 0} | {r.corrections or 0} |"
+        )
     cs = summary.client_server
-    lines += ["", f"Client/server: clients got {cs.client_ok} complete answers and cancelled {cs.client_cancelled}; "
-              f"engines completed {cs.engine_completed:g} and finished {cs.engine_finished:g} in all "
-              f"({cs.sent_past_router} requests got past the router). {cs.note or ''}", ""]
+    lines += [
+        "",
+        (
+            f"Client/server: clients got {cs.client_ok} complete answers and cancelled {cs.client_cancelled}; "
+            f"engines completed {cs.engine_completed:g} and finished {cs.engine_finished:g} in all "
+            f"({cs.sent_past_router} requests got past the router). {cs.note or ''}"
+        ),
+        "",
+    ]
     if sweep:
-        lines += ["## Fuzz sweep (greedy, through the deployment)", "",
-                  "| mode | fuzz_strength | accuracy | outputs changed | token divergence |", "|---|---|---|---|---|"]
-        lines += [f"| {p.mode} | {p.strength:g} | {p.accuracy:.2f} | {p.changed_outputs:.2f} | {p.token_divergence:.2f} |"
-                  for p in sweep]
+        lines += [
+            "## Fuzz sweep (greedy, through the deployment)",
+            "",
+            "| mode | fuzz_strength | accuracy | outputs changed | token divergence |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p.mode} | {p.strength:g} | {p.accuracy:.2f} | {p.changed_outputs:.2f} | {p.token_divergence:.2f} |"
+            for p in sweep
+        ]
         lines.append("")
     lines += ["## Plots", ""] + [f"![{img}]({img})" for img in images]
     return "\n".join(lines) + "\n"
 
 
 def capacity_lines(cap: Capacity) -> list[str]:
-    knee = "none: no step met the SLO" if cap.knee is None else (
-        f"**{cap.knee} in flight**, {cap.knee_goodput_requests_per_s:.2f} req/s goodput")
+    knee = (
+        "none: no step met the SLO"
+        if cap.knee is None
+        else (f"**{cap.knee} in flight**, {cap.knee_goodput_requests_per_s:.2f} req/s goodput")
+    )
     plan = cap.plan
-    lines = ["## Capacity search (profile sweep)", "",
-             f"Steps of {plan.step_s:g} s at 1, 2, 4, ... in flight. Knee (the highest load whose goodput is within "
-             f"{plan.knee_within:.0%} of the best, {cap.best_goodput_requests_per_s:.2f} req/s, and at which at least "
-             f"{plan.slo_attainment:.0%} of the complete answers met the SLO, with no invariant violation and at most "
-             f"{plan.error_budget:.0%} failures): {knee}. Stopped: {cap.stopped_because}.", "",
-             "| in flight | requests | req/s | goodput | SLO met | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | "
-             "failures | violations | meets SLO |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Capacity search (profile sweep)",
+        "",
+        (
+            f"Steps of {plan.step_s:g} s at 1, 2, 4, ... in flight. Knee (the highest load whose goodput is within "
+            f"{plan.knee_within:.0%} of the best, {cap.best_goodput_requests_per_s:.2f} req/s, and at which at least "
+            f"{plan.slo_attainment:.0%} of the complete answers met the SLO, with no invariant violation and at most "
+            f"{plan.error_budget:.0%} failures): {knee}. Stopped: {cap.stopped_because}."
+        ),
+        "",
+        (
+            "| in flight | requests | req/s | goodput | SLO met | TTFT p50 / p99 (ms) | TPOT p50 / p99 (ms) | "
+            "failures | violations | meets SLO |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for st in cap.steps:
         t, lat = st.throughput, st.latency_s
         met = "-" if st.slo_attainment is None else f"{st.slo_attainment:.0%}"
-        lines.append(f"| {st.concurrency} | {st.started} | {t.requests_per_s:.2f} | {t.goodput_requests_per_s:.2f} | "
-                     f"{met} | {_ms(lat.ttft.p50)} / {_ms(lat.ttft.p99)} ({lat.ttft.requests}) | "
-                     f"{_ms(lat.tpot.p50)} / {_ms(lat.tpot.p99)} ({lat.tpot.requests}) | {st.unexpected_failures} | "
-                     f"{st.violations} {' '.join(st.violation_kinds)} | {'yes' if st.meets_slo else 'no'} |")
-    return lines + [""]
+        lines.append(
+            f"| {st.concurrency} | {st.started} | {t.requests_per_s:.2f} | {t.goodput_requests_per_s:.2f} | "
+            f"{met} | {_ms(lat.ttft.p50)} / {_ms(lat.ttft.p99)} ({lat.ttft.requests}) | "
+            f"{_ms(lat.tpot.p50)} / {_ms(lat.tpot.p99)} ({lat.tpot.requests}) | {st.unexpected_failures} | "
+            f"{st.violations} {' '.join(st.violation_kinds)} | {'yes' if st.meets_slo else 'no'} |"
+        )
+    return [*lines, ""]
 
 
 def repeats_lines(rep: Repeats) -> list[str]:
@@ -125,30 +209,58 @@ def repeats_lines(rep: Repeats) -> list[str]:
             return "-"
         return f"{v * 1000:.0f} ms" if name.endswith("_s") else f"{v:.2f}"
 
-    lines = [f"## {rep.runs} runs ({rep.passed} passed)", "",
-             "| figure | median | min | max | spread | each run |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"## {rep.runs} runs ({rep.passed} passed)",
+        "",
+        "| figure | median | min | max | spread | each run |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, sp in rep.figures.items():
         spread = "-" if sp.relative_spread is None else f"{sp.relative_spread:.0%}"
-        lines.append(f"| {name} | {fmt(name, sp.median)} | {fmt(name, sp.min)} | {fmt(name, sp.max)} | {spread} | "
-                     + ", ".join(fmt(name, v) for v in sp.values) + " |")
-    return lines + ["", "Each run's report: " + ", ".join(f"[{Path(d).name}]({Path(d).name}/report.md)"
-                                                          for d in rep.reports), ""]
+        lines.append(
+            f"| {name} | {fmt(name, sp.median)} | {fmt(name, sp.min)} | {fmt(name, sp.max)} | {spread} | "
+            + ", ".join(fmt(name, v) for v in sp.values)
+            + " |"
+        )
+    return [
+        *lines,
+        "",
+        "Each run's report: " + ", ".join(f"[{Path(d).name}]({Path(d).name}/report.md)" for d in rep.reports),
+        "",
+    ]
 
 
 def hostile_lines(h: HostileVerdict) -> list[str]:
-    lines = ["## Hostile clients", "",
-             f"Normal goodput: {h.calm_goodput_requests_per_s or 0:.2f} req/s over the calm windows, "
-             f"{h.hostile_goodput_requests_per_s or 0:.2f} over the hostile ones"
-             + (f" ({h.goodput_drop:+.1%} drop; bound {h.goodput_drop_bound:.0%}; per ABBA block: "
-                + ", ".join(f"{d:+.1%}" for d in h.block_drops) + ")" if h.goodput_drop is not None else "")
-             + f". Problems: {'; '.join(h.problems) or 'none'}.", "",
-             "| window | start (s) | normal requests | met the SLO | goodput (req/s) |", "|---|---|---|---|---|"]
-    lines += [f"| {w.kind} | {w.t_start:.0f} | {w.normal_started} | {w.normal_slo_met} | "
-              f"{w.goodput_requests_per_s:.2f} |" for w in h.windows]
+    lines = [
+        "## Hostile clients",
+        "",
+        f"Normal goodput: {h.calm_goodput_requests_per_s or 0:.2f} req/s over the calm windows, "
+        f"{h.hostile_goodput_requests_per_s or 0:.2f} over the hostile ones"
+        + (
+            f" ({h.goodput_drop:+.1%} drop; bound {h.goodput_drop_bound:.0%}; per ABBA block: "
+            + ", ".join(f"{d:+.1%}" for d in h.block_drops)
+            + ")"
+            if h.goodput_drop is not None
+            else ""
+        )
+        + f". Problems: {'; '.join(h.problems) or 'none'}.",
+        "",
+        "| window | start (s) | normal requests | met the SLO | goodput (req/s) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {w.kind} | {w.t_start:.0f} | {w.normal_started} | {w.normal_slo_met} | {w.goodput_requests_per_s:.2f} |"
+        for w in h.windows
+    ]
     lines += ["", "| hostile request | sent | refused as expected | otherwise |", "|---|---|---|---|"]
     lines += [f"| {k} | {v['sent']} | {v['refused_as_expected']} | {v['otherwise']} |" for k, v in h.requests.items()]
-    lines += ["", "| hostile connection | opened | closed within the bound | slowest close (s) | bound (s) |",
-              "|---|---|---|---|---|"]
-    lines += [f"| {k} | {v['opened']} | {v['closed_within_bound']} | {v['slowest_close_s']} | {v['bound_s']} |"
-              for k, v in h.connections.items()]
-    return lines + [""]
+    lines += [
+        "",
+        "| hostile connection | opened | closed within the bound | slowest close (s) | bound (s) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {k} | {v['opened']} | {v['closed_within_bound']} | {v['slowest_close_s']} | {v['bound_s']} |"
+        for k, v in h.connections.items()
+    ]
+    return [*lines, ""]

@@ -29,10 +29,12 @@ def plot_latency_cdf(results: list[RequestResult], path: Path) -> None:
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
     ok = [r for r in results if r.outcome == "ok"]
-    series = {"TTFT (streams)": [r.ttft for r in ok if r.ttft is not None],
-              "TPOT (streams)": [r.tpot for r in ok if r.tpot is not None],
-              "end-to-end (all)": [r.e2e for r in ok if r.e2e is not None]}
-    for ax, (name, values) in zip(axes, series.items()):
+    series = {
+        "TTFT (streams)": [r.ttft for r in ok if r.ttft is not None],
+        "TPOT (streams)": [r.tpot for r in ok if r.tpot is not None],
+        "end-to-end (all)": [r.e2e for r in ok if r.e2e is not None],
+    }
+    for ax, (name, values) in zip(axes, series.items(), strict=False):
         name = f"{name}, {len(values)} requests"
         if values:
             xs = np.sort(np.asarray(values)) * 1000
@@ -52,7 +54,7 @@ def plot_counters(checker: InvariantChecker, path: Path, events: Sequence[Event]
     if not replicas:
         return
     fig, axes = plt.subplots(len(replicas), 1, figsize=(10, 2.8 * len(replicas)), squeeze=False)
-    for ax, key in zip(axes[:, 0], replicas):
+    for ax, key in zip(axes[:, 0], replicas, strict=False):
         ts, total, parts = [], [], {s: [] for s in SOURCES}
         for snap in checker.history:
             rc = snap.replicas.get(key)
@@ -108,7 +110,7 @@ def plot_sweep(points, path: Path) -> None:
         xs = [max(p.strength, 1e-2) for p in pts]
         axes[0].plot(xs, [p.accuracy for p in pts], marker="o", label=mode)
         axes[1].plot(xs, [p.token_divergence for p in pts], marker="o", label=mode)
-    for ax, title in zip(axes, ("fixture-task accuracy", "token divergence from s = 0")):
+    for ax, title in zip(axes, ("fixture-task accuracy", "token divergence from s = 0"), strict=False):
         ax.set_xscale("log")
         ax.set_xlabel("fuzz_strength (s = 0 drawn at 0.01)")
         ax.set_title(title)

@@ -26,8 +26,19 @@ from .markdown import markdown
 from .plots import plot_capacity, plot_counters, plot_latency_cdf, plot_sweep, plot_throughput
 
 # The files above that every report writes (a run's other outputs must not take these names).
-REPORT_FILES = frozenset({"requests.jsonl", "summary.json", "metrics.jsonl", "report.md", "latency_cdf.png",
-                          "counters.png", "throughput.png", "fuzz_sweep.png", "capacity.png"})
+REPORT_FILES = frozenset(
+    {
+        "requests.jsonl",
+        "summary.json",
+        "metrics.jsonl",
+        "report.md",
+        "latency_cdf.png",
+        "counters.png",
+        "throughput.png",
+        "fuzz_sweep.png",
+        "capacity.png",
+    }
+)
 
 
 def write_jsonl(path: Path, rows) -> None:
@@ -36,13 +47,23 @@ def write_jsonl(path: Path, rows) -> None:
             f.write(json.dumps(row, default=str) + "\n")
 
 
-def write_report(out: Path, title: str, results: list[RequestResult], summary: RunSummary,
-                 checker: InvariantChecker, sweep=None) -> Path:
+def write_report(
+    out: Path, title: str, results: list[RequestResult], summary: RunSummary, checker: InvariantChecker, sweep=None
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(out / "requests.jsonl", (r.to_json() for r in results))
-    write_jsonl(out / "metrics.jsonl", ({"t": s.t, "replicas": {k: asdict(rc) for k, rc in s.replicas.items()},
-                                         "errors": s.errors, "duplicates": s.duplicates}
-                                        for s in checker.history))
+    write_jsonl(
+        out / "metrics.jsonl",
+        (
+            {
+                "t": s.t,
+                "replicas": {k: asdict(rc) for k, rc in s.replicas.items()},
+                "errors": s.errors,
+                "duplicates": s.duplicates,
+            }
+            for s in checker.history
+        ),
+    )
     (out / "summary.json").write_text(summary.model_dump_json(indent=2))
     images = []
     plot_latency_cdf(results, out / "latency_cdf.png")

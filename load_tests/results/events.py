@@ -83,8 +83,9 @@ class _StepEvent(_Event):
     converge_s: float | None = None
     replicas_after: list[str] = Field(default_factory=list)
     why: str | None = Field(None, description="why it did not converge")
-    ray: dict[str, Any] | None = Field(None, description="Ray's own view after the step (its state API and "
-                                                         "serve status, as Ray answers them)")
+    ray: dict[str, Any] | None = Field(
+        None, description="Ray's own view after the step (its state API and serve status, as Ray answers them)"
+    )
 
 
 class Redeployed(_StepEvent):
@@ -114,8 +115,9 @@ class NodeLost(_StepEvent):
 
 
 StepEvent = Redeployed | Scaled | Autoscaled | NodeLost
-Event = Annotated[ReplicaKilled | Redeployed | Scaled | Autoscaled | NodeLost | OperationFailed,
-                  Field(discriminator="kind")]
+Event = Annotated[
+    ReplicaKilled | Redeployed | Scaled | Autoscaled | NodeLost | OperationFailed, Field(discriminator="kind")
+]
 # The kinds whose events change the replica set (so HAProxy's router and replica lists).
 REPLICA_SET_CHANGES = ("replica_kill", "redeploy", "scale", "autoscale", "node_loss")
 # The kinds after which Serve stops healthy replicas on purpose (retirements, not deaths).

@@ -93,8 +93,10 @@ class Throughput(Record):
     completed: int = Field(description="complete answers (outcome ok)")
     requests_per_s: float = Field(description="complete answers per second of load")
     output_tokens_per_s: float
-    slo_met: int = Field(description="complete answers meeting the SLO under Slo.met's rule (streams on TTFT and "
-                                     "TPOT, the rest on end-to-end time)")
+    slo_met: int = Field(
+        description="complete answers meeting the SLO under Slo.met's rule (streams on TTFT and "
+        "TPOT, the rest on end-to-end time)"
+    )
     goodput_requests_per_s: float = Field(description="slo_met per second of load")
 
 
@@ -136,7 +138,8 @@ class Invariants(Record):
     by_kind: dict[str, int]
     first_violation: Violation | None = Field(description="the first violation, with its full context")
     expected_accounting_violations: dict[str, float] = Field(
-        description="accounting violations the planned faults cause (a lying connector): tallied, not failures")
+        description="accounting violations the planned faults cause (a lying connector): tallied, not failures"
+    )
     scrapes: int
     scrape_errors: list[ScrapeError] = Field(description="the first 10")
     failed_scrapes: int
@@ -169,12 +172,16 @@ class ClientServer(Record):
     engine_completed: float
     engine_finished: float
     sent_past_router: int
-    operator_ok: int = Field(0, description="complete answers to the operations' own requests (a redeploy's guard "
-                                            "probes, the scale steps' affinity checks), sent beside the load; "
-                                            "counted with client_ok and sent_past_router")
+    operator_ok: int = Field(
+        0,
+        description="complete answers to the operations' own requests (a redeploy's guard "
+        "probes, the scale steps' affinity checks), sent beside the load; "
+        "counted with client_ok and sent_past_router",
+    )
     problems: list[str] = Field(default_factory=list)
-    note: str | None = Field(None, exclude_if=lambda v: v is None,
-                             description="present when a replica died: only the upper bound is checked")
+    note: str | None = Field(
+        None, exclude_if=lambda v: v is None, description="present when a replica died: only the upper bound is checked"
+    )
 
 
 class SweepStep(Record):
@@ -199,8 +206,10 @@ class Capacity(Record):
 
     plan: SweepPlan
     steps: list[SweepStep]
-    knee: int | None = Field(description="the highest concurrency whose goodput is within knee_within of the best "
-                                         "and that meets the SLO (None: no step did)")
+    knee: int | None = Field(
+        description="the highest concurrency whose goodput is within knee_within of the best "
+        "and that meets the SLO (None: no step did)"
+    )
     knee_goodput_requests_per_s: float | None
     best_goodput_requests_per_s: float
     stopped_because: str
@@ -231,14 +240,20 @@ class IngressRetries(Record):
 
     requests: int = Field(description="requests refused at the ingress at least once")
     refusals: dict[str, int] = Field(description="refusals by X-Serve-Reason, every attempt counted")
-    answered: int = Field(description="of those requests, the ones a retry got an answer for (any outcome but "
-                                      "server_error); the rest are server_error and fail the run")
-    in_change_windows: int = Field(0, description="refused requests that started in a replica change's window "
-                                                  "(load_tests.judge.ingress): excused up to the budget")
+    answered: int = Field(
+        description="of those requests, the ones a retry got an answer for (any outcome but "
+        "server_error); the rest are server_error and fail the run"
+    )
+    in_change_windows: int = Field(
+        0,
+        description="refused requests that started in a replica change's window "
+        "(load_tests.judge.ingress): excused up to the budget",
+    )
     outside_change_windows: int = Field(0, description="the rest: each fails the run")
     budget: int = Field(0, description="refused requests the changes may excuse")
-    windows: list[list[float | None]] = Field(default_factory=list, description="each change's [start, end] (s; "
-                                                                              "end null: open to the run's end)")
+    windows: list[list[float | None]] = Field(
+        default_factory=list, description="each change's [start, end] (s; end null: open to the run's end)"
+    )
 
 
 class HostileWindow(Record):
@@ -254,17 +269,21 @@ class HostileVerdict(Record):
     """The hostile-client scenario (load_tests.plan.hostile): every hostile request and connection answered as it
     must be, and the normal clients' goodput under attack against the calm windows'."""
 
-    requests: dict[str, dict[str, int]] = Field(description="per hostile kind: sent, refused as expected (the "
-                                                            "status and the field or header named), otherwise")
-    connections: dict[str, dict[str, Any]] = Field(description="per connection kind: opened, closed within the "
-                                                               "bound, the slowest close (s), the bound (s)")
+    requests: dict[str, dict[str, int]] = Field(
+        description="per hostile kind: sent, refused as expected (the status and the field or header named), otherwise"
+    )
+    connections: dict[str, dict[str, Any]] = Field(
+        description="per connection kind: opened, closed within the bound, the slowest close (s), the bound (s)"
+    )
     windows: list[HostileWindow]
-    calm_goodput_requests_per_s: float | None = Field(description="SLO-meeting normal requests per second over "
-                                                                  "all calm windows")
+    calm_goodput_requests_per_s: float | None = Field(
+        description="SLO-meeting normal requests per second over all calm windows"
+    )
     hostile_goodput_requests_per_s: float | None = Field(description="the same over all hostile windows")
     goodput_drop: float | None = Field(description="1 - hostile / calm (negative: hostile windows did better)")
-    block_drops: list[float] = Field(default_factory=list, description="the same drop within each ABBA block of "
-                                                                       "four windows: the noise beside it")
+    block_drops: list[float] = Field(
+        default_factory=list, description="the same drop within each ABBA block of four windows: the noise beside it"
+    )
     goodput_drop_bound: float
     problems: list[str]
 
@@ -285,8 +304,9 @@ class RunSummary(Record):
     ingress_retries: IngressRetries
     first_unexpected_errors: list[dict[str, Any]] = Field(description="the first 5, as lines of requests.jsonl")
     bad_requests: BadRequests
-    faults: list[Event] = Field(description="what the run did on purpose: replica kills, operation steps "
-                                            "(load_tests.results.events)")
+    faults: list[Event] = Field(
+        description="what the run did on purpose: replica kills, operation steps (load_tests.results.events)"
+    )
     invariants: Invariants
     replicas: dict[str, ReplicaRecord]
     unexpected_replica_deaths: list[str]
@@ -295,15 +315,21 @@ class RunSummary(Record):
     failures: list[str] = Field(description="why the run failed, one line per reason (empty: it passed)")
     scenario: Scenario | None = None
     patches_off: str | None = None
-    probes: ProbeVerdict | None = Field(None, exclude_if=lambda v: v is None,
-                                        description="greedy probes under faults vs a fault-free deployment (soak)")
-    capacity: Capacity | None = Field(None, exclude_if=lambda v: v is None,
-                                      description="the capacity search (profile sweep): its steps and knee")
-    repeats: Repeats | None = Field(None, exclude_if=lambda v: v is None,
-                                    description="--repeat N: every run's figures, their median and spread")
-    hostile: HostileVerdict | None = Field(None, exclude_if=lambda v: v is None,
-                                           description="the hostile-client scenario's requests, connections and "
-                                                       "normal goodput, calm against hostile windows")
+    probes: ProbeVerdict | None = Field(
+        None, exclude_if=lambda v: v is None, description="greedy probes under faults vs a fault-free deployment (soak)"
+    )
+    capacity: Capacity | None = Field(
+        None, exclude_if=lambda v: v is None, description="the capacity search (profile sweep): its steps and knee"
+    )
+    repeats: Repeats | None = Field(
+        None, exclude_if=lambda v: v is None, description="--repeat N: every run's figures, their median and spread"
+    )
+    hostile: HostileVerdict | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="the hostile-client scenario's requests, connections and "
+        "normal goodput, calm against hostile windows",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -332,4 +358,3 @@ def schema() -> dict[str, Any]:
 
 def schema_json() -> str:
     return json.dumps(schema(), indent=2) + "\n"
-

@@ -13,6 +13,7 @@ does the whole).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import time
@@ -32,9 +33,9 @@ from ..observe.monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
 from ..observe.record import MetricsRecorder
 from ..operate.operator import Operator
 from ..operate.target import LoadTarget
+from ..plan.hostile import CONNECTION_KINDS
 from ..plan.probes import probe_specs
 from ..plan.scenarios import Scenario
-from ..plan.hostile import CONNECTION_KINDS
 from ..plan.workload import Mix, RequestSpec, draw
 from ..results.events import Event
 
@@ -51,18 +52,31 @@ class RunConfig(BaseModel):
     progress: bool = Field(True, description="a live progress bar on the terminal")
     scrape_interval_s: float = Field(2.0, gt=0, description="between the monitor's scrapes during the load")
     settle_interval_s: float = Field(
-        SETTLE_INTERVAL_S, gt=0, description="between the idle scrapes that must agree at quiescence; must exceed "
-                                             "the cluster's metrics export interval (Ray: 10 s by default)")
-    settle_timeout_s: float = Field(90.0, ge=0, description="the final checks run anyway after this long "
-                                                            "(not_quiescent)")
+        SETTLE_INTERVAL_S,
+        gt=0,
+        description="between the idle scrapes that must agree at quiescence; must exceed "
+        "the cluster's metrics export interval (Ray: 10 s by default)",
+    )
+    settle_timeout_s: float = Field(
+        90.0, ge=0, description="the final checks run anyway after this long (not_quiescent)"
+    )
     probe_every_s: float = Field(60.0, gt=0, description="between probe rounds under the load (scenarios with probes)")
-    declare_lost_nodes: bool = Field(True, description="a node loss is declared to the monitor (off: the failing "
-                                                       "twin, whose lost endpoint must fail the run)")
-    ingress_retry: bool = Field(True, description="send a request HAProxy refused before any replica saw it again, "
-                                                  "as the openai SDK does (off: the refusal is the request's "
-                                                  "outcome, as curl, vLLM's bench serve or GuideLLM see it)")
-    record_metrics: Path | None = Field(None, description="JSON-lines file for what the nodes exported of the "
-                                                          "rules' families, every 10 s (load_tests.observe.record)")
+    declare_lost_nodes: bool = Field(
+        True,
+        description="a node loss is declared to the monitor (off: the failing "
+        "twin, whose lost endpoint must fail the run)",
+    )
+    ingress_retry: bool = Field(
+        True,
+        description="send a request HAProxy refused before any replica saw it again, "
+        "as the openai SDK does (off: the refusal is the request's "
+        "outcome, as curl, vLLM's bench serve or GuideLLM see it)",
+    )
+    record_metrics: Path | None = Field(
+        None,
+        description="JSON-lines file for what the nodes exported of the "
+        "rules' families, every 10 s (load_tests.observe.record)",
+    )
 
 
 @dataclass
@@ -86,8 +100,9 @@ class LoadRun:
 Driver = Callable[["LoadLoop", Callable[[int], Awaitable[None]], asyncio.Event], Awaitable[int]]
 
 
-async def run_load(target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float,
-                   driver: Driver | None = None) -> LoadRun:
+async def run_load(
+    target: LoadTarget, scenario: Scenario, config: RunConfig, t0: float, driver: Driver | None = None
+) -> LoadRun:
     """Drive the load, watch it, wait for quiescence; SIGINT stops starting new requests."""
     return await LoadLoop(target, scenario, config, t0).run(driver)
 
@@ -103,8 +118,15 @@ class LoadLoop:
         self.target, self.sc, self.config, self.t0 = target, scenario, config, t0
         self.checker = InvariantChecker(scenario.expected_violation_kinds)
         record = MetricsRecorder(config.record_metrics) if config.record_metrics is not None else None
-        self.monitor = Monitor(target.metrics_urls, self.checker, interval=config.scrape_interval_s, dead=target.dead,
-                               settle_interval=config.settle_interval_s, t0=t0, record=record)
+        self.monitor = Monitor(
+            target.metrics_urls,
+            self.checker,
+            interval=config.scrape_interval_s,
+            dead=target.dead,
+            settle_interval=config.settle_interval_s,
+            t0=t0,
+            record=record,
+        )
         self.results: list[RequestResult] = []
         self.events: list[Event] = []
         self.counts: dict[str, int] = {}
@@ -120,23 +142,38 @@ class LoadLoop:
         self.windows: list[tuple[str, float, float]] = []
         self.connections: list[HostileConnection] = []
         self.hostile_task: asyncio.Task | None = None
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 TextColumn("{task.completed} done"), TextColumn("{task.fields[status]}"),
-                                 TimeElapsedColumn(), disable=not config.progress)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed} done"),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            disable=not config.progress,
+        )
         sweep = scenario.profile.kind == "sweep"  # its steps end it, not a count or a duration
-        self.task = self.progress.add_task(scenario.name, total=None if sweep else scenario.profile.max_requests or
-                                           scenario.profile.duration_s, status="")
+        self.task = self.progress.add_task(
+            scenario.name,
+            total=None if sweep else scenario.profile.max_requests or scenario.profile.duration_s,
+            status="",
+        )
 
     async def one(self, session: aiohttp.ClientSession, spec: RequestSpec) -> None:
         await self.gate.wait()  # paused: the request is sent on resuming (its timings start then)
-        res = await send(session, self.target.base_url, spec, self.t0, timeout_s=self.config.request_timeout_s,
-                         ingress_retry_delays_s=INGRESS_RETRY_DELAYS_S if self.config.ingress_retry else (),
-                         headers=self.target.headers)
+        res = await send(
+            session,
+            self.target.base_url,
+            spec,
+            self.t0,
+            timeout_s=self.config.request_timeout_s,
+            ingress_retry_delays_s=INGRESS_RETRY_DELAYS_S if self.config.ingress_retry else (),
+            headers=self.target.headers,
+        )
         self.results.append(res)
         self.counts[res.outcome] = self.counts.get(res.outcome, 0) + 1
         done = len(self.results) if self.sc.profile.max_requests else time.monotonic() - self.t0
-        self.progress.update(self.task, completed=done,
-                             status=" ".join(f"{k}={v}" for k, v in sorted(self.counts.items())))
+        self.progress.update(
+            self.task, completed=done, status=" ".join(f"{k}={v}" for k, v in sorted(self.counts.items()))
+        )
 
     async def prober(self, session: aiohttp.ClientSession) -> None:
         """The probe set every ``probe_every_s`` while the load runs (each probe counts as a started request; a
@@ -152,10 +189,20 @@ class LoadLoop:
 
     async def operate(self, session: aiohttp.ClientSession) -> None:
         """The scenario's operations, one after another; the load stops after the last one (load_tests.operate)."""
-        self.operator = Operator(self.sc.operations, self.target, self.checker, self.t0, self.stop, self.events,
-                                 self.sc.mix.model, declare_lost=self.config.declare_lost_nodes, level=self.level,
-                                 gate=self.gate, settle_s=self.config.settle_interval_s,
-                                 ingress_retry=self.config.ingress_retry)
+        self.operator = Operator(
+            self.sc.operations,
+            self.target,
+            self.checker,
+            self.t0,
+            self.stop,
+            self.events,
+            self.sc.mix.model,
+            declare_lost=self.config.declare_lost_nodes,
+            level=self.level,
+            gate=self.gate,
+            settle_s=self.config.settle_interval_s,
+            ingress_retry=self.config.ingress_retry,
+        )
         await self.operator.run(session)
 
     def levels_driver(self) -> Driver:
@@ -180,13 +227,22 @@ class LoadLoop:
             kind = "hostile" if plan.hostile_window(k) else "calm"
             self.mix = self.sc.mix.model_copy(update={"hostile": plan.share}) if kind == "hostile" else self.sc.mix
             if kind == "hostile":
-                attacks += [asyncio.create_task(attack(c, self.target.base_url, self.t0, plan.close_bound_s[c] + 15,
-                                                       self.target.api_key, self.sc.mix.model))
-                            for c in CONNECTION_KINDS for _ in range(plan.connections)]
-            try:  # SIGINT (the stop event) ends the window, and the scenario, early
+                attacks += [
+                    asyncio.create_task(
+                        attack(
+                            c,
+                            self.target.base_url,
+                            self.t0,
+                            plan.close_bound_s[c] + 15,
+                            self.target.api_key,
+                            self.sc.mix.model,
+                        )
+                    )
+                    for c in CONNECTION_KINDS
+                    for _ in range(plan.connections)
+                ]
+            with contextlib.suppress(TimeoutError):  # SIGINT (the stop event) ends the window and the scenario early
                 await asyncio.wait_for(self.stop.wait(), plan.window_s)
-            except TimeoutError:
-                pass
             self.windows.append((kind, start, time.monotonic() - self.t0))
             if self.stop.is_set():
                 break
@@ -225,7 +281,8 @@ class LoadLoop:
                 load_start = time.monotonic()  # the load's window: not the replica listing or the baseline scrape
                 with self.progress:
                     started = await (driver or _profile_driver)(
-                        self, lambda i: self.one(session, draw(self.mix, self.config.seed, i)), stop)
+                        self, lambda i: self.one(session, draw(self.mix, self.config.seed, i)), stop
+                    )
                 for s in side:
                     if s is self.hostile_task:
                         continue  # its windows are the load's: it ends with it, and its connections are awaited
@@ -240,6 +297,14 @@ class LoadLoop:
                 await asyncio.to_thread(self.target.note_final_listing)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
-        return LoadRun(self.results, started + self.probes_started, self.checker, self.monitor, self.events, wall,
-                       windows=self.windows, connections=self.connections,
-                       operator_ok=self.operator.completed if self.operator else 0)
+        return LoadRun(
+            self.results,
+            started + self.probes_started,
+            self.checker,
+            self.monitor,
+            self.events,
+            wall,
+            windows=self.windows,
+            connections=self.connections,
+            operator_ok=self.operator.completed if self.operator else 0,
+        )

@@ -49,8 +49,9 @@ class RunTarget(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     url: str | None = Field(None, description="base URL of a running deployment (None: deploy locally)")
-    metrics_urls: tuple[str, ...] = Field((), description="its nodes' metrics endpoints (default: Ray's service "
-                                                          "discovery file)")
+    metrics_urls: tuple[str, ...] = Field(
+        (), description="its nodes' metrics endpoints (default: Ray's service discovery file)"
+    )
     api_key: str | None = None
     allow_remote: bool = Field(False, description="allow a url that is not on this machine")
 
@@ -63,10 +64,12 @@ class Outputs(BaseModel):
     out: Path = Field(description="the report directory")
     title: str
     repeat: int = Field(1, ge=1, description="runs of the profile on the one deployment")
-    fuzz_sweep_per_task: int | None = Field(None, ge=1, description="the fuzz sweep through the deployment after "
-                                                                     "the load, this many examples per task")
-    slo_attainment: float = Field(0.95, gt=0, le=1, description="sweep profile: share of a step's complete "
-                                                               "answers that must meet the SLO")
+    fuzz_sweep_per_task: int | None = Field(
+        None, ge=1, description="the fuzz sweep through the deployment after the load, this many examples per task"
+    )
+    slo_attainment: float = Field(
+        0.95, gt=0, le=1, description="sweep profile: share of a step's complete answers that must meet the SLO"
+    )
 
 
 def check_target(sc: Scenario, target: RunTarget) -> None:
@@ -75,11 +78,13 @@ def check_target(sc: Scenario, target: RunTarget) -> None:
         return
     if not target.allow_remote and not is_local(target.url):
         raise SetupError(f"{target.url} is not on this machine; pass --allow-remote to load it anyway")
-    if sc.operations and "node_loss" in sc.operations.kinds or sc.cluster:
+    if (sc.operations and "node_loss" in sc.operations.kinds) or sc.cluster:
         raise SetupError(f"scenario {sc.name} kills a node of a cluster it starts: run it without --url")
     if sc.faults or sc.kill_replica_at_s is not None or sc.probes:
-        raise SetupError(f"scenario {sc.name} injects faults or compares with a fault-free deployment at deploy "
-                         f"time: run it without --url")
+        raise SetupError(
+            f"scenario {sc.name} injects faults or compares with a fault-free deployment at deploy "
+            f"time: run it without --url"
+        )
     if sc.kv_blocks or sc.max_num_seqs:
         log.info("the scenario's engine settings (KV pool size) apply to local deployments only")
 
@@ -90,13 +95,22 @@ def repeat_run(sc: Scenario, run_config: RunConfig, k: int) -> tuple[Scenario, R
     if k == 0:
         return sc, run_config
     if sc.mix.prompts_file is not None:
-        sc = sc.model_copy(update={"mix": sc.mix.model_copy(update={
-            "prompts_offset": sc.mix.prompts_offset + k * sc.profile.max_requests})})
+        sc = sc.model_copy(
+            update={
+                "mix": sc.mix.model_copy(update={"prompts_offset": sc.mix.prompts_offset + k * sc.profile.max_requests})
+            }
+        )
     return sc, run_config.model_copy(update={"seed": run_config.seed + k})
 
 
-def run(sc: Scenario, target: RunTarget, run_config: RunConfig, settings: DeploySettings, outputs: Outputs,
-        console: Console | None = None) -> RunSummary:
+def run(
+    sc: Scenario,
+    target: RunTarget,
+    run_config: RunConfig,
+    settings: DeploySettings,
+    outputs: Outputs,
+    console: Console | None = None,
+) -> RunSummary:
     """Deploy (unless ``target.url``), run the scenario ``outputs.repeat`` times, judge, write the report to
     ``outputs.out``; the summary (with ``repeat`` > 1, the last run's carrying every run's figures)."""
     console = console or Console()
@@ -105,18 +119,23 @@ def run(sc: Scenario, target: RunTarget, run_config: RunConfig, settings: Deploy
     ref = None
     try:
         if target.url is not None:
-            load_target = LoadTarget(target.url.rstrip("/"), list(target.metrics_urls) or discover_metrics_urls(),
-                                     target.api_key)
+            load_target = LoadTarget(
+                target.url.rstrip("/"), list(target.metrics_urls) or discover_metrics_urls(), target.api_key
+            )
         else:
             if sc.probes:
                 ref = reference(*probe_reference(sc, settings, outputs.out, console, target.api_key))
             cluster = deploy(sc, settings, outputs.out, console)
             load_target = LoadTarget(cluster.base_url, cluster.metrics_urls, target.api_key, cluster)
-        console.print(f"[bold]{sc.name}[/]: {sc.description}\n  target {load_target.base_url}, profile "
-                      f"{profile_shown(sc)}, metrics from {len(load_target.metrics_urls)} endpoint(s)"
-                      + (f", {outputs.repeat} runs" if outputs.repeat > 1 else ""))
-        runs = [one_run(load_target, *repeat_run(sc, run_config, k), settings, ref, outputs.slo_attainment)
-                for k in range(outputs.repeat)]
+        console.print(
+            f"[bold]{sc.name}[/]: {sc.description}\n  target {load_target.base_url}, profile "
+            f"{profile_shown(sc)}, metrics from {len(load_target.metrics_urls)} endpoint(s)"
+            + (f", {outputs.repeat} runs" if outputs.repeat > 1 else "")
+        )
+        runs = [
+            one_run(load_target, *repeat_run(sc, run_config, k), settings, ref, outputs.slo_attainment)
+            for k in range(outputs.repeat)
+        ]
         sweep = None
         if outputs.fuzz_sweep_per_task:
             sweep = http_sweep(load_target, outputs.fuzz_sweep_per_task, console)
@@ -129,29 +148,53 @@ def run(sc: Scenario, target: RunTarget, run_config: RunConfig, settings: Deploy
 
 def profile_shown(sc: Scenario) -> dict:
     """The profile's fields that apply to its kind (what the console shows)."""
-    unused = ({"duration_s", "max_requests", "ramp_s", "rate"} if sc.profile.kind == "sweep" else
-              {"step_s"} | ({"ramp_s"} if sc.profile.kind != "ramp" else set()))
+    unused = (
+        {"duration_s", "max_requests", "ramp_s", "rate"}
+        if sc.profile.kind == "sweep"
+        else {"step_s"} | ({"ramp_s"} if sc.profile.kind != "ramp" else set())
+    )
     return sc.profile.model_dump(exclude_none=True, exclude=unused)
 
 
-def one_run(target: LoadTarget, sc: Scenario, run_config: RunConfig, settings: DeploySettings,
-            ref: ProbeReference | None, slo_attainment: float = 0.95) -> tuple[LoadRun, RunSummary]:
+def one_run(
+    target: LoadTarget,
+    sc: Scenario,
+    run_config: RunConfig,
+    settings: DeploySettings,
+    ref: ProbeReference | None,
+    slo_attainment: float = 0.95,
+) -> tuple[LoadRun, RunSummary]:
     """One run of the scenario's profile at ``target``: its :class:`~load_tests.runner.loop.LoadRun` and summary."""
     driver = None
     if sc.profile.kind == "sweep":
-        driver = SweepDriver(SweepPlan.from_profile(sc.profile, slo_attainment=slo_attainment), sc.slo,
-                             run_config.seed)
+        driver = SweepDriver(SweepPlan.from_profile(sc.profile, slo_attainment=slo_attainment), sc.slo, run_config.seed)
     loaded = asyncio.run(run_load(target, sc, run_config, time.monotonic(), driver))
-    fault_checks = check_planned_faults(sc.planned_faults, loaded.checker, loaded.events,
-                                        not is_off("accounting", settings.patches_off),
-                                        forced_kills(getattr(target.cluster, "session_dir", None))
-                                        if sc.operations else [], target.listed_dead)
+    fault_checks = check_planned_faults(
+        sc.planned_faults,
+        loaded.checker,
+        loaded.events,
+        not is_off("accounting", settings.patches_off),
+        forced_kills(getattr(target.cluster, "session_dir", None)) if sc.operations else [],
+        target.listed_dead,
+    )
     deaths = unexpected_deaths(loaded.checker, loaded.events, target.listed_dead)
     probes = probe_verdict(ref, loaded.results) if sc.probes and ref is not None else None
-    hostile = (judge_hostile(sc.hostile, loaded.results, loaded.connections, loaded.windows, sc.slo)
-               if sc.hostile else None)
-    summary = summarize(loaded.results, loaded.started, loaded.checker, loaded.events, loaded.wall_s, sc.slo, deaths,
-                        fault_checks, operator_ok=loaded.operator_ok, probes=probes, hostile=hostile)
+    hostile = (
+        judge_hostile(sc.hostile, loaded.results, loaded.connections, loaded.windows, sc.slo) if sc.hostile else None
+    )
+    summary = summarize(
+        loaded.results,
+        loaded.started,
+        loaded.checker,
+        loaded.events,
+        loaded.wall_s,
+        sc.slo,
+        deaths,
+        fault_checks,
+        operator_ok=loaded.operator_ok,
+        probes=probes,
+        hostile=hostile,
+    )
     summary.scenario = sc
     summary.patches_off = settings.patches_off
     if driver is not None:
@@ -174,7 +217,7 @@ def report(runs: list[tuple[LoadRun, RunSummary]], outputs: Outputs, sweep: list
         write_report(out, title, loaded.results, summary, loaded.checker, sweep)
         return summary
     dirs = [out / f"run-{k + 1}" for k in range(len(runs))]
-    for d, (loaded, summary) in zip(dirs, runs):
+    for d, (loaded, summary) in zip(dirs, runs, strict=False):
         write_report(d, f"{title}, run {d.name}", loaded.results, summary, loaded.checker)
     loaded, _ = runs[-1]
     summary = combined([s for _, s in runs], [str(d) for d in dirs])

@@ -29,13 +29,18 @@ class SweepDriver:
         for c in self.plan.concurrencies():
             offset, seen = started, len(loop.checker.violations)
             t_start = time.monotonic() - loop.t0
-            n = await drive(Profile(kind="fixed", concurrency=c, duration_s=self.plan.step_s),
-                            lambda i, offset=offset: one(offset + i), seed=self.seed, stop=stop)
+            n = await drive(
+                Profile(kind="fixed", concurrency=c, duration_s=self.plan.step_s),
+                lambda i, offset=offset: one(offset + i),
+                seed=self.seed,
+                stop=stop,
+            )
             started += n
             wall = time.monotonic() - loop.t0 - t_start
             mine = [r for r in loop.results if offset <= r.index < offset + n]
-            self.steps.append(step_figures(mine, n, c, t_start, wall, self.slo, loop.checker.violations[seen:],
-                                           self.plan))
+            self.steps.append(
+                step_figures(mine, n, c, t_start, wall, self.slo, loop.checker.violations[seen:], self.plan)
+            )
             if stop.is_set():
                 self.stopped_because = f"stopped by the user at {c} in flight"
                 break
