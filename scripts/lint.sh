@@ -6,7 +6,7 @@
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
 # The one list of what is formatted, linted and type-checked; the folders not here are not, yet.
-LINT_PATHS=(serve_app patches monitoring fixture_model)
+LINT_PATHS=(serve_app patches monitoring fixture_model load_tests)
 ruff format --check "${LINT_PATHS[@]}"
 ruff check "${LINT_PATHS[@]}"
 mypy "${LINT_PATHS[@]}"

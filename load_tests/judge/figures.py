@@ -14,13 +14,16 @@ from ..results.models import Latency, Percentiles, Throughput
 PERCENTILES = (50, 90, 95, 99)
 
 
-def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) -> dict[str, float | None]:
+def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) -> dict[str, float | int | None]:
     """``{"p50": ..., ..., "mean": ..., "count": n}`` of ``values`` (None each when there are none): every latency
     figure of the load tests and the benchmarks, with how many values it covers."""
-    if not len(values):
-        return {f"p{p}": None for p in points} | {"mean": None, "count": 0}
-    arr = np.asarray(values, dtype=float)
-    return {f"p{p}": float(np.percentile(arr, p)) for p in points} | {"mean": float(arr.mean()), "count": len(arr)}
+    out: dict[str, float | int | None] = {f"p{p}": None for p in points}
+    out.update(mean=None, count=0)
+    if len(values):
+        arr = np.asarray(values, dtype=float)
+        out.update({f"p{p}": float(np.percentile(arr, p)) for p in points})
+        out.update(mean=float(arr.mean()), count=len(arr))
+    return out
 
 
 def latency(ok: Sequence[RequestResult]) -> Latency:

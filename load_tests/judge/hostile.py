@@ -30,7 +30,8 @@ def refused_as_expected(r: RequestResult) -> bool:
     """The answer a hostile request must get: its status, naming its field or header."""
     want_status, want_param = r.spec.get("expect_status"), r.spec.get("expect_param")
     return (
-        r.outcome == "rejected"
+        want_param is not None
+        and r.outcome == "rejected"
         and r.status == want_status
         and (r.error_param == want_param or want_param in (r.error or ""))
     )
@@ -88,23 +89,23 @@ def judge_hostile(
         problems.append("no hostile request was sent")
     conns: dict[str, dict[str, object]] = {}
     for kind in CONNECTION_KINDS:
-        mine = [c for c in connections if c.kind == kind]
+        opened = [c for c in connections if c.kind == kind]
         bound = plan.close_bound_s[kind]
-        closed = [c for c in mine if c.closed_after_s is not None and c.closed_after_s <= bound]
+        closed = [c for c in opened if c.closed_after_s is not None and c.closed_after_s <= bound]
         conns[kind] = {
-            "opened": len(mine),
+            "opened": len(opened),
             "closed_within_bound": len(closed),
             "bound_s": bound,
-            "slowest_close_s": max((c.closed_after_s for c in mine if c.closed_after_s is not None), default=None),
+            "slowest_close_s": max((c.closed_after_s for c in opened if c.closed_after_s is not None), default=None),
         }
-        if len(closed) < len(mine):
-            late = [c for c in mine if c not in closed]
+        if len(closed) < len(opened):
+            late = [c for c in opened if c not in closed]
             problems.append(
-                f"{len(late)} of {len(mine)} {kind} connection(s) not closed by the server within "
+                f"{len(late)} of {len(opened)} {kind} connection(s) not closed by the server within "
                 f"{bound:g} s (first at t = {late[0].t:.0f} s: "
                 f"{late[0].error or _closed(late[0])})"
             )
-        if plan.connections and not mine:
+        if plan.connections and not opened:
             problems.append(f"no {kind} connection was opened")
     figures = window_figures(results, windows, slo)
     calm = sum(w.normal_slo_met for w in figures if w.kind == "calm")
@@ -123,7 +124,7 @@ def judge_hostile(
         problems.append(f"goodput not compared: {calm_s:.0f} s of calm and {under_s:.0f} s of hostile windows")
     elif not calm_rate:
         problems.append("no normal request met the SLO in the calm windows: nothing to compare against")
-    elif drop > plan.goodput_drop_bound:
+    elif drop is not None and drop > plan.goodput_drop_bound:
         problems.append(
             f"normal goodput fell {drop:.0%} under attack ({hostile_rate:.2f} req/s in hostile windows "
             f"against {calm_rate:.2f} calm; bound {plan.goodput_drop_bound:.0%})"

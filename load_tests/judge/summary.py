@@ -163,11 +163,12 @@ def run_statistics(
     (:func:`load_tests.judge.departures.unexpected_deaths`); ``probes``: the greedy probes' comparison
     (:func:`load_tests.judge.probes.probe_verdict`), for a run that sent them; ``hostile``: the hostile
     scenario's judgement (:func:`load_tests.judge.hostile.judge_hostile`)."""
-    outcomes = Counter(r.outcome for r in results)
+    outcomes: Counter[str] = Counter(r.outcome for r in results)
     lost = started - len(results)
     if lost:
         outcomes["lost"] += lost
-    explained, unexplained = [], []
+    explained: list[RequestResult] = []
+    unexplained: list[RequestResult] = []
     for r in results:
         if r.outcome in FAILURE_OUTCOMES:
             (explained if explained_by_fault(r, events) else unexplained).append(r)

@@ -50,7 +50,7 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
     """Why ``summary``'s run failed, in the order above (empty: it passed)."""
     reasons = []
     if violations:
-        first = {}
+        first: dict[str, Violation] = {}
         for v in violations:
             first.setdefault(v.kind, v)
         reasons.append(
@@ -58,7 +58,7 @@ def verdict(summary: RunSummary, violations: Sequence[Violation]) -> list[str]:
             + "; ".join(f"first {k} at t = {v.t:.0f} s: {v.message}" for k, v in first.items())
         )
     errors = summary.errors_by_kind
-    lost = summary.outcomes.get("lost", 0) + sum(errors.get(o, 0) for o in LOST_OUTCOMES)
+    lost = summary.outcomes.get("lost", 0) + sum(n for o, n in errors.items() if o in LOST_OUTCOMES)
     if lost:
         reasons.append(
             f"{lost} lost request(s) (truncated / timed out / never finished, not explained by a planned fault)"

@@ -216,7 +216,7 @@ async def _read_error(r: aiohttp.ClientResponse, res: RequestResult, spec: Reque
 
 
 async def _read_stream(r: aiohttp.ClientResponse, res: RequestResult, spec: RequestSpec, start: float) -> None:
-    last = None
+    last = start  # set to each token's time; read only after the first
     done = False
     async for raw in r.content:
         line = raw.strip()

@@ -46,6 +46,8 @@ async def drive(
         return started - 1
 
     if profile.kind == "poisson":
+        assert profile.rate is not None, "checked by Profile"
+        rate = profile.rate
         rng = random.Random(seed)
         sem = asyncio.Semaphore(profile.concurrency)
         tasks: set[asyncio.Task] = set()
@@ -58,7 +60,7 @@ async def drive(
 
         next_at = time.monotonic()
         while True:
-            next_at += rng.expovariate(profile.rate)
+            next_at += rng.expovariate(rate)
             delay = next_at - time.monotonic()
             if delay > 0:
                 with contextlib.suppress(TimeoutError):

@@ -31,7 +31,7 @@ from typing import Any
 
 from fixture_model.tasks import LETTERS, NUMBERS
 from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id
-from serve_app.routing_keys import rendezvous, routing_key
+from serve_app.routing_keys import affinity_key, rendezvous, request_text
 
 from ..observe.invariants import busy
 from ..observe.monitor import InvariantChecker, Snapshot
@@ -67,9 +67,9 @@ class AffinityKey:
 def home_replica(xargs: dict[str, Any] | None, live: list[str], model: str, prefix_chars: int) -> str:
     """The ReplicaId (of ``live``) that the fuzz-aware router prefers for :data:`PREFIX` under ``xargs``."""
     full = {replica_full_id(r, ENGINE_DEPLOYMENT_PREFIX + model): r for r in live}
-    request = types.SimpleNamespace(prompt=PREFIX, vllm_xargs=xargs)
-    key = routing_key(types.SimpleNamespace(args=[request]), prefix_chars)
-    return full[rendezvous(key, sorted(full))]
+    text = request_text(types.SimpleNamespace(prompt=PREFIX), prefix_chars)  # as the router reads a request
+    assert text is not None
+    return full[rendezvous(affinity_key(text, xargs), sorted(full))]
 
 
 def affinity_keys(live: list[str], model: str, prefix_chars: int) -> list[AffinityKey]:
@@ -133,7 +133,7 @@ class AffinityCheck:
         out = []
         bad = [s for s in self.statuses or [] if s != 200]
         if bad:
-            out.append(f"{len(bad)} of {len(self.statuses)} affinity request(s) failed: {bad[:5]}")
+            out.append(f"{len(bad)} of {len(self.statuses or [])} affinity request(s) failed: {bad[:5]}")
         if self.after is None:
             return [*out, "the replicas did not go idle after the affinity requests"]
         if set(self.after) != set(self.before):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 import yaml
@@ -70,7 +70,7 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     env = {OFF_ENV: settings.patches_off} if settings.patches_off else {}
     # 'fit' sizes the replicas to the cluster's CPUs: the cluster then has the host's own count, as `ray start`
     # gives it (a fixed replica count runs in LocalCluster's default cluster, whatever the host)
-    sized = {"num_cpus": None} if settings.replicas == "fit" else {}
+    sized: dict[str, Any] = {"num_cpus": None} if settings.replicas == "fit" else {}
     if sc.cluster is not None:  # the scenario's nodes (node-loss: a worker to lose, room on the head to recover)
         sized = {
             "workers": sc.cluster.workers,
@@ -87,8 +87,9 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
         cluster.close()
         raise
     replicas = cluster.replicas()
-    for _ in range(sc.cluster.spare_workers if sc.cluster else 0):
-        cluster.add_worker(sc.cluster.worker_cpus)
+    if sc.cluster is not None:
+        for _ in range(sc.cluster.spare_workers):
+            cluster.add_worker(sc.cluster.worker_cpus)
     console.print(
         f"deployed in {time.monotonic() - t:.0f} s: {len(replicas)} engine replicas behind "
         f"{cluster.base_url} on {len({r.get('node_id') for r in replicas})} of {len(cluster.nodes)} node(s); "

@@ -106,9 +106,9 @@ class Operator:
             if prober is not None:
                 prober.cancel()
                 await asyncio.gather(prober, return_exceptions=True)
-            for e in self.events:
-                if isinstance(e, Redeployed):
-                    e.probes = list(self.probes)
+            for recorded in self.events:
+                if isinstance(recorded, Redeployed):
+                    recorded.probes = list(self.probes)
             self.finished = True  # the load may stop; Ray's last answers are still awaited
             self.stop.set()
             await asyncio.gather(*self.views, return_exceptions=True)
@@ -130,10 +130,10 @@ class Operator:
                 self.look(event)
                 return True
             await asyncio.sleep(2.0)
-        live = sorted(self.checker.live())
-        event.replicas_after = live
+        serving = sorted(self.checker.live())
+        event.replicas_after = serving
         event.why = (
-            f"{len(live)} replica(s) serving after {self.plan.converge_timeout_s:.0f} s, want "
+            f"{len(serving)} replica(s) serving after {self.plan.converge_timeout_s:.0f} s, want "
             f"{step.wanted(set(event.replicas_before))}" + (" new ones" if step.kind == "redeploy" else "")
         )
         self.look(event)
@@ -203,12 +203,13 @@ class Operator:
                     f"{self.plan.affinity_idle_timeout_s:.0f} s of pausing the load",
                 )
             else:
+                statuses: list[int | None] = []
                 check = AffinityCheck(
-                    t, affinity_keys(list(before), self.model, self.prefix_chars()), before, statuses=[]
+                    t, affinity_keys(list(before), self.model, self.prefix_chars()), before, statuses=statuses
                 )
                 for key in check.keys:
                     for i in range(key.count):  # one after another: each sees an idle deployment
-                        check.statuses.append(await self.post(session, key.body(self.model, i)))
+                        statuses.append(await self.post(session, key.body(self.model, i)))
                 check.after = await self.wait_idle(self.now())
         except Exception as e:  # the verdict must hear of it: the check is part of the step
             log.error("t = %.0f s: affinity check failed: %s", self.now(), e)
@@ -283,6 +284,8 @@ class Operator:
         which side of the redeploy the replica that served it is on. Times are kept to the ms: a probe answered
         just after the step began is not before it."""
         key = self.plan.probe_key
+        if key is None:
+            return
         body = {"model": self.model, "prompt": "probe", "max_tokens": 1, "vllm_xargs": {key: 1}}
         while True:
             t = self.now()

@@ -63,6 +63,12 @@ class Deployment:
     declare_lost: bool = True  # False: the failing twin, whose lost endpoint must fail the run
     applied: int = 0
 
+    def deployed(self) -> dict[str, Any]:
+        """The Serve config as last applied (a local cluster keeps what it deployed)."""
+        if self.config is None:
+            raise StepError("the local cluster did not keep the config it deployed: nothing to change")
+        return self.config
+
     async def apply(self, config: dict[str, Any], name: str) -> None:
         self.applied += 1
         self.config = config
@@ -111,7 +117,7 @@ class RedeployStep(Step):
                 f"{self.step.engine_kwargs} and guard.xargs.allowed_extra_keys + "
                 f"{list(self.step.allow_xargs)}",
             )
-        await d.apply(redeployed_config(d.config, self.step), f"redeploy-{d.applied + 1}")
+        await d.apply(redeployed_config(d.deployed(), self.step), f"redeploy-{d.applied + 1}")
         return Redeployed(t=t, step=self.step, by="serve deploy", replicas_before=before)
 
     def converged(self, live: set[str], event: StepEvent) -> bool:
@@ -130,7 +136,7 @@ class ScaleStep(Step):
     async def perform(self, d: Deployment, t: float, before: list[str]) -> StepEvent:
         if d.cluster is None:
             return self._by_operator(t, before, f"set the engine deployment's num_replicas to {self.step.replicas}")
-        await d.apply(scaled_config(d.config, self.step.replicas), f"scale-{self.step.replicas}")
+        await d.apply(scaled_config(d.deployed(), self.step.replicas), f"scale-{self.step.replicas}")
         return Scaled(t=t, step=self.step, by="serve deploy (deployments: num_replicas)", replicas_before=before)
 
     def wanted(self, before: set[str]) -> int:

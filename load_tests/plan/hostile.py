@@ -67,6 +67,10 @@ ConnectionKind = Literal["idle", "trickle", "stalled_reader"]
 CONNECTION_KINDS: tuple[ConnectionKind, ...] = ("idle", "trickle", "stalled_reader")
 
 
+def _close_bounds() -> dict[ConnectionKind, float]:
+    return {"idle": 15.0, "trickle": 15.0, "stalled_reader": 90.0}
+
+
 class HostilePlan(BaseModel):
     """How the hostile share is laid over the load (the scenario's profile runs ``windows x window_s``)."""
 
@@ -81,7 +85,7 @@ class HostilePlan(BaseModel):
         4, ge=0, description="hostile connections of each kind opened at the start of every hostile window"
     )
     close_bound_s: dict[ConnectionKind, float] = Field(
-        default_factory=lambda: {"idle": 15.0, "trickle": 15.0, "stalled_reader": 90.0},
+        default_factory=lambda: _close_bounds(),
         description="the server must close each kind within this: headers within 10 s (HAProxy's timeout "
         "http-request), and a stalled reader's answer, once the engine finished it into the socket "
         "buffers, no longer than keep-alive / timeout client (30 s) after it; docs/security.md",

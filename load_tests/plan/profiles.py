@@ -86,7 +86,8 @@ class SweepPlan(BaseModel):
 
     def concurrencies(self) -> list[int]:
         """``start``, ``start x factor``, ... (rounded, each larger than the last), ending at ``top``."""
-        out, c = [], float(self.start)
+        out: list[int] = []
+        c = float(self.start)
         while round(c) < self.top:
             if not out or round(c) > out[-1]:
                 out.append(round(c))

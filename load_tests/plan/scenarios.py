@@ -101,7 +101,7 @@ class Scenario(BaseModel):
                 raise ValueError(f"planned_faults {given} is derived from the settings, which give {derived}")
         return data
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def planned_faults(self) -> tuple[str, ...]:
         """The faults this scenario injects, each of which the verdict requires to fire."""

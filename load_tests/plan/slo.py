@@ -10,10 +10,17 @@ from pydantic import BaseModel, ConfigDict
 class Timed(Protocol):
     """What :meth:`Slo.met` reads of a request's result (:class:`load_tests.load.client.RequestResult`)."""
 
-    outcome: str
-    e2e: float | None
-    ttft: float | None
-    output_tokens: int
+    @property
+    def outcome(self) -> str: ...
+
+    @property
+    def e2e(self) -> float | None: ...
+
+    @property
+    def ttft(self) -> float | None: ...
+
+    @property
+    def output_tokens(self) -> int: ...
 
     @property
     def tpot(self) -> float | None: ...

@@ -176,17 +176,17 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
     """The ``index``-th request of a run seeded ``seed``."""
     rng = random.Random(seed * 1_000_003 + index)
     if mix.hostile and rng.random() < mix.hostile:
-        kind, change, headers, status, param = HOSTILE_REQUESTS[rng.randrange(len(HOSTILE_REQUESTS))]
-        body = {"model": mix.model, "prompt": "count 1 2", "max_tokens": 4, **change}
+        hostile_kind, h_change, h_headers, h_status, h_param = HOSTILE_REQUESTS[rng.randrange(len(HOSTILE_REQUESTS))]
+        hostile_body = {"model": mix.model, "prompt": "count 1 2", "max_tokens": 4, **h_change}
         return RequestSpec(
             index,
             "/v1/completions",
-            body,
+            hostile_body,
             expect="4xx",
-            expect_status=status,
-            expect_param=param,
-            tags={"kind": "hostile", "hostile": kind},
-            headers=dict(headers),
+            expect_status=h_status,
+            expect_param=h_param,
+            tags={"kind": "hostile", "hostile": hostile_kind},
+            headers=dict(h_headers),
         )
     max_tokens = rng.randint(*mix.max_tokens)
     chat = rng.random() < mix.chat

@@ -4,6 +4,7 @@ the counters per replica, the capacity search and repeats when there are)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -27,7 +28,7 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
-def markdown(summary: RunSummary, title: str, sweep=None, images: list[str] = ()) -> str:
+def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] = ()) -> str:
     lines = [f"# {title}", ""]
     verdict = "PASSED" if summary.passed else "FAILED"
     lines += [f"**{verdict}**" + ("" if summary.passed else ": " + "; ".join(summary.failures)), ""]

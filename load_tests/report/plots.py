@@ -55,7 +55,9 @@ def plot_counters(checker: InvariantChecker, path: Path, events: Sequence[Event]
         return
     fig, axes = plt.subplots(len(replicas), 1, figsize=(10, 2.8 * len(replicas)), squeeze=False)
     for ax, key in zip(axes[:, 0], replicas, strict=False):
-        ts, total, parts = [], [], {s: [] for s in SOURCES}
+        ts: list[float] = []
+        total: list[float] = []
+        parts: dict[str, list[float]] = {s: [] for s in SOURCES}
         for snap in checker.history:
             rc = snap.replicas.get(key)
             if rc is None:

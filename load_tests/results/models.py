@@ -43,7 +43,7 @@ class FaultCheck:
     problems: list[str] = field(default_factory=list)
     per_replica: dict[str, Any] = field(default_factory=dict)
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def ok(self) -> bool:
         return self.fired and not self.problems
@@ -291,7 +291,7 @@ class HostileVerdict(Record):
 class RunSummary(Record):
     """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
 
-    schema_version: Literal[3] = SCHEMA_VERSION
+    schema_version: Literal[3] = 3  # SCHEMA_VERSION
     wall_s: float
     started: int = Field(description="requests started (probes included); each ends as one outcome, or lost")
     outcomes: dict[Counted, int]
@@ -341,7 +341,7 @@ class RunSummary(Record):
                 raise ValueError("passed must be exactly 'no failures'")
         return data
 
-    @computed_field
+    @computed_field  # type: ignore[prop-decorator]
     @property
     def passed(self) -> bool:
         return not self.failures

@@ -189,6 +189,7 @@ class LoadLoop:
 
     async def operate(self, session: aiohttp.ClientSession) -> None:
         """The scenario's operations, one after another; the load stops after the last one (load_tests.operate)."""
+        assert self.sc.operations is not None
         self.operator = Operator(
             self.sc.operations,
             self.target,
@@ -211,6 +212,7 @@ class LoadLoop:
         return lambda _loop, one, stop: drive_levels(level, one, stop)
 
     async def killer(self, victims: dict[str, int]) -> None:
+        assert self.sc.kill_replica_at_s is not None
         await asyncio.sleep(self.sc.kill_replica_at_s)
         event = await asyncio.to_thread(self.target.kill_one, victims, self.config.seed, self.t0)
         if event is not None:
@@ -221,6 +223,7 @@ class LoadLoop:
         window draws its requests with the hostile share and opens the hostile connections at its start. Runs to
         its end (the last stalled reader included): its windows are the load's own."""
         plan = self.sc.hostile
+        assert plan is not None
         attacks: list[asyncio.Task] = []
         for k in range(plan.windows):
             start = time.monotonic() - self.t0

@@ -95,6 +95,7 @@ def repeat_run(sc: Scenario, run_config: RunConfig, k: int) -> tuple[Scenario, R
     if k == 0:
         return sc, run_config
     if sc.mix.prompts_file is not None:
+        assert sc.profile.max_requests is not None, "a prompts file is sent with a fixed number of requests per run"
         sc = sc.model_copy(
             update={
                 "mix": sc.mix.model_copy(update={"prompts_offset": sc.mix.prompts_offset + k * sc.profile.max_requests})

@@ -29,11 +29,12 @@ class SweepDriver:
         for c in self.plan.concurrencies():
             offset, seen = started, len(loop.checker.violations)
             t_start = time.monotonic() - loop.t0
+
+            def step_one(i: int, offset: int = offset) -> Awaitable[None]:
+                return one(offset + i)
+
             n = await drive(
-                Profile(kind="fixed", concurrency=c, duration_s=self.plan.step_s),
-                lambda i, offset=offset: one(offset + i),
-                seed=self.seed,
-                stop=stop,
+                Profile(kind="fixed", concurrency=c, duration_s=self.plan.step_s), step_one, seed=self.seed, stop=stop
             )
             started += n
             wall = time.monotonic() - loop.t0 - t_start
