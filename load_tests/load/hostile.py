@@ -97,27 +97,7 @@ async def attack(
             )
             await writer.drain()
             await asyncio.sleep(limit_s / 2)  # the reader stalls: nothing read while the server writes
-            took, got = await _drained_then_closed(reader, start, limit_s)
+            took, got = await _wait_closed(reader, start, limit_s, writer)  # drains what it buffered, then the close
         return HostileConnection(kind, t, None if took is None else round(took, 2), got.decode(errors="replace"))
     finally:
         writer.close()
-
-
-async def _drained_then_closed(
-    reader: asyncio.StreamReader, start: float, limit_s: float
-) -> tuple[float | None, bytes]:
-    """Read what the server buffered for a stalled reader, then wait for its close (at most until ``limit_s``).
-    The time is when the EOF was seen: an upper bound on when the server closed (it may have closed while the
-    reader stalled)."""
-    got = b""
-    while time.monotonic() - start < limit_s:
-        try:
-            chunk = await asyncio.wait_for(reader.read(1 << 20), READ_POLL_S)
-        except TimeoutError:
-            continue
-        except (ConnectionError, OSError):
-            return time.monotonic() - start, got
-        if not chunk:
-            return time.monotonic() - start, got
-        got = got or chunk[:200]
-    return None, got
