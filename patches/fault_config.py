@@ -41,6 +41,23 @@ class FaultConfig(BaseModel):
         return self.load_failure_rate > 0 or self.load_delay_ms > 0 or self.lying_rate > 0
 
 
+def offloading_connector_config(cpu_bytes: int, faults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """vLLM's ``kv_transfer_config`` for the offloading connector with ``cpu_bytes`` of CPU tier and, when
+    ``faults`` is given, the fault injection (:class:`FaultConfig`'s keys, validated here: a misspelt key fails
+    before any engine starts). Loads that fail are recomputed. The one place this dictionary is written (the load
+    tests' fault scenarios and the engine tests both call it)."""
+    extra: dict[str, Any] = {"cpu_bytes_to_use": int(cpu_bytes)}
+    if faults:
+        FaultConfig.model_validate(faults)
+        extra[CONFIG_KEY] = dict(faults)
+    return {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": extra,
+    }
+
+
 def fault_config_from(extra_config: Any) -> FaultConfig:
     """The faults configured in a connector's ``kv_connector_extra_config``; inactive unless the key is set.
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fixture_model.tasks import held_out_examples, training_examples
-from patches.fault_config import CONFIG_KEY
+from patches.fault_config import offloading_connector_config
 
 N_PREFIXES = 6
 PREFIX_EXAMPLES = 40  # ~500 tokens: four full blocks
@@ -25,15 +25,11 @@ def prompts(n_requests: int = 48) -> list[str]:
 
 
 def offload_engine_kwargs(faults: dict[str, Any] | None = None, blocks: int = 24) -> dict[str, Any]:
-    extra: dict[str, Any] = {"cpu_bytes_to_use": 256 << 20}
-    if faults:
-        extra[CONFIG_KEY] = faults
     return dict(
         enforce_eager=True,
         num_gpu_blocks_override=blocks,
         max_num_seqs=16,
-        kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                            "kv_load_failure_policy": "recompute", "kv_connector_extra_config": extra},
+        kv_transfer_config=offloading_connector_config(256 << 20, faults),
     )
 
 

@@ -59,3 +59,19 @@ def test_lying_reports_tell_every_kind_of_lie():
     honest = LyingReports(FaultConfig(seed=0, lying_rate=0.0), block_size=128)
     assert all(honest.report("r", 600, 384) == 384 for _ in range(50))
     assert honest.last_lie is None
+
+
+def test_the_connector_config_is_the_one_vllm_reads_and_faults_are_validated_when_written():
+    """The offloading connector's config, as the fault scenarios and the engine tests both write it (the one
+    function they call): the CPU tier's bytes and the faults under CONFIG_KEY, read back by the patch's own
+    reader; no faults, no key; a misspelt fault key fails at once."""
+    from patches.fault_config import CONFIG_KEY, offloading_connector_config
+
+    cfg = offloading_connector_config(256 << 20, {"seed": 7, "lying_rate": 0.1})
+    assert cfg == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+                   "kv_connector_extra_config": {"cpu_bytes_to_use": 268435456,
+                                                 CONFIG_KEY: {"seed": 7, "lying_rate": 0.1}}}
+    assert fault_config_from(cfg["kv_connector_extra_config"]).lying_rate == 0.1
+    assert CONFIG_KEY not in offloading_connector_config(1 << 20)["kv_connector_extra_config"]
+    with pytest.raises(ValueError, match="lying_rat"):
+        offloading_connector_config(1 << 20, {"lying_rat": 0.1})

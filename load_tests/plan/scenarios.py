@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from patches.fault_config import CONFIG_KEY, FaultConfig
+from patches.fault_config import FaultConfig, offloading_connector_config
 from patches.metrics import LYING_CONNECTOR_KINDS
 
 from .hostile import HostilePlan
@@ -134,12 +134,7 @@ class Scenario(BaseModel):
         if self.faults:
             gib = kw.pop("kv_offloading_size", 0.25)
             kw.pop("kv_offloading_backend", None)
-            kw["kv_transfer_config"] = {
-                "kv_connector": "OffloadingConnector",
-                "kv_role": "kv_both",
-                "kv_load_failure_policy": "recompute",
-                "kv_connector_extra_config": {"cpu_bytes_to_use": int(gib * (1 << 30)), CONFIG_KEY: self.faults},
-            }
+            kw["kv_transfer_config"] = offloading_connector_config(int(gib * (1 << 30)), self.faults)
         return kw
 
 
