@@ -589,8 +589,12 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
     assert all(text(complete(serve_cluster, p)) for p in PROMPTS)
 
 
-def test_scaling_down_drains_in_flight_requests(serve_cluster):
-    """Replicas stopped by Serve finish their in-flight requests first.
+@pytest.fixture(scope="module")
+def scaled_down(serve_cluster):
+    """Once for the two tests below: 12 long streams, then a redeploy to 1 replica with the other generate routes
+    switched on; what the streams got, the replica pids before, and the replicas once 1 serves.
+
+    Replicas stopped by Serve must finish their in-flight requests first.
 
     12 long streams are all generating (each has its first token) when a
     config with 1 replica instead of 2 is deployed; Serve's power-of-two
@@ -635,14 +639,27 @@ def test_scaling_down_drains_in_flight_requests(serve_cluster):
 
     before = {r["pid"] for r in serve_cluster.replicas()}
     results = asyncio.run(load())
-    assert [kind for kind, _ in results] == ["done"] * n, results
-    assert all(received == tokens for _, received in results), results
     deadline = time.monotonic() + 120
-    while len(now := serve_cluster.replicas()) != 1:
-        assert time.monotonic() < deadline, "the scale-down did not happen"
+    while len(now := serve_cluster.replicas()) != 1 and time.monotonic() < deadline:
         time.sleep(3)
+    return results, tokens, before, now
+
+
+def test_scaling_down_drains_in_flight_requests(scaled_down):
+    """Every stream on a stopping replica ends complete, with all its tokens and [DONE]; the scale-down happened
+    and stopped a replica that was serving."""
+    results, tokens, before, now = scaled_down
+    assert [kind for kind, _ in results] == ["done"] * len(results), results
+    assert all(received == tokens for _, received in results), results
+    assert len(now) == 1, f"the scale-down did not happen within 120 s: {now}"
     assert before - {r["pid"] for r in now}, "a replica that was serving was stopped"
+
+
+def test_generate_routes_switched_on_by_a_redeploy_are_checked(serve_cluster, scaled_down):
+    """The same redeploy switched the other generate routes on (guard.routes): they serve and get the policy."""
     assert_switched_on_generate_routes_are_checked(serve_cluster)
+
+
 
 
 def assert_switched_on_generate_routes_are_checked(cluster):
