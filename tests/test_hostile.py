@@ -167,3 +167,18 @@ def test_the_aa_control_sends_nothing_hostile_and_asks_for_nothing_hostile():
     v = judge_hostile(aa.hostile, [r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], [], WINDOWS,
                       Slo())
     assert v.problems == [], v.problems
+
+
+def test_the_windows_must_be_the_load():
+    """A hostile plan runs in whole ABBA blocks over a fixed load of exactly its windows: an early end (a shorter
+    --duration, a request count) would add empty windows to both sides of the comparison."""
+    from pydantic import ValidationError
+
+    from load_tests.cli import parse_args, scenario_from
+
+    with pytest.raises(ValidationError, match="multiple of 4"):
+        HostilePlan(windows=6)
+    for flags in (["--duration", "60"], ["--requests", "500"], ["--profile", "poisson", "--rate", "5"]):
+        with pytest.raises(ValueError, match="need a fixed load of exactly 240 s"):
+            scenario_from(parse_args(["--scenario", "hostile", *flags]))
+    assert scenario_from(parse_args(["--scenario", "hostile", "--concurrency", "32"])).profile.concurrency == 32

@@ -484,3 +484,14 @@ def test_the_autoscale_scenario_hands_serve_an_autoscaling_config_and_no_fixed_c
     assert args["llm_configs"][0]["deployment_config"]["autoscaling_config"] == SCENARIOS["autoscale"].autoscaling
     fixed = scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings())["applications"][0]["args"]
     assert fixed["engine_replicas"] == 2 and "autoscaling_config" not in fixed["llm_configs"][0]["deployment_config"]
+
+
+def test_a_step_that_failed_after_an_earlier_one_converged_still_fails_the_run():
+    """The plan stops at a step that could not be carried out; an earlier step of the same kind converging must
+    not hide it (the old check looked at failures only when no step of the kind ran at all)."""
+    done = Scaled(t=2.0, step=Scale(after_s=0, replicas=1), by="serve deploy", replicas_before=["A"], converged=True,
+                  converged_t=3.0, converge_s=1.0, replicas_after=["A"])
+    failed = OperationFailed(t=9.0, step="scale", error="ClusterError: serve deploy failed (1): bad config")
+    assert check_planned_faults(("scale",), InvariantChecker(), [done], True)[0].ok, "the control: it passes alone"
+    check = check_planned_faults(("scale",), InvariantChecker(), [done, failed], True)[0]
+    assert not check.ok and any("could not be carried out" in p and "bad config" in p for p in check.problems)

@@ -217,7 +217,7 @@ def _operation(
         return FaultCheck(kind, False, f"the run carried out no {kind}" + (f": {kind}: {failed[0]}" if failed else ""))
     judge = STEP_TYPES[kind]
     departures = planned_departures(checker, events, listed_dead)
-    problems: list[str] = []
+    problems: list[str] = [f"a {kind} step could not be carried out (the plan stopped there): {e}" for e in failed]
     evidence: list[str] = []
     for f in steps:
         what = f"{kind} at t = {f.t:.0f} s ({f.by})"

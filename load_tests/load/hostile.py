@@ -73,31 +73,46 @@ async def attack(
     except OSError as e:
         return HostileConnection(kind, t, None, error=f"{type(e).__name__}: {e}"[:200])
     try:
-        if kind == "idle":
-            took, got = await _wait_closed(reader, start, limit_s, writer)
-        elif kind == "trickle":
-            took, got = await _wait_closed(reader, start, limit_s, writer, TRICKLE)
-        else:
-            body = json.dumps(
-                {
-                    "model": model,
-                    "prompt": "count 1 2",
-                    "max_tokens": 900,
-                    "ignore_eos": True,
-                    "stream": True,
-                    "temperature": 0,
-                }
-            ).encode()
-            auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
-            writer.write(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                + auth
-                + f"Content-Length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            await writer.drain()
-            await asyncio.sleep(limit_s / 2)  # the reader stalls: nothing read while the server writes
-            took, got = await _wait_closed(reader, start, limit_s, writer)  # drains what it buffered, then the close
-        return HostileConnection(kind, t, None if took is None else round(took, 2), got.decode(errors="replace"))
+        return await _attack(kind, reader, writer, start, t, limit_s, api_key, model)
+    except (ConnectionError, OSError) as e:  # the server cut the request off while it was being sent
+        return HostileConnection(kind, t, round(time.monotonic() - start, 2), error=f"{type(e).__name__}: {e}"[:200])
     finally:
         writer.close()
+
+
+async def _attack(
+    kind: ConnectionKind,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    start: float,
+    t: float,
+    limit_s: float,
+    api_key: str | None,
+    model: str,
+) -> HostileConnection:
+    if kind == "idle":
+        took, got = await _wait_closed(reader, start, limit_s, writer)
+    elif kind == "trickle":
+        took, got = await _wait_closed(reader, start, limit_s, writer, TRICKLE)
+    else:
+        body = json.dumps(
+            {
+                "model": model,
+                "prompt": "count 1 2",
+                "max_tokens": 900,
+                "ignore_eos": True,
+                "stream": True,
+                "temperature": 0,
+            }
+        ).encode()
+        auth = f"Authorization: Bearer {api_key}\r\n".encode() if api_key else b""
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + auth
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        await writer.drain()
+        await asyncio.sleep(limit_s / 2)  # the reader stalls: nothing read while the server writes
+        took, got = await _wait_closed(reader, start, limit_s, writer)  # drains what it buffered, then the close
+    return HostileConnection(kind, t, None if took is None else round(took, 2), got.decode(errors="replace"))

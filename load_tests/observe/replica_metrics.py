@@ -77,7 +77,7 @@ def print_table(replicas: dict[str, ReplicaCounters]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="python -m load_tests.replica_metrics",
+        prog="python -m load_tests.observe.replica_metrics",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

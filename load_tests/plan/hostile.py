@@ -76,7 +76,7 @@ class HostilePlan(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    windows: int = Field(8, ge=4, description="calm and hostile windows, in ABBA order (a multiple of 4)")
+    windows: int = Field(8, ge=4, multiple_of=4, description="calm and hostile windows, in ABBA order (whole blocks)")
     window_s: float = Field(30.0, gt=0)
     share: float = Field(
         0.2, ge=0, le=1, description="share of the requests started in a hostile window that are hostile requests"

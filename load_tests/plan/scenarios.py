@@ -88,6 +88,19 @@ class Scenario(BaseModel):
             FaultConfig.model_validate(v)  # a misspelt key fails here, not in every engine at deploy time
         return v
 
+    @model_validator(mode="after")
+    def _hostile_windows_are_the_load(self) -> Scenario:
+        """The hostile windows are the load's: a fixed load of exactly their length (an early end would add empty
+        windows to both sides of the goodput comparison)."""
+        h, p = self.hostile, self.profile
+        if h is not None and (p.kind != "fixed" or p.max_requests is not None or p.duration_s != h.duration_s):
+            raise ValueError(
+                f"scenario {self.name}: the hostile windows ({h.windows} x {h.window_s:g} s) need a fixed "
+                f"load of exactly {h.duration_s:g} s, no request count (got {p.kind}, "
+                f"duration {p.duration_s}, requests {p.max_requests})"
+            )
+        return self
+
     @model_validator(mode="before")
     @classmethod
     def _planned_faults_are_derived(cls, data: Any) -> Any:

@@ -66,7 +66,7 @@ class OperationPlan(BaseModel):
         False,
         description="after each scale step converged: pause the load and check that "
         "a fuzz setting + prefix lands on the replica the router's hash "
-        "names (load_tests.affinity)",
+        "names (load_tests.operate.affinity)",
     )
     affinity_idle_timeout_s: float = Field(180.0, gt=0, description="for the paused deployment to go idle")
 

@@ -142,6 +142,7 @@ class LoadLoop:
         self.windows: list[tuple[str, float, float]] = []
         self.connections: list[HostileConnection] = []
         self.hostile_task: asyncio.Task | None = None
+        self.load_started = asyncio.Event()  # the hostile windows start with the load, not with the side tasks
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
@@ -224,6 +225,7 @@ class LoadLoop:
         its end (the last stalled reader included): its windows are the load's own."""
         plan = self.sc.hostile
         assert plan is not None
+        await self.load_started.wait()
         attacks: list[asyncio.Task] = []
         for k in range(plan.windows):
             start = time.monotonic() - self.t0
@@ -282,6 +284,7 @@ class LoadLoop:
                 await self.monitor.baseline()
                 self.monitor.start()
                 load_start = time.monotonic()  # the load's window: not the replica listing or the baseline scrape
+                self.load_started.set()
                 with self.progress:
                     started = await (driver or _profile_driver)(
                         self, lambda i: self.one(session, draw(self.mix, self.config.seed, i)), stop
