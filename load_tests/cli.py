@@ -295,7 +295,7 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
         )
     if args.probes is not None:
         sc.probes = args.probes
-    return sc._hostile_windows_are_the_load()  # the fields were set one by one: the scenario's own check again
+    return sc.checked()  # the fields were set one by one: the scenario's own check again
 
 
 def scale_steps(steps: tuple[Operation, ...], counts: list[int], scenario: str) -> tuple[Operation, ...]:

@@ -90,8 +90,12 @@ class Scenario(BaseModel):
 
     @model_validator(mode="after")
     def _hostile_windows_are_the_load(self) -> Scenario:
-        """The hostile windows are the load's: a fixed load of exactly their length (an early end would add empty
-        windows to both sides of the goodput comparison)."""
+        return self.checked()
+
+    def checked(self) -> Scenario:
+        """This scenario, checked as a whole again (for one whose fields were set one by one): the hostile
+        windows are the load's, a fixed load of exactly their length (an early end would add empty windows to
+        both sides of the goodput comparison)."""
         h, p = self.hostile, self.profile
         if h is not None and (p.kind != "fixed" or p.max_requests is not None or p.duration_s != h.duration_s):
             raise ValueError(
