@@ -1,4 +1,5 @@
-"""What a server says it served from cache during one benchmark run: prefix-cache and offload-tier hits.
+"""What a server says it served from cache during one benchmark run (prefix-cache and offload-tier hits), and
+where its requests' time to first token went (its own latency histograms).
 
 Why: a benchmark meant to be cold must show it was (a cache hit there means
 the workload repeated itself and the figures flatter whichever stack has the
@@ -12,6 +13,16 @@ Under Serve a replica's counters reach its node's agent every few seconds,
 so a run's counters are read once the server has counted every request the
 client completed (:func:`wait_for_requests`): ``vllm:request_success`` (all
 finish reasons) grown by at least that many since the reading before the run.
+
+The latency histograms split a request's time to first token the way vLLM
+times it (means over a run, from each histogram's ``_sum`` / ``_count``):
+``queue`` (EngineCore: queued until first scheduled) and ``prefill``
+(scheduled until its first token) are the engine's; ``server_ttft`` is the
+frontend's (the request's arrival at vLLM's ``AsyncLLM`` until the frontend
+has its first token), so ``server_ttft - queue - prefill`` is the hand-offs
+between frontend and EngineCore, and the client's TTFT minus
+``server_ttft`` is everything before ``AsyncLLM`` and after it (HTTP,
+parsing, the guard, HAProxy and Ray's streaming on the shipped stack).
 """
 
 from __future__ import annotations
@@ -35,6 +46,12 @@ COUNTERS = {
     "external_hits": "vllm:external_prefix_cache_hits",
 }
 BY_SOURCE = "vllm:prompt_tokens_by_source"  # label source: local_compute / local_cache_hit / external_kv_transfer
+# part of a request's time to first token -> vLLM's histogram (seconds) that times it
+LATENCY_HISTOGRAMS = {
+    "server_ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+}
 
 
 @dataclass
@@ -48,13 +65,22 @@ class CacheCounters:
     external_queries: float = 0.0
     external_hits: float = 0.0  # the KV connector's (offload tier's) hits, in tokens
     by_source: dict[str, float] = field(default_factory=dict)  # prompt tokens by where they came from
+    latency_sum: dict[str, float] = field(default_factory=dict)  # LATENCY_HISTOGRAMS part -> _sum (seconds)
+    latency_count: dict[str, float] = field(default_factory=dict)  # LATENCY_HISTOGRAMS part -> _count
 
     def __sub__(self, other: CacheCounters) -> CacheCounters:
+        keyed = ("by_source", "latency_sum", "latency_count")
         out = CacheCounters(**{f.name: getattr(self, f.name) - getattr(other, f.name)
-                               for f in fields(self) if f.name != "by_source"})
-        out.by_source = {k: self.by_source.get(k, 0.0) - other.by_source.get(k, 0.0)
-                         for k in sorted(set(self.by_source) | set(other.by_source))}
+                               for f in fields(self) if f.name not in keyed})
+        for name in keyed:
+            mine, theirs = getattr(self, name), getattr(other, name)
+            setattr(out, name, {k: mine.get(k, 0.0) - theirs.get(k, 0.0) for k in sorted(set(mine) | set(theirs))})
         return out
+
+    def latency_mean_ms(self) -> dict[str, float | None]:
+        """Per part of the time to first token (:data:`LATENCY_HISTOGRAMS`): its mean over the requests timed."""
+        return {part: (1000 * self.latency_sum.get(part, 0.0) / self.latency_count[part]
+                       if self.latency_count.get(part) else None) for part in LATENCY_HISTOGRAMS}
 
     @property
     def hit_tokens(self) -> float:
@@ -65,16 +91,24 @@ class CacheCounters:
         d = asdict(self)
         d["hit_tokens"] = self.hit_tokens
         d["offload_hit_tokens_per_request"] = self.external_hits / self.requests if self.requests else None
+        d["latency_mean_ms"] = self.latency_mean_ms()
         return d
 
 
 def parse_counters(texts: Sequence[str]) -> CacheCounters:
     """:class:`CacheCounters` from Prometheus text expositions (one per endpoint), every series summed."""
     want = {name: f for f, name in COUNTERS.items()}
+    histograms = {name + suffix: (part, target) for part, name in LATENCY_HISTOGRAMS.items()
+                  for suffix, target in (("_sum", "latency_sum"), ("_count", "latency_count"))}
     out = CacheCounters()
     for text in texts:
         for (sample, labels), value in parse_samples(text).items():
             c = canonical(sample)
+            if c is not None and c[0] in histograms:
+                part, target = histograms[c[0]]
+                slot = getattr(out, target)
+                slot[part] = slot.get(part, 0.0) + value
+                continue
             if c is None or not c[1]:  # only counters' _total samples
                 continue
             name = c[0]

@@ -218,7 +218,8 @@ def summarize_run(stack: str, pair: int, label: str, concurrency: int, data: dic
     n = data["completed"]
 
     def pct(name: str) -> dict[str, float]:
-        return {"p50": data.get(f"median_{name}_ms"), "p99": data.get(f"p99_{name}_ms")}
+        return {"p50": data.get(f"median_{name}_ms"), "p99": data.get(f"p99_{name}_ms"),
+                "mean": data.get(f"mean_{name}_ms")}
 
     return Run(stack=stack, pair=pair, label=label, concurrency=concurrency, completed=n,
                failed=data.get("failed", 0), duration_s=data["duration"], req_per_s=data["request_throughput"],
@@ -278,6 +279,39 @@ def hits_by_arm(runs: list[Run]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
+def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]:
+    """Per run label and arm: where the time to first token went, in ms, each part the median over the arm's
+    (non-void) runs of that run's mean.
+
+    ``client``: vLLM's bench (request sent until first token received); ``server``: the server's own
+    ``vllm:time_to_first_token_seconds`` (arrival at ``AsyncLLM`` until the frontend has the token); ``queue``
+    and ``prefill``: EngineCore's (:mod:`benchmarks.server_counters`). Derived: ``outside`` = client - server
+    (HTTP, parsing, the guard; HAProxy and Ray's streaming on the shipped stack) and ``handoffs`` = server -
+    queue - prefill (frontend to EngineCore and back). A part a server does not time is None."""
+    import statistics
+
+    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    for label in dict.fromkeys(r.label for r in runs):
+        for arm in dict.fromkeys(r.stack for r in runs):
+            mine = [r for r in runs if r.label == label and r.stack == arm and r.void is None]
+            if not mine:
+                continue
+            per_run = []
+            for r in mine:
+                means = r.counters.get("latency_mean_ms") or {}
+                row = {"client": r.ttft_ms.get("mean"), "server": means.get("server_ttft"),
+                       "queue": means.get("queue"), "prefill": means.get("prefill")}
+                row["outside"] = (row["client"] - row["server"]
+                                  if row["client"] is not None and row["server"] is not None else None)
+                row["handoffs"] = (row["server"] - row["queue"] - row["prefill"]
+                                   if None not in (row["server"], row["queue"], row["prefill"]) else None)
+                per_run.append(row)
+            out.setdefault(label, {})[arm] = {
+                k: (statistics.median(vals) if (vals := [row[k] for row in per_run if row[k] is not None]) else None)
+                for k in ("client", "server", "queue", "prefill", "outside", "handoffs")}
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 def _ci(fig: dict[str, Any]) -> str:
     return f"{fig['median']:.2f}x [{fig['ci90'][0]:.2f}, {fig['ci90'][1]:.2f}]"
@@ -307,6 +341,20 @@ def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, 
             per = h["external_hits"] / h["requests"] if h["requests"] else 0.0
             lines.append(f"| {label} | {arm} | {h['requests']:.0f} | {h['prompt_tokens']:.0f} | "
                          f"{h['prefix_cache_hits']:.0f} | {h['external_hits']:.0f} | {per:.1f} |")
+    lines += ["", "Where the time to first token goes, per arm (ms; each part the median over the arm's runs of the "
+              "run's mean; `server`, `queue`, `prefill` from the server's own histograms, `outside` = client - "
+              "server: HTTP, parsing, guard, HAProxy and Ray's streaming; `hand-offs` = server - queue - prefill: "
+              "frontend to EngineCore and back):", "",
+              "| run | arm | client TTFT | server TTFT | queue | prefill | outside | hand-offs |",
+              "|---|---|---|---|---|---|---|---|"]
+
+    def _ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    for label, arms in ttft_split(runs).items():
+        for arm, part in arms.items():
+            lines.append(f"| {label} | {arm} | " + " | ".join(_ms(part[k]) for k in (
+                "client", "server", "queue", "prefill", "outside", "handoffs")) + " |")
     lines += ["", "Every run (vLLM's `bench serve` figures; host CPU from /proc/stat over the client's measured "
               "window; cache hits from the server):", "",
               "| pair | arm | run | conc. | completed | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
@@ -479,7 +527,8 @@ def main(argv: list[str] | None = None) -> int:
                                                              "no Ray process left"))
             ratios = compare(runs)
             (args.out / "vs_vllm.json").write_text(json.dumps(
-                {"meta": meta, "ratios": ratios, "runs": [asdict(r) for r in runs]}, indent=1))
+                {"meta": meta, "ratios": ratios, "ttft_split": ttft_split(runs), "runs": [asdict(r) for r in runs]},
+                indent=1))
             (args.out / "vs_vllm.md").write_text(markdown(meta, runs, ratios))
     plot(runs, args.out / "vs_vllm.png")
     print(markdown(meta, runs, compare(runs)))

@@ -123,3 +123,31 @@ def test_a_runs_counters_wait_until_the_server_has_counted_its_requests():
         wait_for_requests(["u"], CacheCounters(requests=2), 8, timeout_s=5,
                           get=lambda u: VLLM_EXPORT.replace("10.0", "4.0"), clock=lambda: next(clock),
                           sleep=lambda s: None)
+
+
+HISTOGRAMS = """# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="fixture"} 4.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="fixture"} 0.2
+vllm:time_to_first_token_seconds_count{engine="0",model_name="fixture"} 4.0
+# TYPE vllm:request_queue_time_seconds histogram
+vllm:request_queue_time_seconds_sum{engine="0",model_name="fixture"} 0.04
+vllm:request_queue_time_seconds_count{engine="0",model_name="fixture"} 4.0
+# TYPE vllm:request_prefill_time_seconds histogram
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="fixture"} 0.08
+vllm:request_prefill_time_seconds_count{engine="0",model_name="fixture"} 4.0
+"""
+
+
+def test_the_time_to_first_token_splits_by_the_servers_own_histograms_over_a_run():
+    from benchmarks.server_counters import parse_counters
+
+    before = parse_counters([HISTOGRAMS])
+    # two more requests, 30 ms to first token each, 5 of it queued and 10 prefilling; Ray's names, a second replica
+    after = parse_counters([HISTOGRAMS, HISTOGRAMS.replace("vllm:", "ray_vllm_").replace("4.0", "2.0")
+                            .replace("0.2", "0.06").replace("0.04", "0.01").replace("0.08", "0.02")])
+    assert before.latency_mean_ms() == pytest.approx({"server_ttft": 50.0, "queue": 10.0, "prefill": 20.0})
+    assert (after - before).latency_mean_ms() == pytest.approx({"server_ttft": 30.0, "queue": 5.0, "prefill": 10.0})
+    assert (after - before).to_json()["latency_mean_ms"]["queue"] == pytest.approx(5.0)
+    # a server that times nothing (no histogram, or no request in the run) has no mean, never a zero
+    assert parse_counters([VLLM_EXPORT]).latency_mean_ms() == {"server_ttft": None, "queue": None, "prefill": None}
+    assert (before - before).latency_mean_ms()["prefill"] is None

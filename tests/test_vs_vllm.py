@@ -241,6 +241,26 @@ def test_three_arms_compare_each_with_plain_and_shipped_with_engine_and_void_run
     assert r["shipped/engine"]["figures"]["req_per_s"]["ratios"] == pytest.approx([0.75, 0.5])
 
 
+def test_the_ttft_split_takes_the_median_over_runs_of_each_parts_mean_and_derives_the_rest():
+    from benchmarks.vs_vllm import ttft_split
+
+    def timed(r, client, server, queue, prefill):
+        r.ttft_ms["mean"] = client
+        r.counters = {"latency_mean_ms": {"server_ttft": server, "queue": queue, "prefill": prefill}}
+        return r
+
+    runs = [timed(_run("engine", 0, "c8", 10, 0.1), 40.0, 30.0, 5.0, 10.0),
+            timed(_run("engine", 1, "c8", 10, 0.1), 50.0, 34.0, 7.0, 12.0),
+            timed(_run("engine", 2, "c8", 10, 0.1), 60.0, 38.0, 9.0, 14.0),
+            timed(_run("engine", 3, "c8", 10, 0.1, void="cold run with cache hits"), 900.0, 900.0, 0.0, 0.0),
+            timed(_run("plain", 0, "c8", 10, 0.1), 30.0, None, None, None)]  # a server that times nothing
+    split = ttft_split(runs)["c8"]
+    assert split["engine"] == pytest.approx({"client": 50.0, "server": 34.0, "queue": 7.0, "prefill": 12.0,
+                                             "outside": 16.0, "handoffs": 15.0})  # the void run counts nowhere
+    assert split["plain"] == {"client": 30.0, "server": None, "queue": None, "prefill": None, "outside": None,
+                              "handoffs": None}
+
+
 def test_a_cold_run_with_any_cache_hit_is_void_and_a_reuse_run_is_not():
     from benchmarks.server_counters import CacheCounters
     from benchmarks.vs_vllm import void_reason
