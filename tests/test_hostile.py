@@ -9,10 +9,10 @@ import asyncio
 import pytest
 from starlette.testclient import TestClient
 
-from load_tests.judge.hostile import judge_hostile, refused_as_expected
+from load_tests.judge.hostile import answered_as_expected, judge_hostile
 from load_tests.load.client import RequestResult
 from load_tests.load.hostile import HostileConnection, attack
-from load_tests.plan.hostile import HOSTILE_KINDS, HOSTILE_REQUESTS, HostilePlan
+from load_tests.plan.hostile import HEAVY_REQUESTS, HOSTILE_KINDS, HOSTILE_REQUESTS, HostilePlan
 from load_tests.plan.scenarios import SCENARIOS
 from load_tests.plan.slo import Slo
 from load_tests.plan.workload import Mix, draw
@@ -77,7 +77,7 @@ def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
     v = judge_hostile(PLAN, run_results(), CONNS, WINDOWS, Slo())
     assert v.problems == [], v.problems
     assert v.calm_goodput_requests_per_s == 1.0 and v.hostile_goodput_requests_per_s == 1.0 and v.goodput_drop == 0
-    assert all(r == {"sent": 2, "refused_as_expected": 2, "otherwise": 0} for r in v.requests.values())
+    assert all(r == {"sent": 2, "answered_as_expected": 2, "otherwise": 0} for r in v.requests.values())
     assert v.connections["stalled_reader"]["slowest_close_s"] == 31.0
 
 
@@ -105,9 +105,9 @@ def test_a_drop_within_the_bound_passes():
 
 def test_refused_as_expected_needs_the_status_and_the_name():
     r = result(0, "rejected", 0.0, {"kind": "hostile", "hostile": "n_as_string"}, 400, "n", "n")
-    assert refused_as_expected(r)
-    assert not refused_as_expected(result(0, "rejected", 0.0, {}, 422, "n", "n"))
-    assert not refused_as_expected(result(0, "rejected", 0.0, {}, 400, "model", "n"))
+    assert answered_as_expected(r)
+    assert not answered_as_expected(result(0, "rejected", 0.0, {}, 422, "n", "n"))
+    assert not answered_as_expected(result(0, "rejected", 0.0, {}, 400, "model", "n"))
 
 
 def test_the_attackers_tell_a_server_that_closes_from_one_that_holds_the_socket():
@@ -182,3 +182,35 @@ def test_the_windows_must_be_the_load():
         with pytest.raises(ValueError, match="need a fixed load of exactly 240 s"):
             scenario_from(parse_args(["--scenario", "hostile", *flags]))
     assert scenario_from(parse_args(["--scenario", "hostile", "--concurrency", "32"])).profile.concurrency == 32
+
+
+@pytest.mark.parametrize("kind, change, headers, status, param", HEAVY_REQUESTS, ids=[k for k, *_ in HEAVY_REQUESTS])
+def test_the_positive_controls_requests_are_legal_and_the_most_the_shipped_guard_admits(
+    kind, change, headers, status, param
+):
+    """The heavy set is what a client with a key may send: the guard (shipped limits) serves it, and one more
+    sequence (n + 1) is refused, so it sits exactly at the cap."""
+    client = TestClient(RefuseRayControlHeaders(guarded_client().app), base_url="http://127.0.0.1:8000")
+    body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 4, **change}
+    assert status == 200 and param is None
+    assert client.post("/v1/completions", json=body, headers=headers).status_code == 200
+    over = client.post("/v1/completions", json={**body, "n": body["n"] + 1}, headers=headers)
+    assert over.status_code == 400, over.text
+
+
+def test_the_heavy_control_draws_only_legal_requests_that_expect_to_be_served_and_is_judged_so():
+    sc = SCENARIOS["hostile-heavy"]
+    assert sc.hostile.requests == "heavy" and sc.hostile.connections == 0 and sc.hostile.share > 0
+    assert sc.profile == SCENARIOS["hostile"].profile and sc.mix == SCENARIOS["hostile"].mix
+    mix = sc.mix.model_copy(update={"hostile": 1.0, "hostile_requests": "heavy"})
+    specs = [draw(mix, 7, i) for i in range(20)]
+    assert {s.tags["hostile"] for s in specs} == {"heavy_legal_batch"}
+    assert all(s.expect == "ok" and s.expect_status == 200 and s.body["n"] == 8 for s in specs)
+    served = result(0, "ok", 11.0, {"kind": "hostile", "hostile": "heavy_legal_batch"}, 200, None, None)
+    refused = result(1, "rejected", 12.0, {"kind": "hostile", "hostile": "heavy_legal_batch"}, 400, "n", None)
+    for r in (served, refused):
+        r.spec.update(expect_status=200, expect_param=None)
+    assert answered_as_expected(served) and not answered_as_expected(refused)
+    v = judge_hostile(sc.hostile, [served, refused], [], WINDOWS, Slo())
+    assert v.requests == {"heavy_legal_batch": {"sent": 2, "answered_as_expected": 1, "otherwise": 1}}
+    assert any("heavy_legal_batch: 1 of 2 not answered 200" in p for p in v.problems), v.problems

@@ -14,6 +14,14 @@ Hostile connections (each must be closed by the server within its bound):
 an idle socket that sends nothing, one that trickles its headers one byte
 every 0.5 s (slow loris), and a stream whose reader never reads.
 
+The goodput check's positive control (``hostile-heavy``) swaps the refused
+requests for legal ones that each ask for the most the shipped guard admits
+(2 prompts x n = 8, its sequence cap, ignoring EOS): the guard must let them
+through (a 200 each), and the normal clients' goodput must then fall past the
+bound, so the run fails naming the drop. It shows the check can see what it
+looks for; ``hostile-aa`` (nothing hostile) shows what the host's noise alone
+does to it.
+
 Windows alternate calm, hostile, hostile, calm (ABBA, repeated): a drift of
 the host's speed over the run falls on both kinds alike. The normal clients'
 goodput in each window is the SLO-meeting normal requests started in it per
@@ -63,6 +71,22 @@ HOSTILE_REQUESTS: list[tuple[str, dict[str, Any], dict[str, str], int, str]] = [
     ),
 ]
 HOSTILE_KINDS = tuple(k for k, *_ in HOSTILE_REQUESTS)
+# The positive control's requests: legal and as costly as the shipped guard admits (limits.max_sequences 16 =
+# 2 prompts x n 8), each answered 200 (no field to name).
+HEAVY_REQUESTS: list[tuple[str, dict[str, Any], dict[str, str], int, str | None]] = [
+    (
+        "heavy_legal_batch",
+        {"prompt": ["count 1 2", "count 3 4"], "n": 8, "max_tokens": 96, "ignore_eos": True},
+        {},
+        200,
+        None,
+    ),
+]
+HostileSet = Literal["refused", "heavy"]
+HOSTILE_SETS: dict[HostileSet, list[tuple[str, dict[str, Any], dict[str, str], int, str | None]]] = {
+    "refused": HOSTILE_REQUESTS,  # type: ignore[dict-item]
+    "heavy": HEAVY_REQUESTS,
+}
 ConnectionKind = Literal["idle", "trickle", "stalled_reader"]
 CONNECTION_KINDS: tuple[ConnectionKind, ...] = ("idle", "trickle", "stalled_reader")
 
@@ -83,6 +107,11 @@ class HostilePlan(BaseModel):
     )
     connections: int = Field(
         4, ge=0, description="hostile connections of each kind opened at the start of every hostile window"
+    )
+    requests: HostileSet = Field(
+        "refused",
+        description="which hostile requests: refused (each must get its 400 naming the field or header) or "
+        "heavy (legal and as costly as the guard admits, each answered 200: the goodput check's positive control)",
     )
     close_bound_s: dict[ConnectionKind, float] = Field(
         default_factory=lambda: _close_bounds(),

@@ -321,6 +321,16 @@ SCENARIOS: dict[str, Scenario] = {
         slo=LOADED_SLO,
         hostile=HOSTILE.model_copy(update={"share": 0.0, "connections": 0}),
     ),
+    "hostile-heavy": Scenario(
+        name="hostile-heavy",
+        description="the positive control of the hostile scenario's goodput check: its load and windows, the hostile "
+        "share made of legal requests as costly as the guard admits (2 prompts x n 8, 96 tokens each, "
+        "answered 200), no hostile connection; the run must fail, naming the normal clients' goodput drop",
+        profile=Profile(kind="fixed", concurrency=64, duration_s=HOSTILE.duration_s),
+        mix=Mix(bad=0.0),
+        slo=LOADED_SLO,
+        hostile=HOSTILE.model_copy(update={"requests": "heavy", "connections": 0}),
+    ),
     "autoscale": under_operations(
         "autoscale",
         "Serve's autoscaler sizes the engine deployment (1 to 2 replicas, 32 ongoing requests per "

@@ -33,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fixture_model.tasks import held_out_examples, training_examples
 
-from .hostile import HOSTILE_REQUESTS
+from .hostile import HOSTILE_SETS, HostileSet
 
 # The load's fuzz levels: 0, then 10 log-spaced strengths from 1 to 10 (the fuzz sweep's gaussian levels too:
 # load_tests.load.fuzz_sweep).
@@ -62,6 +62,9 @@ class Mix(BaseModel):
         description="share of hostile requests (load_tests.plan.hostile: "
         "coerced caps, prompt lists, limit headers, costly "
         "grammars; each expects its 400)",
+    )
+    hostile_requests: HostileSet = Field(
+        "refused", description="which set the hostile share draws from (load_tests.plan.hostile.HOSTILE_SETS)"
     )
     n_prefixes: int = Field(6, ge=1)
     prefix_tokens: int = Field(600, ge=1, description="approximate length of each shared prefix")
@@ -176,13 +179,14 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
     """The ``index``-th request of a run seeded ``seed``."""
     rng = random.Random(seed * 1_000_003 + index)
     if mix.hostile and rng.random() < mix.hostile:
-        hostile_kind, h_change, h_headers, h_status, h_param = HOSTILE_REQUESTS[rng.randrange(len(HOSTILE_REQUESTS))]
+        hostile_set = HOSTILE_SETS[mix.hostile_requests]
+        hostile_kind, h_change, h_headers, h_status, h_param = hostile_set[rng.randrange(len(hostile_set))]
         hostile_body = {"model": mix.model, "prompt": "count 1 2", "max_tokens": 4, **h_change}
         return RequestSpec(
             index,
             "/v1/completions",
             hostile_body,
-            expect="4xx",
+            expect="ok" if h_status < 400 else "4xx",
             expect_status=h_status,
             expect_param=h_param,
             tags={"kind": "hostile", "hostile": hostile_kind},

@@ -253,8 +253,8 @@ def hostile_lines(h: HostileVerdict) -> list[str]:
         f"| {w.kind} | {w.t_start:.0f} | {w.normal_started} | {w.normal_slo_met} | {w.goodput_requests_per_s:.2f} |"
         for w in h.windows
     ]
-    lines += ["", "| hostile request | sent | refused as expected | otherwise |", "|---|---|---|---|"]
-    lines += [f"| {k} | {v['sent']} | {v['refused_as_expected']} | {v['otherwise']} |" for k, v in h.requests.items()]
+    lines += ["", "| hostile request | sent | answered as expected | otherwise |", "|---|---|---|---|"]
+    lines += [f"| {k} | {v['sent']} | {v['answered_as_expected']} | {v['otherwise']} |" for k, v in h.requests.items()]
     lines += [
         "",
         "| hostile connection | opened | closed within the bound | slowest close (s) | bound (s) |",

@@ -270,7 +270,8 @@ class HostileVerdict(Record):
     must be, and the normal clients' goodput under attack against the calm windows'."""
 
     requests: dict[str, dict[str, int]] = Field(
-        description="per hostile kind: sent, refused as expected (the status and the field or header named), otherwise"
+        description="per hostile kind: sent, answered as expected (refused with the status and the field or "
+        "header named; the positive control's legal ones served), otherwise"
     )
     connections: dict[str, dict[str, Any]] = Field(
         description="per connection kind: opened, closed within the bound, the slowest close (s), the bound (s)"

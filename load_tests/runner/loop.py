@@ -230,7 +230,11 @@ class LoadLoop:
         for k in range(plan.windows):
             start = time.monotonic() - self.t0
             kind = "hostile" if plan.hostile_window(k) else "calm"
-            self.mix = self.sc.mix.model_copy(update={"hostile": plan.share}) if kind == "hostile" else self.sc.mix
+            self.mix = (
+                self.sc.mix.model_copy(update={"hostile": plan.share, "hostile_requests": plan.requests})
+                if kind == "hostile"
+                else self.sc.mix
+            )
             if kind == "hostile":
                 attacks += [
                     asyncio.create_task(
