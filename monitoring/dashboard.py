@@ -22,9 +22,9 @@ import json
 import sys
 from typing import Any
 
-from load_tests.observe.counters import HEALTH_GAUGE
-from load_tests.observe.counters import SOURCES as PROMPT_SOURCES
 from serve_app.fuzz_traffic import EXPORTED as ADMITTED
+from serve_app.observability import HEALTH_GAUGE
+from serve_app.observability import SOURCES as PROMPT_SOURCES
 
 from .files import DASHBOARD_FILE
 

@@ -27,12 +27,13 @@ import pytest
 import yaml
 
 from monitoring.files import RULES_FILE
+from serve_app.observability import HEALTH_CHECK_FAILURES
 from testkit.monitoring.promtool import Firing, alerting_rules, promtool
 from testkit.monitoring.record import OPERATIONS_DIR, STEP_S, input_series, read, replay_test
 
 AFTER_S = 35 * 60  # the replay's half hour after the run, and a little more
 EVERY_S = 60
-FAILURES = "ray_serve_health_check_failures_total"
+FAILURES = HEALTH_CHECK_FAILURES
 
 
 def recording(name: str) -> tuple[dict[str, str], int, list[dict]]:

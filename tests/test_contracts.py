@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 
 from fixture_model import build
-from load_tests.observe import counters
 from patches import shm_wait, switches
-from serve_app import cluster_env, engine_env, fuzz_traffic, names
+from serve_app import cluster_env, engine_env, fuzz_traffic, names, observability
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model", "testkit", "benchmarks", "tests")
@@ -40,7 +39,7 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
     "serve_app/engine_env.py": (engine_env.HF_HUB_OFFLINE, engine_env.KV_CACHE_SPACE),
     "serve_app/names.py": (names.REPLICA_CLASS_PREFIX, names.ENGINE_REPLICA_CLASS, names.PROCESS_TITLE_PREFIX),
     "serve_app/fuzz_traffic.py": (fuzz_traffic.METRIC, fuzz_traffic.EXPORTED),
-    "load_tests/observe/counters.py": (counters.HEALTH_GAUGE,),
+    "serve_app/observability.py": (observability.HEALTH_GAUGE, observability.HEALTH_CHECK_FAILURES),
     "fixture_model/build.py": (build.CACHE_ENV,),
 }
 HOME = {value: home for home, values in CONTRACTS.items() for value in values}

@@ -13,7 +13,8 @@ fixture_model  nothing of the project
 serve_app      patches: the production app builder takes its model from its
                config, it does not build the fixture model
 load_tests     patches, serve_app, fixture_model (it deploys and sweeps it)
-monitoring     patches, serve_app, load_tests
+monitoring     patches, serve_app: its rules and dashboard read the observability
+               contract (``serve_app.observability``), as the load tests do
 testkit        the shipped packages above
 benchmarks     the shipped packages and testkit
 ============== ================================================================
@@ -40,7 +41,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "fixture_model": frozenset(),
     "serve_app": frozenset({"patches"}),
     "load_tests": frozenset({"patches", "serve_app", "fixture_model"}),
-    "monitoring": frozenset({"patches", "serve_app", "load_tests"}),
+    "monitoring": frozenset({"patches", "serve_app"}),
     "testkit": frozenset(SHIPPED),
     "benchmarks": frozenset({*SHIPPED, "testkit"}),
 }

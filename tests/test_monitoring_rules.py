@@ -1,5 +1,8 @@
 """The Prometheus rules (monitoring/prometheus/), checked and unit-tested with the real promtool.
 
+The rules file is written from the observability contract (serve_app/observability.py) by ``python -m
+monitoring.rules``; tests/test_observability_contract.py checks that, and each alert against its load-test twin.
+
 Each alert gets a bad case (it must fire, with exactly these labels and this
 summary) and a good twin (it must stay silent). Then the same rules run on the
 series a real deployment exported (tests/fixtures/monitoring/, captured by
@@ -26,8 +29,9 @@ from testkit.monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_sel
 from testkit.monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
-from load_tests.observe.counters import HEALTH_CHECK_FAILURES, HEALTH_GAUGE
 from serve_app.fuzz_traffic import EXPORTED
+from serve_app.observability import (BY_SOURCE, CACHED, CORRECTIONS, HEALTH_CHECK_FAILURES, HEALTH_GAUGE, PROMPT,
+                                     SUCCESS, VIOLATIONS)
 
 LABELS = {"ReplicaId": "r1", "WorkerId": "w1", "engine": "0", "model_name": "fixture", "instance": "127.0.0.1:8089",
           "job": "ray"}
@@ -41,12 +45,6 @@ def labels(**extra: str) -> dict[str, str]:
     return {**LABELS, **extra}
 
 
-PROMPT = "ray_vllm_prompt_tokens_total"
-BY_SOURCE = "ray_vllm_prompt_tokens_by_source_total"
-CACHED = "ray_vllm_prompt_tokens_cached_total"
-VIOLATIONS = "ray_vllm_prompt_token_accounting_violations_total"
-CORRECTIONS = "ray_vllm_prompt_token_accounting_corrections_total"
-SUCCESS = "ray_vllm_request_success_total"
 HEALTHY = HEALTH_GAUGE
 FAILURES = HEALTH_CHECK_FAILURES
 

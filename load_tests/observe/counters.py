@@ -9,6 +9,9 @@ without ``ReplicaId``. Both are read into this one shape (the reading is
 :mod:`load_tests.scraper`'s; the rules over it are
 :mod:`load_tests.invariants`'). Data only: this module imports neither.
 
+The metric names are the observability contract's (:mod:`serve_app.observability`, which the shipped
+Prometheus rules are written from); this module maps them onto :class:`ReplicaCounters`' fields.
+
 Whether a replica is alive is read from the same data, so it works against
 any deployment (``--url`` included). Under Serve the controller exports
 ``serve_deployment_replica_healthy{replica}`` (:data:`HEALTH_GAUGE`: 1
@@ -27,39 +30,47 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from patches.metrics import CORRECTIONS_METRIC, INJECTIONS_METRIC, VIOLATIONS_METRIC
+from serve_app.observability import (
+    GENERATION_TOKENS,
+    PREEMPTIONS,
+    PROMPT_TOKENS,
+    PROMPT_TOKENS_BY_SOURCE,
+    PROMPT_TOKENS_CACHED,
+    RAY_VLLM_PREFIX,
+    REQUEST_SUCCESS,
+    REQUESTS_RUNNING,
+    REQUESTS_WAITING,
+)
 
-# Serve's controller: 1 per healthy replica, 0 once it is unhealthy or stopping (label "replica" = ReplicaId).
-HEALTH_GAUGE = "ray_serve_deployment_replica_healthy"
-# Serve's controller: failed health checks per replica (label "replica"); it grows when a replica crashes, hangs or
-# its node is lost, never when Serve stops a healthy replica (a redeploy, a scale-down): how a planned
-# retirement is told from a death (load_tests.operations). Ray cannot export 0: no series means no failure.
-HEALTH_CHECK_FAILURES = "ray_serve_health_check_failures_total"
-# The parts of vllm:prompt_tokens_by_source that sum to vllm:prompt_tokens.
-SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
+# The names are the observability contract's (serve_app.observability), re-exported for the load tests' modules:
+# Serve's health gauge and failed health checks per replica, and the parts that sum to vllm:prompt_tokens.
+from serve_app.observability import HEALTH_CHECK_FAILURES as HEALTH_CHECK_FAILURES
+from serve_app.observability import HEALTH_GAUGE as HEALTH_GAUGE
+from serve_app.observability import SOURCES as SOURCES
 
 # canonical counter name (vLLM's, without _total) -> field of ReplicaCounters
 COUNTERS = {
-    "vllm:prompt_tokens": "prompt_tokens",
-    "vllm:prompt_tokens_cached": "prompt_tokens_cached",
-    "vllm:generation_tokens": "generation_tokens",
-    "vllm:num_preemptions": "preemptions",
+    PROMPT_TOKENS: "prompt_tokens",
+    PROMPT_TOKENS_CACHED: "prompt_tokens_cached",
+    GENERATION_TOKENS: "generation_tokens",
+    PREEMPTIONS: "preemptions",
 }
 LABELLED = {  # canonical name -> (label, field holding {label value: count})
-    "vllm:prompt_tokens_by_source": ("source", "by_source"),
-    "vllm:request_success": ("finished_reason", "requests_finished"),
+    PROMPT_TOKENS_BY_SOURCE: ("source", "by_source"),
+    REQUEST_SUCCESS: ("finished_reason", "requests_finished"),
     VIOLATIONS_METRIC: ("kind", "violations"),  # the accounting patch's
     CORRECTIONS_METRIC: ("kind", "corrections"),
     INJECTIONS_METRIC: ("kind", "injections"),  # the kv_faults patch's: the faults a run injected
 }
-GAUGES = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting"}
+GAUGES = {REQUESTS_RUNNING: "running", REQUESTS_WAITING: "waiting"}
 WANTED = frozenset((*COUNTERS, *LABELLED, *GAUGES))
 
 
 def canonical(sample_name: str) -> tuple[str, bool] | None:
     """``ray_vllm_prompt_tokens_total`` / ``vllm:prompt_tokens_total`` -> (``vllm:prompt_tokens``, is_total)."""
     name = sample_name
-    if name.startswith("ray_vllm_"):
-        name = "vllm:" + name[len("ray_vllm_") :]
+    if name.startswith(RAY_VLLM_PREFIX):
+        name = "vllm:" + name[len(RAY_VLLM_PREFIX) :]
     elif not name.startswith("vllm:"):
         return None
     is_total = name.endswith("_total")

@@ -24,6 +24,10 @@ Which rules apply depends on what is known of the replica: over a run the
 monitor decides (:mod:`load_tests.monitor`); for one replica seen once,
 :func:`one_scrape` does (never negative; the sums only at rest, alive and idle).
 
+Each rule is the Python twin of an alert of the observability contract (:data:`serve_app.observability.INVARIANTS`,
+which the shipped Prometheus rules are written from): its finding's kind and its parameters are the catalogue's
+(:data:`~serve_app.observability.CHECKS`), and tests/test_observability_contract.py holds the two to the same verdict.
+
 Accounting violations (``vllm:prompt_token_accounting_violations_total{kind}``
 growing) are not a rule of the counters: whether growth is a failure depends on
 the faults a run injects, so :func:`violations_grown` only measures it.
@@ -35,7 +39,13 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from .counters import SOURCES, ReplicaCounters
+from serve_app.observability import CHECKS
+
+from .counters import ReplicaCounters
+
+NEGATIVE, DECREASE, SUM_MISMATCH, CACHED_EXCEEDS_TOTAL = (
+    CHECKS[kind] for kind in ("negative", "decrease", "sum_mismatch", "cached_exceeds_total")
+)
 
 
 @dataclass
@@ -54,7 +64,7 @@ def negative(rc: ReplicaCounters) -> list[Finding]:
     now = rc.counters()
     return [
         Finding(
-            "negative", rc.replica, name, f"{name} = {v} on replica {rc.replica}", {"node": rc.node, "counters": now}
+            NEGATIVE.kind, rc.replica, name, f"{name} = {v} on replica {rc.replica}", {"node": rc.node, "counters": now}
         )
         for name, v in now.items()
         if v < 0 or not math.isfinite(v)
@@ -65,7 +75,7 @@ def decreases(before: ReplicaCounters, now: ReplicaCounters) -> list[Finding]:
     old, new = before.counters(), now.counters()
     out = [
         Finding(
-            "decrease",
+            DECREASE.kind,
             now.replica,
             name,
             f"{name} went backwards on replica {now.replica}: {old[name]:g} -> {v:g}",
@@ -76,7 +86,7 @@ def decreases(before: ReplicaCounters, now: ReplicaCounters) -> list[Finding]:
     ]
     out += [
         Finding(
-            "decrease",
+            DECREASE.kind,
             now.replica,
             name,
             f"{name} disappeared from replica {now.replica} (was {was:g})",
@@ -91,11 +101,11 @@ def decreases(before: ReplicaCounters, now: ReplicaCounters) -> list[Finding]:
 def quiescence(rc: ReplicaCounters) -> list[Finding]:
     """The identities that hold once a replica has no request in flight."""
     out = []
-    parts = {s: rc.by_source.get(s, 0.0) for s in SOURCES}
+    parts = {s: rc.by_source.get(s, 0.0) for s in SUM_MISMATCH.params["sources"]}
     if sum(parts.values()) != rc.prompt_tokens:
         out.append(
             Finding(
-                "sum_mismatch",
+                SUM_MISMATCH.kind,
                 rc.replica,
                 "prompt_tokens",
                 f"replica {rc.replica}: local_compute + local_cache_hit + external_kv_transfer = "
@@ -106,7 +116,7 @@ def quiescence(rc: ReplicaCounters) -> list[Finding]:
     if rc.prompt_tokens_cached > rc.prompt_tokens:
         out.append(
             Finding(
-                "cached_exceeds_total",
+                CACHED_EXCEEDS_TOTAL.kind,
                 rc.replica,
                 "prompt_tokens_cached",
                 f"replica {rc.replica}: prompt_tokens_cached = {rc.prompt_tokens_cached:g} > "

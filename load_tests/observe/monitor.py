@@ -52,6 +52,8 @@ from typing import Any
 
 import httpx
 
+from serve_app.observability import CHECKS
+
 from . import invariants
 from .counters import ReplicaCounters
 from .invariants import Finding
@@ -68,8 +70,11 @@ SETTLE_INTERVAL_S = RAY_METRICS_EXPORT_INTERVAL_S + 1.0
 # Consecutive failed scrapes of one endpoint that fail a run.
 SCRAPE_FAILURE_BOUND = 2
 # Consecutive scrapes a replica must be seen dead in before it counts as dead (one missed export is not a death;
-# Ray itself keeps a gauge for two export intervals for the same reason).
-DEATH_BOUND = 2
+# Ray itself keeps a gauge for two export intervals for the same reason): the observability contract's parameter
+# of the twin of FuzzserveReplicaDied.
+DEATH_BOUND: int = CHECKS["deaths"].params["death_bound_scrapes"]
+# The finding of a violation kind the run does not inject (the twin of FuzzserveAccountingViolation).
+ACCOUNTING_VIOLATION = CHECKS["accounting_violation"].kind
 
 
 @dataclass
@@ -233,7 +238,7 @@ class InvariantChecker:
             else:
                 self._flag(
                     Finding(
-                        "accounting_violation",
+                        ACCOUNTING_VIOLATION,
                         key,
                         f"violations{{{kind}}}",
                         f"the accounting patch clamped {grew:g} x {kind} on replica {key}",
