@@ -123,13 +123,15 @@ class Check:
     ``kind`` that fails the run; ``tally`` -- the checker's attribute named ``kind`` (``expected_violations``,
     ``deaths``, ``stale``), recorded for the verdict, which decides whether it was planned. ``when``: at every scrape
     (against the previous scrape of the same replica), or once at rest (the end-of-run scrape, replicas alive and
-    idle). ``params``: what the Python check is parameterised by.
+    idle). ``params``: what the Python check is parameterised by. ``differs``: where the check and the alert differ
+    on purpose (tests/test_observability_contract.py plants those cases too).
     """
 
     kind: str
     when: Literal["every scrape", "at rest"]
     outcome: Literal["violation", "tally"] = "violation"
     params: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    differs: str = ""
 
 
 @dataclass(frozen=True)
@@ -268,7 +270,13 @@ INVARIANTS: tuple[Invariant, ...] = (
             "with the load test's report (python -m load_tests.observe.replica_metrics prints the same sum check).",
             for_="1m",
         ),
-        Check("sum_mismatch", "at rest", params=_params(sources=SOURCES)),
+        Check(
+            "sum_mismatch",
+            "at rest",
+            params=_params(sources=SOURCES),
+            differs="Rest: the load tests check once, on the scrape after the load stopped and two idle scrapes more "
+            "than one export apart agreed; the rule waits for 2 minutes without admissions and 1 more of mismatch.",
+        ),
     ),
     Invariant(
         "At rest, prompt_tokens_cached (local cache hits + KV transfers) <= prompt_tokens.",
@@ -300,8 +308,13 @@ INVARIANTS: tuple[Invariant, ...] = (
             "with the request and the numbers) and report it with the vLLM version. The counter is "
             "cumulative over the replica's life: the alert clears when the replica restarts.",
         ),
-        # The monitor tolerates the kinds the run's scenario injects (a lying connector: these); the rules always do.
-        Check("accounting_violation", "every scrape", params=_params(connector_kinds=LYING_CONNECTOR_KINDS)),
+        Check(
+            "accounting_violation",
+            "every scrape",
+            params=_params(connector_kinds=LYING_CONNECTOR_KINDS),
+            differs="The monitor tolerates connector_kinds only in a run whose scenario injects a lying connector "
+            "(Scenario.expected_violation_kinds); the rules always leave them to FuzzserveKVConnectorReportsRejected.",
+        ),
     ),
     Invariant(
         "A KV connector reports only possible matches: the patch rejected none of its reports.",
@@ -321,7 +334,13 @@ INVARIANTS: tuple[Invariant, ...] = (
             "the connector's log) and the replica's \"accounting: connector_...\" log line.",
         ),
         # Expected under a lying connector: tallied, the verdict compares them with the faults it injected.
-        Check("expected_violations", "every scrape", "tally", params=_params(connector_kinds=LYING_CONNECTOR_KINDS)),
+        Check(
+            "expected_violations",
+            "every scrape",
+            "tally",
+            params=_params(connector_kinds=LYING_CONNECTOR_KINDS),
+            differs="Tallied only in a run that injects a lying connector (otherwise they are accounting_violation).",
+        ),
     ),
     Invariant(
         "Accounting corrections (after a failed KV load, a preemption) stay a small share of finished requests.",
@@ -371,16 +390,22 @@ INVARIANTS: tuple[Invariant, ...] = (
             "series go away only when the node's Ray metrics agent restarts; filter them out of sums with "
             "the dashboard's replica selector meanwhile.",
             for_="2m",
-            note="Serve's controller sets a replica's health gauge to 0 when it stops it, and Ray keeps that series "
-            "and the\n"
-            "replica's counters. A replica Serve stopped on purpose (a redeploy, a scale-down) never failed a health\n"
-            "check; one that died (crashed, hung, lost its node) did: only those count. And only replicas seen "
-            "healthy\n"
-            'within 30 minutes: the alert says "died recently", then resolves.',
+            note=(
+                "Serve's controller sets a replica's health gauge to 0 when it stops it, and Ray keeps that\n"
+                "series and the replica's counters. A replica Serve stopped on purpose (a redeploy, a scale-down)\n"
+                "never failed a health check; one that died (crashed, hung, lost its node) did: only those count.\n"
+                'And only replicas seen healthy within 30 minutes: the alert says "died recently", then resolves.'
+            ),
         ),
-        # The monitor's stale set: its deaths (below) and the replicas never seen alive, left out of the at-rest
-        # checks. It also holds the replicas Serve retired on purpose (the rule does not): the verdict tells them apart.
-        Check("stale", "every scrape", "tally"),
+        # The monitor's stale set: its deaths (below) and the replicas never seen alive, left out of the at-rest checks.
+        Check(
+            "stale",
+            "every scrape",
+            "tally",
+            differs="The monitor's stale set also holds the replicas Serve retired on purpose (healthy 0, no failed "
+            "health check): it leaves them out of the at-rest checks and the verdict judges whether the run planned "
+            "them; the rule leaves them out.",
+        ),
     ),
     Invariant(
         "A replica that failed Serve's health checks and is not healthy is a death (a redeploy or a scale-down is "
@@ -405,14 +430,22 @@ INVARIANTS: tuple[Invariant, ...] = (
             "/tmp/ray/session_latest/logs (EngineDeadError, an OOM kill) and, if a whole node went, ray list "
             "nodes and the node's raylet log.",
             for_="1m",
-            note="Serve's failed health checks, per replica: they grow when a replica crashes, hangs or loses its "
-            "node,\n"
-            "never when Serve stops a healthy one. Unlike FuzzserveReplicaSeriesStale this needs nothing from the\n"
-            "replica's node (a lost node's series are gone with it): the controller exports it.",
+            note=(
+                "Serve's failed health checks, per replica: they grow when a replica crashes, hangs or loses\n"
+                "its node, never when Serve stops a healthy one. Unlike FuzzserveReplicaSeriesStale this needs\n"
+                "nothing from the replica's node (a lost node's series are gone with it): the controller exports it."
+            ),
         ),
         # The monitor's deaths: seen alive, then not healthy (or its series gone) in death_bound_scrapes scrapes in a
-        # row. Whether a death was planned is the verdict's question (load_tests.judge).
-        Check("deaths", "every scrape", "tally", params=_params(death_bound_scrapes=2)),
+        # row.
+        Check(
+            "deaths",
+            "every scrape",
+            "tally",
+            params=_params(death_bound_scrapes=2),
+            differs="A replica Serve retired on purpose is a death to the monitor too (the verdict judges whether "
+            "the run planned it: load_tests.judge); the rule needs a failed health check.",
+        ),
     ),
     Invariant(
         "A Serve deployment's requests do not keep failing.",

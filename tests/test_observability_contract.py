@@ -278,7 +278,8 @@ def test_a_python_check_drifting_from_its_twin_is_caught(monkeypatch):
 def test_where_the_twins_differ_on_purpose():
     """A replica Serve retired (a redeploy, a scale-down: healthy 0, no failed health check) is stale and dead to
     the load-test monitor, which leaves it out of the at-rest checks and lets the verdict judge whether the run
-    planned it; the alerts stay silent, since an operator planned it. The catalogue says so at both checks."""
+    planned it; the alerts stay silent, since an operator planned it. The catalogue says so at both checks
+    (``Check.differs``)."""
     n = 20
     retired = {vllm(PROMPT): const(500, n), vllm(PROMPT, "r2"): const(700, n), **healthy(n, "r1"),
                serve(HEALTH_GAUGE, "r2"): const(1, 8) + const(0, n - 8)}
@@ -286,3 +287,4 @@ def test_where_the_twins_differ_on_purpose():
     for alert in ("FuzzserveReplicaSeriesStale", "FuzzserveReplicaDied"):
         inv = BY_NAME[alert]
         assert python_fires(inv, case) and promql_agrees(inv, case, False).ok, alert
+        assert inv.check is not None and "retired on purpose" in inv.check.differs, alert
