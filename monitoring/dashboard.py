@@ -6,9 +6,12 @@
 Why a generator: a dashboard JSON is mostly boilerplate (grid positions,
 data-source references, legend options) around a dozen PromQL expressions;
 the expressions and the layout are what a reader should review, here. The
-output is checked against Grafana's schema (:mod:`testkit.testkit.monitoring.grafana_schema`)
+output is checked against Grafana's schema (:mod:`testkit.monitoring.grafana_schema`)
 and every expression is run through promtool against a real deployment's
 series (tests/test_monitoring_dashboard.py).
+
+Metric and recording-rule names come from the observability contract (:mod:`serve_app.observability`), which the
+Prometheus rules are written from too (:mod:`monitoring.rules`).
 
 Queries use two Grafana variables: ``$replica`` (Ray's ``ReplicaId``, multi-
 select, all by default) and Grafana's ``$__rate_interval``; the data source is
@@ -23,7 +26,20 @@ import sys
 from typing import Any
 
 from serve_app.fuzz_traffic import EXPORTED as ADMITTED
-from serve_app.observability import HEALTH_GAUGE
+from serve_app.observability import (
+    BY_SOURCE,
+    CORRECTIONS,
+    DEPLOYMENT_ERRORS,
+    DEPLOYMENT_REQUESTS,
+    FUZZED_SHARE,
+    GENERATION_TOKENS,
+    HEALTH_GAUGE,
+    PROMPT,
+    SUCCESS,
+    UNACCOUNTED,
+    VIOLATIONS,
+    exported,
+)
 from serve_app.observability import SOURCES as PROMPT_SOURCES
 
 from .files import DASHBOARD_FILE
@@ -33,8 +49,8 @@ R = 'ReplicaId=~"$replica"'
 SOURCES = f'source=~"{"|".join(PROMPT_SOURCES)}"'
 UID = "fuzzserve-invariants"
 # Ray cannot export a counter at 0: a deployment without errors has no error series, hence the `or 0 *`.
-ERRORS = "sum by (deployment) (rate(ray_serve_deployment_error_counter_total[$__rate_interval]))"
-REQUESTS = "sum by (deployment) (rate(ray_serve_deployment_request_counter_total[$__rate_interval]))"
+ERRORS = f"sum by (deployment) (rate({DEPLOYMENT_ERRORS}[$__rate_interval]))"
+REQUESTS = f"sum by (deployment) (rate({DEPLOYMENT_REQUESTS}[$__rate_interval]))"
 
 
 def q(expr: str, legend: str, ref: str = "A") -> dict[str, Any]:
@@ -65,7 +81,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 ),
                 "short",
                 False,
-                [q(f"fuzzserve:prompt_tokens_unaccounted{{{R}}}", "{{ReplicaId}}")],
+                [q(f"{UNACCOUNTED}{{{R}}}", "{{ReplicaId}}")],
             ),
             (
                 "Replicas: exporting vLLM series vs healthy in Serve",
@@ -76,7 +92,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 "short",
                 False,
                 [
-                    q("count(max by (ReplicaId) (ray_vllm_prompt_tokens_total))", "exporting vLLM series"),
+                    q(f"count(max by (ReplicaId) ({PROMPT}))", "exporting vLLM series"),
                     q(f"sum by (deployment) ({HEALTH_GAUGE})", "healthy in Serve: {{deployment}}", "B"),
                 ],
             ),
@@ -102,7 +118,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 False,
                 [
                     q(
-                        f"sum by (ReplicaId, kind) (ray_vllm_prompt_token_accounting_violations_total{{{R}}})",
+                        f"sum by (ReplicaId, kind) ({VIOLATIONS}{{{R}}})",
                         "{{ReplicaId}} {{kind}}",
                     )
                 ],
@@ -117,10 +133,10 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 False,
                 [
                     q(
-                        f"sum by (ReplicaId, kind) (rate(ray_vllm_prompt_token_accounting_corrections_total{{{R}}}"
+                        f"sum by (ReplicaId, kind) (rate({CORRECTIONS}{{{R}}}"
                         "[$__rate_interval]))"
                         " / ignoring (kind) group_left sum by (ReplicaId) "
-                        f"(rate(ray_vllm_request_success_total{{{R}}}[$__rate_interval]))",
+                        f"(rate({SUCCESS}{{{R}}}[$__rate_interval]))",
                         "{{ReplicaId}} {{kind}}",
                     )
                 ],
@@ -140,8 +156,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 True,
                 [
                     q(
-                        f"sum by (ReplicaId, source) (rate(ray_vllm_prompt_tokens_by_source_total{{{R}, {SOURCES}}}"
-                        f"[$__rate_interval]))",
+                        f"sum by (ReplicaId, source) (rate({BY_SOURCE}{{{R}, {SOURCES}}}[$__rate_interval]))",
                         "{{ReplicaId}} {{source}}",
                     )
                 ],
@@ -153,7 +168,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 True,
                 [
                     q(
-                        f"sum by (finished_reason) (rate(ray_vllm_request_success_total{{{R}}}[$__rate_interval]))",
+                        f"sum by (finished_reason) (rate({SUCCESS}{{{R}}}[$__rate_interval]))",
                         "{{finished_reason}}",
                     )
                 ],
@@ -165,7 +180,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 True,
                 [
                     q(
-                        f"sum by (ReplicaId) (rate(ray_vllm_generation_tokens_total{{{R}}}[$__rate_interval]))",
+                        f"sum by (ReplicaId) (rate({exported(GENERATION_TOKENS)}{{{R}}}[$__rate_interval]))",
                         "{{ReplicaId}}",
                     )
                 ],
@@ -177,7 +192,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 True,
                 [
                     q(
-                        f"sum by (ReplicaId) (rate(ray_vllm_prompt_tokens_total{{{R}}}[$__rate_interval]))",
+                        f"sum by (ReplicaId) (rate({PROMPT}{{{R}}}[$__rate_interval]))",
                         "{{ReplicaId}}",
                     )
                 ],
@@ -206,7 +221,7 @@ SECTIONS: list[tuple[str, list[tuple[str, str, str, bool, list[dict[str, Any]]]]
                 ),
                 "percentunit",
                 False,
-                [q("fuzzserve:fuzzed_request_share:rate5m", "{{application}}")],
+                [q(FUZZED_SHARE, "{{application}}")],
             ),
         ],
     ),
@@ -318,7 +333,7 @@ def dashboard() -> dict[str, Any]:
                     "name": "replica",
                     "label": "Replica (Ray ReplicaId)",
                     "datasource": DS,
-                    "query": {"query": "label_values(ray_vllm_prompt_tokens_total, ReplicaId)", "refId": "replica"},
+                    "query": {"query": f"label_values({PROMPT}, ReplicaId)", "refId": "replica"},
                     "includeAll": True,
                     "multi": True,
                     "allValue": ".*",
