@@ -234,7 +234,11 @@ INVARIANTS: tuple[Invariant, ...] = (
             "and that the replica runs the vLLM version the patches were verified on. Read the replica's "
             'log for "accounting:" warnings, then restart the replica (its counters start again at 0).',
         ),
-        Check("negative", "every scrape"),
+        Check(
+            "negative",
+            "every scrape",
+            differs="The monitor also flags a NaN or infinite value; the rule's `< 0` is false for NaN.",
+        ),
     ),
     Invariant(
         "A counter of one replica's life never decreases (a restarted replica is a new series: new ReplicaId).",
@@ -251,7 +255,12 @@ INVARIANTS: tuple[Invariant, ...] = (
             '"accounting:" warnings in the replica\'s log. If two exporters report the same series (two '
             "Prometheus jobs scraping one node with different relabelling), fix the scrape config.",
         ),
-        Check("decrease", "every scrape"),
+        Check(
+            "decrease",
+            "every scrape",
+            differs="The monitor also flags a labelled counter that was > 0 and disappeared from a replica still "
+            "exported; resets() cannot see a series end.",
+        ),
     ),
     Invariant(
         "At rest, local_compute + local_cache_hit + external_kv_transfer = prompt_tokens on every replica.",

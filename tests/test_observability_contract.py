@@ -288,3 +288,14 @@ def test_where_the_twins_differ_on_purpose():
         inv = BY_NAME[alert]
         assert python_fires(inv, case) and promql_agrees(inv, case, False).ok, alert
         assert inv.check is not None and "retired on purpose" in inv.check.differs, alert
+
+
+def test_a_counter_that_disappears_is_a_decrease_to_the_monitor_only():
+    """resets() cannot see a series end; the monitor flags a labelled counter gone from a replica still exported
+    (the catalogue says so: ``Check.differs``)."""
+    gone = {vllm(PROMPT): ramp(0, 10, N), vllm(SUCCESS, finished_reason="stop"): ramp(0, 10, 6) + const(None, N - 6),
+            **healthy(N, "r1")}
+    inv = BY_NAME["FuzzserveCounterWentBackwards"]
+    case = Planted("a labelled counter gone from a live replica", gone, False)
+    assert python_fires(inv, case) and promql_agrees(inv, case, False).ok
+    assert inv.check is not None and "disappeared" in inv.check.differs
