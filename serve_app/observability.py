@@ -124,7 +124,7 @@ class Check:
     ``deaths``, ``stale``), recorded for the verdict, which decides whether it was planned. ``when``: at every scrape
     (against the previous scrape of the same replica), or once at rest (the end-of-run scrape, replicas alive and
     idle). ``params``: what the Python check is parameterised by. ``differs``: where the check and the alert differ
-    on purpose (tests/test_observability_contract.py plants those cases too).
+    on purpose (tests/test_observability_contract.py plants the ones a series can show).
     """
 
     kind: str
