@@ -9,6 +9,12 @@ variable                       value  why
 ``VLLM_CPU_KVCACHE_SPACE``     1      GiB of KV cache per CPU engine; unset, vLLM's CPU worker
                                       sizes it from free RAM (~92 %), and two engines on one
                                       host would not fit
+``VLLM_USE_AOT_COMPILE``       0      vLLM 0.32's AOT compile cache never loads on CPU (its
+                                      load calls ``finalize_loading`` on what torch's stock
+                                      Inductor backend saved: a plain function; upstream, not
+                                      the patches): each start paid a failed load, a recompile
+                                      and a re-save. Off, Inductor's own cache serves restarts:
+                                      warm engine init 8 s instead of 20 (docs/cpu_inproc.md)
 =============================  =====  ==========================================================
 
 ``serve_config.yaml`` repeats the table in its application's ``runtime_env``
@@ -24,7 +30,8 @@ import os
 
 HF_HUB_OFFLINE = "HF_HUB_OFFLINE"
 KV_CACHE_SPACE = "VLLM_CPU_KVCACHE_SPACE"
-ENGINE_ENV: dict[str, str] = {HF_HUB_OFFLINE: "1", KV_CACHE_SPACE: "1"}
+AOT_COMPILE = "VLLM_USE_AOT_COMPILE"
+ENGINE_ENV: dict[str, str] = {HF_HUB_OFFLINE: "1", KV_CACHE_SPACE: "1", AOT_COMPILE: "0"}
 
 
 def with_engine_env(env: dict[str, str]) -> dict[str, str]:
