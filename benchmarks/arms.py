@@ -35,7 +35,6 @@ counters: :mod:`benchmarks.server_counters`).
 
 from __future__ import annotations
 
-import copy
 import json
 import re
 import logging
@@ -44,10 +43,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from benchmarks.host import ray_processes
 from patches.switches import ALL, OFF_ENV
+from serve_app import deploy_config
+from serve_app.deploy_config import LLMSpec, ServeConfig
 
 log = logging.getLogger("fuzzserve.benchmarks.arms")
 
@@ -77,23 +76,18 @@ def require_no_ray(what: str, find=ray_processes) -> None:
 
 
 # ----------------------------------------------------------------------------- the config
-def load_config(path: Path) -> dict[str, Any]:
-    return yaml.safe_load(Path(path).read_text())
+def load_config(path: Path) -> ServeConfig:
+    return deploy_config.load(path)
 
 
-def model_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The (single) application's first ``llm_configs`` entry."""
-    return config["applications"][0]["args"]["llm_configs"][0]
+def model_config(config: ServeConfig) -> LLMSpec:
+    """The (single) application's first LLM config."""
+    return deploy_config.first_llm(config)
 
 
-def without_offloading(config: dict[str, Any]) -> dict[str, Any]:
-    """The config with KV offloading removed from every model's engine arguments (a copy)."""
-    cfg = copy.deepcopy(config)
-    for app in cfg["applications"]:
-        for llm in app["args"]["llm_configs"]:
-            for k in OFFLOAD_KEYS:
-                llm.get("engine_kwargs", {}).pop(k, None)
-    return cfg
+def without_offloading(config: ServeConfig) -> ServeConfig:
+    """The config with KV offloading removed from every model's engine arguments (a new config)."""
+    return deploy_config.without_engine_kwargs(config, OFFLOAD_KEYS)
 
 
 def engine_flags(engine_kwargs: dict[str, Any]) -> list[str]:
@@ -110,15 +104,12 @@ def engine_flags(engine_kwargs: dict[str, Any]) -> list[str]:
     return argv
 
 
-def replica_engine_settings(config: dict[str, Any], offload: bool = True) -> tuple[list[str], dict[str, str], int | None]:
+def replica_engine_settings(config: ServeConfig, offload: bool = True) -> tuple[list[str], dict[str, str], int | None]:
     """What a rank-0 replica of the config's model runs: vLLM flags, environment, engine cores per replica."""
-    llm = model_config(config)
-    kwargs = dict(llm.get("engine_kwargs", {}))
     if not offload:
-        for k in OFFLOAD_KEYS:
-            kwargs.pop(k, None)
-    env = {k: str(v) for k, v in config["applications"][0].get("runtime_env", {}).get("env_vars", {}).items()}
-    return engine_flags(kwargs), env, config["applications"][0]["args"].get("engine_cores_per_replica")
+        config = without_offloading(config)
+    app = deploy_config.application(config)
+    return engine_flags(model_config(config).engine_kwargs), app.env_vars, app.fuzz_args.engine_cores_per_replica
 
 
 # ----------------------------------------------------------------------------- vLLM's server
@@ -164,14 +155,14 @@ class VllmServer:
         self.server.close()
 
 
-def plain_vllm(config: dict[str, Any], model: Path, log_dir: Path, find_ray=ray_processes) -> VllmServer:
+def plain_vllm(config: ServeConfig, model: Path, log_dir: Path, find_ray=ray_processes) -> VllmServer:
     """vLLM's defaults, every patch off; only the settings that change what is computed come from the config."""
-    kwargs = model_config(config).get("engine_kwargs", {})
+    kwargs = model_config(config).engine_kwargs
     return VllmServer("plain", model, log_dir, engine_flags({k: kwargs[k] for k in PLAIN_KEYS if k in kwargs}),
                       {OFF_ENV: ALL}, find_ray=find_ray)
 
 
-def patched_vllm(config: dict[str, Any], model: Path, log_dir: Path, offload: bool = True,
+def patched_vllm(config: ServeConfig, model: Path, log_dir: Path, offload: bool = True,
                  find_ray=ray_processes) -> VllmServer:
     """A replica's engine (our patches, its engine arguments, environment and cores) behind vLLM's own server."""
     from serve_app.cpu_cores import BIND_ENV, replica_cores
@@ -189,12 +180,12 @@ def patched_vllm(config: dict[str, Any], model: Path, log_dir: Path, offload: bo
 class Shipped:
     """The config as ``ray start`` + ``serve deploy`` runs it, in a fresh single-node cluster."""
 
-    def __init__(self, config: dict[str, Any] | Path, log_dir: Path, name: str = "shipped",
+    def __init__(self, config: ServeConfig | Path, log_dir: Path, name: str = "shipped",
                  env: dict[str, str] | None = None):
         self.config, self.log_dir, self.name, self.env = config, log_dir, name, env or {}
 
     def __enter__(self) -> Shipped:
-        from serve_app.local_cluster import LocalCluster
+        from load_tests.operate.local_cluster import LocalCluster
         from serve_app.ports import free_port
 
         # num_cpus=None: Ray counts the host's cores, as a plain `ray start --head` does
@@ -236,7 +227,7 @@ def parse_arm(name: str) -> tuple[str, dict[str, str]]:
     return base, env
 
 
-def make_arm(name: str, config: dict[str, Any], model: Path, log_dir: Path):
+def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
     """A fresh arm by name (:data:`ARMS`, or a variant: ``ARM+NAME=VALUE...``), not yet started."""
     base, extra = parse_arm(name)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -312,9 +312,10 @@ def main(argv: list[str] | None = None) -> int:
     if not PY_SPY.exists():
         raise SystemExit(f"py-spy not found at {PY_SPY} (it is installed with ray[serve]; run scripts/bootstrap.sh)")
     from benchmarks.serve_stack import _machine, prompts, start_vllm_server
-    from benchmarks.targets import APP_OF, PHASES, phase_config
+    from benchmarks.targets import APP_OF, PHASES, phase_serve_config
     from fixture_model.build import ensure_model
-    from serve_app.local_cluster import LocalCluster
+    from load_tests.operate.local_cluster import LocalCluster
+    from serve_app.deploy_config import only_applications
 
     targets = args.targets.split(",")
     phase_of = {t: p for p, ts in PHASES.items() for t in ts}
@@ -341,9 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         mine = [t for t in targets if phase_of.get(t) == phase]
         if not mine:
             continue
-        cfg, routes, env = phase_config(phase, model)
-        apps = {APP_OF.get(t, t) for t in mine}
-        cfg["applications"] = [a for a in cfg["applications"] if a["name"] in apps]  # only what is profiled
+        cfg, routes, env = phase_serve_config(phase, model)
+        cfg = only_applications(cfg, {APP_OF.get(t, t) for t in mine})  # only what is profiled
         with LocalCluster(env=env, log_dir=work_dir / phase, num_cpus=32) as cluster:
             cluster.deploy(cfg, wait_ready=False)
             cluster.wait_http({routes[t] for t in mine})

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from serve_app.command_logs import command_logging
+from serve_app.deploy_config import Application, benchmark_config, to_document_app
 from serve_app.engine_env import use_engine_env
 from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
 
@@ -82,16 +83,21 @@ def workload(n: int, groups: int, salts: int, prefix_tokens: int, suffix_tokens:
     return out
 
 
-def target_apps(kv_blocks: int | None, names: tuple[str, ...] = DEFAULT_TARGETS) -> list[dict[str, Any]]:
-    from benchmarks.targets import shipped_app
+def target_applications(kv_blocks: int | None, names: tuple[str, ...] = DEFAULT_TARGETS) -> list[Application]:
+    from benchmarks.targets import shipped_application
 
     apps = []
     for name in names:
         _label, args, replicas = TARGETS[name]
-        a = shipped_app(name, args=args, engine_kwargs={"num_gpu_blocks_override": kv_blocks} if kv_blocks else {},
-                        router_kwargs=ROUTER_KWARGS.get(name), replicas=replicas)
+        a = shipped_application(name, args=args, router_kwargs=ROUTER_KWARGS.get(name), replicas=replicas,
+                                engine_kwargs={"num_gpu_blocks_override": kv_blocks} if kv_blocks else {})
         apps.append(a)
     return apps
+
+
+def target_apps(kv_blocks: int | None, names: tuple[str, ...] = DEFAULT_TARGETS) -> list[dict[str, Any]]:
+    """:func:`target_applications` as their YAML entries."""
+    return [to_document_app(a) for a in target_applications(kv_blocks, names)]
 
 
 async def drive(base_url: str, bodies: list[dict[str, Any]], concurrency: int) -> int:
@@ -150,12 +156,11 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.serve_stack import _machine
     from fixture_model.build import ensure_model
     from load_tests.observe.scraper import scrape
-    from serve_app.local_cluster import LocalCluster
+    from load_tests.operate.local_cluster import LocalCluster
 
     ensure_model()
     bodies = workload(args.requests, args.groups, args.salts, args.prefix_tokens, args.suffix_tokens)
-    cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
-           "applications": target_apps(args.kv_blocks or None, names)}
+    cfg = benchmark_config(target_applications(args.kv_blocks or None, names))
     results: dict[str, Any] = {}
     with LocalCluster(num_cpus=32) as cluster:
         cluster.deploy(cfg, wait_ready=False)

@@ -40,7 +40,7 @@ from typing import Any
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
-from benchmarks.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_config, table_markdown
+from benchmarks.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_serve_config, table_markdown
 from patches.switches import ALL, OFF_ENV
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import ENGINE_ENV, use_engine_env
@@ -239,9 +239,9 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
     from rich.progress import Progress
 
     from benchmarks import cpu_accounting
-    from serve_app.local_cluster import LocalCluster
+    from load_tests.operate.local_cluster import LocalCluster
 
-    cfg, routes, env = phase_config(phase, model)
+    cfg, routes, env = phase_serve_config(phase, model)
     targets = ["a", *PHASES[phase]]
     variants = list(work)
     # Logical CPUs (Ray's scheduling units, not cores) enough to place every

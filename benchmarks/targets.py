@@ -12,20 +12,20 @@ divided by, round by round; ``ceil`` is offline ``LLM.generate``.
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from patches.shm_wait import NAP_ENV
 from patches.switches import ALL, OFF_ENV
+from serve_app import deploy_config
 from serve_app.cluster_env import HAPROXY
+from serve_app.deploy_config import BUILDER, Application, ServeConfig
 from serve_app.engine_env import ENGINE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED_CONFIG = REPO / "serve_config.yaml"
+SHIPPED_CONFIG = deploy_config.SHIPPED_CONFIG
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
 OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
 
@@ -130,7 +130,7 @@ def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
 def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
         direct: bool = False, offload: bool | None = None, omp_bind: str | None = None,
         patches_off: str | None = None, cores_per_replica: int | None = None,
-        user_code_thread: bool = True, access_log: bool = True, nap_s: float | None = None) -> dict[str, Any]:
+        user_code_thread: bool = True, access_log: bool = True, nap_s: float | None = None) -> Application:
     """One Serve application of a phase, at route ``/<name>``."""
     env = dict(ENGINE_ENV)
     if nap_s is not None:
@@ -147,17 +147,14 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
     cfg = llm_config(model, replicas, offload=patches if offload is None else offload)
     if stock:
-        return {"name": name, "route_prefix": f"/{name}", "import_path": "ray.serve.llm:build_openai_app",
-                "runtime_env": {"env_vars": env}, "args": {"llm_configs": [cfg]}}
-    args: dict[str, Any] = {"llm_configs": [cfg], "guard": {"api_keys_env": None},
-                            "ingress": "direct" if direct else "router"}
-    if cores_per_replica is not None:
-        args["engine_cores_per_replica"] = cores_per_replica
-    out = {"name": name, "route_prefix": f"/{name}", "import_path": "serve_app.app:build_app",
-           "runtime_env": {"env_vars": env}, "args": args}
-    if not access_log:
-        out["logging_config"] = {"enable_access_log": False}
-    return out
+        return Application(name=name, route_prefix=f"/{name}", import_path="ray.serve.llm:build_openai_app",
+                           runtime_env={"env_vars": env}, args={"llm_configs": [cfg]})
+    args = deploy_config.FuzzServeArgs.model_validate(
+        {"llm_configs": [cfg], "guard": {"api_keys_env": None}, "ingress": "direct" if direct else "router",
+         **({} if cores_per_replica is None else {"engine_cores_per_replica": cores_per_replica})})
+    options: dict[str, Any] = {} if access_log else {"logging_config": {"enable_access_log": False}}
+    return Application(name=name, route_prefix=f"/{name}", import_path=BUILDER, runtime_env={"env_vars": env},
+                       args=args, **options)
 
 
 # serve_stack and routing_hits run their stacks side by side in clusters of 32
@@ -166,42 +163,36 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
 STACK_REPLICAS = 2
 
 
-def shipped_app(name: str, args: dict[str, Any] | None = None, engine_kwargs: dict[str, Any] | None = None,
-                env: dict[str, str] | None = None, logging_config: dict[str, Any] | None = None,
-                router_kwargs: dict[str, Any] | None = None, config: Path = SHIPPED_CONFIG,
-                replicas: int = STACK_REPLICAS) -> dict[str, Any]:
+def shipped_application(name: str, args: dict[str, Any] | None = None,
+                        engine_kwargs: dict[str, Any] | None = None, env: dict[str, str] | None = None,
+                        logging_config: dict[str, Any] | None = None, router_kwargs: dict[str, Any] | None = None,
+                        config: Path = SHIPPED_CONFIG, replicas: int = STACK_REPLICAS) -> Application:
     """serve_config.yaml's application, at route ``/<name>``, with ``replicas`` engine replicas and only the
-    named overrides.
+    named overrides (:func:`serve_app.deploy_config.benchmark_app`).
 
     ``router_kwargs``: the request router's keyword arguments (``initialize_state``), for the router the
     YAML's ``routing`` names.
     """
-    [application] = copy.deepcopy(yaml.safe_load(config.read_text())["applications"])
-    application.update(name=name, route_prefix=f"/{name}")
-    application["args"].update({"engine_replicas": replicas, **(args or {})})
-    application.setdefault("runtime_env", {}).setdefault("env_vars", {}).update(env or {})
-    if logging_config:
-        application["logging_config"] = logging_config
-    for llm in application["args"]["llm_configs"]:
-        llm["engine_kwargs"].update(engine_kwargs or {})
-        if router_kwargs:
-            from serve_app.app import FuzzServeArgs
-            from serve_app.routers import ROUTERS
-
-            # an application without `routing:` gets the builder's default, as Serve would build it
-            routing = application["args"].get("routing", FuzzServeArgs.model_fields["routing"].default)
-            llm.setdefault("deployment_config", {})["request_router_config"] = {
-                **ROUTERS[routing], "request_router_kwargs": router_kwargs}
-    return application
+    return deploy_config.benchmark_app(deploy_config.load(config), name, replicas, args=args,
+                                       engine_kwargs=engine_kwargs, env=env, logging_config=logging_config,
+                                       router_kwargs=router_kwargs)
 
 
-def is_direct(application: dict[str, Any]) -> bool:
-    env = application.get("runtime_env", {}).get("env_vars", {})
-    return application["args"].get("ingress", "direct") == "direct" if application["import_path"].startswith(
-        "serve_app") else env.get("RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING") == "1"
+def shipped_app(name: str, **overrides: Any) -> dict[str, Any]:
+    """:func:`shipped_application` as its YAML entry."""
+    return deploy_config.to_document_app(shipped_application(name, **overrides))
 
 
-def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+def is_direct(application: Application | Mapping[str, Any]) -> bool:
+    """Whether the application is on Ray's direct-streaming path (our builder's ``ingress: direct``, or a stock
+    app with Ray's switch in its environment)."""
+    a = application if isinstance(application, Application) else Application.model_validate(dict(application))
+    if a.import_path == BUILDER:
+        return a.fuzz_args.ingress == "direct"
+    return a.env_vars.get("RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING") == "1"
+
+
+def phase_serve_config(phase: str, model: Path) -> tuple[ServeConfig, dict[str, str], dict[str, str]]:
     """(serve config, target -> route prefix, cluster env) of a phase.
 
     The cluster runs Serve's HAProxy exactly when one of the phase's
@@ -209,15 +200,19 @@ def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str
     runs them on Serve's Python proxy, as a cluster without HAProxy does.
     """
     mine = [BY_NAME[n] for n in PHASES[phase]]
-    apps = [app(t.name, model, **t.app) if t.app is not None else shipped_app(t.name, **t.shipped)
+    apps = [app(t.name, model, **t.app) if t.app is not None else shipped_application(t.name, **(t.shipped or {}))
             for t in mine if not t.drives]
-    routes = {a["name"]: a["route_prefix"] for a in apps}
+    routes = {a.name: str(a.route_prefix) for a in apps}
     routes.update({t.name: routes[t.drives] for t in mine if t.drives})
     direct = any(is_direct(a) for a in apps)
     env = {HAPROXY: "1" if direct else "0"}
-    cfg = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600},
-           "applications": apps}
-    return cfg, routes, env
+    return deploy_config.benchmark_config(apps), routes, env
+
+
+def phase_config(phase: str, model: Path) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """:func:`phase_serve_config` with the config as its YAML document."""
+    cfg, routes, env = phase_serve_config(phase, model)
+    return deploy_config.to_document(cfg), routes, env
 
 
 def table_markdown() -> str:

@@ -62,7 +62,9 @@ from benchmarks.arms import ARMS, MODEL_NAME, ProtocolError, load_config, make_a
 from benchmarks.host import HostCpuSampler
 from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, wait_for_requests
+from serve_app import deploy_config
 from serve_app.command_logs import command_logging
+from serve_app.deploy_config import ServeConfig
 from serve_app.engine_env import ENGINE_ENV, KV_CACHE_SPACE, use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.vs_vllm")
@@ -142,10 +144,9 @@ def kv_bytes_per_token(model: Path, dtype_bytes: int = 4) -> int:
         * dtype_bytes
 
 
-def local_pool_tokens(config: dict[str, Any], model: Path) -> int:
+def local_pool_tokens(config: ServeConfig, model: Path) -> int:
     """Tokens the local KV pool of a replica holds (``VLLM_CPU_KVCACHE_SPACE`` GiB; plain vLLM gets the same)."""
-    gib = int(config["applications"][0].get("runtime_env", {}).get("env_vars", {}).get(
-        KV_CACHE_SPACE, ENGINE_ENV[KV_CACHE_SPACE]))
+    gib = int(deploy_config.application(config).env_vars.get(KV_CACHE_SPACE, ENGINE_ENV[KV_CACHE_SPACE]))
     return gib * 2**30 // kv_bytes_per_token(model)
 
 
@@ -507,7 +508,7 @@ def main(argv: list[str] | None = None) -> int:
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
             "workload": {**asdict(workload), "runs": workload.runs(), "arms": arms, "pairs": args.pairs,
                          "seed": args.seed, "local_pool_tokens": local_pool_tokens(config, model),
-                         "engine_kwargs": model_config(config).get("engine_kwargs", {}),
+                         "engine_kwargs": model_config(config).engine_kwargs,
                          "client": "vllm bench serve (vllm.benchmarks.serve), custom dataset in file order, "
                                    "greedy, streamed completions"},
             "protocol": [f"{len(plan)} prompt sets, no prompt in two of them (checked)"], "replicas": {},

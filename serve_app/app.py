@@ -36,59 +36,17 @@ Every private Ray symbol used here comes from :mod:`serve_app.ray_internals`.
 from __future__ import annotations
 
 import copy
-import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from .cluster_env import HAPROXY_ENV
-from .guard import GuardConfig
+from .deploy_config import DeploymentOptions, FuzzServeArgs, ingress_deployment_options
 from .names import ENGINE_DEPLOYMENT_PREFIX
-from .routers import BODY_AWARE, ROUTERS, Routing
+from .routers import BODY_AWARE, ROUTERS
 
-
-class FuzzServeArgs(BaseModel):
-    """The builder's arguments (``args:`` of the application in ``serve_config.yaml``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    llm_configs: list[dict[str, Any]] = Field(min_length=1, description="ray.serve.llm LLMConfig dicts")
-    guard: GuardConfig = Field(default_factory=GuardConfig)
-    routing: Routing = "power_of_two"
-    ingress: Literal["direct", "router"] = Field(
-        "direct",
-        description="direct: Ray's direct streaming through HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1 for "
-        "`ray start`), the checks inside each replica (serve_app/direct_server.py); router: "
-        "a FuzzIngress deployment (the HTTP ingress) in front of the replicas (Serve's default path)",
-    )
-    ingress_deployment_config: dict[str, Any] = Field(
-        default_factory=dict, description="Serve options of the ingress deployment (ingress: router)"
-    )
-    engine_cores_per_replica: int | None = Field(
-        None,
-        ge=1,
-        description="CPU hosts: bind each engine replica's OpenMP threads to its own this many cores "
-        "(by its rank on the node, serve_app/core_binding.py); null: vLLM's auto binding",
-    )
-    engine_replicas: int | Literal["fit"] | None = Field(
-        None,
-        description="engine replicas per model: a number, or fit: as many as the cluster's CPUs hold, "
-        "engine_cores_per_replica (1 if unset) + 1 for the replica's HTTP frontend each, per "
-        "node; null: as each llm_config's deployment_config says (num_replicas, autoscaling_config)",
-    )
-    shm_wait: bool = Field(
-        True,
-        description="the shm_wait patch in this app's engines (EngineCore and its worker nap instead of "
-        "spinning while they wait for each other; only where the worker is a process of its own: "
-        "the cpu_inproc patch off); false where they have a core to themselves",
-    )
-
-    def server_kwargs(self) -> dict[str, Any]:
-        """What every engine replica of this app is bound with (serve_app.core_binding.EngineServer)."""
-        return {"engine_cores_per_replica": self.engine_cores_per_replica, "shm_wait": self.shm_wait}
+__all__ = ["FuzzServeArgs", "build_app"]  # FuzzServeArgs lives with the rest of the config (serve_app.deploy_config)
 
 
 # Where a relative model_source is looked for: the project's root (serve_config.yaml's directory).
@@ -125,15 +83,15 @@ def cluster_node_cpus() -> list[float]:
     return [n["Resources"].get("CPU", 0.0) for n in ray.nodes() if n.get("Alive")]
 
 
-def max_replicas(deployment_config: dict[str, Any]) -> int | float:
+def max_replicas(deployment_config: DeploymentOptions | Mapping[str, Any]) -> int | float:
     """The most replicas a deployment config lets Serve run (``num_replicas: auto`` autoscales: unbounded)."""
-    n = deployment_config.get("num_replicas")
-    if n == "auto":
-        return math.inf
-    autoscaling = deployment_config.get("autoscaling_config")
-    if autoscaling:
-        return autoscaling.get("max_replicas", 1)
-    return 1 if n is None else n
+    return _options(deployment_config).max_replicas()
+
+
+def _options(deployment_config: DeploymentOptions | Mapping[str, Any]) -> DeploymentOptions:
+    if isinstance(deployment_config, DeploymentOptions):
+        return deployment_config
+    return DeploymentOptions.model_validate(dict(deployment_config))
 
 
 def resolve_model_source(source: str, root: Path | None = None) -> str:
@@ -163,33 +121,40 @@ def resolve_llm_configs(
     replica (or on the router path, where the ingress calls through a handle);
     a single replica on the direct path gets none (:func:`needs_request_router`).
     """
-    # each on its own: two configs may share a nested dict (YAML anchors), which one deepcopy would keep shared
-    configs = [copy.deepcopy(c) for c in args.llm_configs]
     router_config = ROUTERS[args.routing]
-    for cfg in configs:
-        loading = cfg.setdefault("model_loading_config", {})
-        if isinstance(loading.get("model_source"), str):
-            loading["model_source"] = resolve_model_source(loading["model_source"])
-        deployment = cfg.setdefault("deployment_config", {})
+    configs = []
+    for llm in args.llm_configs:
+        loading = llm.model_loading_config
+        if isinstance(loading.model_source, str):
+            loading = loading.model_copy(update={"model_source": resolve_model_source(loading.model_source)})
+        deployment = llm.deployment_config
         if args.engine_replicas is not None:
-            given = sorted({"num_replicas", "autoscaling_config"} & deployment.keys())
+            given = sorted({"num_replicas", "autoscaling_config"} & deployment.model_fields_set)
             if given:
                 raise ValueError(
-                    f"engine_replicas is set and model {loading.get('model_id')!r}'s deployment_config "
+                    f"engine_replicas is set and model {loading.model_id!r}'s deployment_config "
                     f"sets {', '.join(given)}: give the replica count in one place"
                 )
-            deployment["num_replicas"] = (
+            replicas = (
                 fit_replicas((node_cpus or cluster_node_cpus)(), args.engine_cores_per_replica)
                 if args.engine_replicas == "fit"
                 else args.engine_replicas
             )
-        if needs_request_router(args.ingress, deployment):
+            deployment = deployment.model_copy(update={"num_replicas": replicas})
+        if (
+            needs_request_router(args.ingress, deployment)
+            and "request_router_config" not in deployment.model_fields_set
+        ):
             # Always explicit: the direct path's default would otherwise be Ray's round robin.
-            deployment.setdefault("request_router_config", copy.deepcopy(router_config))
+            deployment = deployment.model_copy(update={"request_router_config": copy.deepcopy(router_config)})
+        # LLMSpec.to_dict deep-copies each: two configs may share a nested dict (YAML anchors)
+        configs.append(
+            llm.model_copy(update={"model_loading_config": loading, "deployment_config": deployment}).to_dict()
+        )
     return configs
 
 
-def needs_request_router(ingress: str, deployment_config: dict[str, Any]) -> bool:
+def needs_request_router(ingress: str, deployment_config: DeploymentOptions | Mapping[str, Any]) -> bool:
     """Whether an engine deployment gets a request router (and, on the direct path, an ingress request router).
 
     On the direct path Serve refuses a custom request router on an ingress
@@ -217,16 +182,6 @@ def engine_deployment(llm_config, server_kwargs: dict[str, Any]):
     return build_llm_deployment(
         llm_config, deployment_cls=EngineServer, name_prefix=ENGINE_DEPLOYMENT_PREFIX, bind_kwargs=server_kwargs
     )
-
-
-def deep_update(base: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Merge ``new`` into ``base`` in place, dicts recursively (as Serve merges deployment options); ``base``."""
-    for k, v in new.items():
-        if isinstance(v, dict) and isinstance(base.get(k), dict):
-            deep_update(base[k], v)
-        else:
-            base[k] = copy.deepcopy(v)
-    return base
 
 
 def build_app(args: dict[str, Any]):
@@ -287,10 +242,9 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
     app.add_middleware(RequestGuard, config=parsed.guard, on_admitted=FuzzTraffic().record)  # added last = runs first
     app.add_exception_handler(HTTPException, openai_http_error)
     ingress_cls = make_fastapi_ingress(FuzzIngress, endpoint_map=ENDPOINTS, app=app)
-    options = FuzzIngress.get_deployment_options(llm_configs)
-    if "num_replicas" in parsed.ingress_deployment_config:  # Serve refuses both
-        options.pop("autoscaling_config", None)
-    deep_update(options, parsed.ingress_deployment_config)
+    options = ingress_deployment_options(
+        FuzzIngress.get_deployment_options(llm_configs), parsed.ingress_deployment_config
+    )
     return serve.deployment(**options)(ingress_cls).bind(
         llm_deployments={c.model_id: engine_deployment(c, parsed.server_kwargs()) for c in llm_configs},
         model_cards={c.model_id: to_model_metadata(c.model_id, c) for c in llm_configs},

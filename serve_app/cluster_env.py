@@ -6,7 +6,7 @@ its proxy and HAProxy, the replicas), so they must be in the environment of
 too late for the controller and the proxy. ``scripts/env.sh`` exports them
 (``python -m serve_app.cluster_env`` prints the ``export`` lines it
 evaluates, and makes Ray's auth token where one is needed: :func:`ensure_auth_token`),
-:class:`serve_app.local_cluster.LocalCluster` sets them for the
+:class:`load_tests.operate.local_cluster.LocalCluster` sets them for the
 clusters the tests, benchmarks and load tests start, and the app builder
 refuses the direct path without the first two (:func:`serve_app.app.require_haproxy`).
 A value already in the environment wins everywhere (e.g.

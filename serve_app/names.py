@@ -5,7 +5,7 @@ Ray names each Serve replica actor ``SERVE_REPLICA::<app>#<deployment>#<id>``
 replica exports) and its class ``ServeReplica:<app>:<deployment>`` (its
 process title ``ray::ServeReplica:<app>:<deployment>``). The builder keeps
 ``ray.serve.llm``'s engine deployment name, ``LLMServer:<model id>``, which
-dashboards, the load-test monitor and :class:`serve_app.local_cluster.LocalCluster`
+dashboards, the load-test monitor and :class:`load_tests.operate.local_cluster.LocalCluster`
 know. Importing this module imports nothing of Ray.
 """
 

@@ -80,7 +80,7 @@ def stock_engine(start_engine) -> EngineHost:
 
 @pytest.fixture(scope="session")
 def serve_cluster(fixture_model, tmp_path_factory):
-    from serve_app.local_cluster import LocalCluster
+    from load_tests.operate.local_cluster import LocalCluster
     from serve_app.ports import free_port
 
     # head: Serve's controller and proxy, one engine replica;

@@ -40,7 +40,7 @@ def test_env_sh_evaluates_the_table():
 
 def test_local_cluster_uses_the_table_and_lets_its_env_win():
     from serve_app.cluster_env import CLUSTER_ENV
-    from serve_app.local_cluster import LocalCluster
+    from load_tests.operate.local_cluster import LocalCluster
 
     env = LocalCluster(env={HAPROXY: "0"})._env()
     assert env[HAPROXY] == "0"

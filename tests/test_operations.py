@@ -13,7 +13,6 @@ import copy
 import itertools
 
 import pytest
-import yaml
 
 from load_tests.cli import parse_args, scenario_from
 from load_tests.judge.evidence import check_planned_faults
@@ -22,14 +21,14 @@ from load_tests.plan.steps import Autoscale, NodeLoss, OperationPlan, Redeploy, 
 from load_tests.operate.steps import step_of
 from load_tests.operate.logs import forced_kills
 from load_tests.judge.departures import planned_departures
-from load_tests.operate.serve_config import redeployed_config, scaled_config
 from load_tests.observe.record import kept
 from load_tests.results.events import GuardProbe, NodeLost, OperationFailed, Redeployed, Scaled
 from load_tests.plan.scenarios import SCENARIOS
 from load_tests.judge.departures import unexpected_deaths
 from monitoring.families import referenced_families
 from monitoring.files import RULES_FILE
-from serve_app.local_cluster import DEFAULT_CONFIG
+from serve_app import deploy_config
+from serve_app.deploy_config import ServeConfig, to_document
 from testkit.monitoring.record import input_series
 from load_tests.observe.counters import ReplicaCounters
 
@@ -40,8 +39,13 @@ def rc(replica, node="n", prompt=100.0, local=60.0, hit=30.0, ext=10.0, cached=4
                            requests_finished={"length": 4.0}, gauges=True, healthy=healthy, **fields)
 
 
-def shipped() -> dict:
-    return yaml.safe_load(DEFAULT_CONFIG.read_text())
+def shipped() -> ServeConfig:
+    return deploy_config.load()
+
+
+def redeployed_config(cfg: ServeConfig, step: Redeploy) -> ServeConfig:
+    """What the redeploy step sends (load_tests.operate.steps.RedeployStep)."""
+    return deploy_config.redeployed(cfg, step.engine_kwargs, step.allow_xargs)
 
 
 # ---------------------------------------------------------------- what is sent to Serve
@@ -49,10 +53,11 @@ def shipped() -> dict:
 
 def test_a_redeploy_changes_the_engine_and_allows_the_probe_key_and_nothing_else():
     cfg = shipped()
-    new = redeployed_config(cfg, Redeploy(after_s=0, engine_kwargs={"kv_offloading_size": 0.2},
-                                          allow_xargs=("fuzzserve_probe",)))
-    assert cfg == shipped(), "the config redeployed from is not changed"
-    args, old = new["applications"][0]["args"], cfg["applications"][0]["args"]
+    new = to_document(redeployed_config(cfg, Redeploy(after_s=0, engine_kwargs={"kv_offloading_size": 0.2},
+                                                      allow_xargs=("fuzzserve_probe",))))
+    assert to_document(cfg) == to_document(shipped()), "the config redeployed from is not changed"
+    old_doc = to_document(cfg)
+    args, old = new["applications"][0]["args"], old_doc["applications"][0]["args"]
     assert args["llm_configs"][0]["engine_kwargs"] == {**old["llm_configs"][0]["engine_kwargs"],
                                                        "kv_offloading_size": 0.2}
     assert args["guard"]["xargs"]["allowed_extra_keys"] == ["fuzzserve_probe"]
@@ -60,25 +65,26 @@ def test_a_redeploy_changes_the_engine_and_allows_the_probe_key_and_nothing_else
     rest["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"] = \
         old["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"]
     rest["applications"][0]["args"]["guard"]["xargs"]["allowed_extra_keys"] = []
-    assert rest == cfg
-    again = redeployed_config(new, Redeploy(after_s=0, allow_xargs=("fuzzserve_probe",)))
-    assert again["applications"][0]["args"]["guard"]["xargs"]["allowed_extra_keys"] == ["fuzzserve_probe"]
+    assert rest == old_doc
+    again = redeployed_config(deploy_config.parse(new), Redeploy(after_s=0, allow_xargs=("fuzzserve_probe",)))
+    assert again.applications[0].fuzz_args.guard.xargs.allowed_extra_keys == ("fuzzserve_probe",)
 
 
 def test_a_scale_overrides_num_replicas_in_the_deployments_section_not_the_args():
     """Serve hashes the app's args into its code version: the same count under args would restart every replica."""
     cfg = shipped()
-    new = scaled_config(cfg, 4)
-    assert new["applications"][0]["args"] == cfg["applications"][0]["args"]
-    assert new["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 4}]
-    assert scaled_config(new, 1)["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 1}]
+    new = deploy_config.scaled(cfg, 4)
+    assert new.applications[0].args == cfg.applications[0].args
+    assert to_document(new)["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 4}]
+    assert to_document(deploy_config.scaled(new, 1))["applications"][0]["deployments"] == [
+        {"name": "LLMServer:fixture", "num_replicas": 1}]
 
 
 def deployed_args(sc) -> dict:
     """The app's args as the load tests deploy them for ``sc`` (load_tests.operate.deploy, default settings)."""
     from load_tests.operate.deploy import DeploySettings, scenario_config
 
-    return scenario_config(shipped(), sc, DeploySettings())["applications"][0]["args"]
+    return to_document(scenario_config(shipped(), sc, DeploySettings()))["applications"][0]["args"]
 
 
 @pytest.mark.parametrize("name", ["redeploy", "redeploy-lite"])
@@ -92,9 +98,10 @@ def test_a_redeploy_scenario_forces_new_replicas_and_allows_a_key_the_shipped_gu
     sc = SCENARIOS[name]
     [step] = sc.operations.steps
     assert isinstance(step, Redeploy) and sc.planned_faults == ("redeploy",)
-    before = {"applications": [{"name": "fuzzserve", "args": deployed_args(sc)}]}
-    after = redeployed_config(before, step)
-    old_args, new_args = before["applications"][0]["args"], after["applications"][0]["args"]
+    before = deploy_config.parse(
+        {"applications": [{"name": "fuzzserve", "import_path": deploy_config.BUILDER, "args": deployed_args(sc)}]})
+    after = to_document(redeployed_config(before, step))
+    old_args, new_args = to_document(before)["applications"][0]["args"], after["applications"][0]["args"]
     old_kw, new_kw = old_args["llm_configs"][0]["engine_kwargs"], new_args["llm_configs"][0]["engine_kwargs"]
     assert step.engine_kwargs and all(old_kw.get(k) != v for k, v in step.engine_kwargs.items()), (old_kw, step)
     assert new_kw != old_kw and new_args != old_args
@@ -479,10 +486,10 @@ def test_the_autoscale_scenario_hands_serve_an_autoscaling_config_and_no_fixed_c
     starts one for an autoscaled deployment)."""
     from load_tests.operate.deploy import DeploySettings, scenario_config
 
-    args = scenario_config(shipped(), SCENARIOS["autoscale"], DeploySettings())["applications"][0]["args"]
+    args = to_document(scenario_config(shipped(), SCENARIOS["autoscale"], DeploySettings()))["applications"][0]["args"]
     assert args["engine_replicas"] is None
     assert args["llm_configs"][0]["deployment_config"]["autoscaling_config"] == SCENARIOS["autoscale"].autoscaling
-    fixed = scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings())["applications"][0]["args"]
+    fixed = to_document(scenario_config(shipped(), SCENARIOS["redeploy"], DeploySettings()))["applications"][0]["args"]
     assert fixed["engine_replicas"] == 2 and "autoscaling_config" not in fixed["llm_configs"][0]["deployment_config"]
 
 

@@ -604,13 +604,14 @@ def scaled_down(serve_cluster):
     rather than stopping one. Either way, every stream on a stopping replica
     must still end complete, with all its tokens and [DONE].
     """
+    from serve_app import deploy_config
     from serve_app.route_policy import DEFAULT_ROUTES
 
-    cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
-    args = cfg["applications"][0]["args"]
-    args["engine_replicas"] = 1
-    # and, checked once the new replica serves: the other generate routes switched on
-    args["guard"]["routes"] = [*DEFAULT_ROUTES, *OFF_GENERATE_ROUTES]
+    # 1 replica and, checked once the new replica serves: the other generate routes switched on
+    cfg = deploy_config.with_builder_args(
+        serve_cluster.effective_config(http_port=serve_cluster.http_port),
+        {"engine_replicas": 1, "guard": {"routes": [*DEFAULT_ROUTES, *OFF_GENERATE_ROUTES]}},
+    )
     n, tokens = 12, 800
     started = [asyncio.Event() for _ in range(n)]
 
@@ -695,21 +696,19 @@ def streamed_tokens(chunk: dict) -> int:
 
 
 def _write(cluster, cfg) -> str:
-    import yaml
+    from serve_app import deploy_config
 
-    path = cluster.log_dir / "serve_config.scaled.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return str(path)
+    return str(deploy_config.write(cfg, cluster.log_dir / "serve_config.scaled.yaml"))
 
 
 def test_the_router_path_deploys_and_checks_requests_the_same_way(serve_cluster):
     """``ingress: router`` (a FuzzIngress deployment in front of the engine replicas, Serve's default path)
     deployed over the running app, on the cluster the shipped config needs (HAProxy on): probes, guard,
     fuzz, streaming. Runs last: it replaces the shipped app."""
-    cfg = serve_cluster.effective_config(http_port=serve_cluster.http_port)
-    args = cfg["applications"][0]["args"]
-    args["ingress"] = "router"
-    args["engine_replicas"] = 1
+    from serve_app import deploy_config
+
+    cfg = deploy_config.with_builder_args(serve_cluster.effective_config(http_port=serve_cluster.http_port),
+                                          {"ingress": "router", "engine_replicas": 1})
     serve_cluster.deploy(cfg)
     deployments = serve_cluster.serve_status()["applications"]["fuzzserve"]["deployments"]
     assert any(name.startswith("FuzzIngress") for name in deployments), deployments

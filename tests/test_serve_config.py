@@ -81,7 +81,7 @@ def test_shipped_cpu_config_is_the_fast_stack():
     assert args.engine_replicas == "fit"
     assert not args.ingress_deployment_config, "the direct path has no ingress deployment to configure"
     [llm] = args.llm_configs
-    assert "num_cpus" not in llm["deployment_config"].get("ray_actor_options", {}), \
+    assert "num_cpus" not in llm.to_dict()["deployment_config"].get("ray_actor_options", {}), \
         "the replica's frontend keeps ray.serve.llm's default reservation (1 CPU), which fit counts"
 
 

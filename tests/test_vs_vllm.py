@@ -153,7 +153,7 @@ def test_arms_take_their_settings_from_the_config():
     from serve_app.engine_env import KV_CACHE_SPACE
 
     config = load_config(REPO / "serve_config.yaml")
-    kwargs = config["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]
+    kwargs = config.applications[0].fuzz_args.llm_configs[0].engine_kwargs
     plain = make_arm("plain", config, Path("/m"), Path("/tmp/arms-test"))
     assert plain.flags == ["--dtype", "float32", "--max-model-len", str(kwargs["max_model_len"])]
     assert plain.env == {OFF_ENV: ALL} and plain.engine_cores is None
@@ -161,12 +161,12 @@ def test_arms_take_their_settings_from_the_config():
     assert "--kv-offloading-size" in engine.flags and "--enable-prefix-caching" in engine.flags
     assert "--no-enforce-eager" in engine.flags  # compiled, as the replica
     assert engine.env[OFF_ENV] in ("", None) or engine.env[OFF_ENV] != ALL
-    assert engine.env[KV_CACHE_SPACE] == config["applications"][0]["runtime_env"]["env_vars"][KV_CACHE_SPACE]
+    assert engine.env[KV_CACHE_SPACE] == config.applications[0].env_vars[KV_CACHE_SPACE]
     assert engine.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and engine.engine_cores == [0]
     bare = make_arm("engine-nooffload", config, Path("/m"), Path("/tmp/arms-test"))
     assert [f for f in engine.flags if f not in bare.flags] == ["--kv-offloading-size", str(kwargs[
         "kv_offloading_size"]), "--kv-offloading-backend", "native"]
-    twin = without_offloading(config)["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]
+    twin = without_offloading(config).applications[0].fuzz_args.llm_configs[0].engine_kwargs
     assert set(kwargs) - set(twin) == {"kv_offloading_size", "kv_offloading_backend"}
     assert "kv_offloading_size" in kwargs, "without_offloading copies; the config itself is unchanged"
 

@@ -15,18 +15,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from fixture_model.build import ensure_model
 from patches.switches import OFF_ENV
-from serve_app.local_cluster import DEFAULT_CONFIG, LocalCluster
+from serve_app import deploy_config
+from serve_app.deploy_config import ServeConfig
 from serve_app.routers import Routing
 
 from ..errors import SetupError
 from ..load.client import RequestResult, send
 from ..plan.probes import probe_specs
 from ..plan.scenarios import Scenario
+from .local_cluster import DEFAULT_CONFIG, LocalCluster
 from .target import LoadTarget
 
 # A local deployment runs this many engine replicas unless told otherwise: the
@@ -47,26 +48,21 @@ class DeploySettings(BaseModel):
     routing: Routing | None = Field(None, description="the engine replicas' request router (default: the config's)")
 
 
-def scenario_config(cfg: dict, sc: Scenario, settings: DeploySettings) -> dict:
-    """The Serve config document ``cfg`` (changed in place) with the scenario's engine settings, the replica
-    count (or the scenario's autoscaling) and the routing of ``settings``."""
-    for app in cfg["applications"]:
-        for llm in app["args"]["llm_configs"]:
-            llm["engine_kwargs"] = sc.engine_overrides(llm.get("engine_kwargs", {}))
-        if settings.routing:
-            app["args"]["routing"] = settings.routing
-        app["args"]["engine_replicas"] = settings.replicas
-        if sc.autoscaling is not None:  # Serve's autoscaler sizes the deployment, not engine_replicas
-            app["args"]["engine_replicas"] = None
-            for llm in app["args"]["llm_configs"]:
-                llm.setdefault("deployment_config", {})["autoscaling_config"] = dict(sc.autoscaling)
+def scenario_config(cfg: ServeConfig, sc: Scenario, settings: DeploySettings) -> ServeConfig:
+    """The Serve config ``cfg`` with the scenario's engine settings, the replica count (or the scenario's
+    autoscaling) and the routing of ``settings`` (a new config; ``cfg`` unchanged)."""
+    cfg = deploy_config.with_engine_kwargs(cfg, sc.engine_overrides)
+    cfg = deploy_config.with_routing(cfg, settings.routing)
+    cfg = deploy_config.with_engine_replicas(cfg, settings.replicas)
+    if sc.autoscaling is not None:  # Serve's autoscaler sizes the deployment, not engine_replicas
+        cfg = deploy_config.with_autoscaling(cfg, sc.autoscaling)
     return cfg
 
 
 def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     """Start a local cluster and deploy the config with the scenario's engine settings; the cluster."""
     ensure_model()
-    cfg = scenario_config(yaml.safe_load(Path(settings.config or DEFAULT_CONFIG).read_text()), sc, settings)
+    cfg = scenario_config(deploy_config.load(settings.config or DEFAULT_CONFIG), sc, settings)
     env = {OFF_ENV: settings.patches_off} if settings.patches_off else {}
     # 'fit' sizes the replicas to the cluster's CPUs: the cluster then has the host's own count, as `ray start`
     # gives it (a fixed replica count runs in LocalCluster's default cluster, whatever the host)

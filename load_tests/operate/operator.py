@@ -30,6 +30,7 @@ from typing import Any
 
 import aiohttp
 
+from serve_app import deploy_config
 from serve_app.names import replica_id
 from serve_app.routing_keys import DEFAULT_PREFIX_CHARS
 
@@ -271,11 +272,10 @@ class Operator:
 
     def prefix_chars(self) -> int:
         """The fuzz-aware router's prefix length as deployed (its default unless the config sets it)."""
-        for app in (self.deployment.config or {}).get("applications", []):
-            for llm in app.get("args", {}).get("llm_configs", []):
-                router = llm.get("deployment_config", {}).get("request_router_config", {})
-                if "prefix_chars" in router.get("request_router_kwargs", {}):
-                    return int(router["request_router_kwargs"]["prefix_chars"])
+        config = self.deployment.config
+        chars = None if config is None else deploy_config.request_router_kwarg(config, "prefix_chars")
+        if chars is not None:
+            return int(chars)
         return DEFAULT_PREFIX_CHARS
 
     # -------------------------------------------------------------- probes

@@ -41,12 +41,14 @@ from typing import Any, ClassVar
 
 import psutil
 
+from serve_app import deploy_config
+from serve_app.deploy_config import ServeConfig
+
 from ..errors import StepError
 from ..load.drive import LoadLevel
 from ..observe.monitor import InvariantChecker
 from ..plan.steps import Autoscale, NodeLoss, Operation, Redeploy, Scale
 from ..results.events import AffinityRecord, Autoscaled, GuardProbe, NodeLost, Redeployed, Scaled, StepEvent
-from .serve_config import redeployed_config, scaled_config
 
 log = logging.getLogger("fuzzserve.load_tests")
 
@@ -59,17 +61,17 @@ class Deployment:
     cluster: Any
     checker: InvariantChecker
     level: LoadLevel | None = None
-    config: dict[str, Any] | None = None
+    config: ServeConfig | None = None
     declare_lost: bool = True  # False: the failing twin, whose lost endpoint must fail the run
     applied: int = 0
 
-    def deployed(self) -> dict[str, Any]:
+    def deployed(self) -> ServeConfig:
         """The Serve config as last applied (a local cluster keeps what it deployed)."""
         if self.config is None:
             raise StepError("the local cluster did not keep the config it deployed: nothing to change")
         return self.config
 
-    async def apply(self, config: dict[str, Any], name: str) -> None:
+    async def apply(self, config: ServeConfig, name: str) -> None:
         self.applied += 1
         self.config = config
         await asyncio.to_thread(self.cluster.apply, config, name)
@@ -117,7 +119,8 @@ class RedeployStep(Step):
                 f"{self.step.engine_kwargs} and guard.xargs.allowed_extra_keys + "
                 f"{list(self.step.allow_xargs)}",
             )
-        await d.apply(redeployed_config(d.deployed(), self.step), f"redeploy-{d.applied + 1}")
+        changed = deploy_config.redeployed(d.deployed(), self.step.engine_kwargs, self.step.allow_xargs)
+        await d.apply(changed, f"redeploy-{d.applied + 1}")
         return Redeployed(t=t, step=self.step, by="serve deploy", replicas_before=before)
 
     def converged(self, live: set[str], event: StepEvent) -> bool:
@@ -136,7 +139,7 @@ class ScaleStep(Step):
     async def perform(self, d: Deployment, t: float, before: list[str]) -> StepEvent:
         if d.cluster is None:
             return self._by_operator(t, before, f"set the engine deployment's num_replicas to {self.step.replicas}")
-        await d.apply(scaled_config(d.deployed(), self.step.replicas), f"scale-{self.step.replicas}")
+        await d.apply(deploy_config.scaled(d.deployed(), self.step.replicas), f"scale-{self.step.replicas}")
         return Scaled(t=t, step=self.step, by="serve deploy (deployments: num_replicas)", replicas_before=before)
 
     def wanted(self, before: set[str]) -> int:

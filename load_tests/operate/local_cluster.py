@@ -1,6 +1,13 @@
 """A local Ray cluster on this machine, started and stopped by id, with the app deployed from YAML.
 
-Used by the main job, the tests and the benchmarks. It drives the same
+Used by the main job, the tests and the benchmarks. Why it lives here, in
+the load tests' ``operate`` layer: the shipped load-test CLI deploys locally
+with it (``load_tests.operate.deploy``), so it is shipped code and cannot be
+in ``testkit`` (test rigs, which shipped packages never import); and it is no
+part of the Serve application itself, which ``serve_app`` is (the app's
+builder runs inside Serve, never starts a cluster). It imports only
+``serve_app`` (the cluster environment, Serve's names, the typed config),
+nothing of the load tests above ``operate``. It drives the same
 commands a person would type (``ray start``, ``serve deploy``, ``serve
 status``, ``serve shutdown``), so what is tested is what README tells users
 to run, and it cleans up only what it started:
@@ -20,7 +27,6 @@ all picked here; the Serve HTTP proxy then runs on the head only
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -37,15 +43,16 @@ import httpx
 import psutil
 import yaml
 
-from serve_app.app import deep_update
+from serve_app import deploy_config
 from serve_app.cluster_env import BIN, prepare_node, with_cluster_env
+from serve_app.deploy_config import ServeConfig
 from serve_app.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
 from serve_app.ports import free_port
 
 log = logging.getLogger("fuzzserve.local_cluster")
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_CONFIG = REPO / "serve_config.yaml"
+REPO = deploy_config.PROJECT_ROOT
+DEFAULT_CONFIG = deploy_config.SHIPPED_CONFIG
 
 
 class ClusterError(RuntimeError):
@@ -153,7 +160,7 @@ class LocalCluster:
     dashboard_port: int = 0
     gcs_port: int = 0
     http_port: int = 0
-    deployed_config: dict[str, Any] | None = None  # the last config deploy()/apply() sent
+    deployed_config: ServeConfig | None = None  # the last config deploy()/apply() sent
     session_dir: Path | None = None  # the head's Ray session directory (its logs/: Serve's controller log)
 
     def __enter__(self) -> LocalCluster:
@@ -323,31 +330,27 @@ class LocalCluster:
     # ---------------------------------------------------------------- deploy
     def effective_config(
         self,
-        config: Path | dict[str, Any] = DEFAULT_CONFIG,
+        config: Path | ServeConfig = DEFAULT_CONFIG,
         args: dict[str, Any] | None = None,
         http_port: int | None = None,
-    ) -> dict[str, Any]:
-        """The config (a YAML path or its content) with the HTTP port and builder arguments overridden."""
-        cfg = copy.deepcopy(config) if isinstance(config, dict) else yaml.safe_load(Path(config).read_text())
-        cfg.setdefault("http_options", {})
-        if http_port is not None:
-            cfg["http_options"]["port"] = http_port
-        self.http_port = cfg["http_options"].get("port", 8000)
+    ) -> ServeConfig:
+        """The config (a YAML path or a loaded config) with the HTTP port and builder arguments overridden, and
+        Serve's proxy on the head only where there are several nodes; remembers the HTTP port."""
+        cfg = config if isinstance(config, ServeConfig) else deploy_config.load(config)
+        cfg = deploy_config.with_http_port(cfg, http_port)
+        self.http_port = deploy_config.http_port(cfg)
         if self.workers:
-            cfg["proxy_location"] = "HeadOnly"
-        if args:
-            for app in cfg["applications"]:
-                deep_update(app.setdefault("args", {}), args)
-        return cfg
+            cfg = deploy_config.with_head_only_proxy(cfg)
+        return deploy_config.with_builder_args(cfg, args or {})
 
     def deploy(
         self,
-        config: Path | dict[str, Any] = DEFAULT_CONFIG,
+        config: Path | ServeConfig = DEFAULT_CONFIG,
         args: dict[str, Any] | None = None,
         http_port: int | None = None,
         timeout: float = 900,
         wait_ready: bool = True,
-    ) -> dict[str, Any]:
+    ) -> ServeConfig:
         """``serve deploy`` the config; wait until every application is RUNNING and (``wait_ready``) ``/ready``
         answers."""
         cfg = self.effective_config(config, args, http_port)
@@ -358,13 +361,12 @@ class LocalCluster:
             self._wait(lambda: self._ready(), max(30.0, deadline - time.monotonic()), f"{self.base_url}/ready")
         return cfg
 
-    def apply(self, cfg: dict[str, Any], name: str) -> None:
-        """``serve deploy`` the config document ``cfg`` as it is (saved as ``serve_config.<name>.yaml`` in the log
+    def apply(self, cfg: ServeConfig, name: str) -> None:
+        """``serve deploy`` the config ``cfg`` as it is (saved as ``serve_config.<name>.yaml`` in the log
         directory) and return at once: Serve rolls it out in the background."""
-        path = self._logs() / f"serve_config.{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        path = deploy_config.write(cfg, self._logs() / f"serve_config.{name}.yaml")
         self.cli("serve", "deploy", str(path))
-        self.deployed_config = copy.deepcopy(cfg)
+        self.deployed_config = cfg  # kept as sent: the config functions return new configs, never change one
 
     def wait_http(self, route_prefixes: Iterable[str], timeout: float = 300) -> None:
         """Wait until ``GET <prefix>/v1/models`` answers 200 for every prefix (apps without ``/ready``)."""
