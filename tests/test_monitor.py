@@ -267,6 +267,26 @@ def test_cross_check_client_against_engine_counters():
     assert cross.problems == [] and (cross.client_ok, cross.operator_ok) == (2, 3)
 
 
+def test_a_request_counts_as_the_engine_requests_it_becomes():
+    """A completion with a prompt list and n choices is one request to the client and prompts x n to the engines
+    (the hostile-heavy control's 2 prompts x n 8 are 16): weighed so, the check holds; unweighed, the same engine
+    counts read as phantom completions (what the control's first run reported)."""
+    from load_tests.plan.workload import RequestSpec
+
+    spec = RequestSpec(0, "/v1/completions", {"prompt": ["a", "b"], "n": 8}).to_json()
+    assert spec["engine_requests"] == 16
+    assert RequestSpec(0, "/v1/completions", {"prompt": [1, 2, 3]}).engine_requests == 1, "one prompt of token ids"
+    assert RequestSpec(0, "/v1/chat/completions", {"messages": [], "n": 3}).engine_requests == 3
+    heavy = result(0, "ok")
+    heavy.spec = {**heavy.spec, "engine_requests": 16}
+    res = [heavy, result(1, "ok")]
+    assert server_cross_check(res, {"r1": rc(finished={"length": 17.0})}, False).problems == []
+    assert server_cross_check(res, {"r1": rc(finished={"length": 16.0})}, False).problems, "one completion missing"
+    unweighed = [result(0, "ok"), result(1, "ok")]
+    assert "got past the router" in server_cross_check(unweighed, {"r1": rc(finished={"length": 17.0})},
+                                                       False).problems[-1]
+
+
 def summary_of(results, started=None, checker=None, faults=(), fault_checks=()):
     """Summarize with engine counters that agree with the clients (unless a checker is given)."""
     if checker is None:

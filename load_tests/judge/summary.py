@@ -91,7 +91,8 @@ def server_cross_check(
     Each request that reaches an engine finishes there exactly once (stop,
     length, abort, error, repetition). So, summed over every replica ever
     seen: completed-by-engine >= completed-by-client, and every finished
-    request was one the clients sent. A cancelled stream may still have
+    request was one the clients sent. A client request counts as the engine
+    requests it becomes (``engine_requests`` of its spec: prompts x ``n``). A cancelled stream may still have
     finished in the engine before the abort arrived, hence the range. The
     engines' counts are taken relative to ``baseline`` (the scrape before the
     run), so earlier traffic on a long-lived deployment does not count.
@@ -108,10 +109,13 @@ def server_cross_check(
             if reasons is None or reason in reasons
         )
 
-    client_ok = sum(r.outcome == "ok" for r in results)
+    def weight(r: RequestResult) -> int:  # engine requests per client request (a prompt list, n choices)
+        return int(r.spec.get("engine_requests", 1))
+
+    client_ok = sum(weight(r) for r in results if r.outcome == "ok")
     ok = client_ok + operator_ok  # every complete answer the engines gave, the load's and the operations'
-    cancelled = sum(r.outcome == "cancelled" for r in results)
-    sent_to_engines = sum(r.outcome not in ("rejected",) for r in results) + operator_ok
+    cancelled = sum(weight(r) for r in results if r.outcome == "cancelled")
+    sent_to_engines = sum(weight(r) for r in results if r.outcome not in ("rejected",)) + operator_ok
     completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
     finished = sum(delta(k, rc, None) for k, rc in final.items())
     out = ClientServer(

@@ -117,14 +117,26 @@ class RequestSpec:
     tags: dict[str, Any] = field(default_factory=dict)
     headers: dict[str, str] = field(default_factory=dict)  # sent beside the target's own (the hostile requests')
 
-    def payload(self) -> bytes:
-        return self.raw_body if self.raw_body is not None else json.dumps(self.body).encode()
+    @property
+    def engine_requests(self) -> int:
+        """How many requests the engines count for this one if it is served: vLLM's OpenAI server makes one engine
+        request per prompt of a completion's prompt list and per choice (``n``), so the clients-agree-with-the-
+        engines check weighs each answer by this."""
+        body = self.body or {}
+        prompt = body.get("prompt")
+        prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+        n = body.get("n", 1)
+        return prompts * (n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("raw_body")
         d.pop("body")
+        d["engine_requests"] = self.engine_requests
         return d
+
+    def payload(self) -> bytes:
+        return self.raw_body if self.raw_body is not None else json.dumps(self.body).encode()
 
 
 @lru_cache(maxsize=8)
