@@ -26,6 +26,9 @@
   how a lever is measured against the arm without it. Lower-case names are
   the arm's own options: ``pin=none`` (engine arms) leaves EngineCore's
   threads unpinned (only the compute threads are bound, by vLLM);
+  ``pin=split`` (engine arms) also pins the API server's threads to the
+  cores the engine does not use (so the frontend never preempts the
+  engine's core);
   ``config=PATH`` takes the arm's settings from another Serve config (a
   lever in the YAML measured against the shipped one).
 
@@ -35,6 +38,7 @@ counters: :mod:`benchmarks.server_counters`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import logging
@@ -42,6 +46,8 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from benchmarks.host import ray_processes
 from patches.switches import ALL, OFF_ENV
@@ -120,6 +126,7 @@ class VllmServer:
                  engine_cores: list[int] | None = None, find_ray=ray_processes):
         self.name, self.model, self.log_dir = name, model, log_dir
         self.flags, self.env, self.engine_cores, self._find_ray = flags, env, engine_cores, find_ray
+        self.split_frontend = False  # pin=split: the API server on the cores the engine does not use
         self.server = None
         self.replicas = 1
 
@@ -146,6 +153,15 @@ class VllmServer:
                 raise ProtocolError(f"{self.name}: no EngineCore process under the server to pin to "
                                     f"{self.engine_cores}")
             log.info("%s: EngineCore %s pinned to cores %s", self.name, pinned, self.engine_cores)
+            if self.split_frontend:
+                rest = sorted(set(os.sched_getaffinity(0)) - set(self.engine_cores))
+                if not rest:
+                    self.server.close()
+                    raise ProtocolError(f"{self.name}: pin=split needs a core besides the engine's {self.engine_cores}")
+                for thread in psutil.Process(self.server.proc.pid).threads():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(thread.id, rest)
+                log.info("%s: the API server's threads pinned to cores %s", self.name, rest)
         return self
 
     def check(self, when: str) -> None:
@@ -242,6 +258,10 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
     options = {k: extra.pop(k) for k in list(extra) if k in ARM_OPTIONS}
     if options.get("pin") == "none":
         arm.engine_cores = None
+    elif options.get("pin") == "split":
+        arm.split_frontend = True
+    elif "pin" in options:
+        raise ValueError(f"arm {name!r}: pin={options['pin']}: known values none, split")
     arm.name = name
     arm.env.update(extra)
     return arm

@@ -23,6 +23,12 @@ has its first token), so ``server_ttft - queue - prefill`` is the hand-offs
 between frontend and EngineCore, and the client's TTFT minus
 ``server_ttft`` is everything before ``AsyncLLM`` and after it (HTTP,
 parsing, the guard, HAProxy and Ray's streaming on the shipped stack).
+Only a vLLM server's own histograms are read: Ray 2.60's metrics agent
+re-observes each replica's histogram buckets at their midpoints
+(``ray/_private/telemetry/open_telemetry_metric_recorder.py``), so under
+Serve a ``_sum`` is bucket midpoint x count (every queue time under 0.3 s
+reads 0.15 s, seen 2026-11-27): no mean finer than the buckets. The shipped
+arm's split is its client TTFT against the engine arm's.
 """
 
 from __future__ import annotations
@@ -104,6 +110,8 @@ def parse_counters(texts: Sequence[str]) -> CacheCounters:
     for text in texts:
         for (sample, labels), value in parse_samples(text).items():
             c = canonical(sample)
+            if c is not None and c[0] in histograms and sample.startswith("ray_vllm_"):
+                continue  # Ray re-observes each bucket at its midpoint: no mean finer than the buckets (see above)
             if c is not None and c[0] in histograms:
                 part, target = histograms[c[0]]
                 slot = getattr(out, target)

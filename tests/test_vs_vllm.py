@@ -169,6 +169,11 @@ def test_arms_take_their_settings_from_the_config():
     twin = without_offloading(config).applications[0].fuzz_args.llm_configs[0].engine_kwargs
     assert set(kwargs) - set(twin) == {"kv_offloading_size", "kv_offloading_backend"}
     assert "kv_offloading_size" in kwargs, "without_offloading copies; the config itself is unchanged"
+    split = make_arm("engine+pin=split", config, Path("/m"), Path("/tmp/arms-test"))
+    assert split.split_frontend and split.engine_cores == [0] and not engine.split_frontend
+    assert make_arm("engine+pin=none", config, Path("/m"), Path("/tmp/arms-test")).engine_cores is None
+    with pytest.raises(ValueError, match="pin=both: known values none, split"):
+        make_arm("engine+pin=both", config, Path("/m"), Path("/tmp/arms-test"))
 
 
 def test_engine_flags_are_ones_vllms_server_parses():
