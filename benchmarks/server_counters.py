@@ -110,12 +110,12 @@ def parse_counters(texts: Sequence[str]) -> CacheCounters:
     for text in texts:
         for (sample, labels), value in parse_samples(text).items():
             c = canonical(sample)
-            if c is not None and c[0] in histograms and sample.startswith("ray_vllm_"):
-                continue  # Ray re-observes each bucket at its midpoint: no mean finer than the buckets (see above)
             if c is not None and c[0] in histograms:
-                part, target = histograms[c[0]]
-                slot = getattr(out, target)
-                slot[part] = slot.get(part, 0.0) + value
+                # Ray re-observes each bucket at its midpoint: no mean finer than the buckets (see above)
+                if not sample.startswith("ray_vllm_"):
+                    part, target = histograms[c[0]]
+                    slot = getattr(out, target)
+                    slot[part] = slot.get(part, 0.0) + value
                 continue
             if c is None or not c[1]:  # only counters' _total samples
                 continue

@@ -39,8 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field
 # benchmarks/grammar_cost.py, docs/benchmarks.md "Grammar compile cost".
 COSTLY_PATTERN = "([a-z]{0,50}){0,50}"
 
-# (change to a completion body, extra headers, the status and the field or header the answer must name)
-HOSTILE_REQUESTS: list[tuple[str, dict[str, Any], dict[str, str], int, str]] = [
+# (kind, change to a completion body, extra headers, the status, the field or header the answer names: None if served)
+HostileRequest = tuple[str, dict[str, Any], dict[str, str], int, str | None]
+HOSTILE_REQUESTS: list[HostileRequest] = [
     ("n_as_string", {"n": "64"}, {}, 400, "n"),
     ("n_as_float", {"n": 64.0}, {}, 400, "n"),
     ("beam_search_as_string", {"use_beam_search": "true"}, {}, 400, "use_beam_search"),
@@ -73,7 +74,7 @@ HOSTILE_REQUESTS: list[tuple[str, dict[str, Any], dict[str, str], int, str]] = [
 HOSTILE_KINDS = tuple(k for k, *_ in HOSTILE_REQUESTS)
 # The positive control's requests: legal and as costly as the shipped guard admits (limits.max_sequences 16 =
 # 2 prompts x n 8), each answered 200 (no field to name).
-HEAVY_REQUESTS: list[tuple[str, dict[str, Any], dict[str, str], int, str | None]] = [
+HEAVY_REQUESTS: list[HostileRequest] = [
     (
         "heavy_legal_batch",
         {"prompt": ["count 1 2", "count 3 4"], "n": 8, "max_tokens": 96, "ignore_eos": True},
@@ -83,8 +84,8 @@ HEAVY_REQUESTS: list[tuple[str, dict[str, Any], dict[str, str], int, str | None]
     ),
 ]
 HostileSet = Literal["refused", "heavy"]
-HOSTILE_SETS: dict[HostileSet, list[tuple[str, dict[str, Any], dict[str, str], int, str | None]]] = {
-    "refused": HOSTILE_REQUESTS,  # type: ignore[dict-item]
+HOSTILE_SETS: dict[HostileSet, list[HostileRequest]] = {
+    "refused": HOSTILE_REQUESTS,
     "heavy": HEAVY_REQUESTS,
 }
 ConnectionKind = Literal["idle", "trickle", "stalled_reader"]

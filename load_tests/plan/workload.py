@@ -32,6 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fixture_model.tasks import held_out_examples, training_examples
+from serve_app.xargs_policy import prompt_count
 
 from .hostile import HOSTILE_SETS, HostileSet
 
@@ -123,8 +124,7 @@ class RequestSpec:
         request per prompt of a completion's prompt list and per choice (``n``), so the clients-agree-with-the-
         engines check weighs each answer by this."""
         body = self.body or {}
-        prompt = body.get("prompt")
-        prompts = len(prompt) if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int) else 1
+        prompts = prompt_count(body["prompt"]) if "prompt" in body else 1  # as the guard and vLLM count them
         n = body.get("n", 1)
         return prompts * (n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1)
 
