@@ -50,6 +50,26 @@ from .names import ENGINE_DEPLOYMENT_PREFIX
 from .ray_internals import add_middleware_to_built_app, serve_http_host, with_ingress_request_router
 from .route_policy import app_paths, unreviewed
 
+# How long a stopped ingress request router keeps answering routing calls (Serve's
+# ``graceful_shutdown_wait_loop_s``: a stopping replica sleeps that long before it
+# checks for requests in flight and closes its HTTP listener; Serve's default is 2 s).
+# Why: a redeploy replaces the routers (Serve versions every deployment of an app by
+# a hash of its args), and each change of the router or replica set reloads HAProxy.
+# The old HAProxy process keeps a client's idle keep-alive connection and serves its
+# next request with the old config, whose Lua router pool names the old routers;
+# with them gone that request was refused, 503 ``router_unreachable``
+# (docs/load_tests.md#refused-at-the-ingress, issue 34). Lingering covers that next
+# request for every client whose idle connection lives less than this after the
+# reload (aiohttp: 15 s, httpx and the openai SDK: 5 s), with room for the reload to
+# lag the stop on a busy host. 30 s is what Serve itself gives an engine replica to
+# leave the load balancer (``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S``), so an
+# app's shutdown takes no longer than before. A ``deployments:`` entry for
+# ``LLMRouter`` in the Serve config overrides both values.
+ROUTER_LINGER_S = 30.0
+# The controller kills a stopping replica after this: two linger periods (a routing
+# call in flight at the first check costs a second one) and 10 s to close.
+ROUTER_SHUTDOWN_TIMEOUT_S = 2 * ROUTER_LINGER_S + 10
+
 
 class FuzzServer(EngineServer):
     # Serve awaits an async constructor (LLMServer's own is one); mypy knows only the synchronous kind.
@@ -113,8 +133,13 @@ def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any], 
     from .ingress_router import FuzzIngressRouter
 
     # As Ray's own direct-streaming builder: no CPU reserved (it only answers
-    # routing calls) and a high concurrency limit (it is on every request's path).
-    router = serve.deployment(name="LLMRouter", max_ongoing_requests=1000, ray_actor_options={"num_cpus": 0})(
-        FuzzIngressRouter
-    )
+    # routing calls) and a high concurrency limit (it is on every request's path);
+    # a stopped router keeps answering for ROUTER_LINGER_S (see there).
+    router = serve.deployment(
+        name="LLMRouter",
+        max_ongoing_requests=1000,
+        ray_actor_options={"num_cpus": 0},
+        graceful_shutdown_wait_loop_s=ROUTER_LINGER_S,
+        graceful_shutdown_timeout_s=ROUTER_SHUTDOWN_TIMEOUT_S,
+    )(FuzzIngressRouter)
     return with_ingress_request_router(server, router.bind(server=server))

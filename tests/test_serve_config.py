@@ -320,6 +320,12 @@ def test_direct_graph(monkeypatch, built_fixture):
     assert "FuzzIngressRouter" in router.func_or_class.__qualname__ or "FuzzIngressRouter" in str(
         router.func_or_class.__mro__), "Ray's LLMRouter behind the bounded body view (serve_app/ingress_router.py)"
     assert router.init_kwargs["server"] is graph, "the router picks among this deployment's replicas"
+    from serve_app.direct_server import ROUTER_LINGER_S
+
+    # a stopped router keeps answering the old HAProxy processes' kept connections (issue 34), while Serve's
+    # default (2 s) would not; the controller must not kill it before the linger is over
+    assert router._deployment_config.graceful_shutdown_wait_loop_s == ROUTER_LINGER_S >= 15
+    assert router._deployment_config.graceful_shutdown_timeout_s > 2 * ROUTER_LINGER_S
     assert server._deployment_config.request_router_config.request_router_class.endswith("FuzzAffinityRouter")
     with pytest.raises(ValueError, match="exactly one model"):
         second = {**application.args["llm_configs"][0], "model_loading_config": {"model_id": "other",
