@@ -19,9 +19,14 @@ dataset in file order, ours through ``--prompts-file``. Where the target has
 prefix-cache counters, each run's hits are read from them
 (:mod:`benchmarks.server_counters`) and a run with any is void.
 
-Ours is the stress-test CLI itself (``python -m load_tests --scenario
-bench``, its summary.json); theirs is ``vllm bench serve``
-(:mod:`benchmarks.vllm_bench_serve`, its ``--save-result`` JSON). Compared:
+Ours is the stress-test CLI's load run: :func:`load_tests.runner.run.run`
+called in this process with the inputs ``python -m load_tests --scenario
+bench --prompts-file ...`` runs with (:func:`load_tests.cli.inputs_for`: the
+CLI's own parser and defaults), its typed
+:class:`~load_tests.results.models.RunSummary` read directly; theirs is
+``vllm bench serve``, also called in this process
+(:mod:`benchmarks.vllm_bench_serve`: vLLM's parser and
+``vllm.benchmarks.serve.main``, its result dict). Compared:
 request throughput, TTFT p50 and TPOT p50, each as the median over the pairs
 of ours / vLLM's with its bootstrap 90 % interval (:mod:`benchmarks.pair_stats`,
 the protocol of ``benchmarks.vs_vllm``). The verdict is fixed before the
@@ -30,6 +35,20 @@ data: a figure **agrees** only if its whole interval lies within
 **inconclusive** otherwise; the run agrees only if every figure does (exit
 0; 1 otherwise). The API key, if the target needs one, comes from
 ``FUZZSERVE_API_KEYS`` (vLLM's client reads it as ``OPENAI_API_KEY``).
+
+Each client's CPU (``client_cpu_s``, shown, not judged) is counted the same
+way: this process's CPU seconds (``getrusage(RUSAGE_SELF)``, user + system,
+every thread) over the call that runs the load, start-up excluded for both
+(importing vLLM costs some 10 s of CPU, our packages some 2 s:
+:func:`start_clients` imports what either would import on its first run
+before any measured run). Both clients share this process,
+so for the call the heap that exists before it (both tools' modules, the
+harness) is frozen (``gc.freeze``, which vLLM's bench does itself before it
+sends): neither client's garbage collector walks the other's objects.
+What a call does of its own is counted: vLLM's client loads its tokenizer
+and samples its dataset; ours scrapes the counters before and after, waits
+for quiescence and writes its report. (Counted as child processes, start-up
+included, as this benchmark once did, vLLM's figure was mostly its import.)
 
 ``--echo`` starts ``testkit/echo_server.py`` with deterministic latencies
 (``--ttft-ms``, ``--itl-ms``) and answers whose every token's text is
@@ -41,6 +60,9 @@ fast suite, and reads back the bodies the echo server received.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
+import io
 import json
 import logging
 import os
@@ -50,19 +72,25 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from benchmarks import pair_stats
+from rich.console import Console
+
+from benchmarks import pair_stats, vllm_bench_serve
 from benchmarks.prompts import PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
-from load_tests.results.models import RunSummary
+from load_tests import cli as load_cli
+from load_tests.runner.run import run as load_run
 from serve_app.command_logs import command_logging
+from serve_app.engine_env import use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.bench_agreement")
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = ("requests_per_s", "ttft_p50_s", "tpot_p50_s")
 TOLERANCE = 0.15
+T = TypeVar("T")
 
 
 def save_tokenizer(out: Path) -> Path:
@@ -75,21 +103,22 @@ def save_tokenizer(out: Path) -> Path:
 
 def theirs(url: str, tokenizer: Path, concurrency: int, prompts: Path, requests: int, output_len: int,
            work: Path, api_key: str | None) -> dict[str, Any]:
-    """``vllm bench serve``'s figures (its own JSON, seconds) over the prompts of a ``custom`` dataset file."""
-    argv = [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", "openai", "--base-url", url,
-            "--endpoint", "/v1/completions", "--model", "fixture", "--tokenizer", str(tokenizer),
-            "--dataset-name", "custom", "--dataset-path", str(prompts), "--custom-output-len", str(output_len),
-            "--skip-chat-template", "--disable-shuffle", "--no-oversample", "--temperature", "0",
-            "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
-            "--result-dir", str(work), "--result-filename", "vllm_bench.json", "--disable-tqdm"]
-    env = dict(os.environ) | ({"OPENAI_API_KEY": api_key} if api_key else {})
-    before = _children_cpu_s()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env, cwd=REPO)
-    cpu = _children_cpu_s() - before
-    if proc.returncode:
-        raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    res = json.loads((work / "vllm_bench.json").read_text())
+    """``vllm bench serve``'s figures (its own result, seconds) over the prompts of a ``custom`` dataset file, run
+    in this process (:mod:`benchmarks.vllm_bench_serve`); what it prints is kept out of this command's output."""
+    args = vllm_bench_serve.parse_args([
+        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "fixture",
+        "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path", str(prompts),
+        "--custom-output-len", str(output_len), "--skip-chat-template", "--disable-shuffle", "--no-oversample",
+        "--temperature", "0", "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
+        "--result-dir", str(work), "--result-filename", "vllm_bench.json", "--disable-tqdm"])
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), openai_api_key(api_key):
+            res, cpu = on_cpu(lambda: vllm_bench_serve.run(args))
+    except Exception:
+        log.error("vllm bench serve failed; it printed:\n%s", printed.getvalue()[-3000:])
+        raise
     return {"tool": "vllm bench serve", "requests": res["completed"], "failed": res.get("failed", 0),
             "requests_per_s": res["request_throughput"], "ttft_p50_s": res["median_ttft_ms"] / 1000,
             "tpot_p50_s": res["median_tpot_ms"] / 1000, "ttft_p99_s": res["p99_ttft_ms"] / 1000,
@@ -99,30 +128,22 @@ def theirs(url: str, tokenizer: Path, concurrency: int, prompts: Path, requests:
 def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: int, work: Path,
          api_key: str | None, metrics_urls: list[str], quick_settle: bool = False,
          scrape_interval_s: float | None = None) -> dict[str, Any]:
-    """The stress-test CLI's figures (``python -m load_tests --scenario bench --prompts-file``, its summary.json read
-    back as the typed :class:`~load_tests.results.models.RunSummary`).
-
-    A subprocess, not :func:`load_tests.runner.run.run` in this process, on purpose: the comparison counts each
-    tool's client CPU the same way (a child process's whole run, start-up included), and vLLM's ``bench serve``
-    runs as one."""
+    """The stress-test CLI's figures: :func:`load_tests.runner.run.run` in this process with the inputs of
+    ``python -m load_tests --scenario bench --prompts-file ...`` (the CLI's parser and builders), its typed
+    :class:`~load_tests.results.models.RunSummary`. Its console lines go to stderr; its report to ``work/ours``."""
     mix = {"max_tokens": [output_len, output_len]}
-    argv = [sys.executable, "-m", "load_tests", "--scenario", "bench", "--url", url, "--concurrency",
-            str(concurrency), "--requests", str(requests), "--prompts-file", str(prompts), "--mix", json.dumps(mix),
-            "--no-sweep", "--no-progress", "--out", str(work / "ours"),
-            *(a for m in metrics_urls for a in ("--metrics-url", m))]
+    argv = ["--scenario", "bench", "--url", url, "--concurrency", str(concurrency), "--requests", str(requests),
+            "--prompts-file", str(prompts), "--mix", json.dumps(mix), "--no-sweep", "--no-progress",
+            "--out", str(work / "ours"), *(a for m in metrics_urls for a in ("--metrics-url", m))]
     if api_key:
         argv += ["--api-key", api_key]
     if scrape_interval_s is not None:
         argv += ["--scrape-interval", str(scrape_interval_s)]
     if quick_settle:  # the echo server's counters are exact at once: no metrics export interval to wait out
         argv += ["--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3"]
-    before = _children_cpu_s()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, cwd=REPO)
-    cpu = _children_cpu_s() - before
-    summary_path = work / "ours" / "summary.json"
-    if not summary_path.exists():
-        raise RuntimeError(f"load_tests wrote no summary ({proc.returncode}):\n{proc.stdout[-3000:]}{proc.stderr[-3000:]}")
-    s = RunSummary.model_validate_json(summary_path.read_text())
+    inputs = load_cli.inputs_for(argv)
+    console = Console(stderr=True)
+    s, cpu = on_cpu(lambda: load_run(*inputs, console))
     lat, tp = s.latency_s, s.throughput
     return {"tool": "python -m load_tests", "requests": tp.completed, "passed": s.passed,
             "failures": s.failures, "requests_per_s": tp.requests_per_s, "ttft_p50_s": lat.ttft.p50,
@@ -130,10 +151,53 @@ def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: i
             "ttft_requests": lat.ttft.requests, "client_cpu_s": cpu}
 
 
-def _children_cpu_s() -> float:
-    """CPU seconds (user + system) of this process's finished children: a client's whole run, start-up included."""
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+def start_clients() -> None:
+    """Both clients' start-up, before any measured run, so that no run pays it: vLLM's benchmark imported (vLLM
+    with it, some 10 s of CPU), and the plotting library our report imports at its first plot (off-screen, as
+    :mod:`load_tests.report.plots` draws)."""
+    vllm_bench_serve.parse_args([])
+    import matplotlib  # the report's own lazy import, done here ahead of the first run
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+
+def on_cpu(call: Callable[[], T]) -> tuple[T, float]:
+    """``call()`` and the CPU seconds (user + system) this process spent in it, every thread counted
+    (``RUSAGE_SELF``). The heap that exists before the call is frozen for it (``gc.freeze``) and released after:
+    the two clients share this process, and neither's garbage collector should walk the other's modules."""
+    gc.collect()
+    gc.freeze()
+    before = _self_cpu_s()
+    try:
+        result = call()
+    finally:
+        cpu = _self_cpu_s() - before
+        gc.unfreeze()
+    return result, cpu
+
+
+def _self_cpu_s() -> float:
+    ru = resource.getrusage(resource.RUSAGE_SELF)
     return ru.ru_utime + ru.ru_stime
+
+
+@contextlib.contextmanager
+def openai_api_key(key: str | None) -> Iterator[None]:
+    """``OPENAI_API_KEY`` set to ``key`` while vLLM's client runs (it reads its key there as it sends), restored
+    after; ``None`` leaves the environment as it is."""
+    if key is None:
+        yield
+        return
+    old = os.environ.get("OPENAI_API_KEY")
+    os.environ["OPENAI_API_KEY"] = key
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["OPENAI_API_KEY"]
+        else:
+            os.environ["OPENAI_API_KEY"] = old
 
 
 def ratios(mine: dict[str, Any], vllm: dict[str, Any]) -> dict[str, float | None]:
@@ -312,6 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     pair_stats.check_pairs(args.pairs, smoke=args.smoke)
     command_logging()
+    use_engine_env()
     echo = shipped = None
     warmup = args.warmup if args.warmup is not None else (0 if args.echo else 200)
     sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed)
@@ -329,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
                 url, metrics = args.url.rstrip("/"), args.metrics_url
             api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
             tokenizer = save_tokenizer(Path(tmp) / "tokenizer")
+            start_clients()
             if warmup:
                 log.info("warming up with %d requests (vLLM's client, prompts of their own, not measured)", warmup)
                 (Path(tmp) / "warmup").mkdir()

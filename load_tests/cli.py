@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 
@@ -362,24 +363,47 @@ def outputs_from(args: argparse.Namespace, sc: Scenario) -> Outputs:
     )
 
 
+class RunInputs(NamedTuple):
+    """What :func:`~load_tests.runner.run.run` takes, in its order: ``run(*inputs, console)``."""
+
+    scenario: Scenario
+    target: RunTarget
+    run_config: RunConfig
+    settings: DeploySettings
+    outputs: Outputs
+
+
+def inputs_from(args: argparse.Namespace) -> RunInputs:
+    """The typed inputs of a load run that parsed flags ask for (ValueError: settings that do not fit together)."""
+    sc = scenario_from(args)
+    run_config, settings = run_config_from(args), deploy_settings_from(args)
+    return RunInputs(sc, target_from(args), run_config, settings, outputs_from(args, sc))
+
+
+def inputs_for(argv: list[str]) -> RunInputs:
+    """The inputs ``python -m load_tests <argv>`` would run with, for a caller that runs them in its own process.
+
+    In-process callers (``benchmarks.bench_agreement``, ``testkit.monitoring``) describe their run with the CLI's
+    flags so that it is the run a user gets from the same command line: one parser, one set of defaults."""
+    return inputs_from(parse_args(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command_logging()
     use_engine_env()
     console = Console()
     try:
-        sc = scenario_from(args)
-        run_config, settings = run_config_from(args), deploy_settings_from(args)
-        target, outputs = target_from(args), outputs_from(args, sc)
+        inputs = inputs_from(args)
     except ValueError as e:
         console.print(f"[red]bad load settings[/]: {e}")
         return EXIT_USAGE
     try:
-        summary = run(sc, target, run_config, settings, outputs, console)
+        summary = run(*inputs, console)
     except SetupError as e:
-        console.print(f"[red]cannot run {sc.name}[/]: {e}")
+        console.print(f"[red]cannot run {inputs.scenario.name}[/]: {e}")
         return EXIT_USAGE
-    print_summary(console, summary, outputs.out / "report.md")
+    print_summary(console, summary, inputs.outputs.out / "report.md")
     return summary.exit_code
 
 

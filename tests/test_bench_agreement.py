@@ -11,9 +11,14 @@ benchmarks.bench_agreement --url ...``).
 
 from __future__ import annotations
 
+import gc
+import os
+import threading
+import time
+
 import pytest
 
-from benchmarks.bench_agreement import FIGURES, compare_figures, main, verdict
+from benchmarks.bench_agreement import FIGURES, compare_figures, main, on_cpu, openai_api_key, verdict
 
 
 def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server_sending_the_same_bodies(tmp_path, capsys):
@@ -32,6 +37,9 @@ def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server_sending_the_sam
         assert run["passed"], run["failures"]
         assert run["ttft_requests"] == 96, "every stream that produced tokens has a TTFT, empty text or not"
     assert ours["requests"] == vllm["requests"] == 192
+    # each client's CPU over its call alone: vLLM's start-up (importing vLLM, some 10 s of CPU) is not in its runs
+    for run in result["runs"]["ours"] + result["runs"]["vllm"]:
+        assert 0 < run["client_cpu_s"] < 5, run
     # the server's own latencies: 100 ms to the first token, 10 ms per token after it
     assert 0.095 < ours["ttft_p50_s"] < 0.15 and 0.0095 < ours["tpot_p50_s"] < 0.015
     # what the server received: 384 bodies, every prompt once, and the two clients' bodies equal but for the words
@@ -79,3 +87,49 @@ def test_a_figure_one_client_did_not_measure_is_not_comparable_and_void_pairs_co
     ours = _runs([(20.0, 0.1, 0.01), (40.0, 0.1, 0.01)])
     ours[1]["void"] = "128 prompt tokens from the prefix cache"
     assert compare_figures(ours, vllm)["requests_per_s"]["ratios"] == [1.0]
+
+
+def _spin(cpu_s: float) -> None:
+    """Burn ``cpu_s`` seconds of this thread's own CPU (not wall time: the host may be busy)."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+def test_a_call_is_charged_every_thread_of_its_cpu_and_nothing_before_it():
+    _spin(1.0)  # before the call: start-up, not counted
+
+    def call():
+        assert gc.get_freeze_count() > 0, "the heap from before the call is frozen while it runs"
+        worker = threading.Thread(target=_spin, args=(0.3,))  # a client's thread counts as the client
+        worker.start()
+        _spin(0.1)
+        worker.join()
+        return "done"
+
+    result, cpu = on_cpu(call)
+    assert result == "done"
+    assert 0.4 <= cpu < 0.9, cpu
+    assert gc.get_freeze_count() == 0, "released after the call"
+
+
+def test_the_heap_is_released_when_the_call_fails():
+    def failing():
+        raise RuntimeError("client failed")
+
+    with pytest.raises(RuntimeError, match="client failed"):
+        on_cpu(failing)
+    assert gc.get_freeze_count() == 0
+
+
+def test_vllms_key_is_set_for_its_run_and_restored_after(monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "theirs-before")
+    with openai_api_key("sk-run"):
+        assert os.environ["OPENAI_API_KEY"] == "sk-run"
+    assert os.environ["OPENAI_API_KEY"] == "theirs-before"
+    monkeypatch.delenv("OPENAI_API_KEY")
+    with openai_api_key("sk-run"):
+        assert os.environ["OPENAI_API_KEY"] == "sk-run"
+    assert "OPENAI_API_KEY" not in os.environ
+    with openai_api_key(None):
+        assert "OPENAI_API_KEY" not in os.environ

@@ -10,8 +10,6 @@ engine overrides, same ``FUZZSERVE_PATCHES_OFF`` plumbing.
 from __future__ import annotations
 
 import logging
-import subprocess
-import sys
 from pathlib import Path
 
 log = logging.getLogger("fuzzserve.monitoring")
@@ -38,9 +36,15 @@ def deploy(sc, out: Path, patches_off: str | None):
 
 
 def smoke_load(base_url: str, metrics_urls: list[str], out: Path, duration_s: float, concurrency: int) -> int:
-    """Drive the smoke mix at a running deployment with the load-test CLI; return its exit code."""
-    argv = [sys.executable, "-m", "load_tests", "--url", base_url, "--scenario", "smoke",
-            "--duration", str(duration_s), "--concurrency", str(concurrency), "--no-sweep", "--no-progress",
-            "--out", str(out), *[a for u in metrics_urls for a in ("--metrics-url", u)]]
-    log.info("load: %s", " ".join(argv))
-    return subprocess.run(argv, check=False).returncode
+    """Drive the smoke mix at a running deployment: the load run ``python -m load_tests`` does for these flags,
+    called in this process (:func:`load_tests.runner.run.run`); its exit code."""
+    from rich.console import Console
+
+    from load_tests.cli import inputs_for
+    from load_tests.runner.run import run
+
+    argv = ["--url", base_url, "--scenario", "smoke", "--duration", str(duration_s), "--concurrency",
+            str(concurrency), "--no-sweep", "--no-progress", "--out", str(out),
+            *[a for u in metrics_urls for a in ("--metrics-url", u)]]
+    log.info("load: python -m load_tests %s", " ".join(argv))
+    return run(*inputs_for(argv), Console(stderr=True)).exit_code
