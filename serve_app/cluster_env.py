@@ -66,10 +66,12 @@ variable                                               value  why
                                                               does not count: measured with HAProxy 2.8.25
 ``RAY_SERVE_HAPROXY_BINARY_PATH``,                     ...    ``serve_app/haproxy_edge.sh``, which adds to Ray's
 ``FUZZSERVE_HAPROXY_REAL``                                    HAProxy config what its template has no variable
-                                                              for: ``timeout http-request 10s`` (a request's
-                                                              headers within 10 s: "timeout client" restarts on
-                                                              every byte, so a client trickling its headers
-                                                              kept its slot forever) and the stats and
+                                                              for: ``timeout http-request 30s`` (a request
+                                                              complete and routed within 30 s: "timeout client"
+                                                              restarts on every byte, so a client trickling its
+                                                              headers kept its slot forever; not shorter, as
+                                                              routing calls queue for up to 14 s in a redeploy:
+                                                              the script says why) and the stats and
                                                               Prometheus ports on 127.0.0.1 instead of every
                                                               interface; then runs the real binary
 the engine environment (:mod:`serve_app.engine_env`)   ...    what every vLLM engine of the project runs with

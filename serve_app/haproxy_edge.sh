@@ -3,9 +3,15 @@
 # serve_app/cluster_env.py): two settings Ray 2.60's HAProxy template has no variable for, written into the
 # config Ray just wrote, then the real binary exec'd with Ray's own arguments (same argv, same pid: Ray checks both).
 #
-#   timeout http-request 10s   a request's headers must arrive within 10 s: without it a client that trickles
-#                              one header byte at a time keeps its connection (and one of maxconn's slots) for as
-#                              long as it likes ("timeout client" is reset by every byte)
+#   timeout http-request 30s   a request must be complete, and routed, within 30 s: without it a client that
+#                              trickles one header byte at a time keeps its connection (and one of maxconn's
+#                              slots) for as long as it likes ("timeout client" is reset by every byte). Not
+#                              shorter: the timer also runs while HAProxy asks the ingress request router for a
+#                              replica (Ray's Lua: wait-for-body 5 s, then 5 s per router of the pool), and in a
+#                              256-stream redeploy on 2 cores routing calls queued for up to 14 s behind a busy
+#                              router; with 10 s, 47 of 19959 requests got HAProxy's 408 (issue 34,
+#                              docs/load_tests.md#refused-at-the-ingress). 30 s is also "timeout client": a slow
+#                              sender holds a slot no longer than a silent one
 #   stats / prometheus ports   bound to 127.0.0.1 instead of every interface (Ray binds them to *; they show
 #                              replica addresses, traffic and cache-hit counts)
 #
@@ -24,7 +30,7 @@ if [ -n "$cfg" ] && [ -w "$cfg" ] && ! grep -q '^    # fuzzserve edge$' "$cfg"; 
     stats=${RAY_SERVE_HAPROXY_STATS_PORT:-8404}
     metrics=${RAY_SERVE_HAPROXY_METRICS_PORT:-9101}
     sed -i \
-        -e 's/^defaults$/defaults\n    # fuzzserve edge\n    timeout http-request '"${FUZZSERVE_HAPROXY_HTTP_REQUEST_TIMEOUT_S:-10}"'s/' \
+        -e 's/^defaults$/defaults\n    # fuzzserve edge\n    timeout http-request '"${FUZZSERVE_HAPROXY_HTTP_REQUEST_TIMEOUT_S:-30}"'s/' \
         -e 's/^\( *bind \)\*\{0,1\}:\('"$stats"'\|'"$metrics"'\) *$/\1127.0.0.1:\2/' \
         "$cfg"
 fi

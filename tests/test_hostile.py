@@ -70,7 +70,7 @@ def closed(kind, after):
     return HostileConnection(kind, 10.0, after)
 
 
-CONNS = [closed("idle", 10.1), closed("trickle", 10.2), closed("stalled_reader", 31.0)]
+CONNS = [closed("idle", 30.1), closed("trickle", 30.2), closed("stalled_reader", 31.0)]
 
 
 def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
@@ -86,9 +86,9 @@ def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
     (run_results(answered=lambda k: ("unexpected_ok", 200, None) if k == "n_as_string" else ("rejected", 400, {
         **{hk: p for hk, *_r, p in HOSTILE_REQUESTS}}[k])), CONNS, "hostile n_as_string: 2 of 2 not refused"),
     (run_results(answered=lambda k: ("rejected", 400, "model")), CONNS, "not refused naming"),
-    (run_results(), [closed("idle", 10.1), closed("trickle", None), closed("stalled_reader", 31.0)],
-     "trickle connection(s) not closed by the server within 15 s"),
-    (run_results(), [closed("idle", 16.0), closed("trickle", 1.0), closed("stalled_reader", 31.0)],
+    (run_results(), [closed("idle", 30.1), closed("trickle", None), closed("stalled_reader", 31.0)],
+     "trickle connection(s) not closed by the server within 35 s"),
+    (run_results(), [closed("idle", 36.0), closed("trickle", 1.0), closed("stalled_reader", 31.0)],
      "idle connection(s) not closed"),
     (run_results(), CONNS[:2], "no stalled_reader connection was opened"),
     ([r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], CONNS, "no hostile request was sent"),

@@ -93,7 +93,7 @@ CONNECTION_KINDS: tuple[ConnectionKind, ...] = ("idle", "trickle", "stalled_read
 
 
 def _close_bounds() -> dict[ConnectionKind, float]:
-    return {"idle": 15.0, "trickle": 15.0, "stalled_reader": 90.0}
+    return {"idle": 35.0, "trickle": 35.0, "stalled_reader": 90.0}
 
 
 class HostilePlan(BaseModel):
@@ -116,9 +116,9 @@ class HostilePlan(BaseModel):
     )
     close_bound_s: dict[ConnectionKind, float] = Field(
         default_factory=lambda: _close_bounds(),
-        description="the server must close each kind within this: headers within 10 s (HAProxy's timeout "
-        "http-request), and a stalled reader's answer, once the engine finished it into the socket "
-        "buffers, no longer than keep-alive / timeout client (30 s) after it; docs/security.md",
+        description="the server must close each kind within this: a request within 30 s (HAProxy's timeout "
+        "http-request, serve_app/haproxy_edge.sh), and a stalled reader's answer, once the engine finished it "
+        "into the socket buffers, no longer than keep-alive / timeout client (30 s) after it; docs/security.md",
     )
     goodput_drop_bound: float = Field(
         0.10,
