@@ -36,6 +36,7 @@ from serve_app.routing_keys import DEFAULT_PREFIX_CHARS
 
 from ..load.client import INGRESS_RETRY_DELAYS_S, post_past_ingress_refusals
 from ..load.drive import LoadLevel
+from ..observe.engine_cores import engine_cores_view
 from ..observe.monitor import InvariantChecker
 from ..plan.steps import OperationPlan
 from ..results.events import Event, GuardProbe, OperationFailed, Redeployed, Scaled, StepEvent
@@ -157,7 +158,9 @@ class Operator:
         cluster = self.deployment.cluster
         view: dict[str, Any] = {}
         try:
-            view["replicas"] = {replica_id(a.get("name", "")): a.get("node_id", "")[:8] for a in cluster.replicas()}
+            replicas = cluster.replicas()
+            view["replicas"] = {replica_id(a.get("name", "")): a.get("node_id", "")[:8] for a in replicas}
+            view["engine_cores"] = engine_cores_view(replicas)
             view["nodes"] = {n.get("node_id", "")[:8]: n.get("state") for n in cluster.all_nodes()}
             apps = cluster.serve_status(timeout=240).get("applications") or {}  # slow under the load
             view["apps"] = {

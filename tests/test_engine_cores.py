@@ -1,0 +1,57 @@
+"""load_tests/observe/engine_cores.py: each EngineCore's cores read from /proc, and the overlap an operations run
+records after each step (issue 34: the re-pin after Serve renumbers replicas)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from load_tests.observe.engine_cores import engine_cores, overlapping, parse_cpu_list, thread_cores
+
+
+def test_cpu_lists_parse_as_the_kernel_writes_them():
+    assert parse_cpu_list("0-2,5\n") == {0, 1, 2, 5}
+    assert parse_cpu_list("1") == {1} and parse_cpu_list("") == set()
+
+
+def test_a_processes_threads_are_read_from_proc(tmp_path):
+    for tid, cores in (("100", "0"), ("101", "1-2")):
+        (tmp_path / "100" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "100" / "task" / tid / "status").write_text(f"Name:\tx\nCpus_allowed_list:\t{cores}\nFoo:\t1\n")
+    assert thread_cores(100, tmp_path) == {0, 1, 2}
+    assert thread_cores(999, tmp_path) is None, "a process that is gone has no cores"
+    # this very process, from the real /proc: what the kernel says it may use
+    assert thread_cores(os.getpid()) == set(os.sched_getaffinity(0))
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning a child to one of two cores needs two")
+def test_an_engine_core_child_is_found_by_name_and_its_pinning_read():
+    """A child named as vLLM names its EngineCore, pinned to one core, under a parent: found, with that core; a
+    child of another name is not an engine."""
+    core = min(os.sched_getaffinity(0))
+    code = ("import os, sys, time, ctypes; libc = ctypes.CDLL(None); "
+            "libc.prctl(15, sys.argv[1].encode(), 0, 0, 0); os.sched_setaffinity(0, {int(sys.argv[2])}); "
+            "print('ready', flush=True); time.sleep(60)")
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    kids = []
+    try:
+        for name in ("VLLM::EngineCore", "not-an-engine"):
+            kid = subprocess.Popen([sys.executable, "-c", code, name, str(core)], stdout=subprocess.PIPE, text=True)
+            assert kid.stdout.readline().strip() == "ready"
+            kids.append(kid)
+        # the engines under this process (the test is their parent here)
+        found = engine_cores(os.getpid())
+        assert found == {kids[0].pid: [core]}, found
+    finally:
+        for p in (parent, *kids):
+            p.kill()
+            p.wait()
+
+
+def test_overlap_is_named_only_where_the_node_has_a_core_for_each():
+    assert overlapping({"a": [0], "b": [1]}, node_cores=2) == []
+    assert overlapping({"a": [0], "b": [0]}, node_cores=2) == [("a", "b")]  # the bug the re-pin fixed: both on 0
+    assert overlapping({"a": [0], "b": [1], "c": [0]}, node_cores=2) == [], "3 replicas on 2 cores must share"
