@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 from load_tests.observe.engine_cores import engine_cores, overlapping, parse_cpu_list, thread_cores
@@ -55,3 +56,40 @@ def test_overlap_is_named_only_where_the_node_has_a_core_for_each():
     assert overlapping({"a": [0], "b": [1]}, node_cores=2) == []
     assert overlapping({"a": [0], "b": [0]}, node_cores=2) == [("a", "b")]  # the bug the re-pin fixed: both on 0
     assert overlapping({"a": [0], "b": [1], "c": [0]}, node_cores=2) == [], "3 replicas on 2 cores must share"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two replicas on disjoint cores need two")
+def test_the_view_a_run_records_names_replicas_whose_engines_share_a_core():
+    """Two 'replicas' (parent processes), each with a child named as vLLM's EngineCore: on disjoint cores no
+    overlap is recorded; both pinned to one core, the pair is named for their node."""
+    from load_tests.observe.engine_cores import engine_cores_view
+
+    code = ("import os, sys, time, ctypes, subprocess; "
+            "kid = subprocess.Popen([sys.executable, '-c', 'import os, sys, time, ctypes; "
+            "ctypes.CDLL(None).prctl(15, b\"VLLM::EngineCore\", 0, 0, 0); "
+            "os.sched_setaffinity(0, {int(sys.argv[1])}); print(\"ready\", flush=True); time.sleep(60)', sys.argv[1]]); "
+            "time.sleep(60)")
+    a, b = sorted(os.sched_getaffinity(0))[:2]
+
+    def replicas(cores):
+        procs = [subprocess.Popen([sys.executable, "-c", code, str(c)], stdout=subprocess.PIPE, text=True)
+                 for c in cores]
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        records = [{"name": f"SERVE_REPLICA::app#LLMServer:fixture#r{i}", "pid": p.pid, "node_id": "n" * 10}
+                   for i, p in enumerate(procs)]
+        return procs, records
+
+    for cores, want in (((a, b), {}), ((a, a), {"nnnnnnnn": [("r0", "r1")]})):
+        procs, records = replicas(cores)
+        try:
+            view = engine_cores_view(records)
+            assert sorted(v["engines"] and next(iter(v["engines"].values())) for v in view["replicas"].values()) \
+                == sorted([[c] for c in cores])
+            assert {n: [tuple(p) for p in pairs] for n, pairs in view["overlapping"].items()} == want, view
+        finally:
+            for p in procs:
+                for child in psutil.Process(p.pid).children(recursive=True):
+                    child.kill()
+                p.kill()
+                p.wait()

@@ -149,18 +149,22 @@ class Operator:
             return
 
         async def view() -> None:
-            event.ray = await asyncio.to_thread(self.ray_view)
+            event.ray = await asyncio.to_thread(self.ray_view, set(event.replicas_after))
 
         self.views.append(asyncio.create_task(view()))
 
-    def ray_view(self) -> dict[str, Any]:
-        """What Ray says now: each engine replica's node, the nodes' states, the app's status and message."""
+    def ray_view(self, serving: set[str] | None = None) -> dict[str, Any]:
+        """What Ray says now: each engine replica's node, the nodes' states, the app's status and message; the
+        cores of the engines of ``serving`` (the replicas the step left serving: a stopped one still draining is
+        listed by Ray but its cores no longer matter)."""
         cluster = self.deployment.cluster
         view: dict[str, Any] = {}
         try:
             replicas = cluster.replicas()
             view["replicas"] = {replica_id(a.get("name", "")): a.get("node_id", "")[:8] for a in replicas}
-            view["engine_cores"] = engine_cores_view(replicas)
+            view["engine_cores"] = engine_cores_view(
+                [a for a in replicas if not serving or replica_id(a.get("name", "")) in serving]
+            )
             view["nodes"] = {n.get("node_id", "")[:8]: n.get("state") for n in cluster.all_nodes()}
             apps = cluster.serve_status(timeout=240).get("applications") or {}  # slow under the load
             view["apps"] = {
