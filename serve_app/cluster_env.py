@@ -43,6 +43,20 @@ variable                                               value  why
                                                               fails (fewer such refusals, not none: see
                                                               docs/load_tests.md#refused-at-the-ingress). Each
                                                               costs no CPU reservation, one process
+``RAY_SERVE_SHUTDOWN_TIER_TIMEOUT_S``                   5      ``serve shutdown`` stops callers before callees and
+                                                              waits up to this long for a tier (Serve's default:
+                                                              30 s) before it starts the next. The ingress
+                                                              request routers are the first tier and linger 30 s
+                                                              on purpose (serve_app/direct_server.py,
+                                                              ``ROUTER_LINGER_S``: a stale HAProxy pool still
+                                                              gets an answer in a redeploy), which made every
+                                                              shutdown wait 30 s for them and then 30 s for the
+                                                              engines' own drain (60 s, measured). The routers
+                                                              forward nothing to the engines (HAProxy does), so
+                                                              the engines need not wait for them: 5 s keeps the
+                                                              order for a routing call in flight (milliseconds)
+                                                              and the shutdown takes the engines' 30 s again.
+                                                              Only ``serve shutdown`` reads it, not a redeploy
 ``RAY_AUTH_MODE``                                      token  Ray 2.60's token authentication, on: ``ray start``,
                                                               ``serve`` and ``ray.init`` must agree on the mode
                                                               (a ``serve deploy`` that believes auth is off fails
@@ -98,6 +112,8 @@ AUTH_TOKEN = "RAY_AUTH_TOKEN"
 AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
 HAPROXY_DIR = "FUZZSERVE_HAPROXY_DIR"  # where Serve's HAProxy files go (default: haproxy_dir())
 EDGE_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+SHUTDOWN_TIER_TIMEOUT = "RAY_SERVE_SHUTDOWN_TIER_TIMEOUT_S"
+SHUTDOWN_TIER_TIMEOUT_S = 5  # seconds: the table says why
 CLIENT_TIMEOUT_S = 30
 
 
@@ -140,6 +156,7 @@ CLUSTER_ENV: dict[str, str] = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE": str(64 * 1024),
     "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "2",
+    SHUTDOWN_TIER_TIMEOUT: str(SHUTDOWN_TIER_TIMEOUT_S),
     AUTH_MODE: "token",
     EDGE_CALLBACK: "serve_app.edge:middlewares",
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_TIMEOUT_S),

@@ -62,8 +62,10 @@ from .route_policy import app_paths, unreviewed
 # request for every client whose idle connection lives less than this after the
 # reload (aiohttp: 15 s, httpx and the openai SDK: 5 s), with room for the reload to
 # lag the stop on a busy host. 30 s is what Serve itself gives an engine replica to
-# leave the load balancer (``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S``), so an
-# app's shutdown takes no longer than before. A ``deployments:`` entry for
+# leave the load balancer (``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S``). ``serve
+# shutdown`` stops the routers first and waits for them before it stops the engines
+# (60 s in all, measured), unless the cluster's ``RAY_SERVE_SHUTDOWN_TIER_TIMEOUT_S``
+# is short: serve_app/cluster_env.py sets 5 s (back to ~35 s). A ``deployments:`` entry for
 # ``LLMRouter`` in the Serve config overrides both values.
 ROUTER_LINGER_S = 30.0
 # The controller kills a stopping replica after this: two linger periods (a routing

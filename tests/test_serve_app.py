@@ -267,11 +267,14 @@ def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
     assert configs and all(Path(c).is_relative_to(d) for c in configs), configs
     token = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
     assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
-    # the config HAProxy runs has serve_app/haproxy_edge.sh's edits (a Ray whose template moved fails here)
-    cfg = next(d.glob("*/haproxy.cfg")).read_text()
-    for line in ("timeout http-request 30s", "timeout client 30s", "timeout http-keep-alive 30s",
-                 "bind 127.0.0.1:9101", "bind 127.0.0.1:8404"):
-        assert f"\n    {line}\n" in cfg or f"\n  {line}\n" in cfg, f"{line!r} missing from Serve's HAProxy config"
+    # the configs the running HAProxy processes were started with have serve_app/haproxy_edge.sh's edits (a Ray
+    # whose template moved fails here); not any haproxy.cfg under the directory: earlier clusters' node
+    # directories stay there, with the edits of their day
+    for path in set(configs):
+        cfg = Path(path).read_text()
+        for line in ("timeout http-request 30s", "timeout client 30s", "timeout http-keep-alive 30s",
+                     "bind 127.0.0.1:9101", "bind 127.0.0.1:8404"):
+            assert f"\n    {line}\n" in cfg or f"\n  {line}\n" in cfg, f"{line!r} missing from {path}"
 
     listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
                  and c.laddr.port in (8404, 9101)}
