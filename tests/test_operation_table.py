@@ -5,18 +5,32 @@ cut, and goodput judged by the run's own SLO."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 import pytest
 
+from load_tests.load.client import RequestResult
 from load_tests.plan.slo import Slo
 from load_tests.plan.steps import Redeploy
 from load_tests.report.operation_table import HEADER, WARMUP_S, operation_row
 from load_tests.results.events import Redeployed
 
 
-def line(start: float, outcome: str = "ok", ttft: float | None = 0.1, e2e: float = 1.0) -> dict:
-    return {"start": start, "outcome": outcome, "ttft": ttft, "e2e": e2e, "tpot": 0.01, "completion_tokens": 8}
+def line(start: float, outcome: str = "ok", ttft: float | None = 0.1, e2e: float = 1.0) -> RequestResult:
+    """A request as the table reads it: a line of requests.jsonl (RequestResult.to_json), read back."""
+    r = RequestResult(index=0, outcome=outcome, start=start, ttft=ttft, e2e=e2e, completion_tokens=8,  # type: ignore[arg-type]
+                      spec={"stream": True})
+    return RequestResult.from_json(json.loads(json.dumps(r.to_json())))
+
+
+def test_a_request_line_reads_back_as_written():
+    r = RequestResult(index=3, outcome="ok", status=200, start=1.5, ttft=0.2, e2e=1.6, itl=[0.1, 0.2], chunks=3,
+                      spec={"stream": True}, ingress_refusals=["router_unreachable"])
+    back = RequestResult.from_json(json.loads(json.dumps(r.to_json())))
+    assert back == r and back.tpot == pytest.approx(0.7) and back.output_tokens == 3
+    with pytest.raises(TypeError, match="unknown"):
+        RequestResult.from_json({**r.to_json(), "unknown": 1})
 
 
 def summary(events, refused: int = 0, passed: bool = True):

@@ -103,6 +103,12 @@ class RequestResult:
         d["tpot"] = self.tpot
         return d
 
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RequestResult:
+        """The inverse of :meth:`to_json` (a line of ``requests.jsonl``): the derived ``tpot`` is dropped and
+        computed again, a field this version does not know is an error."""
+        return cls(**{k: v for k, v in d.items() if k != "tpot"})
+
 
 def carries_token(chunk: dict[str, Any]) -> bool:
     """Whether a streamed chunk carries output tokens, whatever their text decodes to (see the module's doc)."""

@@ -22,10 +22,9 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 from ..judge.figures import percentiles
+from ..load.client import RequestResult
 from ..load.outcomes import OK_OUTCOMES, Outcome
 from ..plan.slo import Slo
 from ..results.events import Autoscaled, NodeLost, Redeployed, Scaled
@@ -44,8 +43,8 @@ class Window:
     start: float
     end: float
 
-    def holds(self, row: dict[str, Any]) -> bool:
-        return self.start <= row["start"] < self.end
+    def holds(self, r: RequestResult) -> bool:
+        return self.start <= r.start < self.end
 
 
 @dataclass(frozen=True)
@@ -89,33 +88,22 @@ HEADER = (
 )
 
 
-def _goodput(rows: Sequence[dict[str, Any]], window: Window, slo: Slo) -> float | None:
+def _goodput(rows: Sequence[RequestResult], window: Window, slo: Slo) -> float | None:
     """Requests per second that met ``slo``, of those started in ``window``."""
     span = window.end - window.start
     if span <= 0:
         return None
-    met = sum(slo.met(_timed(r)) for r in rows if window.holds(r))
+    met = sum(slo.met(r) for r in rows if window.holds(r))
     return met / span
 
 
-def _timed(row: dict[str, Any]) -> SimpleNamespace:
-    """What :meth:`Slo.met` reads, from a line of ``requests.jsonl``."""
-    return SimpleNamespace(
-        outcome=row["outcome"],
-        e2e=row["e2e"],
-        ttft=row["ttft"],
-        tpot=row.get("tpot"),
-        output_tokens=row.get("completion_tokens") or row.get("chunks") or 0,
-    )
-
-
-def _ttft_p99(rows: Sequence[dict[str, Any]], window: Window) -> tuple[float | None, int]:
-    ttfts = [r["ttft"] for r in rows if window.holds(r) and r["outcome"] == "ok" and r["ttft"] is not None]
+def _ttft_p99(rows: Sequence[RequestResult], window: Window) -> tuple[float | None, int]:
+    ttfts = [r.ttft for r in rows if window.holds(r) and r.outcome == "ok" and r.ttft is not None]
     p = percentiles(ttfts, (99,))
     return p["p99"], len(ttfts)
 
 
-def operation_row(run: str, summary: RunSummary, rows: Sequence[dict[str, Any]]) -> OperationRow:
+def operation_row(run: str, summary: RunSummary, rows: Sequence[RequestResult]) -> OperationRow:
     """The row of one run: its summary and its requests' lines."""
     changes = list(summary.faults)
     if not changes:
@@ -124,7 +112,7 @@ def operation_row(run: str, summary: RunSummary, rows: Sequence[dict[str, Any]])
     first = min(f.t for f in changes)
     # a step that never converged runs its window to the last request
     last = max((f.converged_t if f.converged_t is not None else float("inf") for f in steps), default=first)
-    last = min(last, max(r["start"] for r in rows) + 1e-9)
+    last = min(last, max(r.start for r in rows) + 1e-9)
     before, during = Window(WARMUP_S, first), Window(first, last)
     ttft_before, _ = _ttft_p99(rows, before)
     ttft_during, n_during = _ttft_p99(rows, during)
@@ -133,8 +121,8 @@ def operation_row(run: str, summary: RunSummary, rows: Sequence[dict[str, Any]])
         passed=summary.passed,
         requests=len(rows),
         refused=summary.ingress_retries.requests,
-        failed=sum(r["outcome"] not in OK_OUTCOMES for r in rows),
-        cut=sum(r["outcome"] in CUT for r in rows),
+        failed=sum(r.outcome not in OK_OUTCOMES for r in rows),
+        cut=sum(r.outcome in CUT for r in rows),
         converged_s=[f.converge_s for f in steps],
         ttft_p99_before_s=ttft_before,
         ttft_p99_during_s=ttft_during,
@@ -146,7 +134,8 @@ def operation_row(run: str, summary: RunSummary, rows: Sequence[dict[str, Any]])
 
 def read_run(out: Path) -> OperationRow:
     summary = RunSummary.model_validate_json((out / "summary.json").read_text())
-    rows = [json.loads(line) for line in (out / "requests.jsonl").read_text().splitlines() if line.strip()]
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    rows = [RequestResult.from_json(json.loads(line)) for line in lines if line.strip()]
     return operation_row(out.name, summary, rows)
 
 
