@@ -30,7 +30,11 @@
   cores the engine does not use (so the frontend never preempts the
   engine's core);
   ``config=PATH`` takes the arm's settings from another Serve config (a
-  lever in the YAML measured against the shipped one).
+  lever in the YAML measured against the shipped one);
+  ``via=replica`` (shipped arms, one replica) sends the client to the engine
+  replica's own HTTP port (Ray's direct ingress, 30000-31000 by default)
+  instead of Serve's HAProxy: the same replica without HAProxy's hop, so
+  ``shipped`` against it is what HAProxy costs.
 
 Every arm exposes ``base_url`` and ``metrics_urls`` (the server's own
 counters: :mod:`benchmarks.server_counters`).
@@ -61,7 +65,8 @@ OFFLOAD_KEYS = ("kv_offloading_size", "kv_offloading_backend")
 # What a plain server takes from the config: what changes the computation (and so must match), nothing else.
 PLAIN_KEYS = ("dtype", "max_model_len")
 ARMS = ("plain", "engine", "shipped", "engine-nooffload", "shipped-nooffload")
-ARM_OPTIONS = ("pin", "config")  # lower-case NAME=VALUE items of a variant: the arm's own options, not environment
+ARM_OPTIONS = ("pin", "config", "via")  # lower-case NAME=VALUE items of a variant: the arm's own options, not environment
+VIA = ("haproxy", "replica")  # a shipped arm's client talks to Serve's HAProxy, or to the replica's own port
 
 
 def slug(name: str) -> str:
@@ -197,8 +202,10 @@ class Shipped:
     """The config as ``ray start`` + ``serve deploy`` runs it, in a fresh single-node cluster."""
 
     def __init__(self, config: ServeConfig | Path, log_dir: Path, name: str = "shipped",
-                 env: dict[str, str] | None = None):
-        self.config, self.log_dir, self.name, self.env = config, log_dir, name, env or {}
+                 env: dict[str, str] | None = None, via: str = "haproxy"):
+        if via not in VIA:
+            raise ValueError(f"arm {name!r}: via={via}: known values {', '.join(VIA)}")
+        self.config, self.log_dir, self.name, self.env, self.via = config, log_dir, name, env or {}, via
 
     def __enter__(self) -> Shipped:
         from load_tests.operate.local_cluster import LocalCluster
@@ -214,8 +221,29 @@ class Shipped:
             self.cluster.close()
             raise
         self.base_url = self.cluster.base_url
+        if self.via == "replica":
+            try:
+                self.base_url = f"http://127.0.0.1:{self._replica_port()}"
+            except BaseException:
+                self.cluster.close()
+                raise
         self.metrics_urls = self.cluster.metrics_urls
         return self
+
+    def _replica_port(self) -> int:
+        """The one engine replica's own HTTP port (Ray's direct ingress), read from its listening sockets.
+
+        The port range is Serve's (``RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_HTTP_PORT``), read from its private
+        constants module rather than copied: only this benchmark option needs it, never the shipped app."""
+        from ray.serve._private.constants import (RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
+                                                  RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT)
+
+        replicas = self.cluster.replicas()
+        if len(replicas) != 1:
+            raise ProtocolError(f"{self.name}: via=replica needs exactly one engine replica, found {len(replicas)}")
+        conns = psutil.Process(int(replicas[0]["pid"])).net_connections(kind="tcp")
+        return direct_ingress_port([(c.status, c.laddr.port) for c in conns],
+                                   RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT, RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT)
 
     def check(self, when: str) -> None:
         pass
@@ -225,6 +253,22 @@ class Shipped:
         left = ray_processes()
         if left:
             raise ProtocolError(f"the {self.name} phase's cluster left Ray processes behind:\n  " + "\n  ".join(left))
+
+
+def direct_ingress_port(listening: list[tuple[str, int]], low: int, high: int) -> int:
+    """The one port in ``[low, high]`` among ``(status, port)`` sockets that is listening (a replica's HTTP)."""
+    ports = sorted({port for status, port in listening if status == psutil.CONN_LISTEN and low <= port <= high})
+    if len(ports) != 1:
+        raise ProtocolError(f"expected one listening port in {low}-{high} on the replica, found {ports}")
+    return ports[0]
+
+
+def split_arms(text: str) -> list[str]:
+    """``--arms``' comma-separated list, where a variant's value may hold commas itself
+    (``plain,engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait``): a comma starts a new arm only before an
+    arm's name."""
+    bases = "|".join(re.escape(a) for a in sorted(ARMS, key=len, reverse=True))
+    return [a for a in re.split(rf",(?=(?:{bases})(?:\+|,|$))", text) if a]
 
 
 def parse_arm(name: str) -> tuple[str, dict[str, str]]:
@@ -254,7 +298,12 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
     elif base in ("engine", "engine-nooffload"):
         arm = patched_vllm(config, model, log_dir, offload=base == "engine")
     else:
-        return Shipped(config if base == "shipped" else without_offloading(config), log_dir, name, extra)
+        via = extra.pop("via", "haproxy")
+        if "pin" in extra:
+            raise ValueError(f"arm {name!r}: pin is an option of engine arms")
+        return Shipped(config if base == "shipped" else without_offloading(config), log_dir, name, extra, via)
+    if "via" in extra:
+        raise ValueError(f"arm {name!r}: via is an option of shipped arms")
     options = {k: extra.pop(k) for k in list(extra) if k in ARM_OPTIONS}
     if options.get("pin") == "none":
         arm.engine_cores = None

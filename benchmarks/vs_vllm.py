@@ -58,7 +58,7 @@ from typing import Any
 
 from benchmarks import pair_stats
 from benchmarks.arms import ARMS, MODEL_NAME, ProtocolError, load_config, make_arm, model_config, parse_arm, \
-    require_no_ray, slug
+    require_no_ray, slug, split_arms
 from benchmarks.host import HostCpuSampler
 from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, wait_for_requests
@@ -461,7 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.vs_vllm", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=WORKLOADS, default="cold")
-    ap.add_argument("--arms", default=None, help=f"comma-separated, of {', '.join(ARMS)} (default: cold "
+    ap.add_argument("--arms", default=None, help=f"comma-separated, of {', '.join(ARMS)} and their variants (a comma before an arm's name "
+                    "starts the next, so a variant may list patches) (default: cold "
                                                  f"{DEFAULT_ARMS['cold']}; reuse {DEFAULT_ARMS['reuse']})")
     ap.add_argument("--pairs", type=int, default=pair_stats.MIN_PAIRS,
                     help="blocks of every arm, ABC then CBA; even, at least 6 (or --smoke)")
@@ -484,7 +485,7 @@ def main(argv: list[str] | None = None) -> int:
     command_logging()
     use_engine_env()
     pair_stats.check_pairs(args.pairs, smoke=args.smoke)
-    arms = (args.arms or DEFAULT_ARMS[args.workload]).split(",")
+    arms = split_arms(args.arms or DEFAULT_ARMS[args.workload])
     for a in arms:
         try:
             parse_arm(a)

@@ -351,3 +351,18 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
             assert router == {**ROUTERS[args["routing"]], "request_router_kwargs": rh.ROUTER_KWARGS[name]}
         else:
             assert router is None, name  # the builder sets it from `routing`
+
+
+def test_guard_cost_times_the_shipped_guard_on_the_headlines_request_and_fails_on_a_refused_one():
+    import asyncio
+
+    from benchmarks import guard_cost
+
+    result = guard_cost.measure(requests=50, blocks=2)
+    assert [sorted(b) for b in result["per_block_us"]] == [["bare", "guard"]] * 2
+    assert len(result["guard_minus_bare_us"]) == 2 and result["body_bytes"] == len(guard_cost.bench_body())
+    # the positive control: a request the shipped guard refuses (an unknown vllm_xargs key) stops the measurement
+    bad = json.loads(guard_cost.bench_body())
+    bad["vllm_xargs"] = {"kv_transfer_params": "x"}
+    with pytest.raises(RuntimeError, match="refused the benchmark's request"):
+        asyncio.run(guard_cost.time_block(guard_cost.guarded(guard_cost.answer_one_chunk), json.dumps(bad).encode(), 1))

@@ -174,6 +174,29 @@ def test_arms_take_their_settings_from_the_config():
     assert make_arm("engine+pin=none", config, Path("/m"), Path("/tmp/arms-test")).engine_cores is None
     with pytest.raises(ValueError, match="pin=both: known values none, split"):
         make_arm("engine+pin=both", config, Path("/m"), Path("/tmp/arms-test"))
+    assert make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test")).via == "haproxy"
+    direct = make_arm("shipped+via=replica+X=1", config, Path("/m"), Path("/tmp/arms-test"))
+    assert direct.via == "replica" and direct.env == {"X": "1"}, "an option is not an environment variable"
+    with pytest.raises(ValueError, match="via=proxy: known values haproxy, replica"):
+        make_arm("shipped+via=proxy", config, Path("/m"), Path("/tmp/arms-test"))
+    with pytest.raises(ValueError, match="via is an option of shipped arms"):
+        make_arm("engine+via=replica", config, Path("/m"), Path("/tmp/arms-test"))
+    with pytest.raises(ValueError, match="pin is an option of engine arms"):
+        make_arm("shipped+pin=none", config, Path("/m"), Path("/tmp/arms-test"))
+
+
+def test_a_replicas_own_port_is_its_one_listening_port_in_the_direct_ingress_range():
+    import psutil
+
+    from benchmarks.arms import ProtocolError, direct_ingress_port
+
+    listen, est = psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED
+    socks = [(listen, 30001), (est, 30002), (listen, 8000), (listen, 41000), (est, 30001)]
+    assert direct_ingress_port(socks, 30000, 31000) == 30001
+    with pytest.raises(ProtocolError, match=r"found \[\]"):  # only an established connection in the range
+        direct_ingress_port([(est, 30002), (listen, 8000)], 30000, 31000)
+    with pytest.raises(ProtocolError, match=r"found \[30001, 30005\]"):
+        direct_ingress_port([*socks, (listen, 30005)], 30000, 31000)
 
 
 def test_engine_flags_are_ones_vllms_server_parses():
@@ -319,3 +342,13 @@ def test_the_client_is_vllms_own_and_sends_exactly_our_prompts_in_order(tmp_path
     samples = get_samples(args, build_tokenizer())  # 25 asked of a 20-prompt file: no oversampling
     assert [s.prompt for s in samples] == list(prompts.prompts)
     assert {s.prompt_len for s in samples} == {128} and {s.expected_output_len for s in samples} == {64}
+
+
+def test_arms_split_on_commas_before_an_arms_name_only():
+    from benchmarks.arms import split_arms
+
+    assert split_arms("plain,engine,shipped") == ["plain", "engine", "shipped"]
+    assert split_arms("plain,engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait+pin=none,shipped-nooffload") == [
+        "plain", "engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait+pin=none", "shipped-nooffload"]
+    assert split_arms("engine+X=plain,shipped") == ["engine+X=plain", "shipped"]
+    assert split_arms("engine+X=a,plainly") == ["engine+X=a,plainly"], "a word that begins like an arm is no arm"
