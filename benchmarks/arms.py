@@ -216,21 +216,17 @@ class Shipped:
         self.cluster.start()
         try:
             self.cluster.deploy(self.config, http_port=free_port())
-            self.replicas = len(self.cluster.replicas())
+            replicas = self.cluster.replicas()
+            self.replicas = len(replicas)
+            self.base_url = (f"http://127.0.0.1:{self._replica_port(replicas)}" if self.via == "replica"
+                             else self.cluster.base_url)
         except BaseException:
             self.cluster.close()
             raise
-        self.base_url = self.cluster.base_url
-        if self.via == "replica":
-            try:
-                self.base_url = f"http://127.0.0.1:{self._replica_port()}"
-            except BaseException:
-                self.cluster.close()
-                raise
         self.metrics_urls = self.cluster.metrics_urls
         return self
 
-    def _replica_port(self) -> int:
+    def _replica_port(self, replicas: list[dict[str, Any]]) -> int:
         """The one engine replica's own HTTP port (Ray's direct ingress), read from its listening sockets.
 
         The port range is Serve's (``RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_HTTP_PORT``), read from its private
@@ -238,7 +234,6 @@ class Shipped:
         from ray.serve._private.constants import (RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
                                                   RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT)
 
-        replicas = self.cluster.replicas()
         if len(replicas) != 1:
             raise ProtocolError(f"{self.name}: via=replica needs exactly one engine replica, found {len(replicas)}")
         conns = psutil.Process(int(replicas[0]["pid"])).net_connections(kind="tcp")
