@@ -95,6 +95,9 @@ class Workload:
     suffix_tokens: int = 32
     rounds: int = 2
     reuse_concurrency: int = 32
+    # measured runs: requests per second offered (vLLM's bench: Poisson arrivals from its fixed seed, the same
+    # schedule for every arm), the requests in flight still capped; None = vLLM's default, all at once
+    request_rate: float | None = None
 
     def runs(self) -> list[tuple[str, int]]:
         """(label, requests in flight) of each measured run, in order."""
@@ -174,8 +177,9 @@ def prompt_plan(workload: Workload, pairs: int, seed: int, pool_tokens: int) -> 
 
 # ----------------------------------------------------------------------------- the client
 def bench_argv(base_url: str, tokenizer: Path, concurrency: int, dataset: Path, requests: int, output_len: int,
-               result_dir: Path, result_file: str) -> list[str]:
+               result_dir: Path, result_file: str, request_rate: float | None = None) -> list[str]:
     """``vllm bench serve`` arguments (all vLLM's own) for one run over a ``custom`` dataset file, in file order."""
+    rate = ["--request-rate", f"{request_rate:g}"] if request_rate is not None else []
     return [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", "openai", "--base-url", base_url,
             "--endpoint", "/v1/completions", "--model", MODEL_NAME, "--tokenizer", str(tokenizer),
             "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(output_len),
@@ -183,7 +187,7 @@ def bench_argv(base_url: str, tokenizer: Path, concurrency: int, dataset: Path, 
             "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--save-detailed", "--result-dir", str(result_dir),
-            "--result-filename", result_file, "--disable-tqdm"]
+            "--result-filename", result_file, "--disable-tqdm", *rate]
 
 
 def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict]:
@@ -433,7 +437,8 @@ def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[i
         arm.check(f"pair {pair} before the {label} run")
         name = f"{slug(stack)}-{pair}-{label}.json"
         data, roles = run_client(bench_argv(arm.base_url, model, c, prompts.write_jsonl(
-            work / "prompts" / f"{prompts.name}.jsonl"), len(prompts), workload.output_len, work, name), work / name)
+            work / "prompts" / f"{prompts.name}.jsonl"), len(prompts), workload.output_len, work, name,
+            workload.request_rate), work / name)
         arm.check(f"pair {pair} after the {label} run")
         after = wait_for_requests(arm.metrics_urls, settled, int(data["completed"]))
         counters, settled = after - settled, after
@@ -478,6 +483,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-blocks", type=int, default=Workload.prefix_blocks, help="reuse: KV blocks per prefix")
     ap.add_argument("--rounds", type=int, default=Workload.rounds, help="reuse: visits of every prefix")
     ap.add_argument("--reuse-concurrency", type=int, default=Workload.reuse_concurrency)
+    ap.add_argument("--request-rate", type=float, default=None,
+                    help="measured runs: requests per second offered (vLLM's bench, Poisson from its fixed seed), "
+                         "in flight still capped (default: all at once, vLLM's default)")
     ap.add_argument("--seed", type=int, default=0, help="the prompt book's seed (every prompt of the run from it)")
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -495,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
                         requests=parse_requests(args.requests), warmup_prompts=args.warmup_prompts,
                         working_sets=tuple(float(w) for w in args.working_sets.split(",")),
                         prefix_blocks=args.prefix_blocks, rounds=args.rounds,
-                        reuse_concurrency=args.reuse_concurrency)
+                        reuse_concurrency=args.reuse_concurrency, request_rate=args.request_rate)
     require_no_ray("before the benchmark")
     from fixture_model.build import ensure_model
 

@@ -342,6 +342,10 @@ def test_the_client_is_vllms_own_and_sends_exactly_our_prompts_in_order(tmp_path
     samples = get_samples(args, build_tokenizer())  # 25 asked of a 20-prompt file: no oversampling
     assert [s.prompt for s in samples] == list(prompts.prompts)
     assert {s.prompt_len for s in samples} == {128} and {s.expected_output_len for s in samples} == {64}
+    assert args.request_rate == float("inf"), "no --request-rate: vLLM's default, every request at once"
+    rated = parser.parse_args(bench_argv("http://127.0.0.1:1", tmp_path, 8, dataset, 25, 64, tmp_path, "r.json",
+                                         request_rate=12.5)[3:])
+    assert (rated.request_rate, rated.max_concurrency, rated.seed) == (12.5, 8, args.seed)
 
 
 def test_arms_split_on_commas_before_an_arms_name_only():
