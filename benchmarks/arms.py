@@ -132,9 +132,6 @@ class VllmServer:
         self.name, self.model, self.log_dir = name, model, log_dir
         self.flags, self.env, self.engine_cores, self._find_ray = flags, env, engine_cores, find_ray
         self.split_frontend = False  # pin=split: the API server on the cores the engine does not use
-        # what runs vLLM's OpenAI server: its own module, or a wrapper that takes its arguments after "--"
-        # (benchmarks.handoff_split traces the server through benchmarks.handoff_hooks)
-        self.entry = ["-m", "vllm.entrypoints.openai.api_server"]
         self.server = None
         self.replicas = 1
 
@@ -145,9 +142,9 @@ class VllmServer:
 
         require_no_ray(f"before starting {self.name}", self._find_ray)
         port = free_port()
-        argv = [sys.executable, *self.entry, "--model", str(self.model),
+        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
                 "--served-model-name", MODEL_NAME, *self.flags, "--host", "127.0.0.1", "--port", str(port)]
-        log.info("%s: %s", self.name, " ".join(argv[1:]))
+        log.info("%s: %s", self.name, " ".join(argv[3:]))
         self.server = ServerProcess(argv, f"http://127.0.0.1:{port}/health",
                                     log_path=self.log_dir / f"{slug(self.name)}.log", env={**ENGINE_ENV, **self.env})
         self.base_url = f"http://127.0.0.1:{port}"

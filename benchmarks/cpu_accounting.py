@@ -45,7 +45,7 @@ def _own_role(p: psutil.Process, loadgen_pid: int) -> str | None:
         return "Serve proxy"
     if title.startswith("ray::ServeController"):
         return "Serve controller"
-    if any(m in " ".join(args) for m in ("vllm.entrypoints.openai.api_server", "benchmarks.handoff_hooks")):
+    if "vllm.entrypoints.openai.api_server" in " ".join(args):
         return "vLLM API server"
     for key, role in (("raylet", "Ray system"), ("gcs_server", "Ray system"), ("dashboard", "Ray system"),
                       ("ray/_private", "Ray system"), ("log_monitor", "Ray system"), ("monitor.py", "Ray system")):

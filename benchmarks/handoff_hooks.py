@@ -1,11 +1,12 @@
-r"""Per-request timestamps of the hand-offs between vLLM's frontend and EngineCore, for one benchmark server.
+r"""Per-request timestamps of the hand-offs between vLLM's frontend and EngineCore, in a benchmark's server.
 
-    python -m benchmarks.handoff_hooks --trace FILE -- --model M ...   # vLLM's OpenAI server, traced
-
-Runs vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``, the
-arguments after ``--`` are its own) with two read-only wrappers installed in
-the API server's process, which write one JSON line per request when its
-first token reaches the frontend, and one line per EngineCore step output:
+A vLLM general plugin (vLLM loads every ``vllm.general_plugins`` entry point
+in each of its processes), present only where a benchmark puts
+:data:`PLUGIN_DIR` on ``PYTHONPATH``: that folder holds nothing but the
+entry point's metadata, which names :func:`install_from_env`. With
+:data:`TRACE_ENV` set to a file, it installs two read-only wrappers in the
+process's vLLM frontend, which append one JSON line per request when its
+first token reaches the frontend, and one per EngineCore step output:
 
 * ``AsyncMPClient.add_request_async``: when the frontend hands the request
   to its ZMQ socket (``sent``, monotonic);
@@ -17,33 +18,40 @@ first token reaches the frontend, and one line per EngineCore step output:
   wall-clock arrival, converted to monotonic here) and the TTFT vLLM itself
   records (``ttft``).
 
-Every clock here is the host's CLOCK_MONOTONIC (``time.monotonic``), which
-is one clock for every process of the host, so EngineCore's timestamps and
-the frontend's subtract directly. Only the ``arrival`` is wall-clock in
-vLLM; it is converted with this process's offset between the two clocks,
-taken at the moment of writing.
+The same plugin serves vLLM's own OpenAI server and a Ray Serve replica
+(whose frontend is the same ``AsyncLLM``): a process that has no frontend
+(EngineCore) opens the file and never writes to it. Every clock here is the
+host's CLOCK_MONOTONIC (``time.monotonic``), one clock for every process of
+the host, so EngineCore's timestamps and the frontend's subtract directly.
+Only the ``arrival`` is wall-clock in vLLM; it is converted with this
+process's offset between the two clocks, taken at the moment of writing.
 
-Why wrappers in the server's process and not a vLLM option: vLLM records
-these timestamps but exports only their differences, as histograms
-(``queue``, ``prefill``, TTFT), which is what ``benchmarks.vs_vllm`` splits
-its TTFT with; the hand-offs are what is left over, and splitting them needs
-the timestamps themselves. The wrappers call the wrapped method unchanged
-and only read its arguments and the request's stats afterwards. This module
-is a benchmark's instrument: nothing shipped imports it.
+Why wrappers and not a vLLM option: vLLM records these timestamps but
+exports only their differences, as histograms (queue, prefill, TTFT),
+which is what ``benchmarks.vs_vllm`` splits its TTFT with; the hand-offs are
+what is left over, and splitting them needs the timestamps themselves. The
+wrappers call the wrapped method unchanged and only read its arguments and
+the request's stats afterwards. This module is a benchmark's instrument:
+nothing shipped imports it, and no shipped process loads it (the plugin's
+metadata is outside every installed package).
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import json
-import runpy
-import sys
+import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-FIELDS = ("arrival", "sent", "queued", "scheduled", "core_out", "got", "done")
+# the trace file; unset: the plugin does nothing
+TRACE_ENV = "FUZZSERVE_HANDOFF_TRACE"
+# a folder holding only this plugin's entry-point metadata: on PYTHONPATH, vLLM loads the plugin
+PLUGIN_DIR = Path(__file__).resolve().parent / "handoff_plugin"
+
+logger = logging.getLogger("vllm.fuzzserve.handoff_hooks")  # under vLLM's logger: its handlers and level
 
 
 class TraceWriter:
@@ -100,18 +108,15 @@ def install(path: Path) -> None:
     OutputProcessor.process_outputs = traced_process
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if "--" not in argv:
-        raise SystemExit("usage: python -m benchmarks.handoff_hooks --trace FILE -- <vLLM server arguments>")
-    cut = argv.index("--")
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.handoff_hooks")
-    ap.add_argument("--trace", type=Path, required=True, help="JSON lines, appended")
-    args = ap.parse_args(argv[:cut])
-    install(args.trace)
-    sys.argv = ["vllm.entrypoints.openai.api_server", *argv[cut + 1:]]
-    runpy.run_module("vllm.entrypoints.openai.api_server", run_name="__main__", alter_sys=True)
+def install_from_env() -> None:
+    """The plugin's entry point: trace to :data:`TRACE_ENV`'s file, if it is set."""
+    path = os.environ.get(TRACE_ENV)
+    if path:
+        install(Path(path))
+        logger.info("hand-off trace of process %d to %s", os.getpid(), path)
 
 
-if __name__ == "__main__":
-    main()
+def plugin_env(trace: Path, pythonpath: str | None = None) -> dict[str, str]:
+    """The environment that makes the vLLM processes started with it trace to ``trace``."""
+    return {TRACE_ENV: str(trace),
+            "PYTHONPATH": os.pathsep.join(p for p in (str(PLUGIN_DIR), pythonpath) if p)}

@@ -1,7 +1,7 @@
 r"""Where the hand-offs between vLLM's frontend and EngineCore go, per request, on the vs_vllm arms.
 
     python -m benchmarks.handoff_split                         # plain vs engine, 2 pairs, 1 and 8 in flight
-    python -m benchmarks.handoff_split --arms plain,engine,engine-nooffload --pairs 2 --requests 8:400
+    python -m benchmarks.handoff_split --arms engine,shipped --requests 8:400 --request-rate 15
 
 ``benchmarks.vs_vllm`` splits each server's mean TTFT with the server's own
 histograms into queue, prefill and the rest, the *hand-offs* (the request
@@ -10,8 +10,9 @@ into EngineCore and its first token back), and found the engine's hand-offs
 differences; this benchmark runs the same arms (:mod:`benchmarks.arms`),
 the same cold workload (every prompt unique, a warm-up of its own, the same
 ``vllm bench serve`` client, :func:`benchmarks.vs_vllm.run_phase`, which also
-voids a run that shows any cache hit), with the server traced by
-:mod:`benchmarks.handoff_hooks`, and splits each request's server TTFT into:
+voids a run that shows any cache hit), with every vLLM frontend traced by
+:mod:`benchmarks.handoff_hooks` (vLLM's own server, or the shipped stack's
+engine replica), and splits each request's server TTFT into:
 
 =============  ==============================================================
 ``front_in``   vLLM's arrival of the request until the frontend sends it to EngineCore
@@ -28,13 +29,17 @@ step EngineCore finished before it queued the request, if that step ended
 after the request was sent, is the one the request waited for. The six parts
 sum to ``got - arrival``, which the report checks against the TTFT vLLM itself
 records (``ttft``; their difference is the clocks' conversion, a few µs).
+Beside them, ``outside``: the client's mean TTFT (vLLM's bench) minus the
+server's, i.e. HTTP, the API server before vLLM's renderer and, on the
+shipped stack, HAProxy, Ray's replica and the guard.
 
 Per run, each part's mean over the run's requests; per arm, the median over
 its runs (blocks ABBA, :func:`benchmarks.pair_stats.block_order`); beside it
 the step cycle (time between two step outputs) and the share of requests that
 waited for a step. Results: ``handoffs.json`` and ``handoffs.md`` in ``--out``.
 This is a benchmark, not a test: it asserts no target (tests/test_handoff_split.py
-checks the split on planted traces and the hooks on a real server).
+checks the split on planted traces, the hooks on vLLM's real frontend classes,
+and that vLLM loads them as a plugin only where the benchmark says).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import argparse
 import bisect
 import json
 import logging
+import os
 import statistics
 import sys
 import tempfile
@@ -51,8 +57,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import pair_stats
-from benchmarks.arms import ProtocolError, VllmServer, load_config, make_arm, parse_arm, require_no_ray, slug, \
+from benchmarks.arms import ProtocolError, Shipped, VllmServer, load_config, make_arm, require_no_ray, slug, \
     split_arms
+from benchmarks.handoff_hooks import plugin_env
 from benchmarks.host import HostCpuSampler
 from benchmarks.vs_vllm import REPO, Run, Workload, machine, parse_requests, prompt_plan, local_pool_tokens, \
     run_phase
@@ -142,7 +149,8 @@ def by_arm(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float
                     and r["split"].get("requests")]
             if mine:
                 out.setdefault(label, {})[arm] = {
-                    k: statistics.median(v) for k in (*PARTS, "server", "check", "waited_share", "step_cycle_ms")
+                    k: statistics.median(v) for k in (*PARTS, "server", "check", "waited_share", "step_cycle_ms",
+                                                      "client", "outside")
                     if (v := [m[k] for m in mine if m.get(k) is not None])}
                 out[label][arm]["runs"] = len(mine)
                 out[label][arm]["requests"] = sum(m["requests"] for m in mine)
@@ -159,13 +167,14 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
              "Each cell: the median over the arm's runs of the run's mean, ms (server side, vLLM's clocks; "
              "`check`: the parts' sum minus vLLM's own TTFT).", "",
              "| run | arm | runs | requests | " + " | ".join(PARTS) + " | server TTFT | check | waited for a step "
-             "| step cycle p50 |", "|" + "---|" * (len(PARTS) + 8)]
+             "| step cycle p50 | client TTFT (mean) | outside |", "|" + "---|" * (len(PARTS) + 10)]
     for label, arms in table.items():
         for arm, f in arms.items():
             cells = " | ".join(f"{f[k]:.2f}" if k in f else "-" for k in PARTS)
             lines.append(f"| {label} | {arm} | {f['runs']} | {f['requests']} | {cells} | {f.get('server', 0):.2f} | "
                          f"{f.get('check', float('nan')):.3f} | {100 * f.get('waited_share', 0):.0f} % | "
-                         f"{f.get('step_cycle_ms') or float('nan'):.2f} |")
+                         f"{f.get('step_cycle_ms') or float('nan'):.2f} | {f.get('client', float('nan')):.2f} | "
+                         f"{f.get('outside', float('nan')):.2f} |")
     lines += ["", "Every run:", "", "| pair | arm | run | requests | client TTFT p50 | req/s | " + " | ".join(PARTS)
               + " | void |", "|" + "---|" * (len(PARTS) + 7)]
     for r in results:
@@ -177,18 +186,19 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
 
 
 # ----------------------------------------------------------------------------- driver
-def traced(arm: VllmServer, trace: Path) -> VllmServer:
-    """The arm, its server started through :mod:`benchmarks.handoff_hooks` writing to ``trace``."""
-    if not isinstance(arm, VllmServer):
-        raise ProtocolError(f"{arm!r}: only vLLM server arms (plain, engine, their variants) can be traced")
-    arm.entry = ["-m", "benchmarks.handoff_hooks", "--trace", str(trace), "--"]
+def traced(arm: VllmServer | Shipped, trace: Path) -> VllmServer | Shipped:
+    """The arm, its vLLM processes started with :mod:`benchmarks.handoff_hooks` as a plugin writing to ``trace``
+    (vLLM's server: its environment; the shipped stack: its cluster's, which Ray's workers inherit)."""
+    if not isinstance(arm, (VllmServer, Shipped)):
+        raise ProtocolError(f"{arm!r}: not an arm of benchmarks.arms")
+    arm.env.update(plugin_env(trace, arm.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")))
     return arm
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.handoff_split", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arms", default="plain,engine", help="vLLM server arms of benchmarks.vs_vllm, comma-separated")
+    ap.add_argument("--arms", default="plain,engine", help="arms of benchmarks.vs_vllm, comma-separated")
     ap.add_argument("--pairs", type=int, default=2, help="blocks of every arm, ABC then CBA (even)")
     ap.add_argument("--requests", default="1:128,8:400", help="requests in flight:prompts per run, comma-separated")
     ap.add_argument("--warmup-prompts", type=int, default=100)
@@ -200,9 +210,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     arms = split_arms(args.arms)
-    for a in arms:
-        if parse_arm(a)[0].startswith("shipped"):
-            ap.error(f"{a}: a shipped arm's frontend runs inside a Ray Serve replica, which this cannot trace")
     command_logging()
     use_engine_env()
     pair_stats.check_pairs(args.pairs, smoke=True)
@@ -232,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
             parts = partition(requests, steps, [warm] + [r.completed for r in runs])[1:]
             for run, (reqs, stps) in zip(runs, parts):
                 split = summarize(reqs, stps)
+                if split.get("requests"):
+                    split["client"] = run.ttft_ms["mean"]
+                    split["outside"] = run.ttft_ms["mean"] - split["server"]
                 results.append({"arm": stack, "pair": pair, "label": run.label, "void": run.void,
                                 "ttft_p50_ms": run.ttft_ms["p50"], "req_per_s": run.req_per_s, "split": split})
                 log.info("pair %d %s %s: %s", pair, stack, run.label,

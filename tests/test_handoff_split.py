@@ -87,15 +87,44 @@ def test_by_arm_takes_the_median_over_runs_and_leaves_void_runs_out():
     assert table["c8"]["plain"]["requests"] == 20 and table["c8"]["engine"]["front_in"] == 2.0
 
 
-def test_only_vllm_server_arms_can_be_traced(tmp_path):
-    from benchmarks.arms import VllmServer
+def test_every_arm_is_traced_through_its_environment_and_nothing_else_is(tmp_path, monkeypatch):
+    import os
 
-    arm = hs.traced(VllmServer("plain", tmp_path, tmp_path, [], {}), tmp_path / "t.jsonl")
-    assert arm.entry[:3] == ["-m", "benchmarks.handoff_hooks", "--trace"] and arm.entry[-1] == "--"
-    with pytest.raises(ProtocolError, match="only vLLM server arms"):
-        hs.traced(object(), tmp_path / "t.jsonl")
-    with pytest.raises(SystemExit):
-        hs.main(["--arms", "plain,shipped"])
+    from benchmarks.arms import Shipped, VllmServer
+    from benchmarks.handoff_hooks import PLUGIN_DIR, TRACE_ENV
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    server = hs.traced(VllmServer("plain", tmp_path, tmp_path, [], {"FUZZSERVE_PATCHES_OFF": "all"}), tmp_path / "t")
+    assert server.env == {"FUZZSERVE_PATCHES_OFF": "all", TRACE_ENV: str(tmp_path / "t"),
+                          "PYTHONPATH": f"{os.pathsep.join([str(PLUGIN_DIR), '/elsewhere'])}"}
+    shipped = hs.traced(Shipped(tmp_path / "config.yaml", tmp_path), tmp_path / "s")
+    assert shipped.env[TRACE_ENV] == str(tmp_path / "s") and shipped.env["PYTHONPATH"].startswith(str(PLUGIN_DIR))
+    with pytest.raises(ProtocolError, match="not an arm"):
+        hs.traced(object(), tmp_path / "t")
+
+
+def test_vllm_loads_the_hooks_as_a_plugin_only_where_the_benchmark_puts_them(tmp_path):
+    """The plugin's metadata lies outside every installed package: the project's environment does not see it
+    (negative control, in-process); a Python process started with plugin_env() does, and vLLM's own plugin
+    loader installs the wrappers there (a real vLLM import, in a child process)."""
+    import importlib.metadata
+    import os
+    import subprocess
+    import sys
+
+    from benchmarks.handoff_hooks import plugin_env
+
+    names = {ep.name for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
+    assert "handoff_trace" not in names and names, "the installed environment must not load the hooks"
+    trace = tmp_path / "trace.jsonl"
+    probe = ("from vllm.plugins import load_general_plugins; load_general_plugins(); "
+             "from vllm.v1.engine.output_processor import OutputProcessor; "
+             "print(getattr(OutputProcessor.process_outputs, '_handoff_traced', False))")
+    env = {**os.environ, **plugin_env(trace, os.environ.get("PYTHONPATH")), "FUZZSERVE_PATCHES_OFF": "all"}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert trace.exists() and trace.read_text() == "", "installed, and nothing written without a request"
 
 
 def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes(tmp_path, monkeypatch):
