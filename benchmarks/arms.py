@@ -26,9 +26,10 @@
   how a lever is measured against the arm without it. Lower-case names are
   the arm's own options: ``pin=none`` (engine arms) leaves EngineCore's
   threads unpinned (only the compute threads are bound, by vLLM);
-  ``pin=split`` (engine arms) also pins the API server's threads to the
-  cores the engine does not use (so the frontend never preempts the
-  engine's core);
+  ``pin=split`` also pins the API server's threads (engine arms), or every
+  Ray process but EngineCore (shipped arms: HAProxy, the replica's
+  frontend, Ray's own), to the cores the engine does not use (so none of
+  them preempts the engine's core);
   ``config=PATH`` takes the arm's settings from another Serve config (a
   lever in the YAML measured against the shipped one);
   ``via=replica`` (shipped arms, one replica) sends the client to the engine
@@ -202,10 +203,11 @@ class Shipped:
     """The config as ``ray start`` + ``serve deploy`` runs it, in a fresh single-node cluster."""
 
     def __init__(self, config: ServeConfig | Path, log_dir: Path, name: str = "shipped",
-                 env: dict[str, str] | None = None, via: str = "haproxy"):
+                 env: dict[str, str] | None = None, via: str = "haproxy", split: bool = False):
         if via not in VIA:
             raise ValueError(f"arm {name!r}: via={via}: known values {', '.join(VIA)}")
         self.config, self.log_dir, self.name, self.env, self.via = config, log_dir, name, env or {}, via
+        self.split = split  # pin=split: every Ray process but EngineCore on the cores the engine does not use
 
     def __enter__(self) -> Shipped:
         from load_tests.operate.local_cluster import LocalCluster
@@ -220,6 +222,8 @@ class Shipped:
             self.replicas = len(replicas)
             self.base_url = (f"http://127.0.0.1:{self._replica_port(replicas)}" if self.via == "replica"
                              else self.cluster.base_url)
+            if self.split:
+                self._split_from_engine()
         except BaseException:
             self.cluster.close()
             raise
@@ -239,6 +243,33 @@ class Shipped:
         conns = psutil.Process(int(replicas[0]["pid"])).net_connections(kind="tcp")
         return direct_ingress_port([(c.status, c.laddr.port) for c in conns],
                                    RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT, RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT)
+
+    def _split_from_engine(self) -> None:
+        """Move every thread of every Ray process (HAProxy, the replica's frontend, Ray's own) off the cores the
+        engine is pinned to; EngineCore keeps them. Processes Ray starts later inherit their parent's cores."""
+        from serve_app.cpu_cores import ENGINE_CORE_NAME
+
+        engines = [p for p in psutil.process_iter() if p.name().startswith(ENGINE_CORE_NAME)]
+        if len(engines) != 1:
+            raise ProtocolError(f"{self.name}: pin=split needs exactly one EngineCore, found {len(engines)}")
+        engine_cores = set(os.sched_getaffinity(engines[0].pid))
+        rest = sorted(set(os.sched_getaffinity(0)) - engine_cores)
+        if not rest:
+            raise ProtocolError(f"{self.name}: pin=split needs a core besides the engine's {sorted(engine_cores)}")
+        moved = 0
+        for line in ray_processes():
+            try:
+                proc = psutil.Process(int(line.split()[0]))
+                if proc.pid == engines[0].pid:
+                    continue
+                for thread in proc.threads():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(thread.id, rest)
+                moved += 1
+            except psutil.NoSuchProcess:
+                continue
+        log.info("%s: %d Ray processes moved to cores %s; EngineCore %d keeps %s", self.name, moved, rest,
+                 engines[0].pid, sorted(engine_cores))
 
     def check(self, when: str) -> None:
         pass
@@ -294,9 +325,11 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
         arm = patched_vllm(config, model, log_dir, offload=base == "engine")
     else:
         via = extra.pop("via", "haproxy")
-        if "pin" in extra:
-            raise ValueError(f"arm {name!r}: pin is an option of engine arms")
-        return Shipped(config if base == "shipped" else without_offloading(config), log_dir, name, extra, via)
+        pin = extra.pop("pin", None)
+        if pin not in (None, "split"):
+            raise ValueError(f"arm {name!r}: pin={pin}: a shipped arm knows only split")
+        return Shipped(config if base == "shipped" else without_offloading(config), log_dir, name, extra, via,
+                       split=pin == "split")
     if "via" in extra:
         raise ValueError(f"arm {name!r}: via is an option of shipped arms")
     options = {k: extra.pop(k) for k in list(extra) if k in ARM_OPTIONS}

@@ -181,8 +181,11 @@ def test_arms_take_their_settings_from_the_config():
         make_arm("shipped+via=proxy", config, Path("/m"), Path("/tmp/arms-test"))
     with pytest.raises(ValueError, match="via is an option of shipped arms"):
         make_arm("engine+via=replica", config, Path("/m"), Path("/tmp/arms-test"))
-    with pytest.raises(ValueError, match="pin is an option of engine arms"):
+    with pytest.raises(ValueError, match="pin=none: a shipped arm knows only split"):
         make_arm("shipped+pin=none", config, Path("/m"), Path("/tmp/arms-test"))
+    shipped_split = make_arm("shipped+pin=split", config, Path("/m"), Path("/tmp/arms-test"))
+    assert shipped_split.split and "pin" not in shipped_split.env
+    assert not make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test")).split
 
 
 def test_a_replicas_own_port_is_its_one_listening_port_in_the_direct_ingress_range():
