@@ -11,6 +11,7 @@ import pytest
 
 from benchmarks import handoff_split as hs
 from benchmarks.arms import ProtocolError
+from patches.switches import ALL, OFF_ENV
 
 
 def _record(arrival=0.0, sent=0.002, queued=0.010, scheduled=0.0101, core_out=0.020, got=0.021, ttft=None):
@@ -94,8 +95,8 @@ def test_every_arm_is_traced_through_its_environment_and_nothing_else_is(tmp_pat
     from benchmarks.handoff_hooks import PLUGIN_DIR, TRACE_ENV
 
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
-    server = hs.traced(VllmServer("plain", tmp_path, tmp_path, [], {"FUZZSERVE_PATCHES_OFF": "all"}), tmp_path / "t")
-    assert server.env == {"FUZZSERVE_PATCHES_OFF": "all", TRACE_ENV: str(tmp_path / "t"),
+    server = hs.traced(VllmServer("plain", tmp_path, tmp_path, [], {OFF_ENV: ALL}), tmp_path / "t")
+    assert server.env == {OFF_ENV: ALL, TRACE_ENV: str(tmp_path / "t"),
                           "PYTHONPATH": f"{os.pathsep.join([str(PLUGIN_DIR), '/elsewhere'])}"}
     shipped = hs.traced(Shipped(tmp_path / "config.yaml", tmp_path), tmp_path / "s")
     assert shipped.env[TRACE_ENV] == str(tmp_path / "s") and shipped.env["PYTHONPATH"].startswith(str(PLUGIN_DIR))
@@ -120,7 +121,7 @@ def test_vllm_loads_the_hooks_as_a_plugin_only_where_the_benchmark_puts_them(tmp
     probe = ("from vllm.plugins import load_general_plugins; load_general_plugins(); "
              "from vllm.v1.engine.output_processor import OutputProcessor; "
              "print(getattr(OutputProcessor.process_outputs, '_handoff_traced', False))")
-    env = {**os.environ, **plugin_env(trace, os.environ.get("PYTHONPATH")), "FUZZSERVE_PATCHES_OFF": "all"}
+    env = {**os.environ, **plugin_env(trace, os.environ.get("PYTHONPATH")), OFF_ENV: ALL}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "True"
