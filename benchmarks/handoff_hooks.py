@@ -73,6 +73,7 @@ def install(path: Path) -> None:
         return
     writer = TraceWriter(path)
     sent: dict[str, float] = {}
+    pid = os.getpid()  # several replicas' frontends may write to one trace: each record says whose it is
 
     add_request_async = AsyncMPClient.add_request_async
 
@@ -94,10 +95,11 @@ def install(path: Path) -> None:
         result = process_outputs(self, engine_core_outputs, engine_core_timestamp, *args, **kwargs)
         done = time.monotonic()
         if engine_core_timestamp is not None:
-            writer.write({"step": engine_core_timestamp, "outputs": len(engine_core_outputs), "first": len(first)})
+            writer.write({"step": engine_core_timestamp, "outputs": len(engine_core_outputs), "first": len(first),
+                          "pid": pid})
         offset = time.time() - time.monotonic()
         for rid, stats in first.items():
-            writer.write({"rid": rid, "arrival": stats.arrival_time - offset, "sent": sent.pop(rid, None),
+            writer.write({"rid": rid, "pid": pid, "arrival": stats.arrival_time - offset, "sent": sent.pop(rid, None),
                           "queued": stats.queued_ts or None, "scheduled": stats.scheduled_ts or None,
                           "core_out": engine_core_timestamp, "got": got, "done": done,
                           "ttft": stats.first_token_latency})

@@ -104,9 +104,17 @@ def split_request(record: dict[str, Any], step_ends: list[float]) -> dict[str, f
 
 
 def summarize(requests: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """One run: each part's mean over its requests (ms), the share that waited for a step, the step cycle."""
+    """One run: each part's mean over its requests (ms), the share that waited for a step, the step cycle.
+
+    Each request is set against the steps of its own frontend's engine (records carry the frontend's pid; a
+    trace of several replicas interleaves their steps)."""
+    by_engine: dict[Any, list[float]] = {}
+    for s in steps:
+        by_engine.setdefault(s.get("pid"), []).append(s["step"])
+    for ends in by_engine.values():
+        ends.sort()
+    rows = [r for r in (split_request(q, by_engine.get(q.get("pid"), [])) for q in requests) if r is not None]
     step_ends = sorted(s["step"] for s in steps)
-    rows = [r for r in (split_request(q, step_ends) for q in requests) if r is not None]
     if not rows:
         return {"requests": 0}
     out: dict[str, Any] = {"requests": len(rows), "untraced": len(requests) - len(rows)}
@@ -116,9 +124,11 @@ def summarize(requests: list[dict[str, Any]], steps: list[dict[str, Any]]) -> di
     out["waited_share"] = statistics.fmean(r["waited"] for r in rows)
     t0 = min(q["arrival"] for q in requests)
     t1 = max(q["got"] for q in requests)
-    ends = [t for t in step_ends if t0 <= t <= t1]
-    cycles = [1000 * (b - a) for a, b in zip(ends, ends[1:])]
-    out["steps"] = len(ends)
+    cycles = []
+    for ends in by_engine.values():
+        inside = [t for t in ends if t0 <= t <= t1]
+        cycles += [1000 * (b - a) for a, b in zip(inside, inside[1:])]
+    out["steps"] = len([t for t in step_ends if t0 <= t <= t1])
     out["step_cycle_ms"] = statistics.median(cycles) if cycles else None
     out["step_cycle_mean_ms"] = statistics.fmean(cycles) if cycles else None
     return out

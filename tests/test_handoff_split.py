@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 
 import pytest
@@ -66,6 +67,17 @@ def test_summarize_means_the_parts_and_reads_the_step_cycle_inside_the_run():
     assert out["step_cycle_ms"] == pytest.approx(3.0)
 
 
+def test_each_request_is_set_against_its_own_engines_steps_when_replicas_share_a_trace():
+    # replica 1 sent at 2 ms and its engine's step ended at 9 ms; replica 2's engine ended a step at 9.5 ms
+    reqs = [{**_record(), "pid": 1}]
+    steps = [{"step": 0.009, "pid": 1}, {"step": 0.0095, "pid": 2}, {"step": 0.012, "pid": 1}, {"step": 0.0125, "pid": 2}]
+    out = hs.summarize(reqs, steps)
+    assert out["in_step"] == pytest.approx(7.0) and out["to_core"] == pytest.approx(1.0)
+    assert out["step_cycle_ms"] == pytest.approx(3.0)  # not the 0.5 ms between the two engines' steps
+    mixed = hs.summarize([_record()], [{"step": t} for t in (0.009, 0.0095, 0.012, 0.0125)])
+    assert mixed["in_step"] == pytest.approx(7.5), "without pids every step counts (a single engine's trace)"
+
+
 def test_partition_gives_each_run_its_own_requests_in_order_and_refuses_a_count_that_does_not_match():
     reqs = [_record(arrival=t, sent=t + 0.002, queued=t + 0.01, scheduled=t + 0.0101, core_out=t + 0.02,
                     got=t + 0.021) for t in (0.0, 1.0, 2.0, 3.0)]
@@ -89,8 +101,6 @@ def test_by_arm_takes_the_median_over_runs_and_leaves_void_runs_out():
 
 
 def test_every_arm_is_traced_through_its_environment_and_nothing_else_is(tmp_path, monkeypatch):
-    import os
-
     from benchmarks.arms import Shipped, VllmServer
     from benchmarks.handoff_hooks import PLUGIN_DIR, TRACE_ENV
 
@@ -109,7 +119,6 @@ def test_vllm_loads_the_hooks_as_a_plugin_only_where_the_benchmark_puts_them(tmp
     (negative control, in-process); a Python process started with plugin_env() does, and vLLM's own plugin
     loader installs the wrappers there (a real vLLM import, in a child process)."""
     import importlib.metadata
-    import os
     import subprocess
     import sys
 
@@ -179,4 +188,5 @@ def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes
     rec = firsts[0]
     assert rec["queued"] == t + 0.001 and rec["scheduled"] == t + 0.002 and rec["core_out"] == t + 0.010
     assert rec["sent"] is not None and rec["arrival"] <= rec["sent"] <= rec["got"] <= rec["done"]
+    assert rec["pid"] == os.getpid() and {s["pid"] for s in steps} == {os.getpid()}
     assert math.isclose(rec["got"] - rec["arrival"], rec["ttft"], abs_tol=0.005)
