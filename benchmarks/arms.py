@@ -49,12 +49,13 @@ import re
 import logging
 import os
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import psutil
 
-from benchmarks.host import ray_processes
+from benchmarks.host import find_ray_processes, ray_processes
 from patches.switches import ALL, OFF_ENV
 from serve_app import deploy_config
 from serve_app.deploy_config import LLMSpec, ServeConfig
@@ -151,7 +152,7 @@ class VllmServer:
         self.base_url = f"http://127.0.0.1:{port}"
         self.metrics_urls = [f"{self.base_url}/metrics"]
         if self.engine_cores is not None:
-            from serve_app.cpu_cores import pin_engine_cores
+            from serve_app.cpu_cores import pin_engine_cores, pin_threads
 
             pinned = pin_engine_cores(self.engine_cores, parent_pid=self.server.proc.pid)
             if not pinned:
@@ -160,13 +161,12 @@ class VllmServer:
                                     f"{self.engine_cores}")
             log.info("%s: EngineCore %s pinned to cores %s", self.name, pinned, self.engine_cores)
             if self.split_frontend:
-                rest = sorted(set(os.sched_getaffinity(0)) - set(self.engine_cores))
-                if not rest:
+                try:
+                    rest = other_cores(self.name, self.engine_cores)
+                except ProtocolError:
                     self.server.close()
-                    raise ProtocolError(f"{self.name}: pin=split needs a core besides the engine's {self.engine_cores}")
-                for thread in psutil.Process(self.server.proc.pid).threads():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.sched_setaffinity(thread.id, rest)
+                    raise
+                pin_threads(psutil.Process(self.server.proc.pid), rest)
                 log.info("%s: the API server's threads pinned to cores %s", self.name, rest)
         return self
 
@@ -247,29 +247,22 @@ class Shipped:
     def _split_from_engine(self) -> None:
         """Move every thread of every Ray process (HAProxy, the replica's frontend, Ray's own) off the cores the
         engine is pinned to; EngineCore keeps them. Processes Ray starts later inherit their parent's cores."""
-        from serve_app.cpu_cores import ENGINE_CORE_NAME
+        from serve_app.cpu_cores import ENGINE_CORE_NAME, pin_threads
 
         engines = [p for p in psutil.process_iter() if p.name().startswith(ENGINE_CORE_NAME)]
         if len(engines) != 1:
             raise ProtocolError(f"{self.name}: pin=split needs exactly one EngineCore, found {len(engines)}")
-        engine_cores = set(os.sched_getaffinity(engines[0].pid))
-        rest = sorted(set(os.sched_getaffinity(0)) - engine_cores)
-        if not rest:
-            raise ProtocolError(f"{self.name}: pin=split needs a core besides the engine's {sorted(engine_cores)}")
+        engine_cores = sorted(os.sched_getaffinity(engines[0].pid))
+        rest = other_cores(self.name, engine_cores)
         moved = 0
-        for line in ray_processes():
-            try:
-                proc = psutil.Process(int(line.split()[0]))
-                if proc.pid == engines[0].pid:
-                    continue
-                for thread in proc.threads():
-                    with contextlib.suppress(ProcessLookupError):
-                        os.sched_setaffinity(thread.id, rest)
-                moved += 1
-            except psutil.NoSuchProcess:
+        for proc, _ in find_ray_processes():
+            if proc.pid == engines[0].pid:
                 continue
+            with contextlib.suppress(psutil.NoSuchProcess):
+                pin_threads(proc, rest)
+                moved += 1
         log.info("%s: %d Ray processes moved to cores %s; EngineCore %d keeps %s", self.name, moved, rest,
-                 engines[0].pid, sorted(engine_cores))
+                 engines[0].pid, engine_cores)
 
     def check(self, when: str) -> None:
         pass
@@ -279,6 +272,14 @@ class Shipped:
         left = ray_processes()
         if left:
             raise ProtocolError(f"the {self.name} phase's cluster left Ray processes behind:\n  " + "\n  ".join(left))
+
+
+def other_cores(name: str, engine_cores: Collection[int]) -> list[int]:
+    """The cores this process may use that the engine does not (``pin=split``); refused when there are none."""
+    rest = sorted(set(os.sched_getaffinity(0)) - set(engine_cores))
+    if not rest:
+        raise ProtocolError(f"{name}: pin=split needs a core besides the engine's {sorted(engine_cores)}")
+    return rest
 
 
 def direct_ingress_port(listening: list[tuple[str, int]], low: int, high: int) -> int:

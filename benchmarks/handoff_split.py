@@ -114,7 +114,6 @@ def summarize(requests: list[dict[str, Any]], steps: list[dict[str, Any]]) -> di
     for ends in by_engine.values():
         ends.sort()
     rows = [r for r in (split_request(q, by_engine.get(q.get("pid"), [])) for q in requests) if r is not None]
-    step_ends = sorted(s["step"] for s in steps)
     if not rows:
         return {"requests": 0}
     out: dict[str, Any] = {"requests": len(rows), "untraced": len(requests) - len(rows)}
@@ -124,11 +123,11 @@ def summarize(requests: list[dict[str, Any]], steps: list[dict[str, Any]]) -> di
     out["waited_share"] = statistics.fmean(r["waited"] for r in rows)
     t0 = min(q["arrival"] for q in requests)
     t1 = max(q["got"] for q in requests)
-    cycles = []
+    cycles, out["steps"] = [], 0
     for ends in by_engine.values():
         inside = [t for t in ends if t0 <= t <= t1]
         cycles += [1000 * (b - a) for a, b in zip(inside, inside[1:])]
-    out["steps"] = len([t for t in step_ends if t0 <= t <= t1])
+        out["steps"] += len(inside)
     out["step_cycle_ms"] = statistics.median(cycles) if cycles else None
     out["step_cycle_mean_ms"] = statistics.fmean(cycles) if cycles else None
     return out

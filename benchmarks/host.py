@@ -101,8 +101,8 @@ _RAY_MARKERS = ("ray/core/src/ray/", "ray/_private/", "ray/dashboard/", "ray/aut
                 "ray.util.client.server", "/bin/ray start", "ray-dashboard-")
 
 
-def ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[str]:
-    """``"<pid> <command>"`` of every alive Ray process on the host (empty when none)."""
+def find_ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[tuple[psutil.Process, str]]:
+    """Every alive Ray process on the host, each with its command line (empty when none)."""
     found = []
     for p in procs if procs is not None else psutil.process_iter():
         try:
@@ -112,5 +112,10 @@ def ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[str]:
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
         if cmd.startswith("ray::") or any(m in cmd for m in _RAY_MARKERS) or p.name() in ("raylet", "gcs_server"):
-            found.append(f"{p.pid} {cmd[:120]}")
+            found.append((p, cmd))
     return found
+
+
+def ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[str]:
+    """``"<pid> <command>"`` of every alive Ray process on the host (empty when none)."""
+    return [f"{p.pid} {cmd[:120]}" for p, cmd in find_ray_processes(procs)]

@@ -72,6 +72,14 @@ def bind_engine_threads(
     return value
 
 
+def pin_threads(proc: psutil.Process, cores: Collection[int]) -> None:
+    """Pin every thread of ``proc`` to ``cores`` (the kernel keeps one CPU mask per thread; threads it starts
+    later inherit the mask of the thread that starts them). A thread that ends meanwhile is skipped."""
+    for thread in proc.threads():
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(thread.id, cores)
+
+
 def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None, with_workers: bool = False) -> list[int]:
     """Pin every thread of each EngineCore child of ``parent_pid`` (this process) to ``cores``; their pids.
 
@@ -89,9 +97,7 @@ def pin_engine_cores(cores: Collection[int], parent_pid: int | None = None, with
                 continue
             procs = [child, *child.children(recursive=True)] if with_workers else [child]
             for proc in procs:
-                for thread in proc.threads():
-                    with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
-                        os.sched_setaffinity(thread.id, cores)
+                pin_threads(proc, cores)
         except psutil.NoSuchProcess:
             continue
         pinned.append(child.pid)

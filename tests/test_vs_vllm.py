@@ -188,6 +188,15 @@ def test_arms_take_their_settings_from_the_config():
     assert not make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test")).split
 
 
+def test_pin_split_takes_the_cores_the_engine_does_not_use_and_refuses_when_there_are_none(monkeypatch):
+    from benchmarks import arms
+
+    monkeypatch.setattr(arms.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert arms.other_cores("engine", [0]) == [1, 2]
+    with pytest.raises(arms.ProtocolError, match=r"pin=split needs a core besides the engine's \[0, 1, 2\]"):
+        arms.other_cores("shipped", {2, 1, 0})
+
+
 def test_a_replicas_own_port_is_its_one_listening_port_in_the_direct_ingress_range():
     import psutil
 
