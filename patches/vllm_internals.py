@@ -73,6 +73,29 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
             attrs=("enable_prompt_embeds",),
             why="fuzz requests are refused on engines that take prompt embeddings",
         ),
+        _r(
+            "vllm.model_executor.models.transformers.base:Base.forward",
+            params=("input_ids", "positions"),
+            keywords=("inputs_embeds",),
+            why="the Transformers modeling backend hands the step's tokens to the Hugging Face model as one sequence "
+            "([1, n]): the perturbed embedding forward maps that shape (python -m patches.matrix proves it)",
+        ),
+        _r(
+            "vllm.model_executor.models.transformers.base:Base.embed_input_ids",
+            params=("input_ids",),
+            why="the backend's input embedding is the Hugging Face model's get_input_embeddings(), found by the probe",
+        ),
+        _r(
+            "vllm.model_executor.models.transformers.utils:replace_embedding_class",
+            why="the backend replaces the Hugging Face nn.Embedding by VocabParallelEmbedding, the class swapped",
+        ),
+        _r(
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner._dummy_run",
+            params=("num_tokens",),
+            keywords=("force_attention", "randomize_inputs"),
+            why="the start-up self-test runs the model as vLLM's warm-up does (attention metadata built, so the output "
+            "is deterministic; random token ids from a fixed seed, since token 0 may embed to zeros)",
+        ),
     ),
     "cpu_offload": (
         _r(

@@ -14,7 +14,7 @@ with a message that names what it started (or did not) and the marker:
   fixture starts.
 * while it runs, from what it actually started: a watcher polls the test
   process's descendants (every :data:`POLL_S`) for vLLM engine processes
-  (a ``vllm.entrypoints`` server, or a process titled ``EngineCore`` that
+  (a ``vllm.entrypoints`` server, the fuzz matrix's engine process, or a process titled ``EngineCore`` that
   has loaded torch: a bare process that only takes the title, as
   ``test_core_binding`` starts, is not an engine) and Ray cluster
   processes (``raylet``, ``gcs_server``, ``ray start``), and
@@ -62,7 +62,8 @@ def _loaded_torch(pid: int) -> bool:
 def classify(cmdline: list[str], name: str, pid: int | None = None) -> str | None:
     """What a process is, for the markers: ``engine``, ``serve`` (a Ray cluster process) or None."""
     text = " ".join(cmdline)
-    if "vllm.entrypoints" in text or (("EngineCore" in name or "EngineCore" in text)
+    # patches.matrix.engine_run: the fuzz matrix's engine process (its EngineCore may run inside it)
+    if "vllm.entrypoints" in text or "patches.matrix.engine_run" in text or (("EngineCore" in name or "EngineCore" in text)
                                       and (pid is None or _loaded_torch(pid))):
         return "engine"
     exe = os.path.basename(cmdline[0]) if cmdline else name

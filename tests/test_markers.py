@@ -107,6 +107,7 @@ def test_what_counts_as_an_engine_or_a_cluster():
     import torch  # noqa: F401  (so that this process has libtorch loaded, as an EngineCore has)
 
     assert classify(["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "python") == "engine"
+    assert classify(["/venv/bin/python", "-m", "patches.matrix.engine_run", "job.json", "out.json"], "python") == "engine"
     assert classify(["VLLM::EngineCore"], "VLLM::EngineCor", psutil.Process().pid) == "engine", "this process has torch"
     assert classify(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--x"], "raylet") == "serve"
     assert classify(["/venv/bin/python", "/venv/bin/ray", "start", "--block", "--head"], "ray") == "serve"

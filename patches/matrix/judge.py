@@ -1,0 +1,85 @@
+"""The verdict on one request of the matrix: did the engine fuzz it as the reference says it must? Pure logic.
+
+Two comparisons, both against :class:`patches.matrix.reference.Reference`:
+
+* **tokens**: the engine's greedy tokens against the reference's own greedy
+  continuation of the same prompt under the same fuzz setting;
+* **log-probs, teacher-forced**: the reference run on the *engine's* tokens;
+  at each generated position, the engine's log-prob of its token against
+  the reference's log-prob of that token (``dlogprob``), and how far that
+  token is from the reference's best one (``gap``, 0 when they pick the
+  same).
+
+``equal``: the same tokens and every ``dlogprob`` within :data:`ATOL`.
+``near-tie``: other tokens, but at every position the engine's token is
+within :data:`TIE` of the reference's best and the log-probs agree within
+:data:`ATOL`: two float32 implementations breaking a tie differently, shown
+as such, never counted as equal. ``differs``: anything else, the verdict a
+request served unfuzzed gets. A request whose second pass (its prompt's KV
+from the prefix cache) gives other tokens than the first ``differs`` too.
+
+The bounds are fixed here, before any run: float32 vLLM CPU kernels against
+transformers' eager float32 attention on 2-layer models differ by about
+1e-5 nats (docs/fuzz.md shows each architecture's figure at s = 0); a
+request left unfuzzed moves its log-probs by 1e-2 and more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ATOL = 1e-3  # nats: the engine's log-prob of its token against the reference's
+TIE = 1e-3  # nats: how close to the reference's best a differing token must be to be a near-tie
+
+
+@dataclass(frozen=True)
+class CaseVerdict:
+    """One request of the matrix, judged."""
+
+    label: str
+    verdict: str  # "equal", "near-tie" or "differs"
+    max_dlogprob: float
+    max_gap: float
+    tokens_equal: bool
+    repeat_equal: bool
+    cached_tokens: int  # prompt tokens the second pass read from the prefix cache
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict in ("equal", "near-tie")
+
+
+def judge(
+    label: str,
+    engine_tokens: Sequence[int],
+    engine_logprobs: Sequence[float],
+    reference_tokens: Sequence[int],
+    forced_logprobs: Sequence[float],
+    forced_best: Sequence[float],
+    repeat_tokens: Sequence[int],
+    cached_tokens: int,
+    atol: float = ATOL,
+    tie: float = TIE,
+) -> CaseVerdict:
+    """Judge one request; ``forced_*`` are the reference's, teacher-forced on ``engine_tokens``."""
+    if not (len(engine_tokens) == len(engine_logprobs) == len(forced_logprobs) == len(forced_best)):
+        raise ValueError(
+            f"{label}: {len(engine_tokens)} tokens, {len(engine_logprobs)} engine log-probs, "
+            f"{len(forced_logprobs)} / {len(forced_best)} reference log-probs"
+        )
+    if not engine_tokens:
+        raise ValueError(f"{label}: the engine produced no tokens")
+    dlogprob = max(abs(a - b) for a, b in zip(engine_logprobs, forced_logprobs, strict=True))
+    gap = max(best - lp for best, lp in zip(forced_best, forced_logprobs, strict=True))
+    tokens_equal = list(engine_tokens) == list(reference_tokens)
+    repeat_equal = list(repeat_tokens) == list(engine_tokens)
+    if not repeat_equal or dlogprob > atol:
+        verdict = "differs"
+    elif tokens_equal:
+        verdict = "equal"
+    elif gap <= tie:
+        verdict = "near-tie"
+    else:
+        verdict = "differs"
+    return CaseVerdict(label, verdict, dlogprob, gap, tokens_equal, repeat_equal, cached_tokens)

@@ -1,0 +1,239 @@
+"""Run one architecture of the fuzz matrix: build its model, serve the mixed batch in vLLM, judge against the reference.
+
+:func:`run_architecture` is what the CLI (``python -m patches.matrix``) and
+the tests call. The engine runs in a child process
+(:mod:`patches.matrix.engine_run`, its own process group, killed on
+timeout); the reference runs here, after the engine has exited, so the two
+never share the 2 cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .architectures import ARCHITECTURES, INIT_RANGE, build, resolved_backend
+from .judge import CaseVerdict, judge
+from .reference import Fuzz, Reference
+
+log = logging.getLogger(__name__)
+
+MODES = ("eager", "compiled")
+MAX_TOKENS = 8
+PROMPT_WORDS = (300, 280, 260, 240)  # over two KV blocks of 128 tokens each: the second pass reads them from the cache
+SHARED_PREFIX = 150  # prompts 0 and 1 share their first 150 words (a whole block, under one salt per setting)
+# Every prompt under each setting, all in one batch: scale mode's whole range, gaussian mode at two strengths and seeds.
+SETTINGS: tuple[Fuzz, ...] = (
+    Fuzz(),
+    Fuzz(0.0),
+    Fuzz(0.5),
+    Fuzz(0.9),
+    Fuzz(1.0),
+    Fuzz(0.5, "gaussian", seed=1),
+    Fuzz(1.0, "gaussian", seed=-7),
+)
+# VLLM_ALLOW_INSECURE_SERIALIZATION: collective_rpc ships worker_stats, a function, to the engine (a local child).
+ENGINE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+}
+START_TIMEOUT_S = 900
+
+
+class EngineRefused(RuntimeError):
+    """The engine did not serve the batch (start-up refused or crashed): its log's last lines say why."""
+
+
+@dataclass
+class ArchitectureResult:
+    """One architecture in one mode: every request's verdict, or why the engine refused."""
+
+    name: str
+    mode: str
+    backend: str
+    expected_backend: str
+    patches_off: str = ""
+    cases: list[CaseVerdict] = field(default_factory=list)
+    tokens_fuzzed: int = 0
+    refused: str = ""  # the engine's reason, where it did not serve
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.refused
+            and self.backend == self.expected_backend
+            and bool(self.cases)
+            and all(c.ok for c in self.cases)
+            and self.tokens_fuzzed > 0
+            and all(c.cached_tokens > 0 for c in self.cases)
+        )
+
+    def counts(self) -> dict[str, int]:
+        out = {"equal": 0, "near-tie": 0, "differs": 0}
+        for c in self.cases:
+            out[c.verdict] += 1
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "name": self.name,
+            "mode": self.mode,
+            "backend": self.backend,
+            "expected_backend": self.expected_backend,
+            "patches_off": self.patches_off,
+            "ok": self.ok,
+            "counts": self.counts(),
+            "tokens_fuzzed": self.tokens_fuzzed,
+            "refused": self.refused,
+            "seconds": round(self.seconds, 1),
+            "cases": [vars(c) | {"ok": c.ok} for c in self.cases],
+        }
+
+
+def prompts() -> list[list[int]]:
+    """The matrix's prompts as token ids: words of the fixture vocabulary, fixed seed, two sharing a prefix.
+
+    Encoded with the project's tokenizer itself, which every matrix
+    checkpoint carries (``AutoTokenizer`` would pick a family's own tokenizer
+    class for some model types, Qwen2's among them, and read other ids).
+    """
+    from fixture_model.build import build_tokenizer
+    from fixture_model.tasks import WORDS
+
+    rng = random.Random(1234)
+    words = [[rng.choice(WORDS) for _ in range(n)] for n in PROMPT_WORDS]
+    words[1][:SHARED_PREFIX] = words[0][:SHARED_PREFIX]
+    tokenizer = build_tokenizer()
+    ids = [tokenizer.encode(" ".join(w)) for w in words]
+    assert all(len(x) == n + 1 for x, n in zip(ids, PROMPT_WORDS, strict=True)), "one token per word, after BOS"
+    return ids
+
+
+def _run_engine(job: dict, env: dict[str, str], workdir: Path, timeout: float) -> dict:
+    job_file, out_file, log_file = workdir / "job.json", workdir / "out.json", workdir / "engine.log"
+    job_file.write_text(json.dumps(job))
+    cmd = [sys.executable, "-m", "patches.matrix.engine_run", str(job_file), str(out_file)]
+    with open(log_file, "wb") as logf:
+        proc = subprocess.Popen(
+            cmd, env={**os.environ, **env}, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            rc = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise EngineRefused(f"no answer within {timeout:.0f} s; log: {log_file}") from None
+        finally:
+            with contextlib.suppress(ProcessLookupError):  # what the engine left behind, by its process group
+                os.killpg(proc.pid, signal.SIGKILL)
+    if rc != 0 or not out_file.exists():
+        tail = log_file.read_text(errors="replace").strip().splitlines()[-30:]
+        reason = next((ln for ln in reversed(tail) if "Error" in ln or "refus" in ln), tail[-1] if tail else "")
+        raise EngineRefused(f"exit {rc}: {reason.strip()} (log: {log_file})")
+    return json.loads(out_file.read_text())
+
+
+def cases_of(n_prompts: int) -> list[tuple[int, Fuzz]]:
+    """The requests of the mixed batch: every prompt under every setting."""
+    return [(p, f) for f in SETTINGS for p in range(n_prompts)]
+
+
+def serve(
+    model_path: Path,
+    mode: str,
+    ids: list[list[int]],
+    patches_off: str = "",
+    setup: str = "",
+    env: dict[str, str] | None = None,
+    workdir: Path | None = None,
+    timeout: float = START_TIMEOUT_S,
+) -> dict:
+    """The engine's side: the mixed batch of :func:`cases_of` served twice by vLLM in a child process.
+
+    Returns :mod:`patches.matrix.engine_run`'s output; raises
+    :class:`EngineRefused` with the engine's reason where it did not serve.
+    """
+    from patches.switches import OFF_ENV
+
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {MODES}")
+    cases = cases_of(len(ids))
+    job = {
+        "model": str(model_path),
+        "mode": mode,
+        "prompts": ids,
+        "cases": [{"prompt": p, "xargs": f.xargs()} for p, f in cases],
+        "max_tokens": MAX_TOKENS,
+        "passes": 2,
+        "max_model_len": 1024,
+        "max_num_seqs": len(cases),
+        "setup": setup,
+    }
+    engine_env = {**ENGINE_ENV, **(env or {})}
+    if patches_off:
+        engine_env[OFF_ENV] = patches_off
+    with tempfile.TemporaryDirectory(prefix=f"fuzz-matrix-{mode}-") as tmp:
+        work = workdir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        engine_env["VLLM_CACHE_ROOT"] = str(work / "vllm-cache")  # nothing compiled elsewhere is reused
+        return _run_engine(job, engine_env, work, timeout)
+
+
+def run_architecture(
+    name: str,
+    mode: str = "eager",
+    patches_off: str = "",
+    workdir: Path | None = None,
+    timeout: float = START_TIMEOUT_S,
+    init_range: float = INIT_RANGE,
+) -> ArchitectureResult:
+    """Serve architecture ``name``'s mixed batch in vLLM (``mode``: eager or compiled) and judge every request.
+
+    ``patches_off``: a value for ``FUZZSERVE_PATCHES_OFF`` in the engine (the
+    matrix's negative control: with ``fuzz`` off, the fuzzed requests must
+    come out ``differs``). ``init_range``: the random weights' scale (the
+    families' default, 0.02, gives nearly flat logits and so near-ties).
+    """
+    started = time.monotonic()
+    arch = ARCHITECTURES[name]
+    path = build(name, init_range)
+    result = ArchitectureResult(name, mode, resolved_backend(path), arch.backend, patches_off)
+    ids = prompts()
+    try:
+        out = serve(path, mode, ids, patches_off=patches_off, workdir=workdir, timeout=timeout)
+    except EngineRefused as e:
+        result.refused = str(e)
+        result.seconds = time.monotonic() - started
+        return result
+    first, second = out["passes"]
+    result.tokens_fuzzed = sum(w.get("tokens_fuzzed", 0) for w in out["worker"])
+    ref = Reference(str(path))
+    for (p, fuzz), a, b in zip(cases_of(len(ids)), first, second, strict=True):
+        forced_lp, forced_best = ref.forced(ids[p], a["tokens"], fuzz)
+        result.cases.append(
+            judge(
+                f"prompt {p} {fuzz.label}",
+                a["tokens"],
+                a["logprobs"],
+                ref.greedy(ids[p], fuzz, MAX_TOKENS),
+                forced_lp,
+                forced_best,
+                b["tokens"],
+                b["cached"],
+            )
+        )
+    result.seconds = time.monotonic() - started
+    return result
