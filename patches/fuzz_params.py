@@ -110,7 +110,14 @@ def parse_fuzz_args(extra_args: Mapping[str, Any] | None) -> FuzzSpec:
     strength = extra_args.get(STRENGTH, 0.0)
     if not _is_real_number(strength):
         raise FuzzParamError(STRENGTH, f"{STRENGTH} must be a number, got {type(strength).__name__}", strength)
-    strength = float(strength)
+    try:
+        strength = float(strength)
+    except OverflowError:  # an integer beyond float's range (a 401-digit JSON number): not echoed back
+        sign = "-" if strength < 0 else ""
+        raise FuzzParamError(
+            STRENGTH,
+            f"{STRENGTH} must be <= {MAX_STRENGTH:g}, got an integer of {sign}{len(str(abs(strength)))} digits",
+        ) from None
     if not math.isfinite(strength):
         raise FuzzParamError(STRENGTH, f"{STRENGTH} must be finite, got {strength}", strength)
     if strength < 0:

@@ -21,8 +21,12 @@ letter case or with ``_`` for ``-``, gets 400 naming it, in the guard's
 error format; nothing else is touched. HAProxy's router call never carries
 them (its Lua sends only the body, the session and request ids).
 
-Imported by Serve's proxy actor too: stdlib and Starlette only, besides the
-guard's error helper.
+The same callback bounds each listener's request heads (a 30 s deadline and
+32 KiB, :mod:`serve_app.listener_bounds`), which no middleware can do: the
+app is called only once a head is complete.
+
+Imported by Serve's proxy actor too: stdlib, Starlette and uvicorn only,
+besides the guard's error helper.
 """
 
 from __future__ import annotations
@@ -64,7 +68,14 @@ class RefuseRayControlHeaders:
 
 
 def middlewares() -> list:
-    """Serve's HTTP callback (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.edge:middlewares``)."""
+    """Serve's HTTP callback (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=serve_app.edge:middlewares``).
+
+    Ray calls it in each process just before it starts an HTTP server, so it
+    also bounds that server's request heads (:mod:`serve_app.listener_bounds`).
+    """
     from starlette.middleware import Middleware
 
+    from .listener_bounds import install
+
+    install()
     return [Middleware(RefuseRayControlHeaders)]

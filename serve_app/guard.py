@@ -163,6 +163,10 @@ class RequestGuard:
                 self._authenticate(headers)
             elif route.policy != "open":
                 _require_local_host(headers)
+            if route.policy in ("open", "read"):
+                _refuse_a_body(headers, path)  # never read: a probe answers at once, whatever a client announces
+                await self.app(scope, receive, send)
+                return
             if scope.get("method") not in ("POST", "PUT", "PATCH"):
                 await self.app(scope, receive, send)
                 return
@@ -262,6 +266,14 @@ def _require_local_host(headers: dict[bytes, bytes]) -> None:
             403,
             "permission_error",
         )
+
+
+def _refuse_a_body(headers: dict[bytes, bytes], path: str) -> None:
+    """413 for a request that announces a body on a route that takes none (probes, reads): answered before any
+    byte of it is read, so a client that announces 1 MiB and withholds it holds no probe for the body deadline."""
+    length = headers.get(b"content-length", b"0").strip()
+    if b"transfer-encoding" in headers or length not in (b"", b"0"):
+        raise RequestRejected(f"{path} takes no request body", None, 413)
 
 
 def _digest(key: bytes) -> bytes:

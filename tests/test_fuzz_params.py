@@ -75,9 +75,18 @@ def test_parse_or_neutral_never_raises():
     assert spec is NEUTRAL and isinstance(err, FuzzParamError)
 
 
-@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-10**20, 10**20)))
+@pytest.mark.parametrize("x", [10**400, -(10**400), 10**308 * 10, 2**1024])
+def test_an_integer_beyond_floats_range_names_the_field_without_echoing_it(x):
+    with pytest.raises(FuzzParamError) as e:
+        parse_fuzz_args({"fuzz_strength": x})
+    assert e.value.field == "fuzz_strength" and "digits" in str(e.value) and str(x) not in str(e.value)
+    spec, err = parse_or_neutral({"fuzz_strength": x})
+    assert spec is NEUTRAL and err is not None
+
+
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.integers(10**300, 10**1000)))
 def test_any_number_is_accepted_iff_finite_and_in_range(x):
-    ok = math.isfinite(x) and 0 <= x <= MAX_STRENGTH
+    ok = (isinstance(x, int) or math.isfinite(x)) and 0 <= x <= MAX_STRENGTH  # int vs float compares exactly
     try:
         spec = parse_fuzz_args({"fuzz_strength": x})
     except FuzzParamError as e:

@@ -7,6 +7,7 @@ runs in front of the real ingress in tests/test_serve_app.py.
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -95,7 +96,7 @@ def test_body_size_limit():
     r = c.post("/v1/completions", json={"model": "m", "prompt": "x" * 200})
     assert r.status_code == 413 and "100 bytes" in r.json()["error"]["message"]
     # a chunked body (no content-length) is counted as it arrives, on every route that takes one
-    r = c.post("/ping", content=iter([b"a" * 60, b"b" * 60]))
+    r = c.post("/v1/completions", content=iter([b"a" * 60, b"b" * 60]))
     assert r.status_code == 413
     assert c.post("/v1/completions", json={"model": "m", "prompt": "ok"}).status_code == 200
 
@@ -133,8 +134,28 @@ def test_only_switched_on_routes_are_served():
         assert r.status_code == 404, path
         assert r.json()["error"]["type"] == "not_found_error" and path in r.json()["error"]["message"]
         assert c.get(path).status_code == 404, path
-    # a read route's POST body is not checked (it builds no sampling parameters); the app decides
-    assert c.post("/ping", json={"vllm_xargs": {"fuzz_strength": -1}}).status_code == 200
+    # a probe or read route takes no body: one announced gets 413 at once (never read, never checked); none, the app
+    r = c.post("/ping", json={"vllm_xargs": {"fuzz_strength": -1}})
+    assert r.status_code == 413 and "takes no request body" in r.json()["error"]["message"]
+    assert c.post("/ping").status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/health", "/ping", "/v1/models", "/metrics"])
+@pytest.mark.parametrize("announce", [[(b"content-length", b"1048576")], [(b"transfer-encoding", b"chunked")]])
+def test_a_body_announced_and_withheld_on_a_probe_or_read_route_is_answered_at_once(path, announce):
+    """The body never comes; the guard must answer without waiting for it (its body deadline is 30 s)."""
+    app = RequestGuard(echo, {"api_keys_env": "NO_SUCH_ENV"})
+    sent: list[dict] = []
+
+    async def receive():
+        await asyncio.sleep(3600)  # the withheld body
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"host", b"localhost"), *announce]}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 2))
+    assert sent[0]["status"] == 413
 
 
 GENERATE_ROUTES = ("/v1/chat/completions/batch", "/v1/responses", "/v1/messages", "/invocations")

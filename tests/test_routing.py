@@ -262,3 +262,9 @@ def test_router_refuses_nonsense_and_handles_no_replicas():
         router.initialize_state(probe_interval_s=-1)
     with pytest.raises(ValueError, match="max_view_age_s"):
         router.initialize_state(probe_interval_s=1, max_view_age_s=0.5)
+
+
+@pytest.mark.parametrize("xargs", [{"fuzz_strength": 10**400}, {"fuzz_strength": "x"}, {"fuzz_seed": 2**70}, [1]])
+def test_the_routing_key_of_a_bad_value_is_the_neutral_one(xargs):
+    """The router never raises on a client's value: it routes the request as neutral, and the replica refuses it."""
+    assert affinity_key("abc", xargs) == "abc"

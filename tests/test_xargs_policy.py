@@ -56,3 +56,11 @@ def test_request_body_top_level_reserved_fields():
     assert changed and out == body
     # null is what clients send for "unset": not a violation
     assert check_request_body({**body, "kv_transfer_params": None})[2] is False
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)])
+def test_an_integer_beyond_floats_range_gets_the_guards_400_naming_the_field(value):
+    with pytest.raises(RequestRejected) as e:
+        check_xargs({"fuzz_strength": value})
+    assert e.value.param == "vllm_xargs.fuzz_strength" and e.value.status_code == 400
+    assert str(value) not in e.value.message
