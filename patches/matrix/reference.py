@@ -116,10 +116,13 @@ class Reference:
 
     def __init__(self, model_path: str):
         import torch
-        from transformers import AutoModelForCausalLM
+        import transformers
 
+        # the class the checkpoint names (a multimodal model's too: its text path is what the matrix compares)
+        config = transformers.AutoConfig.from_pretrained(model_path)
+        model_class = getattr(transformers, config.architectures[0])
         torch.manual_seed(0)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager")
+        self.model = model_class.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager")
         self.model.eval()
 
     def logprobs(self, ids: Sequence[int], fuzz: Fuzz) -> Any:
