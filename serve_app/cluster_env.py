@@ -88,6 +88,27 @@ variable                                               value  why
                                                               the script says why) and the stats and
                                                               Prometheus ports on 127.0.0.1 instead of every
                                                               interface; then runs the real binary
+``RAY_TMPDIR``                                         ...    :func:`haproxy_dir` (``/tmp/fzs-<uid>``, 0700, this
+                                                              user's): Ray's temp root becomes
+                                                              ``/tmp/fzs-<uid>/ray`` (:func:`ray_root`: its
+                                                              sessions, logs, sockets, the metrics discovery
+                                                              file). Ray makes every directory it creates there
+                                                              0777 (``try_to_create_directory``), and its default
+                                                              ``/tmp/ray`` is 0777 without the sticky bit: any
+                                                              local user could replace or remove the session's
+                                                              files and sockets and read Serve's logs. Behind a
+                                                              0700 parent nobody else can reach them
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER``                  0      one host: Ray takes 127.0.0.1 as the node's
+                                                              address and binds every listener there (GCS,
+                                                              raylet, object manager, dashboard and its agents,
+                                                              the metrics export port, the client server, the
+                                                              runtime-env agent). Without it Ray 2.60 turns
+                                                              ``--node-ip-address 127.0.0.1`` into the host's
+                                                              own address (``resolve_ip_for_localhost``) and
+                                                              binds those on it or on every interface
+                                                              (docs/security.md). Ray's switch for single-host
+                                                              clusters on macOS and Windows; on Linux it means
+                                                              the same. A cluster of several hosts sets it to 1
 the engine environment (:mod:`serve_app.engine_env`)   ...    what every vLLM engine of the project runs with
 =====================================================  =====  ==================================================
 """
@@ -112,6 +133,8 @@ AUTH_TOKEN = "RAY_AUTH_TOKEN"
 AUTH_TOKEN_PATH = "RAY_AUTH_TOKEN_PATH"
 HAPROXY_DIR = "FUZZSERVE_HAPROXY_DIR"  # where Serve's HAProxy files go (default: haproxy_dir())
 EDGE_CALLBACK = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+RAY_TMPDIR = "RAY_TMPDIR"
+SINGLE_HOST = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 SHUTDOWN_TIER_TIMEOUT = "RAY_SERVE_SHUTDOWN_TIER_TIMEOUT_S"
 SHUTDOWN_TIER_TIMEOUT_S = 5  # seconds: the table says why
 CLIENT_TIMEOUT_S = 30
@@ -122,6 +145,14 @@ def haproxy_dir(environ: Mapping[str, str] | None = None) -> Path:
     ``<dir>/<56-character node id>/admin.sock`` and a Unix socket path holds at most 107 bytes."""
     environ = os.environ if environ is None else environ
     return Path(environ.get(HAPROXY_DIR) or f"/tmp/fzs-{os.getuid()}")
+
+
+def ray_root(environ: Mapping[str, str] | None = None) -> Path:
+    """Ray's temp root as Ray computes it for this environment (``ray._common.utils.get_default_ray_temp_dir``):
+    ``$RAY_TMPDIR/ray``, else ``$TMPDIR/ray``, else ``/tmp/ray``. Its ``session_latest`` is the running cluster's
+    session directory; ``prom_metrics_service_discovery.json`` lists every node's metrics endpoint."""
+    environ = os.environ if environ is None else environ
+    return Path(environ.get(RAY_TMPDIR) or environ.get("TMPDIR") or "/tmp") / "ray"
 
 
 def haproxy_env(directory: Path) -> dict[str, str]:
@@ -162,6 +193,8 @@ CLUSTER_ENV: dict[str, str] = {
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_TIMEOUT_S),
     **haproxy_env(haproxy_dir()),
     **haproxy_binary_env(),
+    RAY_TMPDIR: str(haproxy_dir()),
+    SINGLE_HOST: "0",
     **ENGINE_ENV,
 }
 BIN = Path(sys.executable).parent
@@ -229,11 +262,14 @@ def ensure_haproxy_dir(directory: Path | None = None) -> Path:
 
 
 def prepare_node(env: Mapping[str, str]) -> None:
-    """What a node needs on disk before ``ray start``: Ray's auth token and the private HAProxy directory."""
+    """What a node needs on disk before ``ray start``: Ray's auth token, and the private directories for Serve's
+    HAProxy files and Ray's temp root (the same one unless the environment moved either)."""
     ensure_auth_token(env)
     ensure_haproxy_dir(
         Path(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"]) if env.get("RAY_SERVE_HAPROXY_SERVER_STATE_BASE") else None
     )
+    if env.get(RAY_TMPDIR):
+        ensure_haproxy_dir(Path(env[RAY_TMPDIR]))
 
 
 def main() -> int:

@@ -29,10 +29,11 @@ that name at :class:`BoundedHttpToolsProtocol`, a subclass of uvicorn's
   ``large_client_header_buffers``, 4 x 8 KiB; HAProxy's 16 KiB buffer, so
   whatever HAProxy forwards, with the headers it adds, fits).
 
-An idle kept-alive connection between requests stays under Ray's own
-``keep_alive_timeout_s`` (90 s): HAProxy's server-side pool reuses those
-connections, and closing them sooner than HAProxy expects would race its
-reuse.
+An idle kept-alive connection between requests stays under uvicorn's own
+keep-alive bound, ``http_options.keep_alive_timeout_s`` (30 s in
+serve_config.yaml, as HAProxy's; Serve's default 90 s): HAProxy's
+server-side pool reuses those connections, and a second timer there could
+only race that bound.
 
 :func:`install` runs in each Serve process that starts an HTTP server, from
 Serve's HTTP callback (``serve_app.edge:middlewares``, named by

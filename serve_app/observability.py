@@ -394,7 +394,8 @@ INVARIANTS: tuple[Invariant, ...] = (
             "replicas still include its frozen counters, and its counters will never reach rest; a replica that died "
             "mid-step can also show a frozen FuzzservePromptTokensDoNotSum. Replicas Serve stopped on purpose (a "
             "redeploy, a scale-down) fail no health check and do not raise this.",
-            "Check why the replica died (serve status; the replica's log under /tmp/ray/session_latest/logs: "
+            "Check why the replica died (serve status; the replica's log under Ray's session_latest/logs, "
+            "$RAY_TMPDIR/ray (/tmp/fzs-<uid>/ray with the project's environment; Ray's default /tmp/ray): "
             "EngineDeadError, an OOM kill). Serve starts a replacement with a new ReplicaId. The stale "
             "series go away only when the node's Ray metrics agent restarts; filter them out of sums with "
             "the dashboard's replica selector meanwhile.",
@@ -435,8 +436,9 @@ INVARIANTS: tuple[Invariant, ...] = (
             "not report it healthy. Serve replaces it (a new ReplicaId); requests it held were cut. A redeploy or a "
             "scale-down never raises this. The alert resolves 30 minutes after the last failure.",
             'serve status says whether the replacement is up (or why it cannot be scheduled: "Resources '
-            "required ... total resources available\"). Read the replica's log under "
-            "/tmp/ray/session_latest/logs (EngineDeadError, an OOM kill) and, if a whole node went, ray list "
+            "required ... total resources available\"). Read the replica's log under Ray's session_latest/logs "
+            "in $RAY_TMPDIR/ray (/tmp/fzs-<uid>/ray with the project's environment; Ray's default /tmp/ray) "
+            "(EngineDeadError, an OOM kill) and, if a whole node went, ray list "
             "nodes and the node's raylet log.",
             for_="1m",
             note=(

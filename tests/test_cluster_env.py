@@ -105,3 +105,29 @@ def test_serves_haproxy_files_go_to_a_directory_only_this_user_can_enter(tmp_pat
     assert all(CLUSTER_ENV[k] == v for k, v in paths.items())
     assert all(Path(v) == haproxy_dir() or Path(v).parent == haproxy_dir() for v in paths.values())
     assert len(paths["RAY_SERVE_HAPROXY_SOCKET_PATH"]) + 1 + 56 + 16 < 108
+
+
+def test_rays_temp_root_is_under_the_private_directory_and_its_listeners_on_loopback(tmp_path):
+    """RAY_TMPDIR puts Ray's sessions under the 0700 directory (Ray makes /tmp/ray and everything it creates 0777);
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray take loopback as the node's address, as Ray itself reads it."""
+    from ray._common.utils import get_default_ray_temp_dir
+
+    from serve_app.cluster_env import CLUSTER_ENV, RAY_TMPDIR, SINGLE_HOST, haproxy_dir, prepare_node, ray_root
+
+    assert CLUSTER_ENV[RAY_TMPDIR] == str(haproxy_dir()) and CLUSTER_ENV[SINGLE_HOST] == "0"
+    assert ray_root({RAY_TMPDIR: "/x/y"}) == Path("/x/y/ray")
+    assert ray_root({"TMPDIR": "/t"}) == Path("/t/ray") and ray_root({}) == Path("/tmp/ray")
+    import os
+    import subprocess
+    import sys
+
+    code = ("from ray._common.utils import get_default_ray_temp_dir as d; import ray._private.ray_constants as c; "
+            "print(d()); print(c.ENABLE_RAY_CLUSTER)")
+    for env in ({**os.environ, RAY_TMPDIR: str(tmp_path / "p"), SINGLE_HOST: "1"}, {**os.environ, SINGLE_HOST: "0"}):
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        temp, cluster = out.stdout.split()
+        assert Path(temp) == ray_root(env), "ray_root is where Ray itself puts its files"
+        assert cluster == ("False" if env.get(SINGLE_HOST) == "0" else "True"), "Ray reads the single-host switch"
+    assert get_default_ray_temp_dir()  # importable here, as in the subprocess
+    prepare_node({RAY_TMPDIR: str(tmp_path / "private"), "RAY_AUTH_MODE": "disabled"})
+    assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700

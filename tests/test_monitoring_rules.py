@@ -198,7 +198,7 @@ def test_rules_and_scrape_config_pass_promtool_checks():
     assert r.ok, r.output
     r = promtool("check", "config", str(SCRAPE_CONFIG))
     assert r.ok, r.output
-    assert "/tmp/ray/prom_metrics_service_discovery.json" in SCRAPE_CONFIG.read_text()
+    assert "/tmp/fzs-0/ray/prom_metrics_service_discovery.json" in SCRAPE_CONFIG.read_text()
 
 
 def test_every_alert_has_a_good_and_a_bad_case_and_its_texts():
@@ -348,7 +348,7 @@ def test_scrape_config_finds_every_target_of_rays_discovery_file(tmp_path: Path)
     cfg = yaml.safe_load(SCRAPE_CONFIG.read_text())
     cfg.pop("rule_files")
     (sd,) = cfg["scrape_configs"][0]["file_sd_configs"]
-    assert sd["files"] == ["/tmp/ray/prom_metrics_service_discovery.json"]
+    assert sd["files"] == ["/tmp/fzs-0/ray/prom_metrics_service_discovery.json"]
     sd["files"] = [str(sd_file)]
     targets = discovered(cfg, tmp_path)
     listed = [t for g in json.loads(sd_file.read_text()) for t in g["targets"]]

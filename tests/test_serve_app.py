@@ -356,6 +356,134 @@ def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(ser
     stalled.close()
 
 
+def test_no_listener_of_the_single_host_deployment_is_off_loopback(serve_cluster):
+    """Every socket any process of the cluster listens on (GCS, raylets, object managers, dashboard and its agents,
+    the metrics export ports, the client server, Ray's workers, Serve's proxy, HAProxy, the replicas and routers)
+    is on loopback (before: GCS, raylets and workers on every interface, the metrics export port on 0.0.0.0, the
+    client server and agents on the host's address: Ray turned --node-ip-address 127.0.0.1 into it)."""
+    import ipaddress
+
+    import psutil
+
+    procs = [p for node in serve_cluster.nodes for p in (psutil.Process(node.process().pid), *node.descendants())]
+    listening = {}
+    for p in procs:
+        try:
+            for c in p.net_connections("tcp"):
+                if c.status == psutil.CONN_LISTEN:
+                    listening[(c.laddr.ip, c.laddr.port)] = p.name()
+        except psutil.Error:
+            continue
+    assert len(listening) >= 15, listening  # the check sees the cluster's listeners (it can fail)
+
+    def loopback(ip: str) -> bool:
+        address = ipaddress.ip_address(ip)
+        mapped = getattr(address, "ipv4_mapped", None)
+        return (mapped or address).is_loopback
+
+    assert {k: v for k, v in listening.items() if not loopback(k[0])} == {}
+
+
+def test_rays_session_files_are_under_a_directory_only_this_user_can_enter(serve_cluster):
+    """Ray's temp root is $RAY_TMPDIR/ray in a 0700 directory of this user (Ray's default /tmp/ray, 0777 without the
+    sticky bit, let every local user replace the session's files and sockets and read Serve's logs)."""
+    from serve_app.cluster_env import RAY_TMPDIR, ray_root, with_cluster_env
+
+    env = with_cluster_env(os.environ)
+    root = ray_root(env)
+    assert serve_cluster.session_dir is not None and serve_cluster.session_dir.is_relative_to(root)
+    parent = root.parent
+    assert str(parent) == env[RAY_TMPDIR] and parent != __import__("pathlib").Path("/tmp")
+    assert parent.stat().st_mode & 0o777 == 0o700 and parent.stat().st_uid == os.getuid()
+    assert (serve_cluster.session_dir / "sockets").is_dir() and (serve_cluster.session_dir / "logs").is_dir()
+
+
+def _serve_http_listeners() -> dict[int, str]:
+    """Every HTTP port Serve opened for the app on this host, and whose: each engine replica's (``replica``) and
+    ingress request router's (``router``) own port (Serve's direct-ingress range), the fallback proxy's
+    (``proxy``)."""
+    import psutil
+    from ray.serve._private.constants import (RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
+                                              RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
+                                              RAY_SERVE_FALLBACK_PROXY_HTTP_PORT)
+
+    found = {}
+    for c in psutil.net_connections("tcp"):
+        port = c.laddr.port
+        if c.status != psutil.CONN_LISTEN or not (
+                RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT <= port <= RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT
+                or port == RAY_SERVE_FALLBACK_PROXY_HTTP_PORT):
+            continue
+        owner = " ".join(psutil.Process(c.pid).cmdline()) if c.pid else ""
+        found[port] = ("proxy" if port == RAY_SERVE_FALLBACK_PROXY_HTTP_PORT
+                       else "router" if "LLMRouter" in owner else "replica")
+    return dict(sorted(found.items()))
+
+
+def test_every_listener_serve_opens_bounds_a_request_head(serve_cluster):
+    """Each replica's, router's and the fallback proxy's own port, without HAProxy in front: half a request line
+    is answered 408 and closed within the edge's 30 s (before: still open after 45 s), a 64 KiB header line gets
+    431 before it is read to the end (before: an 8 MiB one was read whole, unanswered); requests meanwhile are
+    served (serve_app/listener_bounds.py)."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    listeners = _serve_http_listeners()
+    ports = list(listeners)
+    kinds = list(listeners.values())
+    assert kinds.count("replica") == 2 and kinds.count("router") >= 1, listeners
+    with ThreadPoolExecutor(len(ports)) as pool:
+        halves = {p: pool.submit(_closed_after, socket.create_connection(("127.0.0.1", p)), b"GET /v1/mod")
+                  for p in ports}
+        assert complete(serve_cluster, "count 1 2").status_code == 200, "others are served meanwhile"
+        for port, done in halves.items():
+            took, answer = done.result()
+            assert took < 35 and answer.startswith(b"HTTP/1.1 408"), (port, took, answer)
+    for port in ports:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            sent = 0
+            try:
+                while sent < 8 * 1024 * 1024:
+                    s.sendall(b"a" * 65536)
+                    sent += 65536
+            except OSError:
+                pass
+            s.settimeout(30)
+            answer = s.recv(200)
+        assert answer.startswith(b"HTTP/1.1 431") and sent < 8 * 1024 * 1024, (port, sent, answer)
+
+
+def test_a_body_withheld_on_a_probe_route_is_answered_at_once(serve_cluster):
+    """POST /health announcing 1 MiB and sending none of it, at each engine replica's own port: 413 at once (the
+    guard reads no body on a probe or read route; before, it waited for the body up to its 30 s deadline)."""
+    import socket
+
+    replicas = [p for p, kind in _serve_http_listeners().items() if kind == "replica"]
+    assert len(replicas) == 2
+    for port in replicas:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(b"POST /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1048576\r\n\r\n")
+            t0 = time.monotonic()
+            s.settimeout(5)
+            answer = s.recv(300)
+        assert answer.startswith(b"HTTP/1.1 413") and time.monotonic() - t0 < 5, (port, answer)
+
+
+def test_a_number_the_guard_cannot_parse_gets_its_400_through_the_router(serve_cluster):
+    """A 401-digit fuzz_strength: the guard's 400 naming the field (before: vLLM's generic 400 with param null and
+    a traceback), through HAProxy and the ingress request router of this two-replica deployment, whose routing
+    path reads the same value and must route it as neutral instead of raising."""
+    body = '{"model": "fixture", "prompt": "count 1 2", "max_tokens": 2, "vllm_xargs": {"fuzz_strength": %s}}' % (
+        "9" * 401)
+    r = httpx.post(f"{serve_cluster.base_url}/v1/completions", content=body,
+                   headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == "vllm_xargs.fuzz_strength" and "401 digits" in err["message"], err
+    assert complete(serve_cluster, "count 1 2").status_code == 200
+
+
 def test_hostile_bodies_before_auth_leave_other_clients_served(serve_cluster, record_property):
     """8 MiB, deeply nested and wrongly typed bodies without a key, sent while normal clients are served:
     with two replicas each goes through the ingress request router before any replica checks its key.

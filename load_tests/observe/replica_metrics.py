@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 from .counters import SOURCES, ReplicaCounters
 from .invariants import one_scrape
-from .scraper import DISCOVERY_FILE, discover_metrics_urls, fetch
+from .scraper import discover_metrics_urls, discovery_file, fetch
 
 # What the table's last column says where a replica's rules all hold.
 SHOWN = {
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="a node's metrics endpoint, e.g. http://127.0.0.1:8089/metrics (repeat per node); "
-        f"default: every node listed in {DISCOVERY_FILE}",
+        f"default: every node listed in {discovery_file()}",
     )
     ap.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = ap.parse_args(argv)

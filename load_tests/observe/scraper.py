@@ -1,8 +1,10 @@
 """Reading every replica's counters out of the nodes' metrics endpoints: one :class:`Scrape` of every endpoint.
 
 Where to scrape: every node's metrics export port. Ray writes the list of
-them for Prometheus to ``/tmp/ray/prom_metrics_service_discovery.json`` on
-the head node (:func:`discover_metrics_urls`). One scrape of every node is
+them for Prometheus to ``prom_metrics_service_discovery.json`` in its temp
+root on the head node (:func:`discovery_file`: ``$RAY_TMPDIR/ray``, the
+project's private ``/tmp/fzs-<uid>/ray`` under ``scripts/env.sh``, Ray's
+default ``/tmp/ray`` without it; :func:`discover_metrics_urls`). One scrape of every node is
 one :class:`Scrape` (:func:`merge_pages`, used by the sync :func:`fetch` and
 the load-test monitor alike): the replicas (:class:`load_tests.counters.ReplicaCounters`),
 the endpoints that could not be read, and any replica reported by two
@@ -19,10 +21,17 @@ from pathlib import Path
 
 import httpx
 
+from serve_app.cluster_env import ray_root
+
 from .counters import HEALTH_CHECK_FAILURES, HEALTH_GAUGE, WANTED, ReplicaCounters, canonical, counters_from_samples
 from .prom_text import parse_samples
 
-DISCOVERY_FILE = Path("/tmp/ray/prom_metrics_service_discovery.json")
+DISCOVERY_NAME = "prom_metrics_service_discovery.json"
+
+
+def discovery_file() -> Path:
+    """Ray's service-discovery file for this process's environment (its temp root: :func:`ray_root`)."""
+    return ray_root() / DISCOVERY_NAME
 
 
 class ScrapeFailed(RuntimeError):
@@ -151,8 +160,10 @@ def scrape(
     return result.replicas
 
 
-def discover_metrics_urls(path: Path = DISCOVERY_FILE) -> list[str]:
-    """Every node's metrics endpoint, from the file Ray writes for Prometheus service discovery."""
+def discover_metrics_urls(path: Path | None = None) -> list[str]:
+    """Every node's metrics endpoint, from the file Ray writes for Prometheus service discovery
+    (default: :func:`discovery_file`)."""
+    path = discovery_file() if path is None else path
     if not path.exists():
         raise FileNotFoundError(
             f"{path} not found: is a Ray cluster running on this machine? Pass --metrics-url for each node instead."

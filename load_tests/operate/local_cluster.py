@@ -44,7 +44,7 @@ import psutil
 import yaml
 
 from serve_app import deploy_config
-from serve_app.cluster_env import BIN, prepare_node, with_cluster_env
+from serve_app.cluster_env import BIN, prepare_node, ray_root, with_cluster_env
 from serve_app.deploy_config import ServeConfig
 from serve_app.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
 from serve_app.ports import free_port
@@ -217,7 +217,7 @@ class LocalCluster:
             # (which serve the metrics port) may still fail to start and take
             # the node down. Fail here, not minutes later in a deploy.
             self._wait(lambda: all(n.metrics_up() for n in self.nodes), timeout, "every node's metrics endpoint")
-            latest = Path(tempfile.gettempdir()) / "ray" / "session_latest"
+            latest = ray_root(self._env()) / "session_latest"
             self.session_dir = latest.resolve() if latest.exists() else None
         except BaseException:
             self.close()
@@ -430,7 +430,7 @@ class LocalCluster:
         behind; ``serve run`` and ``ray.init()`` would then wait forever for a
         GCS that is gone instead of starting a local cluster.
         """
-        path = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+        path = ray_root(self._env()) / "ray_current_cluster"
         try:
             if self.gcs_port and path.read_text().strip().endswith(f":{self.gcs_port}"):
                 path.unlink()

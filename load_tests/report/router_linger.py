@@ -12,7 +12,7 @@ well). This reads the count from Serve's own logs: the controller's "Stopping
 Replica(id=..., deployment='LLMRouter')" lines and each router replica's
 access lines ("POST __call__ 200").
 
-    python -m load_tests.report.router_linger /tmp/ray/session_latest/logs/serve
+    python -m load_tests.report.router_linger $RAY_TMPDIR/ray/session_latest/logs/serve
 """
 
 from __future__ import annotations

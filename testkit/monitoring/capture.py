@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from load_tests.observe.scraper import DISCOVERY_FILE
+from load_tests.observe.scraper import DISCOVERY_NAME, discovery_file
 from serve_app.command_logs import command_logging
 
 from .chaos_deployment import chaos_scenario, deploy, smoke_load
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
             text = httpx.get(url, timeout=60).text
             (args.out / f"node{i}.prom").write_text(text)
             log.info("saved %s (%d bytes) from %s", args.out / f"node{i}.prom", len(text), url)
-        shutil.copy(DISCOVERY_FILE, args.out / "prom_metrics_service_discovery.json")
+        shutil.copy(discovery_file(), args.out / DISCOVERY_NAME)
     finally:
         cluster.close()
     return 0
