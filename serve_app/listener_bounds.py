@@ -57,6 +57,10 @@ log = logging.getLogger(__name__)
 
 HEADER_TIMEOUT_S = 30.0  # serve_app/haproxy_edge.sh: timeout http-request 30s
 MAX_HEADER_BYTES = 32 * 1024
+# After a refusal the connection is half-closed and what the client still sends is read and dropped for at most
+# this long before the socket closes (nginx's lingering close): closing a socket with unread input resets it, and
+# the reset discards the refusal before the client reads it (seen: an oversized head's 431 lost that way).
+LINGER_S = 2.0
 
 _REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
 
@@ -83,12 +87,15 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     _head_timer: asyncio.TimerHandle | None = None
     _awaiting_head = True
     _head_bytes = 0
+    _refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:  # lingering after a refusal: read and dropped
+            return
         if self._awaiting_head:
             if self._head_timer is None:  # the first byte of a later request on a kept-alive connection
                 self._arm()
@@ -132,12 +139,22 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 "headers",
             )
 
+    def eof_received(self) -> None:
+        if self._refused:  # the client is done sending: the refusal is delivered, close now
+            self.transport.close()
+        super().eof_received()
+
     def _refuse(self, status: int, message: str, param: str) -> None:
         self._cancel()
         self._awaiting_head = False
+        self._refused = True
         if not self.transport.is_closing():
             self.transport.write(_response(status, message, param))
-            self.transport.close()
+            if self.transport.can_write_eof():
+                self.transport.write_eof()  # the response is all the client gets; then a lingering close
+                self.loop.call_later(LINGER_S, self.transport.close)
+            else:
+                self.transport.close()
         log.warning("listener bounds: %d to %s: %s", status, self.client, message)
 
 

@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from serve_app.cluster_env import HAPROXY
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,3 +133,56 @@ def test_rays_temp_root_is_under_the_private_directory_and_its_listeners_on_loop
     assert get_default_ray_temp_dir()  # importable here, as in the subprocess
     prepare_node({RAY_TMPDIR: str(tmp_path / "private"), "RAY_AUTH_MODE": "disabled"})
     assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
+
+
+def _is_loopback(ip: str) -> bool:
+    import ipaddress
+
+    address = ipaddress.ip_address(ip)
+    mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:127.0.0.1, a dual-stack socket bound to loopback
+    return (mapped or address).is_loopback
+
+
+def test_the_loopback_check_sees_what_it_looks_for():
+    assert _is_loopback("127.0.0.1") and _is_loopback("::ffff:127.0.0.1") and _is_loopback("::1")
+    assert not _is_loopback("0.0.0.0") and not _is_loopback("::") and not _is_loopback("192.0.2.2")
+
+
+@pytest.mark.engine
+@pytest.mark.serve
+def test_every_listener_of_a_single_host_cluster_is_on_loopback(tmp_path):
+    """A head node as README starts it (the project's environment, --node-ip-address 127.0.0.1, a metrics export
+    port): every socket any of its processes listens on (GCS, raylet, object manager, dashboard and its agents, the
+    metrics export port, the client server, the runtime-env agent, Ray's workers) is on loopback. Before:
+    GCS, raylet and workers on every interface, the metrics port on 0.0.0.0, the client server and agents on the
+    host's address (Ray turned 127.0.0.1 into it). Serve's own listeners (HAProxy, replicas, routers, the fallback
+    proxy) are checked on the deployed cluster (tests/test_serve_app.py)."""
+    import psutil
+
+    from load_tests.operate.local_cluster import LocalCluster
+
+    with LocalCluster(num_cpus=1, log_dir=tmp_path) as cluster:
+        head = cluster.nodes[0]
+        listening = {}
+        for p in [psutil.Process(head.process().pid), *head.descendants()]:
+            try:
+                listening.update({(c.laddr.ip, c.laddr.port): p.name() for c in p.net_connections("tcp")
+                                  if c.status == psutil.CONN_LISTEN})
+            except psutil.Error:
+                continue
+        names = set(listening.values())
+    assert {"gcs_server", "raylet"} <= names and len(listening) >= 9, listening  # it sees Ray's listeners
+    assert {k: v for k, v in listening.items() if not _is_loopback(k[0])} == {}
+
+
+def test_a_cluster_of_several_nodes_runs_without_the_single_host_switch():
+    """Ray refuses worker nodes under its single-host switch, and a loopback-only head is out of their reach: a
+    LocalCluster with workers (or meant to get them) runs every node without it; a single one keeps the table's."""
+    from load_tests.operate.local_cluster import ClusterError, LocalCluster
+    from serve_app.cluster_env import SINGLE_HOST
+
+    assert LocalCluster()._env()[SINGLE_HOST] == "0"
+    assert LocalCluster(workers=1)._env()[SINGLE_HOST] == "1"
+    assert LocalCluster(multi_node=True)._env()[SINGLE_HOST] == "1"
+    with pytest.raises(ClusterError, match="single host"):
+        LocalCluster().add_worker()

@@ -66,11 +66,14 @@ def run_results(hostile_ok_per_window=10, calm_ok=10, answered=None):
     return out
 
 
-def closed(kind, after):
-    return HostileConnection(kind, 10.0, after)
+def closed(kind, after, answer=""):
+    return HostileConnection(kind, 10.0, after, answer)
 
 
-CONNS = [closed("idle", 30.1), closed("trickle", 30.2), closed("stalled_reader", 31.0)]
+CONNS = [closed("idle", 30.1), closed("trickle", 30.2), closed("stalled_reader", 31.0),
+         closed("replica_trickle", 30.1, "HTTP/1.1 408 Request Timeout"),
+         closed("replica_oversized", 0.2, "HTTP/1.1 431 Request Header Fields Too Large"),
+         closed("probe_withheld", 0.01, "HTTP/1.1 413 Request Entity Too Large")]
 
 
 def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
@@ -90,7 +93,12 @@ def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
      "trickle connection(s) not closed by the server within 35 s"),
     (run_results(), [closed("idle", 36.0), closed("trickle", 1.0), closed("stalled_reader", 31.0)],
      "idle connection(s) not closed"),
-    (run_results(), CONNS[:2], "no stalled_reader connection was opened"),
+    (run_results(), CONNS[:2] + CONNS[3:], "no stalled_reader connection was opened"),
+    (run_results(), [*CONNS[:4], closed("replica_oversized", 0.2, ""), CONNS[5]],
+     "replica_oversized connection(s) not answered 431 by the server within 5 s"),
+    (run_results(), [*CONNS[:5], closed("probe_withheld", 6.0, "HTTP/1.1 413 x")],
+     "probe_withheld connection(s) not answered 413"),
+    (run_results(), CONNS[:3], "no replica_trickle connection was opened"),
     ([r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], CONNS, "no hostile request was sent"),
 ])
 def test_each_thing_the_judgement_looks_for_fails_the_run(results, conns, problem):
@@ -137,6 +145,55 @@ def test_the_attackers_tell_a_server_that_closes_from_one_that_holds_the_socket(
     assert 0.8 < idle.closed_after_s < 2.0 and 0.8 < trickle.closed_after_s < 2.0
     assert stalled.closed_after_s is not None and stalled.closed_after_s <= 4.0, "closed while the reader stalled"
     assert held.closed_after_s is None and held_trickle.closed_after_s is None
+
+
+def test_the_replica_attacks_see_a_bounded_listener_and_an_unbounded_one():
+    """The three replica kinds against real uvicorn servers, one with the listener bounds (deadline shortened to
+    1 s) and the guard's probe rule in front of its app, one as Ray ran them: the bounded one answers 408 / 431 /
+    413 in time, the unbounded one holds the trickle and reads the oversized head whole."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from serve_app.guard import RequestGuard
+    from serve_app.listener_bounds import BoundedHttpToolsProtocol
+
+    class Quick(BoundedHttpToolsProtocol):
+        header_timeout_s = 1.0
+
+    async def app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    def serve(protocol):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(uvicorn.Config(RequestGuard(app, {"api_keys_env": "NO_SUCH_ENV"}), http=protocol,
+                                               lifespan="off", log_level="critical"))
+        threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True).start()
+        while not server.started:
+            time.sleep(0.02)
+        return server, f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+    bounded, unbounded = serve(Quick), serve(HttpToolsProtocol)
+    try:
+        async def scenario():
+            return await asyncio.gather(*(attack(kind, url, 0.0, 4.0) for url in (bounded[1], unbounded[1])
+                                          for kind in ("replica_trickle", "replica_oversized", "probe_withheld")))
+
+        trickle, oversized, withheld, held, read_whole, unguarded = asyncio.run(scenario())
+    finally:
+        bounded[0].should_exit = unbounded[0].should_exit = True
+    assert trickle.closed_after_s is not None and trickle.closed_after_s < 2.5 and trickle.answer.startswith(
+        "HTTP/1.1 408")
+    assert oversized.closed_after_s < 2.0 and oversized.answer.startswith("HTTP/1.1 431")
+    assert withheld.closed_after_s < 1.0 and withheld.answer.startswith("HTTP/1.1 413")
+    assert held.closed_after_s is None, "uvicorn as Ray ran it holds a trickled head"
+    assert not read_whole.answer.startswith("HTTP/1.1 431")
+    assert unguarded.answer.startswith("HTTP/1.1 413"), "the same guard answers the probe on both"
 
 
 def test_the_hostile_scenario_runs_its_windows_and_sends_nothing_bad_in_calm_ones():

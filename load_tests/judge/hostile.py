@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from ..load.client import RequestResult
 from ..load.hostile import HostileConnection
-from ..plan.hostile import CONNECTION_KINDS, HOSTILE_SETS, HostilePlan
+from ..plan.hostile import ANSWERED, CONNECTION_KINDS, HOSTILE_SETS, HostilePlan
 from ..plan.slo import Slo
 from ..results.models import HostileVerdict, HostileWindow
 
@@ -97,7 +97,14 @@ def judge_hostile(
     for kind in CONNECTION_KINDS:
         opened = [c for c in connections if c.kind == kind]
         bound = plan.close_bound_s[kind]
-        closed = [c for c in opened if c.closed_after_s is not None and c.closed_after_s <= bound]
+        want = ANSWERED.get(kind)
+        closed = [
+            c
+            for c in opened
+            if c.closed_after_s is not None
+            and c.closed_after_s <= bound
+            and (want is None or c.answer.startswith(f"HTTP/1.1 {want}"))
+        ]
         conns[kind] = {
             "opened": len(opened),
             "closed_within_bound": len(closed),
@@ -106,10 +113,11 @@ def judge_hostile(
         }
         if len(closed) < len(opened):
             late = [c for c in opened if c not in closed]
+            what = f"answered {want}" if want else "closed"
             problems.append(
-                f"{len(late)} of {len(opened)} {kind} connection(s) not closed by the server within "
+                f"{len(late)} of {len(opened)} {kind} connection(s) not {what} by the server within "
                 f"{bound:g} s (first at t = {late[0].t:.0f} s: "
-                f"{late[0].error or _closed(late[0])})"
+                f"{late[0].error or _closed(late[0])}{', answer ' + repr(late[0].answer[:40]) if want else ''})"
             )
         if plan.connections and not opened:
             problems.append(f"no {kind} connection was opened")

@@ -1,5 +1,6 @@
-"""Hostile connections: a socket that sends nothing, one that trickles its headers, a stream nobody reads. Each
-reports how long the server took to close it (or to answer it with an error), never raising.
+"""Hostile connections: a socket that sends nothing, one that trickles its headers, a stream nobody reads, an
+oversized head, a probe that announces a body it never sends. Each reports how long the server took to close it
+(or, for the kinds the server must answer, to answer it), never raising.
 
 Raw sockets on purpose (asyncio streams, not an HTTP client): the point is
 to behave as no HTTP client library would let one, byte by byte.
@@ -18,6 +19,9 @@ from ..plan.hostile import ConnectionKind
 TRICKLE = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 400  # never ends its headers
 TRICKLE_GAP_S = 0.5
 READ_POLL_S = 0.5
+OVERSIZED_HEAD = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: "
+OVERSIZED_BYTES = 1 << 20  # a 1 MiB header line, sent in 64 KiB pieces until the server answers or cuts it
+WITHHELD_BODY = b"POST /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1048576\r\n\r\n"  # and nothing
 
 
 @dataclass
@@ -27,7 +31,7 @@ class HostileConnection:
 
     kind: ConnectionKind
     t: float
-    closed_after_s: float | None
+    closed_after_s: float | None  # the answered kinds (plan.hostile.ANSWERED): until the answer's first bytes
     answer: str = ""
     error: str | None = None
 
@@ -57,6 +61,36 @@ async def _wait_closed(
             return time.monotonic() - start, got
         got = got or chunk[:200]
     return None, got
+
+
+async def _first_answer(reader: asyncio.StreamReader, start: float, limit_s: float) -> tuple[float | None, bytes]:
+    """Seconds until the server's first bytes (None past ``limit_s``; a close without an answer counts, empty)."""
+    try:
+        chunk = await asyncio.wait_for(reader.read(65536), max(0.0, limit_s - (time.monotonic() - start)))
+    except TimeoutError:
+        return None, b""
+    except (ConnectionError, OSError):
+        chunk = b""
+    return time.monotonic() - start, chunk[:200]
+
+
+async def _oversized(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, start: float, limit_s: float
+) -> tuple[float | None, bytes]:
+    """The oversized head, piece by piece, until it is all sent, the server cuts it off, or answers; then the
+    answer (:func:`_first_answer`, read meanwhile)."""
+    answer = asyncio.create_task(_first_answer(reader, start, limit_s))
+    writer.write(OVERSIZED_HEAD)
+    piece = b"a" * 65536
+    for _ in range(OVERSIZED_BYTES // len(piece)):
+        if answer.done():
+            break
+        try:
+            writer.write(piece)
+            await writer.drain()
+        except (ConnectionError, OSError):
+            break
+    return await answer
 
 
 async def attack(
@@ -92,8 +126,14 @@ async def _attack(
 ) -> HostileConnection:
     if kind == "idle":
         took, got = await _wait_closed(reader, start, limit_s, writer)
-    elif kind == "trickle":
+    elif kind in ("trickle", "replica_trickle"):
         took, got = await _wait_closed(reader, start, limit_s, writer, TRICKLE)
+    elif kind == "replica_oversized":
+        took, got = await _oversized(reader, writer, start, limit_s)
+    elif kind == "probe_withheld":
+        writer.write(WITHHELD_BODY)
+        await writer.drain()
+        took, got = await _first_answer(reader, start, limit_s)
     else:
         body = json.dumps(
             {

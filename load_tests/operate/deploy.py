@@ -69,6 +69,7 @@ def deploy(sc: Scenario, settings: DeploySettings, out: Path, console):
     sized: dict[str, Any] = {"num_cpus": None} if settings.replicas == "fit" else {}
     if sc.cluster is not None:  # the scenario's nodes (node-loss: a worker to lose, room on the head to recover)
         sized = {
+            "multi_node": True,
             "workers": sc.cluster.workers,
             "num_cpus": sc.cluster.head_cpus,
             "worker_num_cpus": sc.cluster.worker_cpus,

@@ -44,7 +44,7 @@ import psutil
 import yaml
 
 from serve_app import deploy_config
-from serve_app.cluster_env import BIN, prepare_node, ray_root, with_cluster_env
+from serve_app.cluster_env import BIN, SINGLE_HOST, prepare_node, ray_root, with_cluster_env
 from serve_app.deploy_config import ServeConfig
 from serve_app.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
 from serve_app.ports import free_port
@@ -152,6 +152,9 @@ class LocalCluster:
     """
 
     workers: int = 0
+    # Several nodes (worker nodes now or added later): Ray refuses worker nodes under its single-host switch, and
+    # a loopback-only head is out of their reach, so every node then runs without it (docs/security.md).
+    multi_node: bool = False
     num_cpus: int | None = 8
     worker_num_cpus: int | None = 4
     env: dict[str, str] = field(default_factory=dict)
@@ -175,6 +178,8 @@ class LocalCluster:
         # (serve_app.cluster_env); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out of one.
         # (token auth included: the CLI and the cluster must agree on it).
         env = with_cluster_env({**os.environ, **self.env})
+        if self.workers or self.multi_node:
+            env[SINGLE_HOST] = "1"
         env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
         return env
 
@@ -225,7 +230,12 @@ class LocalCluster:
         return self
 
     def add_worker(self, num_cpus: int | None = None, timeout: float = 180) -> RayNode:
-        """Start one more worker node (e.g. spare capacity after a deploy) and wait until it is alive and exporting."""
+        """Start one more worker node (e.g. spare capacity after a deploy) and wait until it is alive and exporting.
+
+        Only on a cluster started with several nodes in mind (``workers`` or ``multi_node``): a single-host one
+        binds its head on loopback, where no worker node can join."""
+        if not (self.workers or self.multi_node):
+            raise ClusterError("add_worker: this cluster was started as a single host (LocalCluster(multi_node=True))")
         node = self._add_node(f"worker{len(self.nodes)}", ["--address", f"127.0.0.1:{self.gcs_port}", *_cpus(num_cpus)])
         self._wait(lambda: len(self.alive_nodes()) == len(self.nodes), timeout, f"{len(self.nodes)} alive nodes")
         self._wait(node.metrics_up, timeout, f"{node.name}'s metrics endpoint")

@@ -10,9 +10,14 @@ headers with which Ray would lift its own request timeout, and structured
 outputs with a pattern whose grammar costs tens of seconds to compile on a
 real vocabulary (benchmarks/grammar_cost.py).
 
-Hostile connections (each must be closed by the server within its bound):
-an idle socket that sends nothing, one that trickles its headers one byte
-every 0.5 s (slow loris), and a stream whose reader never reads.
+Hostile connections (each must be closed, or answered, by the server within
+its bound): at the ingress, an idle socket that sends nothing, one that
+trickles its headers one byte every 0.5 s (slow loris), and a stream whose
+reader never reads; at each engine replica's own port (the doors beside the
+ingress, which any local process reaches without HAProxy): a trickled head
+(closed within the edge's 30 s), a head over the listeners' 32 KiB bound
+(431 at once) and ``POST /health`` announcing a 1 MiB body it never sends
+(413 at once).
 
 The goodput check's positive control (``hostile-heavy``) swaps the refused
 requests for legal ones that each ask for the most the shipped guard admits
@@ -88,12 +93,30 @@ HOSTILE_SETS: dict[HostileSet, list[HostileRequest]] = {
     "refused": HOSTILE_REQUESTS,
     "heavy": HEAVY_REQUESTS,
 }
-ConnectionKind = Literal["idle", "trickle", "stalled_reader"]
-CONNECTION_KINDS: tuple[ConnectionKind, ...] = ("idle", "trickle", "stalled_reader")
+ConnectionKind = Literal["idle", "trickle", "stalled_reader", "replica_trickle", "replica_oversized", "probe_withheld"]
+CONNECTION_KINDS: tuple[ConnectionKind, ...] = (
+    "idle",
+    "trickle",
+    "stalled_reader",
+    "replica_trickle",
+    "replica_oversized",
+    "probe_withheld",
+)
+# The kinds that attack an engine replica's own port instead of the ingress.
+REPLICA_KINDS: tuple[ConnectionKind, ...] = ("replica_trickle", "replica_oversized", "probe_withheld")
+# The kinds the server must answer (the status line it must send first), not only close.
+ANSWERED: dict[ConnectionKind, int] = {"replica_oversized": 431, "probe_withheld": 413}
 
 
 def _close_bounds() -> dict[ConnectionKind, float]:
-    return {"idle": 35.0, "trickle": 35.0, "stalled_reader": 90.0}
+    return {
+        "idle": 35.0,
+        "trickle": 35.0,
+        "stalled_reader": 90.0,
+        "replica_trickle": 35.0,
+        "replica_oversized": 5.0,
+        "probe_withheld": 5.0,
+    }
 
 
 class HostilePlan(BaseModel):
@@ -117,8 +140,9 @@ class HostilePlan(BaseModel):
     close_bound_s: dict[ConnectionKind, float] = Field(
         default_factory=lambda: _close_bounds(),
         description="the server must close each kind within this: a request within 30 s (HAProxy's timeout "
-        "http-request, serve_app/haproxy_edge.sh), and a stalled reader's answer, once the engine finished it "
-        "into the socket buffers, no longer than keep-alive / timeout client (30 s) after it; docs/security.md",
+        "http-request, serve_app/haproxy_edge.sh; a replica's own port the same, serve_app/listener_bounds.py), and "
+        "a stalled reader's answer, once the engine finished it into the socket buffers, no longer than keep-alive / "
+        "timeout client (30 s) after it; the answered kinds get their status within this; docs/security.md",
     )
     goodput_drop_bound: float = Field(
         0.10,

@@ -32,8 +32,9 @@ from ..load.hostile import HostileConnection, attack
 from ..observe.monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
 from ..observe.record import MetricsRecorder
 from ..operate.operator import Operator
+from ..operate.replica_ports import replica_http_ports
 from ..operate.target import LoadTarget
-from ..plan.hostile import CONNECTION_KINDS
+from ..plan.hostile import CONNECTION_KINDS, REPLICA_KINDS
 from ..plan.probes import probe_specs
 from ..plan.scenarios import Scenario
 from ..plan.workload import Mix, RequestSpec, draw
@@ -219,9 +220,10 @@ class LoadLoop:
         if event is not None:
             self.events.append(event)
 
-    async def hostile(self) -> None:
+    async def hostile(self, replica_urls: list[str]) -> None:
         """The hostile scenario's windows (load_tests.plan.hostile): calm and hostile in ABBA order; a hostile
-        window draws its requests with the hostile share and opens the hostile connections at its start. Runs to
+        window draws its requests with the hostile share and opens the hostile connections at its start, at the
+        ingress and, for the replica kinds, at the engine replicas' own ports (``replica_urls``, in turn). Runs to
         its end (the last stalled reader included): its windows are the load's own."""
         plan = self.sc.hostile
         assert plan is not None
@@ -240,7 +242,7 @@ class LoadLoop:
                     asyncio.create_task(
                         attack(
                             c,
-                            self.target.base_url,
+                            replica_urls[i % len(replica_urls)] if c in REPLICA_KINDS else self.target.base_url,
                             self.t0,
                             plan.close_bound_s[c] + 15,
                             self.target.api_key,
@@ -248,7 +250,7 @@ class LoadLoop:
                         )
                     )
                     for c in CONNECTION_KINDS
-                    for _ in range(plan.connections)
+                    for i in range(plan.connections)
                 ]
             with contextlib.suppress(TimeoutError):  # SIGINT (the stop event) ends the window and the scenario early
                 await asyncio.wait_for(self.stop.wait(), plan.window_s)
@@ -271,7 +273,14 @@ class LoadLoop:
             self.operations_task = asyncio.create_task(self.operate(session))
             side.append(self.operations_task)
         if self.sc.hostile:
-            self.hostile_task = asyncio.create_task(self.hostile())
+            ports = replica_http_ports(listed.values()) if listed else []
+            if self.sc.hostile.connections and not ports:
+                raise SetupError(
+                    "the hostile scenario attacks the engine replicas' own ports too: it needs a local deployment "
+                    "(no --url) whose replicas can be listed"
+                )
+            urls = [f"http://127.0.0.1:{p}" for p in ports]
+            self.hostile_task = asyncio.create_task(self.hostile(urls))
             side.append(self.hostile_task)
         return side
 
