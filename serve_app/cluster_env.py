@@ -108,7 +108,10 @@ variable                                               value  why
                                                               binds those on it or on every interface
                                                               (docs/security.md). Ray's switch for single-host
                                                               clusters on macOS and Windows; on Linux it means
-                                                              the same. A cluster of several hosts sets it to 1
+                                                              the same. Ray refuses worker nodes under it, and a
+                                                              loopback head is out of their reach: a cluster of
+                                                              several nodes sets it to 1 on every node
+                                                              (``LocalCluster`` does when it has workers)
 the engine environment (:mod:`serve_app.engine_env`)   ...    what every vLLM engine of the project runs with
 =====================================================  =====  ==================================================
 """
