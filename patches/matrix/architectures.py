@@ -2,8 +2,8 @@
 
 Each entry is a transformers config class with the smallest shape vLLM's CPU
 backend takes (hidden 128, 2 layers, head_dim 64: the CPU attention refuses
-16) over the fixture model's word-level tokenizer (no model hub is reachable;
-:func:`fixture_model.build.build_tokenizer` is the project's own). Every other
+16) over a word-level tokenizer built here (no model hub is reachable;
+:func:`build_tokenizer`, the fixture model's vocabulary). Every other
 setting is the family's default, so a model ties or unties its embeddings,
 scales them (Gemma's ``sqrt(hidden)``, Granite's ``embedding_multiplier``),
 adds learned positions (GPT-2, OPT) or normalises them as the real checkpoints
@@ -29,6 +29,7 @@ import hashlib
 import json
 import logging
 import os
+import string
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -120,6 +121,45 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 
 
+# The fixture model's vocabulary (fixture_model/tasks.py), rebuilt here because the plugin package imports nothing of
+# the project: special tokens, then task keywords, letters and the numbers 0-199, one id each. The same ids as the
+# fixture's tokenizer, so the matrix's checkpoints and prompts are the ones its runs were measured with.
+SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+WORDS: tuple[str, ...] = (
+    *("count", "abc", "copy", "=", ".", "user", "assistant", "system", ":"),
+    *string.ascii_lowercase,
+    *(str(i) for i in range(200)),
+)
+
+
+def build_tokenizer():
+    """A word-level fast tokenizer over :data:`WORDS`; every sequence starts with ``<s>``.
+
+    Metaspace pre-tokenization (as SentencePiece models do) lets vLLM's
+    detokenizer put the spaces back.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS)}
+    for w in WORDS:
+        vocab.setdefault("\u2581" + w, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        model_max_length=MAX_POS,
+    )
+
+
 def _fingerprint(arch: Architecture, init_range: float) -> str:
     spec = {
         "arch": [arch.name, arch.config_class, arch.kwargs],
@@ -150,8 +190,6 @@ def build(name: str, init_range: float = INIT_RANGE, cache: Path = CACHE) -> Pat
         return out
     import torch
     import transformers
-
-    from fixture_model.build import build_tokenizer
 
     arch = ARCHITECTURES[name]
     tokenizer = build_tokenizer()

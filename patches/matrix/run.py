@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .architectures import ARCHITECTURES, INIT_RANGE, build, resolved_backend
+from .architectures import ARCHITECTURES, INIT_RANGE, WORDS, build, build_tokenizer, resolved_backend
 from .judge import CaseVerdict, judge
 from .reference import Fuzz, Reference
 
@@ -106,13 +106,10 @@ class ArchitectureResult:
 def prompts() -> list[list[int]]:
     """The matrix's prompts as token ids: words of the fixture vocabulary, fixed seed, two sharing a prefix.
 
-    Encoded with the project's tokenizer itself, which every matrix
+    Encoded with the matrix's tokenizer itself, which every matrix
     checkpoint carries (``AutoTokenizer`` would pick a family's own tokenizer
     class for some model types, Qwen2's among them, and read other ids).
     """
-    from fixture_model.build import build_tokenizer
-    from fixture_model.tasks import WORDS
-
     rng = random.Random(1234)
     words = [[rng.choice(WORDS) for _ in range(n)] for n in PROMPT_WORDS]
     words[1][:SHARED_PREFIX] = words[0][:SHARED_PREFIX]
