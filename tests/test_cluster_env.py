@@ -131,7 +131,9 @@ def test_rays_temp_root_is_under_the_private_directory_and_its_listeners_on_loop
         assert Path(temp) == ray_root(env), "ray_root is where Ray itself puts its files"
         assert cluster == ("False" if env.get(SINGLE_HOST) == "0" else "True"), "Ray reads the single-host switch"
     assert get_default_ray_temp_dir()  # importable here, as in the subprocess
-    prepare_node({RAY_TMPDIR: str(tmp_path / "private"), "RAY_AUTH_MODE": "disabled"})
+    from serve_app.cluster_env import AUTH_MODE
+
+    prepare_node({RAY_TMPDIR: str(tmp_path / "private"), AUTH_MODE: "disabled"})
     assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
 
 

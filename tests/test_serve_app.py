@@ -370,25 +370,27 @@ def test_rays_session_files_are_under_a_directory_only_this_user_can_enter(serve
     assert (serve_cluster.session_dir / "sockets").is_dir() and (serve_cluster.session_dir / "logs").is_dir()
 
 
-def _serve_http_listeners() -> dict[int, str]:
-    """Every HTTP port Serve opened for the app on this host, and whose: each engine replica's (``replica``) and
-    ingress request router's (``router``) own port (Serve's direct-ingress range), the fallback proxy's
-    (``proxy``)."""
+def _serve_http_listeners(cluster) -> dict[int, str]:
+    """Every HTTP port Serve opened for this cluster's app, and whose: each engine replica's (``replica``) and
+    ingress request router's (``router``) own port (Serve's direct-ingress range) and the fallback proxy's
+    (``proxy``). Read from this cluster's own processes: another cluster on the host (an earlier module's, still
+    shutting down) is not this one's."""
     import psutil
-    from ray.serve._private.constants import (RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
-                                              RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
-                                              RAY_SERVE_FALLBACK_PROXY_HTTP_PORT)
+    from ray.serve._private.constants import RAY_SERVE_FALLBACK_PROXY_HTTP_PORT
 
-    found = {}
-    for c in psutil.net_connections("tcp"):
-        port = c.laddr.port
-        if c.status != psutil.CONN_LISTEN or not (
-                RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT <= port <= RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT
-                or port == RAY_SERVE_FALLBACK_PROXY_HTTP_PORT):
+    from load_tests.operate.replica_ports import replica_http_ports
+
+    found = {port: "replica" for port in replica_http_ports(int(r["pid"]) for r in cluster.replicas())}
+    mine = [p for node in cluster.nodes for p in node.descendants()]
+    routers = [p.pid for p in mine if "LLMRouter" in " ".join(p.cmdline())]
+    found |= {port: "router" for port in replica_http_ports(routers)}
+    for p in mine:
+        try:
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == RAY_SERVE_FALLBACK_PROXY_HTTP_PORT
+                   for c in p.net_connections("tcp")):
+                found[RAY_SERVE_FALLBACK_PROXY_HTTP_PORT] = "proxy"
+        except psutil.Error:
             continue
-        owner = " ".join(psutil.Process(c.pid).cmdline()) if c.pid else ""
-        found[port] = ("proxy" if port == RAY_SERVE_FALLBACK_PROXY_HTTP_PORT
-                       else "router" if "LLMRouter" in owner else "replica")
     return dict(sorted(found.items()))
 
 
@@ -402,10 +404,10 @@ def test_every_listener_serve_opens_bounds_a_request_head(serve_cluster):
 
     import psutil
 
-    listeners = _serve_http_listeners()
+    listeners = _serve_http_listeners(serve_cluster)
     ports = list(listeners)
     kinds = list(listeners.values())
-    assert kinds.count("replica") == 2 and kinds.count("router") >= 1, listeners
+    assert kinds.count("replica") == 2 and kinds.count("router") >= 1 and "proxy" in kinds, listeners
     bound = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
              and c.laddr.port in listeners}
     assert bound == {"127.0.0.1"}, f"Serve's listeners bind http_options.host (loopback here): {bound}"
@@ -438,7 +440,7 @@ def test_a_body_withheld_on_a_probe_route_is_answered_at_once(serve_cluster):
     guard reads no body on a probe or read route; before, it waited for the body up to its 30 s deadline)."""
     import socket
 
-    replicas = [p for p, kind in _serve_http_listeners().items() if kind == "replica"]
+    replicas = [p for p, kind in _serve_http_listeners(serve_cluster).items() if kind == "replica"]
     assert len(replicas) == 2
     for port in replicas:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:

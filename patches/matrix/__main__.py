@@ -1,5 +1,8 @@
 """``python -m patches.matrix``: the fuzz patch on every architecture of the matrix, eager and compiled.
 
+In the project's environment, as every command of the project (``source scripts/env.sh`` first: the engines read
+no model hub and a bounded CPU KV cache from it):
+
     python -m patches.matrix                          # every architecture, eager and compiled (~25 min on 2 cores)
     python -m patches.matrix --arch olmo2 gpt_neox --mode eager
     python -m patches.matrix --patches-off fuzz --arch olmo2   # the negative control: must fail
