@@ -17,6 +17,11 @@
 * ``shipped``: the config exactly as ``ray start`` + ``serve deploy`` runs
   it, in a fresh single-node cluster with Ray's own CPU count, the HTTP port
   moved to a free one, nothing else deployed.
+* ``stock``: the peer a Ray user would pick instead: stock ``ray.serve.llm``
+  (``build_openai_app``, one replica, Ray's direct streaming behind Serve's
+  HAProxy), vLLM's defaults (only ``dtype`` and ``max_model_len`` from the
+  config, as ``plain``), every patch of ours off, in a fresh single-node
+  cluster with the project's cluster environment, nothing else deployed.
 * ``engine-nooffload``, ``shipped-nooffload``: the same without KV
   offloading (``kv_offloading_*`` removed from the engine's arguments), for
   the reuse workload: what the offload tier itself buys.
@@ -66,7 +71,10 @@ MODEL_NAME = "fixture"
 OFFLOAD_KEYS = ("kv_offloading_size", "kv_offloading_backend")
 # What a plain server takes from the config: what changes the computation (and so must match), nothing else.
 PLAIN_KEYS = ("dtype", "max_model_len")
-ARMS = ("plain", "engine", "shipped", "engine-nooffload", "shipped-nooffload")
+ARMS = ("plain", "engine", "shipped", "stock", "engine-nooffload", "shipped-nooffload")
+STOCK_APP = "stock"  # the stock arm's Serve application (its replicas' class names carry it)
+STOCK_BUILDER = "ray.serve.llm:build_openai_app"
+DIRECT_STREAMING = "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"  # ray.serve.llm's switch for its direct path
 ARM_OPTIONS = ("pin", "config", "via")  # lower-case NAME=VALUE items of a variant: the arm's own options, not environment
 VIA = ("haproxy", "replica")  # a shipped arm's client talks to Serve's HAProxy, or to the replica's own port
 
@@ -203,11 +211,15 @@ class Shipped:
     """The config as ``ray start`` + ``serve deploy`` runs it, in a fresh single-node cluster."""
 
     def __init__(self, config: ServeConfig | Path, log_dir: Path, name: str = "shipped",
-                 env: dict[str, str] | None = None, via: str = "haproxy", split: bool = False):
+                 env: dict[str, str] | None = None, via: str = "haproxy", split: bool = False,
+                 replica_class: str | None = None):
         if via not in VIA:
             raise ValueError(f"arm {name!r}: via={via}: known values {', '.join(VIA)}")
         self.config, self.log_dir, self.name, self.env, self.via = config, log_dir, name, env or {}, via
         self.split = split  # pin=split: every Ray process but EngineCore on the cores the engine does not use
+        # None: our app's engine replicas, ready when its /ready answers; else another app's (the stock peer),
+        # whose replicas' class names start with this and which is ready when /v1/models answers
+        self.replica_class = replica_class
 
     def __enter__(self) -> Shipped:
         from load_tests.operate.local_cluster import LocalCluster
@@ -217,8 +229,11 @@ class Shipped:
         self.cluster = LocalCluster(num_cpus=None, log_dir=self.log_dir, env=dict(self.env))
         self.cluster.start()
         try:
-            self.cluster.deploy(self.config, http_port=free_port())
-            replicas = self.cluster.replicas()
+            self.cluster.deploy(self.config, http_port=free_port(), wait_ready=self.replica_class is None)
+            if self.replica_class is not None:
+                self.cluster.wait_http([""])
+            replicas = (self.cluster.replicas() if self.replica_class is None
+                        else self.cluster.replicas(self.replica_class))
             self.replicas = len(replicas)
             self.base_url = (f"http://127.0.0.1:{self._replica_port(replicas)}" if self.via == "replica"
                              else self.cluster.base_url)
@@ -274,6 +289,22 @@ class Shipped:
             raise ProtocolError(f"the {self.name} phase's cluster left Ray processes behind:\n  " + "\n  ".join(left))
 
 
+def stock_config(config: ServeConfig, model: Path) -> ServeConfig:
+    """The stock peer's Serve config: ``build_openai_app`` at ``/``, one replica, vLLM's defaults but the
+    settings that change what is computed (as ``plain``), Ray's direct streaming, every patch of ours off, and
+    serve_config.yaml's HTTP options (loopback, its timeouts), so only the application differs."""
+    from serve_app.engine_env import ENGINE_ENV
+
+    kwargs = model_config(config).engine_kwargs
+    llm = {"model_loading_config": {"model_id": MODEL_NAME, "model_source": str(model)},
+           "accelerator_config": {"kind": "cpu"}, "deployment_config": {"num_replicas": 1},
+           "engine_kwargs": {k: kwargs[k] for k in PLAIN_KEYS if k in kwargs}}
+    app = deploy_config.Application(
+        name=STOCK_APP, route_prefix="/", import_path=STOCK_BUILDER,
+        runtime_env={"env_vars": {**ENGINE_ENV, OFF_ENV: ALL, DIRECT_STREAMING: "1"}}, args={"llm_configs": [llm]})
+    return config.model_copy(update={"applications": [app]})
+
+
 def other_cores(name: str, engine_cores: Collection[int]) -> list[int]:
     """The cores this process may use that the engine does not (``pin=split``); refused when there are none."""
     rest = sorted(set(os.sched_getaffinity(0)) - set(engine_cores))
@@ -320,6 +351,14 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
     log_dir.mkdir(parents=True, exist_ok=True)
     if "config" in extra:
         config = load_config(Path(extra.pop("config")))
+    if base == "stock":
+        from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix
+
+        unknown = sorted(k for k in extra if k in ARM_OPTIONS)
+        if unknown:
+            raise ValueError(f"arm {name!r}: the stock arm takes no option ({', '.join(unknown)})")
+        return Shipped(stock_config(config, model), log_dir, name, extra,
+                       replica_class=replica_class_prefix(STOCK_APP, ENGINE_DEPLOYMENT_PREFIX))
     if base == "plain":
         arm = plain_vllm(config, model, log_dir)
     elif base in ("engine", "engine-nooffload"):

@@ -70,3 +70,20 @@ def agreement(ci90: Sequence[float], tolerance: float) -> Verdict:
     if hi < 1 - tolerance or lo > 1 + tolerance:
         return "disagrees"
     return "inconclusive"
+
+
+GoalVerdict = Literal["met", "not met"]
+# A goal is met when the median ratio is on the goal's side and the whole interval within this factor of it.
+GOAL_MARGIN = 0.95
+
+
+def goal_verdict(median: float, ci90: Sequence[float], goal: float, higher_is_better: bool,
+                 margin: float = GOAL_MARGIN) -> GoalVerdict:
+    """``met`` only if the median ratio meets ``goal`` and the 90 % interval's far end stays within ``margin``
+    of it: for a figure where higher is better (requests/s), median >= goal and lower end >= margin x goal;
+    where lower is better (TTFT, CPU per request), median <= goal and upper end <= goal / margin. Anything
+    else is ``not met``: a median alone on the right side, with an interval reaching past the margin, is not."""
+    lo, hi = ci90
+    if higher_is_better:
+        return "met" if median >= goal and lo >= margin * goal else "not met"
+    return "met" if median <= goal and hi <= goal / margin else "not met"

@@ -1,6 +1,7 @@
 r"""The headline benchmark: the shipped config against plain vLLM, measured the way a user would measure it.
 
-    python -m benchmarks.vs_vllm                       # cold workload, arms plain,engine,shipped, 1/8/32/128 in flight
+    python -m benchmarks.vs_vllm                       # cold workload, arms plain,stock,engine,shipped,
+                                                       # completions at 1/8/32/128 in flight, chat at 8/32
     python -m benchmarks.vs_vllm --workload reuse      # a reused working set: plain, shipped, shipped without offloading
 
 What a user who weighs this project against plain vLLM would run, and nothing
@@ -10,7 +11,8 @@ of ours in the measurement path:
   vLLM's defaults, every patch off, alone on the host), ``engine`` (the same
   server with our patches and a replica's engine settings: what our engine
   features cost or gain), ``shipped`` (the config exactly as ``ray start`` +
-  ``serve deploy`` runs it); ``*-nooffload`` twins for the reuse workload;
+  ``serve deploy`` runs it), ``stock`` (stock ``ray.serve.llm``, the peer a
+  Ray user would pick instead); ``*-nooffload`` twins for the reuse workload;
 * the **workloads** (:mod:`benchmarks.prompts`), through vLLM's own
   ``custom`` dataset, every prompt sent in file order:
 
@@ -27,14 +29,21 @@ of ours in the measurement path:
     prompt tokens served by the local cache and by the offload tier;
 
 * driven by **vLLM's own** ``vllm bench serve`` (:mod:`benchmarks.vllm_bench_serve`),
-  greedy, fixed output length (``--ignore-eos``), streamed completions; its
+  greedy, fixed output length (``--ignore-eos``), streamed completions (and
+  chat completions, ``openai-chat``, at the ``--chat`` concurrencies); its
   throughput, TTFT and TPOT as it computes them, over every request it sent;
+* **a reference that fails is not a reference**: a run with any failed
+  request, or whose TTFT p99 is over :data:`STALL_P99_OVER_P50` times its
+  p50 (a stall: plain vLLM's measured stalls read 17-60x, healthy runs of
+  every arm 1.2-7x), is void, whatever its arm; its phase is run again
+  (``--retries``) and every void run is counted in the results;
 * **host-wide CPU seconds per request** from /proc/stat over the client's
   measured window (:mod:`benchmarks.host`); CPU per process role beside it;
 * the **statistic** (:mod:`benchmarks.pair_stats`, fixed before the data):
   arms in blocks, ABC then CBA, an even number of pairs (at least 6);
   per run label and figure, the ratio of two arms within each pair, the
-  median of the ratios and its bootstrap 90 % interval.
+  median of the ratios and its bootstrap 90 % interval; each goal
+  (:data:`GOALS`) ``met`` or ``not met`` by :func:`benchmarks.pair_stats.goal_verdict`.
 
 Results: ``vs_vllm.json`` (every run, every figure, every counter, the
 protocol checks), ``vs_vllm.md`` (the tables) and ``vs_vllm.png`` in
@@ -72,11 +81,36 @@ log = logging.getLogger("fuzzserve.benchmarks.vs_vllm")
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "docs" / "benchmarks" / "vs_vllm"
 WORKLOADS = ("cold", "reuse")
-DEFAULT_ARMS = {"cold": "plain,engine,shipped", "reuse": "plain,shipped,shipped-nooffload"}
+DEFAULT_ARMS = {"cold": "plain,stock,engine,shipped", "reuse": "plain,shipped,shipped-nooffload"}
+# A run is a stall (void, whatever its arm) when its TTFT p99 is over this many times its p50.
+STALL_P99_OVER_P50 = 10.0
+CHAT_PREFIX = "chat"  # a chat run's label: "chat8" (vLLM's bench backend openai-chat, /v1/chat/completions)
 REFERENCE = "plain"
 # Figures compared as ratios (candidate / reference) pair by pair; Run attribute or (attribute, percentile).
 FIGURES = {"req_per_s": "requests/s", "host_cpu_s_per_request": "host CPU per request",
-           "ttft_p50": "TTFT p50", "ttft_p99": "TTFT p99", "tpot_p50": "TPOT p50"}
+           "ttft_p50": "TTFT p50", "ttft_p99": "TTFT p99", "tpot_p50": "TPOT p50", "e2el_p50": "latency p50"}
+
+
+@dataclass(frozen=True)
+class Goal:
+    """One goal of the headline: ``candidate / reference`` of ``figure`` at most (or at least) ``ratio``."""
+
+    candidate: str
+    reference: str
+    figure: str
+    ratio: float
+    higher_is_better: bool
+
+    def text(self) -> str:
+        return (f"{FIGURES[self.figure]} {self.candidate} / {self.reference} "
+                f"{'>=' if self.higher_is_better else '<='} {self.ratio:g}x")
+
+
+# Issue 45's goals, for every run label (completions and chat): the first token no slower than plain's by more
+# than 10 % nor than the stock peer's, as many requests/s as plain, no more host CPU per request.
+GOALS = (Goal("shipped", "plain", "ttft_p50", 1.1, False), Goal("shipped", "stock", "ttft_p50", 1.0, False),
+         Goal("shipped", "plain", "req_per_s", 1.0, True), Goal("shipped", "plain", "host_cpu_s_per_request", 1.0,
+                                                               False))
 
 
 @dataclass
@@ -88,6 +122,8 @@ class Workload:
     output_len: int = 64
     # cold: prompts per run by requests in flight (about 15-20 s per run here)
     requests: dict[int, int] = field(default_factory=lambda: {1: 128, 8: 400, 32: 800, 128: 1280})
+    # cold: chat completions, prompts per run by requests in flight (labels chat8, chat32)
+    chat: dict[int, int] = field(default_factory=lambda: {8: 400, 32: 800})
     warmup_prompts: int = 300
     # reuse: working sets as multiples of the local KV pool, visited `rounds` times at `reuse_concurrency`
     working_sets: tuple[float, ...] = (0.5, 1.5)
@@ -102,7 +138,7 @@ class Workload:
     def runs(self) -> list[tuple[str, int]]:
         """(label, requests in flight) of each measured run, in order."""
         if self.name == "cold":
-            return [(f"c{c}", c) for c in sorted(self.requests)]
+            return [(f"c{c}", c) for c in sorted(self.requests)] + [(f"{CHAT_PREFIX}{c}", c) for c in sorted(self.chat)]
         return [(f"ws{w:g}x", self.reuse_concurrency) for w in self.working_sets]
 
 
@@ -122,6 +158,7 @@ class Run:
     ttft_ms: dict[str, float]
     tpot_ms: dict[str, float]
     itl_ms: dict[str, float]
+    e2el_ms: dict[str, float]
     window_s: float
     host_cpu_s: float
     host_cpu_s_per_request: float
@@ -129,10 +166,11 @@ class Run:
     prompts: dict[str, Any] = field(default_factory=dict)  # the prompt set's description
     counters: dict[str, Any] = field(default_factory=dict)  # the server's cache counters over the run
     void: str | None = None  # why the run counts nowhere
+    attempt: int = 0  # 0, or which re-run of its phase (a phase with a void run is run again)
     roles_ms_per_request: dict[str, float] = field(default_factory=dict)
 
     def figure(self, name: str) -> float:
-        if name in ("ttft_p50", "ttft_p99", "tpot_p50"):
+        if name in ("ttft_p50", "ttft_p99", "tpot_p50", "e2el_p50"):
             metric, pct = name.rsplit("_", 1)
             return getattr(self, f"{metric}_ms")[pct]
         return getattr(self, name)
@@ -163,7 +201,8 @@ def prompt_plan(workload: Workload, pairs: int, seed: int, pool_tokens: int) -> 
         plan[p, "warmup"] = book.unique(f"pair{p}-warmup", workload.warmup_prompts, workload.input_len)
         for label, c in workload.runs():
             if workload.name == "cold":
-                plan[p, label] = book.unique(f"pair{p}-{label}", workload.requests[c], workload.input_len)
+                n = workload.chat[c] if is_chat(label) else workload.requests[c]
+                plan[p, label] = book.unique(f"pair{p}-{label}", n, workload.input_len)
             else:
                 w = float(label[2:-1])
                 prefixes = max(1, round(w * pool_tokens / (workload.prefix_blocks * BLOCK_TOKENS)))
@@ -176,12 +215,19 @@ def prompt_plan(workload: Workload, pairs: int, seed: int, pool_tokens: int) -> 
 
 
 # ----------------------------------------------------------------------------- the client
+def is_chat(label: str) -> bool:
+    """Whether a run label is a chat completions run."""
+    return label.startswith(CHAT_PREFIX)
+
+
 def bench_argv(base_url: str, tokenizer: Path, concurrency: int, dataset: Path, requests: int, output_len: int,
-               result_dir: Path, result_file: str, request_rate: float | None = None) -> list[str]:
-    """``vllm bench serve`` arguments (all vLLM's own) for one run over a ``custom`` dataset file, in file order."""
+               result_dir: Path, result_file: str, request_rate: float | None = None, chat: bool = False) -> list[str]:
+    """``vllm bench serve`` arguments (all vLLM's own) for one run over a ``custom`` dataset file, in file order:
+    streamed completions, or (``chat``) streamed chat completions, each prompt one user message."""
     rate = ["--request-rate", f"{request_rate:g}"] if request_rate is not None else []
-    return [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", "openai", "--base-url", base_url,
-            "--endpoint", "/v1/completions", "--model", MODEL_NAME, "--tokenizer", str(tokenizer),
+    backend, endpoint = ("openai-chat", "/v1/chat/completions") if chat else ("openai", "/v1/completions")
+    return [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", backend, "--base-url", base_url,
+            "--endpoint", endpoint, "--model", MODEL_NAME, "--tokenizer", str(tokenizer),
             "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(output_len),
             "--skip-chat-template", "--disable-shuffle", "--no-oversample", "--ignore-eos", "--temperature", "0",
             "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
@@ -229,13 +275,19 @@ def summarize_run(stack: str, pair: int, label: str, concurrency: int, data: dic
     return Run(stack=stack, pair=pair, label=label, concurrency=concurrency, completed=n,
                failed=data.get("failed", 0), duration_s=data["duration"], req_per_s=data["request_throughput"],
                output_tok_per_s=data["output_throughput"], ttft_ms=pct("ttft"), tpot_ms=pct("tpot"),
-               itl_ms=pct("itl"), window_s=t1 - t0, host_cpu_s=busy, host_cpu_s_per_request=busy / n,
+               itl_ms=pct("itl"), e2el_ms=pct("e2el"), window_s=t1 - t0, host_cpu_s=busy, host_cpu_s_per_request=busy / n,
                host_busy_cores=busy / (t1 - t0),
                roles_ms_per_request=cpu_accounting.per_request(roles, n) if roles else {})
 
 
-def void_reason(workload: str, counters: CacheCounters) -> str | None:
-    """Why a run cannot count: a cold run that the server served any prompt token of from a cache."""
+def void_reason(workload: str, counters: CacheCounters, run: Run | None = None) -> str | None:
+    """Why a run cannot count: any failed request, a stall (TTFT p99 over :data:`STALL_P99_OVER_P50` x p50),
+    or a cold run that the server served any prompt token of from a cache."""
+    if run is not None and run.failed:
+        return f"{run.failed} failed request(s)"
+    if run is not None and run.ttft_ms["p99"] > STALL_P99_OVER_P50 * run.ttft_ms["p50"]:
+        return (f"stalled: TTFT p99 {run.ttft_ms['p99']:.0f} ms is over {STALL_P99_OVER_P50:g}x its p50 "
+                f"({run.ttft_ms['p50']:.0f} ms)")
     if workload == "cold" and counters.hit_tokens > 0:
         return (f"cold run with cache hits: {counters.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
                 f"{counters.external_hits:.0f} from the offload tier")
@@ -246,15 +298,16 @@ def void_reason(workload: str, counters: CacheCounters) -> str | None:
 def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, Any]]:
     """Per run label and arm pair (candidate vs reference): each figure's median pair ratio and interval.
 
-    Arm pairs: every arm against ``reference``, and ``shipped`` against ``engine`` (what the Serve path costs).
-    Void runs count nowhere."""
+    Arm pairs: every arm against ``reference``, ``shipped`` against ``engine`` (what the Serve path costs) and
+    against ``stock`` (the peer). Void runs count nowhere."""
     out: dict[str, dict[str, Any]] = {}
     arms = list(dict.fromkeys(r.stack for r in runs))
     comparisons = [(a, reference) for a in arms if a != reference and reference in arms]
     if reference not in arms and arms:  # a lever's A/B (e.g. shipped against shipped+VAR=1): against the first arm
         comparisons = [(a, arms[0]) for a in arms[1:]]
-    if "shipped" in arms and "engine" in arms:
-        comparisons.append(("shipped", "engine"))
+    for ref in ("engine", "stock"):
+        if "shipped" in arms and ref in arms:
+            comparisons.append(("shipped", ref))
     for label in dict.fromkeys(r.label for r in runs):
         by = {(r.pair, r.stack): r for r in runs if r.label == label and r.void is None}
         out[label] = {}
@@ -317,6 +370,43 @@ def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]
     return out
 
 
+def goals(ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every goal of :data:`GOALS` at every run label where both its arms ran: the ratio, its interval, and
+    ``met`` / ``not met`` (:func:`benchmarks.pair_stats.goal_verdict`)."""
+    out = []
+    for label, comps in ratios.items():
+        for g in GOALS:
+            comp = comps.get(f"{g.candidate}/{g.reference}")
+            if comp is None:
+                continue
+            fig = comp["figures"][g.figure]
+            out.append({"run": label, "goal": g.text(), **asdict(g), "median": fig["median"], "ci90": fig["ci90"],
+                        "pairs": fig["pairs"], "verdict": pair_stats.goal_verdict(fig["median"], fig["ci90"], g.ratio,
+                                                                                  g.higher_is_better)})
+    return out
+
+
+ARM_FIGURES = ("req_per_s", "ttft_p50", "ttft_p99", "e2el_p50", "host_cpu_s_per_request", "host_busy_cores")
+
+
+def arm_figures(runs: list[Run]) -> dict[str, dict[str, dict[str, Any]]]:
+    """Per run label and arm, each figure's median over the arm's valid runs (absolute, so hosts compare), and
+    how many of its runs were void."""
+    import statistics
+
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for label in dict.fromkeys(r.label for r in runs):
+        for arm in dict.fromkeys(r.stack for r in runs):
+            mine = [r for r in runs if r.label == label and r.stack == arm]
+            valid = [r for r in mine if r.void is None]
+            if not mine:
+                continue
+            row: dict[str, Any] = {f: (statistics.median(r.figure(f) for r in valid) if valid else None)
+                                   for f in ARM_FIGURES}
+            out.setdefault(label, {})[arm] = {**row, "runs": len(valid), "void": len(mine) - len(valid)}
+    return out
+
+
 # ----------------------------------------------------------------------------- report
 def _ci(fig: dict[str, Any]) -> str:
     return f"{fig['median']:.2f}x [{fig['ci90'][0]:.2f}, {fig['ci90'][1]:.2f}]"
@@ -328,6 +418,28 @@ def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, 
              f"Workload: {json.dumps(meta['workload'])}.", ""]
     if meta.get("below_protocol"):
         lines += [f"**Below protocol**: {meta['below_protocol']}", ""]
+    ratios_goals = goals(ratios)
+    if ratios_goals:
+        lines += [f"Goals (met: the median on the goal's side and the whole 90 % interval within "
+                  f"{pair_stats.GOAL_MARGIN:g} of the goal; anything else: not met):", "",
+                  "| run | goal | ratio [90 % interval] | pairs | verdict |", "|---|---|---|---|---|"]
+        lines += [f"| {g['run']} | {g['goal']} | {g['median']:.2f}x [{g['ci90'][0]:.2f}, {g['ci90'][1]:.2f}] | "
+                  f"{g['pairs']} | **{g['verdict']}** |" for g in ratios_goals]
+        lines.append("")
+    lines += ["Each arm's own figures (the median over its valid runs; busy cores: host CPU seconds over the "
+              "client's window, /proc/stat; void: runs that count nowhere):", "",
+              "| run | arm | req/s | TTFT p50 ms | TTFT p99 ms | latency p50 ms | host CPU ms/request | busy cores "
+              "| runs | void |", "|---|---|---|---|---|---|---|---|---|---|"]
+
+    def _f(v: float | None, scale: float = 1.0, fmt: str = ".1f") -> str:
+        return "-" if v is None else format(v * scale, fmt)
+
+    for label, arms in arm_figures(runs).items():
+        for arm, f in arms.items():
+            lines.append(f"| {label} | {arm} | {_f(f['req_per_s'])} | {_f(f['ttft_p50'])} | {_f(f['ttft_p99'])} | "
+                         f"{_f(f['e2el_p50'])} | {_f(f['host_cpu_s_per_request'], 1000)} | "
+                         f"{_f(f['host_busy_cores'], fmt='.2f')} | {f['runs']} | {f['void']} |")
+    lines.append("")
     lines += ["Each cell: the median over pairs of the ratio candidate / reference, [bootstrap 90 % interval].", "",
               "| run | arms | pairs | requests (ref / cand) | " + " | ".join(FIGURES.values()) + " |",
               "|---|---|---|---|" + "---|" * len(FIGURES)]
@@ -385,7 +497,7 @@ def plot(runs: list[Run], path: Path) -> None:
 
     labels = list(dict.fromkeys(r.label for r in runs))
     arms = list(dict.fromkeys(r.stack for r in runs))
-    colors = dict(zip(ARMS, ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")))
+    colors = dict(zip(ARMS, ("tab:blue", "tab:orange", "tab:green", "tab:brown", "tab:red", "tab:purple")))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for ax, (metric, label, scale) in zip(axes, (("req_per_s", "requests/s", 1), ("ttft_p50", "TTFT p50 ms", 1),
                                                  ("host_cpu_s_per_request", "host CPU ms per request", 1000))):
@@ -409,13 +521,27 @@ def machine() -> str:
 
     import psutil
 
-    return f"{platform.machine()}, {psutil.cpu_count(logical=True)} CPUs, " \
+    return f"{cpu_model()}, {platform.machine()}, {psutil.cpu_count(logical=True)} CPUs, " \
            f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}"
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The host's CPU model as /proc/cpuinfo names it ("unknown CPU" where it does not)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown CPU"
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return "unknown CPU"
 
 
 # ----------------------------------------------------------------------------- driver
 def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[int, str], PromptSet], model: Path,
-              work: Path, sampler: HostCpuSampler) -> list[Run]:
+              work: Path, sampler: HostCpuSampler, attempt: int = 0) -> list[Run]:
     """The warm-up and every measured run of one started arm."""
     runs = []
     warm = plan[pair, "warmup"]
@@ -423,28 +549,29 @@ def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[i
     # the warm-up at each concurrency the runs use, in turn: a batch shape first met in a measured run (vLLM
     # compiles per shape on CPU) would be timed there
     for i, (label, c) in enumerate(workload.runs()):
-        part = PromptSet(f"{warm.name}-c{c}", warm.prompts[i::len(workload.runs())], "unique")
+        part = PromptSet(f"{warm.name}-{label}", warm.prompts[i::len(workload.runs())], "unique")
         if not len(part):
             continue
-        name = f"warmup-{pair}-{slug(stack)}-c{c}.json"
+        name = f"warmup-{pair}-{slug(stack)}-{attempt}-{label}.json"
         data, _ = run_client(bench_argv(arm.base_url, model, c, part.write_jsonl(
-            work / "prompts" / f"{part.name}.jsonl"), len(part), workload.output_len, work, name), work / name)
+            work / "prompts" / f"{part.name}.jsonl"), len(part), workload.output_len, work, name,
+            chat=is_chat(label)), work / name)
         warmed += int(data["completed"])
     # the warm-up's requests must be counted before the first measured run's baseline
     settled = wait_for_requests(arm.metrics_urls, CacheCounters(), warmed)
     for label, c in workload.runs():
         prompts = plan[pair, label]
         arm.check(f"pair {pair} before the {label} run")
-        name = f"{slug(stack)}-{pair}-{label}.json"
+        name = f"{slug(stack)}-{pair}-{attempt}-{label}.json"
         data, roles = run_client(bench_argv(arm.base_url, model, c, prompts.write_jsonl(
             work / "prompts" / f"{prompts.name}.jsonl"), len(prompts), workload.output_len, work, name,
-            workload.request_rate), work / name)
+            workload.request_rate, chat=is_chat(label)), work / name)
         arm.check(f"pair {pair} after the {label} run")
         after = wait_for_requests(arm.metrics_urls, settled, int(data["completed"]))
         counters, settled = after - settled, after
         run = summarize_run(stack, pair, label, c, data, roles, sampler)
-        run.prompts, run.counters = prompts.describe(), counters.to_json()
-        run.void = void_reason(workload.name, counters)
+        run.prompts, run.counters, run.attempt = prompts.describe(), counters.to_json(), attempt
+        run.void = void_reason(workload.name, counters, run)
         runs.append(run)
         log.info("pair %d %s %s: %.1f req/s, TTFT p50 %.0f ms, %.1f host CPU ms/request (%d completed, %d failed); "
                  "hits: %.0f local, %.0f offload%s", pair, stack, label, run.req_per_s, run.ttft_ms["p50"],
@@ -486,6 +613,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request-rate", type=float, default=None,
                     help="measured runs: requests per second offered (vLLM's bench, Poisson from its fixed seed), "
                          "in flight still capped (default: all at once, vLLM's default)")
+    ap.add_argument("--chat", default="8:400,32:800",
+                    help="cold: chat completions runs, requests in flight:prompts per run ('' for none)")
+    ap.add_argument("--retries", type=int, default=2,
+                    help="times a phase with a void run (failed requests, a stall, cache hits) is run again")
     ap.add_argument("--seed", type=int, default=0, help="the prompt book's seed (every prompt of the run from it)")
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -500,7 +631,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             ap.error(str(e))
     workload = Workload(name=args.workload, input_len=args.input_len, output_len=args.output_len,
-                        requests=parse_requests(args.requests), warmup_prompts=args.warmup_prompts,
+                        requests=parse_requests(args.requests), chat=parse_requests(args.chat) if args.chat else {},
+                        warmup_prompts=args.warmup_prompts,
                         working_sets=tuple(float(w) for w in args.working_sets.split(",")),
                         prefix_blocks=args.prefix_blocks, rounds=args.rounds,
                         reuse_concurrency=args.reuse_concurrency, request_rate=args.request_rate)
@@ -519,34 +651,58 @@ def main(argv: list[str] | None = None) -> int:
                          "seed": args.seed, "local_pool_tokens": local_pool_tokens(config, model),
                          "engine_kwargs": model_config(config).engine_kwargs,
                          "client": "vllm bench serve (vllm.benchmarks.serve), custom dataset in file order, "
-                                   "greedy, streamed completions"},
+                                   "greedy, streamed completions (chat runs: openai-chat, streamed chat completions)"},
             "protocol": [f"{len(plan)} prompt sets, no prompt in two of them (checked)"], "replicas": {},
             "below_protocol": (f"{args.pairs} pairs (the protocol takes at least {pair_stats.MIN_PAIRS})"
                                if args.pairs < pair_stats.MIN_PAIRS else None)}
     meta["workload"]["requests"] = {str(k): v for k, v in workload.requests.items()}
+    meta["workload"]["chat"] = {str(k): v for k, v in workload.chat.items()}
     runs: list[Run] = []
     with HostCpuSampler() as sampler:
         for pair, stack in pair_stats.block_order(arms, args.pairs):
-            log.info("pair %d: %s", pair, stack)
-            with make_arm(stack, config, model, work / f"{slug(stack)}-{pair}") as arm:
-                meta["replicas"][f"{pair}-{stack}"] = arm.replicas
-                runs += run_phase(arm, stack, pair, workload, plan, model, work, sampler)
-            meta["protocol"].append(f"pair {pair} {stack}: " + (
-                "no Ray process alive before, during (checked around each run) or after it"
-                if not parse_arm(stack)[0].startswith("shipped") else f"{arm.replicas} engine replica(s), cluster torn down, "
-                                                             "no Ray process left"))
-            ratios = compare(runs)
-            (args.out / "vs_vllm.json").write_text(json.dumps(
-                {"meta": meta, "ratios": ratios, "ttft_split": ttft_split(runs), "runs": [asdict(r) for r in runs]},
-                indent=1))
-            (args.out / "vs_vllm.md").write_text(markdown(meta, runs, ratios))
+            for attempt in range(1 + args.retries):
+                log.info("pair %d: %s%s", pair, stack, f" (run again: {attempt})" if attempt else "")
+                with make_arm(stack, config, model, work / f"{slug(stack)}-{pair}-{attempt}") as arm:
+                    meta["replicas"][f"{pair}-{stack}"] = arm.replicas
+                    phase = run_phase(arm, stack, pair, workload, plan, model, work, sampler, attempt)
+                runs += phase
+                on_ray = parse_arm(stack)[0] in RAY_ARMS
+                meta["protocol"].append(f"pair {pair} {stack}{f' (run {attempt + 1})' if attempt else ''}: " + (
+                    f"{arm.replicas} engine replica(s), cluster torn down, no Ray process left" if on_ray else
+                    "no Ray process alive before, during (checked around each run) or after it"))
+                write_results(args.out, meta, runs)
+                if not any(r.void for r in phase):
+                    break
+                log.warning("pair %d %s: %d void run(s); the phase runs again", pair, stack,
+                            sum(bool(r.void) for r in phase))
     plot(runs, args.out / "vs_vllm.png")
     print(markdown(meta, runs, compare(runs)))
-    void = [f"pair {r.pair} {r.stack} {r.label}: {r.void}" for r in runs if r.void]
+    void = [f"pair {r.pair} {r.stack} {r.label} (run {r.attempt + 1}): {r.void}" for r in runs if r.void]
     if void:
-        log.error("%d void run(s), their figures count nowhere:\n  %s", len(void), "\n  ".join(void))
+        log.warning("%d void run(s), their figures count nowhere:\n  %s", len(void), "\n  ".join(void))
+    missing = missing_runs(runs, arms, args.pairs, [label for label, _ in workload.runs()])
+    if missing:
+        log.error("no valid run after %d re-run(s) for: %s", args.retries, ", ".join(missing))
         return 2
     return 0
+
+
+RAY_ARMS = ("shipped", "shipped-nooffload", "stock")  # arms that run in a Ray cluster of their own
+
+
+def missing_runs(runs: list[Run], arms: list[str], pairs: int, labels: list[str]) -> list[str]:
+    """Every (pair, arm, run label) with no valid (non-void) run."""
+    valid = {(r.pair, r.stack, r.label) for r in runs if r.void is None}
+    return [f"pair {p} {a} {lab}" for p in range(pairs) for a in arms for lab in labels if (p, a, lab) not in valid]
+
+
+def write_results(out: Path, meta: dict[str, Any], runs: list[Run]) -> None:
+    """vs_vllm.json and vs_vllm.md as they stand (rewritten after every phase: a stopped run keeps its data)."""
+    ratios = compare(runs)
+    (out / "vs_vllm.json").write_text(json.dumps(
+        {"meta": meta, "ratios": ratios, "goals": goals(ratios), "arms": arm_figures(runs),
+         "ttft_split": ttft_split(runs), "runs": [asdict(r) for r in runs]}, indent=1))
+    (out / "vs_vllm.md").write_text(markdown(meta, runs, ratios))
 
 
 if __name__ == "__main__":

@@ -243,13 +243,14 @@ def test_pairs_are_even_and_at_least_six_unless_a_smoke_run():
             check_pairs(bad, smoke=smoke)
 
 
-def _run(stack, pair, label, req_per_s, cpu, completed=100, ttft=1.0, void=None):
+def _run(stack, pair, label, req_per_s, cpu, completed=100, ttft=1.0, void=None, failed=0, ttft_p99=None):
     from benchmarks.vs_vllm import Run
 
-    return Run(stack=stack, pair=pair, label=label, concurrency=32, completed=completed, failed=0, duration_s=1.0,
-               req_per_s=req_per_s, output_tok_per_s=0.0, ttft_ms={"p50": ttft, "p99": 2 * ttft},
-               tpot_ms={"p50": 1, "p99": 2}, itl_ms={"p50": 1, "p99": 2}, window_s=1.0, host_cpu_s=cpu * completed,
-               host_cpu_s_per_request=cpu, host_busy_cores=2.0, void=void)
+    return Run(stack=stack, pair=pair, label=label, concurrency=32, completed=completed, failed=failed,
+               duration_s=1.0, req_per_s=req_per_s, output_tok_per_s=0.0,
+               ttft_ms={"p50": ttft, "p99": 2 * ttft if ttft_p99 is None else ttft_p99},
+               tpot_ms={"p50": 1, "p99": 2}, itl_ms={"p50": 1, "p99": 2}, e2el_ms={"p50": 70, "p99": 90},
+               window_s=1.0, host_cpu_s=cpu * completed, host_cpu_s_per_request=cpu, host_busy_cores=2.0, void=void)
 
 
 def test_ratios_are_pairwise_with_a_bootstrap_interval_that_covers_the_median():
@@ -368,3 +369,101 @@ def test_arms_split_on_commas_before_an_arms_name_only():
         "plain", "engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait+pin=none", "shipped-nooffload"]
     assert split_arms("engine+X=plain,shipped") == ["engine+X=plain", "shipped"]
     assert split_arms("engine+X=a,plainly") == ["engine+X=a,plainly"], "a word that begins like an arm is no arm"
+
+
+def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patch_off():
+    """The peer: ray.serve.llm's own builder, one replica, Ray's direct streaming, only what changes the
+    computation taken from the config (as plain), our patches off; it takes no option of ours."""
+    from benchmarks.arms import STOCK_APP, Shipped, load_config, make_arm
+    from benchmarks.vs_vllm import REPO
+    from patches.switches import ALL, OFF_ENV
+    from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix
+
+    config = load_config(REPO / "serve_config.yaml")
+    stock = make_arm("stock", config, Path("/m"), Path("/tmp/arms-test"))
+    assert isinstance(stock, Shipped) and stock.replica_class == replica_class_prefix(STOCK_APP,
+                                                                                      ENGINE_DEPLOYMENT_PREFIX)
+    [app] = stock.config.applications
+    assert (app.import_path, app.route_prefix) == ("ray.serve.llm:build_openai_app", "/")
+    assert app.env_vars[OFF_ENV] == ALL and app.env_vars["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] == "1"
+    [llm] = app.args["llm_configs"]
+    kwargs = config.applications[0].fuzz_args.llm_configs[0].engine_kwargs
+    assert llm["engine_kwargs"] == {"dtype": kwargs["dtype"], "max_model_len": kwargs["max_model_len"]}
+    assert llm["deployment_config"] == {"num_replicas": 1} and llm["model_loading_config"]["model_source"] == "/m"
+    assert stock.config.http_options == config.http_options, "only the application differs from the shipped file"
+    assert make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test")).replica_class is None
+    with pytest.raises(ValueError, match="the stock arm takes no option"):
+        make_arm("stock+pin=split", config, Path("/m"), Path("/tmp/arms-test"))
+
+
+def test_a_run_with_a_failed_request_or_a_stall_is_void_whatever_its_arm():
+    """Positive and negative: a healthy run (p99 7x p50, the most a healthy run read) counts; one failed
+    request, or a p99 over 10x the p50 (plain's stalls read 17-60x), voids it."""
+    from benchmarks.server_counters import CacheCounters
+    from benchmarks.vs_vllm import void_reason
+
+    clean = CacheCounters(requests=100, prompt_tokens=12800)
+    assert void_reason("cold", clean, _run("plain", 0, "c8", 10, 0.1, ttft=30, ttft_p99=210)) is None
+    assert void_reason("cold", clean, _run("plain", 0, "c8", 10, 0.1, failed=1)) == "1 failed request(s)"
+    assert "stalled: TTFT p99 1463 ms is over 10x its p50 (28 ms)" == void_reason(
+        "cold", clean, _run("plain", 0, "c8", 10, 0.1, ttft=28, ttft_p99=1463))
+    assert "failed" in void_reason("reuse", clean, _run("shipped", 0, "ws1x", 10, 0.1, failed=3))
+
+
+def test_goals_are_met_only_when_the_median_and_the_whole_interval_say_so():
+    from benchmarks.pair_stats import goal_verdict
+
+    # higher is better (req/s >= 1.0x): the median at the goal and the interval's low end >= 0.95
+    assert goal_verdict(1.02, [0.96, 1.10], 1.0, True) == "met"
+    assert goal_verdict(1.02, [0.93, 1.10], 1.0, True) == "not met", "an interval reaching 0.93 is not met"
+    assert goal_verdict(0.99, [0.97, 1.00], 1.0, True) == "not met", "a median below the goal is not met"
+    # lower is better (TTFT <= 1.1x): the median at most the goal and the interval's high end <= 1.1 / 0.95
+    assert goal_verdict(1.05, [1.00, 1.15], 1.1, False) == "met"
+    assert goal_verdict(1.05, [1.00, 1.20], 1.1, False) == "not met"
+    assert goal_verdict(1.2, [1.1, 1.3], 1.1, False) == "not met"
+
+
+def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met(tmp_path):
+    from benchmarks.vs_vllm import compare, goals, markdown, missing_runs
+
+    runs = []
+    for p in range(2):
+        runs += [_run("plain", p, "c8", 100, 0.02, ttft=20), _run("stock", p, "c8", 60, 0.03, ttft=25),
+                 _run("shipped", p, "c8", 100, 0.02, ttft=30)]
+    runs.append(_run("plain", 1, "chat8", 90, 0.02, void="1 failed request(s)"))
+    ratios = compare(runs)
+    assert set(ratios["c8"]) == {"stock/plain", "shipped/plain", "shipped/stock"}
+    verdicts = {(g["run"], g["goal"]): g["verdict"] for g in goals(ratios)}
+    assert verdicts[("c8", "TTFT p50 shipped / stock <= 1x")] == "not met"  # 1.2x the peer's
+    assert verdicts[("c8", "TTFT p50 shipped / plain <= 1.1x")] == "not met"  # 1.5x plain's
+    assert verdicts[("c8", "requests/s shipped / plain >= 1x")] == "met"
+    meta = {"workload": {"name": "cold", "arms": ["plain", "stock", "shipped"]}, "date": "d", "command": "c",
+            "machine": "AMD EPYC, x86_64, 2 CPUs", "protocol": []}
+    md = markdown(meta, runs, ratios)
+    assert "| c8 | TTFT p50 shipped / stock <= 1x | 1.20x [1.20, 1.20] | 2 | **not met** |" in md
+    assert "| c8 | stock | 60.0 | 25.0 | 50.0 | 70.0 | 30.0 | 2.00 | 2 | 0 |" in md  # absolute, per arm
+    assert "| chat8 | plain | - | - | - | - | - | - | 0 | 1 |" in md  # a void run is counted, its figures not
+    assert missing_runs(runs, ["plain", "stock", "shipped"], 2, ["c8", "chat8"]) == [
+        f"pair {p} {a} chat8" for p in range(2) for a in ("plain", "stock", "shipped")]
+
+
+def test_chat_runs_use_vllms_chat_backend_and_label(tmp_path):
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from benchmarks.vs_vllm import Workload, bench_argv, is_chat
+
+    assert Workload().runs() == [("c1", 1), ("c8", 8), ("c32", 32), ("c128", 128), ("chat8", 8), ("chat32", 32)]
+    assert Workload(chat={}).runs()[-1] == ("c128", 128) and is_chat("chat8") and not is_chat("c8")
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args(bench_argv("http://h:1", tmp_path, 8, tmp_path / "d.jsonl", 5, 64, tmp_path, "r.json",
+                                        chat=True)[3:])
+    assert (args.backend, args.endpoint) == ("openai-chat", "/v1/chat/completions")
+
+
+def test_the_host_names_its_cpu_model():
+    from benchmarks.vs_vllm import cpu_model
+
+    assert cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n") == "AMD EPYC 7B13"
+    assert cpu_model("processor\t: 0\n") == "unknown CPU"
