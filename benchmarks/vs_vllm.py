@@ -84,6 +84,12 @@ WORKLOADS = ("cold", "reuse")
 DEFAULT_ARMS = {"cold": "plain,stock,engine,shipped", "reuse": "plain,shipped,shipped-nooffload"}
 # A run is a stall (void, whatever its arm) when its TTFT p99 is over this many times its p50.
 STALL_P99_OVER_P50 = 10.0
+# A reference's run (plain, stock) stalled outside its engine when the client's mean TTFT is over this many times
+# the server's own (vllm:time_to_first_token_seconds over the same run) and longer by at least STALL_OUTSIDE_MS:
+# the request waited in a starved frontend, not in the engine (healthy plain: 3.7 ms of 12 ms outside).
+STALL_OUTSIDE_X = 3.0
+STALL_OUTSIDE_MS = 20.0
+REFERENCE_ARMS = ("plain", "stock")
 CHAT_PREFIX = "chat"  # a chat run's label: "chat8" (vLLM's bench backend openai-chat, /v1/chat/completions)
 REFERENCE = "plain"
 # Figures compared as ratios (candidate / reference) pair by pair; Run attribute or (attribute, percentile).
@@ -288,6 +294,12 @@ def void_reason(workload: str, counters: CacheCounters, run: Run | None = None) 
     if run is not None and run.ttft_ms["p99"] > STALL_P99_OVER_P50 * run.ttft_ms["p50"]:
         return (f"stalled: TTFT p99 {run.ttft_ms['p99']:.0f} ms is over {STALL_P99_OVER_P50:g}x its p50 "
                 f"({run.ttft_ms['p50']:.0f} ms)")
+    server = (run.counters.get("latency_mean_ms") or {}).get("server_ttft") if run is not None else None
+    client = run.ttft_ms.get("mean") if run is not None else None
+    if (run is not None and parse_arm(run.stack)[0] in REFERENCE_ARMS and server and client is not None
+            and client > STALL_OUTSIDE_X * server and client - server > STALL_OUTSIDE_MS):
+        return (f"stalled outside the engine: client TTFT mean {client:.0f} ms, the server's own {server:.0f} ms "
+                f"(a reference's frontend starved)")
     if workload == "cold" and counters.hit_tokens > 0:
         return (f"cold run with cache hits: {counters.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
                 f"{counters.external_hits:.0f} from the offload tier")
@@ -673,8 +685,8 @@ def main(argv: list[str] | None = None) -> int:
                 write_results(args.out, meta, runs)
                 if not any(r.void for r in phase):
                     break
-                log.warning("pair %d %s: %d void run(s); the phase runs again", pair, stack,
-                            sum(bool(r.void) for r in phase))
+                log.warning("pair %d %s: %d void run(s)%s", pair, stack, sum(bool(r.void) for r in phase),
+                            "; the phase runs again" if attempt < args.retries else "; no re-run left")
     plot(runs, args.out / "vs_vllm.png")
     print(markdown(meta, runs, compare(runs)))
     void = [f"pair {r.pair} {r.stack} {r.label} (run {r.attempt + 1}): {r.void}" for r in runs if r.void]

@@ -467,3 +467,26 @@ def test_the_host_names_its_cpu_model():
 
     assert cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n") == "AMD EPYC 7B13"
     assert cpu_model("processor\t: 0\n") == "unknown CPU"
+
+
+def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_by_its_own_figures():
+    """Measured here (2026-11-28): plain at 1 in flight read a client TTFT mean of 101 ms while its own server
+    counted 10.5 ms: the request waited in its starved API server. A healthy reference (12 against 8.3 ms) counts;
+    the shipped stack, whose Serve path lies outside vLLM's server by design, is never voided by this rule."""
+    from benchmarks.server_counters import CacheCounters
+    from benchmarks.vs_vllm import void_reason
+
+    def timed(stack, client, server):
+        r = _run(stack, 0, "c1", 5, 0.3, ttft=client)
+        r.ttft_ms["mean"] = client
+        r.counters = {"latency_mean_ms": {"server_ttft": server}}
+        return r
+
+    clean = CacheCounters(requests=128, prompt_tokens=16384)
+    assert void_reason("cold", clean, timed("plain", 101.0, 10.5)) == (
+        "stalled outside the engine: client TTFT mean 101 ms, the server's own 10 ms (a reference's frontend starved)")
+    assert "stalled outside the engine" in void_reason("cold", clean, timed("stock", 101.0, 10.5))
+    assert void_reason("cold", clean, timed("plain", 12.0, 8.3)) is None
+    assert void_reason("cold", clean, timed("plain", 25.0, 8.0)) is None, "3x but only 17 ms outside"
+    assert void_reason("cold", clean, timed("shipped", 101.0, 10.5)) is None
+    assert void_reason("cold", clean, timed("plain", 101.0, None)) is None, "a server that times nothing"
