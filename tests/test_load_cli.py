@@ -44,6 +44,12 @@ def test_a_healthy_target_passes(tmp_path):
     assert set(summary["replicas"]) == {"echo-0", "echo-1"} and summary["outcomes"]["ok"] > 20
     cs = summary["client_server"]
     assert cs["problems"] == [] and "note" not in cs, "no replica died: the cross-check is exact"
+    # issue 47: the client's rate beside the engines' own, and the client's own cost, in the summary and report
+    assert cs["agrees"] and cs["engine_requests_per_s"] > 0 and cs["wall_s"] == summary["wall_s"]
+    cost = summary["client_cost"]
+    assert cost["cpu_s"] > 0 and cost["loop_lag_s"]["count"] > 10 and cost["lag_bound_s"] == 0.005
+    report = (tmp_path / "report.md").read_text()
+    assert "the client's own cost:" in report and "the engines' own counters" in report
     # summary.json is a RunSummary (docs/summary.schema.json): it reads back as one, unchanged
     from load_tests.results.models import RunSummary
 

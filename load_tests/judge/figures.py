@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..load.client import RequestResult
+from ..load.client_cost import reads_late
 from ..plan.slo import Slo
 from ..results.models import Latency, Percentiles, Throughput
 
@@ -26,19 +27,35 @@ def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) ->
     return out
 
 
-def latency(ok: Sequence[RequestResult]) -> Latency:
-    """The latency rows over the complete answers ``ok``, each over the requests that have the figure."""
+def latency(ok: Sequence[RequestResult], lag_p99_s: float | None = None) -> Latency:
+    """The latency rows over the complete answers ``ok``, each over the requests that have the figure.
+
+    ITL and TPOT are the client's only while it read token chunks on time: with its loop's lag p99
+    ``lag_p99_s`` over the bound, or chunks read in bursts, both rows keep their counts and carry
+    :func:`~load_tests.load.client_cost.reads_late`'s reason instead of figures (never a 0 ms percentile)."""
 
     def row(per_request: list[list[float]]) -> Percentiles:
         have = [xs for xs in per_request if xs]
         return Percentiles(**percentiles([x for xs in have for x in xs]), requests=len(have))
 
+    itl, tpot = (
+        row([list(r.itl) if r.ttft is not None else [] for r in ok]),
+        row([[r.tpot] if r.tpot is not None else [] for r in ok]),
+    )
+    why = reads_late(lag_p99_s, itl.p50)
+    if why is not None:
+        itl, tpot = (withheld(p, why) for p in (itl, tpot))
     return Latency(
         ttft=row([[r.ttft] if r.ttft is not None else [] for r in ok]),
-        itl=row([list(r.itl) if r.ttft is not None else [] for r in ok]),
-        tpot=row([[r.tpot] if r.tpot is not None else [] for r in ok]),
+        itl=itl,
+        tpot=tpot,
         e2e=row([[r.e2e] if r.e2e is not None else [] for r in ok]),
     )
+
+
+def withheld(p: Percentiles, why: str) -> Percentiles:
+    """``p`` with its figures removed and ``why`` said, its counts kept."""
+    return Percentiles(count=p.count, requests=p.requests, p50=None, p90=None, p95=None, p99=None, mean=None, note=why)
 
 
 def throughput(results: Sequence[RequestResult], wall_s: float, slo: Slo) -> Throughput:

@@ -24,6 +24,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..load.client import RequestResult
+from ..load.client_cost import LAG_BOUND_S, ClientCostSample
 from ..load.outcomes import FAILURE_OUTCOMES
 from ..observe.counters import ReplicaCounters
 from ..observe.monitor import InvariantChecker
@@ -32,6 +33,7 @@ from ..results.events import CUTTING, Event
 from ..results.models import (
     BadRequestProblem,
     BadRequests,
+    ClientCost,
     ClientServer,
     FaultCheck,
     HostileVerdict,
@@ -45,6 +47,8 @@ from .figures import latency, percentiles, throughput
 from .ingress import ingress_retries
 from .verdict import verdict
 
+# The client's requests/s and the engines' over the same window agree within this share (issue 47).
+RATE_BOUND = 0.05
 # After a kill, how long new requests may still fail because of it (Serve takes a few seconds to see a
 # replica die and stop routing to it).
 KILL_GRACE_S = 30.0
@@ -85,6 +89,8 @@ def server_cross_check(
     replicas_died: bool,
     baseline: dict[str, ReplicaCounters] | None = None,
     operator_ok: int = 0,
+    wall_s: float = 0.0,
+    output_tokens: int = 0,
 ) -> ClientServer:
     """Compare what the clients saw complete with what the engines counted as finished.
 
@@ -98,6 +104,12 @@ def server_cross_check(
     run), so earlier traffic on a long-lived deployment does not count.
     ``operator_ok``: complete answers to requests the run's operations sent
     beside the load (not in ``results``; the engines count them too).
+
+    Beside the counts, both sides' rates over the load's window ``wall_s`` (the
+    client's output tokens ``output_tokens``, the engines' generated tokens),
+    and whether the client's requests/s lies within :data:`RATE_BOUND` of the
+    engines' (against the client's range: complete, up to complete +
+    cancelled).
     """
     baseline = baseline or {}
 
@@ -118,11 +130,26 @@ def server_cross_check(
     sent_to_engines = sum(weight(r) for r in results if r.outcome not in ("rejected",)) + operator_ok
     completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
     finished = sum(delta(k, rc, None) for k, rc in final.items())
+    generated = sum(
+        rc.generation_tokens - (baseline[k].generation_tokens if k in baseline else 0.0) for k, rc in final.items()
+    )
+
+    def rate(n: float) -> float:
+        return n / wall_s if wall_s else 0.0
+
     out = ClientServer(
         client_ok=client_ok,
         client_cancelled=cancelled,
         engine_completed=completed,
         engine_finished=finished,
+        engine_generation_tokens=generated,
+        wall_s=wall_s,
+        client_requests_per_s=rate(ok),
+        engine_requests_per_s=rate(completed),
+        client_output_tokens_per_s=rate(output_tokens),
+        engine_output_tokens_per_s=rate(generated),
+        agrees=(replicas_died or ok * (1 - RATE_BOUND) <= completed)
+        and completed <= (ok + cancelled) * (1 + RATE_BOUND),
         sent_past_router=sent_to_engines,
         operator_ok=operator_ok,
     )
@@ -160,13 +187,15 @@ def run_statistics(
     operator_ok: int = 0,
     probes: ProbeVerdict | None = None,
     hostile: HostileVerdict | None = None,
+    cost: ClientCostSample | None = None,
 ) -> RunSummary:
     """Every figure of the run, with no verdict yet (``failures`` empty).
 
     ``deaths``: replicas that died without the run killing them
     (:func:`load_tests.judge.departures.unexpected_deaths`); ``probes``: the greedy probes' comparison
     (:func:`load_tests.judge.probes.probe_verdict`), for a run that sent them; ``hostile``: the hostile
-    scenario's judgement (:func:`load_tests.judge.hostile.judge_hostile`)."""
+    scenario's judgement (:func:`load_tests.judge.hostile.judge_hostile`); ``cost``: what the client itself took
+    (its CPU and its loop's lag), which decides whether its ITL / TPOT are reported."""
     outcomes: Counter[str] = Counter(r.outcome for r in results)
     lost = started - len(results)
     if lost:
@@ -184,15 +213,28 @@ def run_statistics(
         replicas_died=bool(checker.deaths or any(f.kind in CUTTING for f in events) or deaths),
         baseline=checker.baseline(),
         operator_ok=operator_ok,
+        wall_s=wall_s,
+        output_tokens=sum(r.output_tokens for r in ok),
     )
     bad = bad_request_problems(results)
+    lag = Percentiles(**percentiles(cost.lags), requests=None) if cost is not None else None
     return RunSummary(
         wall_s=wall_s,
         started=started,
         outcomes=dict(outcomes),
         throughput=throughput(results, wall_s, slo),
         slo=slo,
-        latency_s=latency(ok),
+        latency_s=latency(ok, lag.p99 if lag is not None else None),
+        client_cost=(
+            ClientCost(
+                cpu_s=cost.cpu_s,
+                cpu_s_per_request=cost.cpu_s / started if started else 0.0,
+                loop_lag_s=lag,
+                lag_bound_s=LAG_BOUND_S,
+            )
+            if cost is not None and lag is not None
+            else None
+        ),
         errors_by_kind=dict(Counter(r.outcome for r in unexplained)),
         errors_by_message=dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
         errors_explained_by_faults=dict(Counter(r.outcome for r in explained)),
@@ -254,10 +296,11 @@ def summarize(
     operator_ok: int = 0,
     probes: ProbeVerdict | None = None,
     hostile: HostileVerdict | None = None,
+    cost: ClientCostSample | None = None,
 ) -> RunSummary:
     """:func:`run_statistics` with its verdict (``failures``, :func:`load_tests.judge.verdict.verdict`)."""
     summary = run_statistics(
-        results, started, checker, events, wall_s, slo, deaths, fault_checks, operator_ok, probes, hostile
+        results, started, checker, events, wall_s, slo, deaths, fault_checks, operator_ok, probes, hostile, cost
     )
     summary.failures = verdict(summary, checker.violations)
     return summary

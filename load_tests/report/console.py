@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..results.models import RunSummary
-from .markdown import ingress_retries_line
+from .markdown import client_cost_line, ingress_retries_line, rates_line
 
 
 def print_summary(console: Console, summary: RunSummary, path: Path) -> None:
@@ -31,9 +31,15 @@ def print_summary(console: Console, summary: RunSummary, path: Path) -> None:
     for name, p in summary.latency_s:
         t.add_row(
             f"{name.upper()} p50 / p99",
-            " / ".join("-" if v is None else f"{v * 1000:.0f} ms" for v in (p.p50, p.p99))
+            (
+                p.note
+                if p.note is not None
+                else " / ".join("-" if v is None else f"{v * 1000:.0f} ms" for v in (p.p50, p.p99))
+            )
             + f" ({p.requests} requests)",
         )
+    t.add_row("client", client_cost_line(summary).removeprefix("- the client's own cost: "))
+    t.add_row("vs the engines", rates_line(summary.client_server))
     inv = summary.invariants
     if summary.ingress_retries.requests:
         t.add_row("ingress retries", ingress_retries_line(summary))

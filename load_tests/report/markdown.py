@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from ..results.models import Capacity, HostileVerdict, Repeats, RunSummary
+from ..results.models import Capacity, ClientServer, HostileVerdict, Repeats, RunSummary
 
 
 def ingress_retries_line(summary: RunSummary) -> str:
@@ -53,10 +53,13 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, p in summary.latency_s:
-        lines.append(
-            f"| {name} | {p.requests} | {p.count} | {_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | "
-            f"{_ms(p.p99)} | {_ms(p.mean)} |"
+        figures = (
+            f"{_ms(p.p50)} | {_ms(p.p90)} | {_ms(p.p95)} | {_ms(p.p99)} | {_ms(p.mean)}"
+            if p.note is None
+            else f"{p.note} | | | |"
         )
+        lines.append(f"| {name} | {p.requests} | {p.count} | {figures} |")
+    lines += ["", client_cost_line(summary)]
     faults = [f.model_dump(mode="json", exclude_none=True) for f in summary.faults]
     lines += [
         "",
@@ -151,6 +154,8 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
             f"engines completed {cs.engine_completed:g} and finished {cs.engine_finished:g} in all "
             f"({cs.sent_past_router} requests got past the router). {cs.note or ''}"
         ),
+        "",
+        rates_line(cs),
         "",
     ]
     if sweep:
@@ -265,3 +270,31 @@ def hostile_lines(h: HostileVerdict) -> list[str]:
         for k, v in h.connections.items()
     ]
     return [*lines, ""]
+
+
+def client_cost_line(summary: RunSummary) -> str:
+    """The load generator's own cost (its CPU is the server's loss on a shared host), or why it is absent."""
+    c = summary.client_cost
+    if c is None:
+        return "- the client's own cost: not measured in this run"
+    lag = c.loop_lag_s
+    return (
+        f"- the client's own cost: {c.cpu_s:.1f} CPU s ({c.cpu_s_per_request * 1000:.1f} ms per request) in this "
+        f"process; its event loop ran late by {_ms(lag.p50)} / {_ms(lag.p99)} ms (p50 / p99; ITL and TPOT are "
+        f"withheld over {c.lag_bound_s * 1000:g} ms)"
+    )
+
+
+def rates_line(cs: ClientServer) -> str:
+    """The client's rates beside the engines' own over the same window, flagged when they disagree."""
+    flag = (
+        ""
+        if cs.agrees
+        else " **The client's requests/s is outside 5 % of the engines' count: read the client's figures with care.**"
+    )
+    return (
+        f"Over the load's {cs.wall_s:.0f} s: the client {cs.client_requests_per_s:.2f} req/s and "
+        f"{cs.client_output_tokens_per_s:.0f} output tokens/s of complete answers; the engines' own counters "
+        f"{cs.engine_requests_per_s:.2f} completed req/s and {cs.engine_output_tokens_per_s:.0f} generated "
+        f"tokens/s (cancelled and failed requests' tokens included).{flag}"
+    )

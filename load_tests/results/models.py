@@ -28,7 +28,9 @@ from .events import Event
 
 # 2: every percentile row counts what it covers; goodput judges every request; sweep, repeats.
 # 3: ``faults`` holds typed events (each kind its own fields; no ``detail`` bag).
-SCHEMA_VERSION = 3
+# 4: ``client_cost`` (the load generator's CPU and loop lag); a percentile row's ``note`` (ITL / TPOT withheld when
+#    the client read chunks late); ``client_server`` per second, the engines' generated tokens beside the client's.
+SCHEMA_VERSION = 4
 # The CLI's exit codes: the run passed; the run failed (RunSummary.failures says why); usage or set-up error.
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -87,6 +89,20 @@ class Percentiles(Record):
     p95: float | None
     p99: float | None
     mean: float | None
+    note: str | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="why the row's figures are withheld (None each): the client read token chunks late",
+    )
+
+
+class ClientCost(Record):
+    """The load generator's own cost over the load's window (``load_tests.load.client_cost``)."""
+
+    cpu_s: float = Field(description="this process's CPU seconds (load, monitor, operator)")
+    cpu_s_per_request: float = Field(description="cpu_s per request started")
+    loop_lag_s: Percentiles = Field(description="how late the event loop woke a 10 ms sleeper")
+    lag_bound_s: float = Field(description="over this lag (p99) the client's ITL / TPOT are withheld")
 
 
 class Throughput(Record):
@@ -171,6 +187,21 @@ class ClientServer(Record):
     client_cancelled: int
     engine_completed: float
     engine_finished: float
+    engine_generation_tokens: float = Field(
+        0.0, description="tokens the engines generated over the run, cancelled and failed requests' included"
+    )
+    wall_s: float = Field(0.0, description="the load's window both rates below divide by")
+    client_requests_per_s: float = Field(
+        0.0, description="complete answers (as engine requests: prompts x n), the operations' included, per second"
+    )
+    engine_requests_per_s: float = Field(0.0, description="engine_completed per second of the same window")
+    client_output_tokens_per_s: float = Field(0.0, description="output tokens of the complete answers per second")
+    engine_output_tokens_per_s: float = Field(0.0, description="engine_generation_tokens per second")
+    agrees: bool = Field(
+        True,
+        description="the client's requests/s within RATE_BOUND of the engines' (a cancelled stream the engine "
+        "completed counts on the engines' side: the bound is checked against the client's range)",
+    )
     sent_past_router: int
     operator_ok: int = Field(
         0,
@@ -292,13 +323,16 @@ class HostileVerdict(Record):
 class RunSummary(Record):
     """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
 
-    schema_version: Literal[3] = 3  # SCHEMA_VERSION
+    schema_version: Literal[4] = 4  # SCHEMA_VERSION
     wall_s: float
     started: int = Field(description="requests started (probes included); each ends as one outcome, or lost")
     outcomes: dict[Counted, int]
     throughput: Throughput
     slo: Slo
     latency_s: Latency
+    client_cost: ClientCost | None = Field(
+        None, exclude_if=lambda v: v is None, description="the load generator's own CPU and loop lag"
+    )
     errors_by_kind: dict[Outcome, int] = Field(description="failed requests not explained by a planned fault")
     errors_by_message: dict[str, int] = Field(description="the 5 most common messages of those, numbers blanked")
     errors_explained_by_faults: dict[Outcome, int]

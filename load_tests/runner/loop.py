@@ -27,6 +27,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..errors import SetupError
 from ..load.client import INGRESS_RETRY_DELAYS_S, RequestResult, send
+from ..load.client_cost import ClientCostSample, LoopLag, ProcessCpu
 from ..load.drive import LoadLevel, drive, drive_levels
 from ..load.hostile import HostileConnection, attack
 from ..observe.monitor import SETTLE_INTERVAL_S, InvariantChecker, Monitor
@@ -93,6 +94,7 @@ class LoadRun:
     operator_ok: int = 0  # complete answers to the operations' own requests (probes, affinity checks)
     windows: list[tuple[str, float, float]] = field(default_factory=list)  # the hostile scenario's (kind, start, end)
     connections: list[HostileConnection] = field(default_factory=list)  # its hostile connections
+    cost: ClientCostSample | None = None  # the client's own CPU and loop lag over the load's window
 
 
 # What starts the requests: called with the loop, ``one(index)`` (sends the index-th request of the mix and records
@@ -297,6 +299,9 @@ class LoadLoop:
                 await self.monitor.baseline()
                 self.monitor.start()
                 load_start = time.monotonic()  # the load's window: not the replica listing or the baseline scrape
+                cpu, lag = ProcessCpu(), LoopLag()
+                cpu.start()
+                lag.start()
                 self.load_started.set()
                 with self.progress:
                     started = await (driver or _profile_driver)(
@@ -310,6 +315,8 @@ class LoadLoop:
                 await asyncio.gather(*side, return_exceptions=True)
                 await asyncio.gather(*self.probe_rounds)  # a probe round in flight finishes: its requests count
                 wall = time.monotonic() - load_start
+                cost = ClientCostSample(cpu.stop(), lag.lags)
+                await lag.stop()
                 await self.monitor.stop()
                 log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
                 await self.monitor.quiescent_check(self.config.settle_timeout_s)
@@ -325,5 +332,6 @@ class LoadLoop:
             wall,
             windows=self.windows,
             connections=self.connections,
+            cost=cost,
             operator_ok=self.operator.completed if self.operator else 0,
         )

@@ -195,6 +195,7 @@ def one_run(
         operator_ok=loaded.operator_ok,
         probes=probes,
         hostile=hostile,
+        cost=loaded.cost,
     )
     summary.scenario = sc
     summary.patches_off = settings.patches_off
