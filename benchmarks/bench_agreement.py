@@ -32,8 +32,18 @@ of ours / vLLM's with its bootstrap 90 % interval (:mod:`benchmarks.pair_stats`,
 the protocol of ``benchmarks.vs_vllm``). The verdict is fixed before the
 data: a figure **agrees** only if its whole interval lies within
 1 +- ``--tolerance`` (15 %), **disagrees** if it lies wholly outside, and is
-**inconclusive** otherwise; the run agrees only if every figure does (exit
-0; 1 otherwise). The API key, if the target needs one, comes from
+**inconclusive** otherwise; the clients agree only if every figure does.
+
+**Against the server** (issue 47), which decides the exit code: during
+every run the server's finished-requests counter is read every
+``--rate-interval`` seconds (:mod:`benchmarks.server_rate`), and each
+client's requests/s is set against the server's own steady rate over that
+run (its middle, edges left out); our CLI **agrees** when the median of ours
+/ server over its runs, with its whole 90 % interval, lies within 5 %
+(exit 0; 1 otherwise). vLLM's client gets the same line, and each tool's
+denominator is named in the report: a run must be long enough (30 s or
+more under Ray, whose agent exports counters every few seconds) for the
+server's rate to exist. The API key, if the target needs one, comes from
 ``FUZZSERVE_API_KEYS`` (vLLM's client reads it as ``OPENAI_API_KEY``).
 
 Each client's CPU (``client_cpu_s``, shown, not judged) is counted the same
@@ -65,6 +75,7 @@ import gc
 import io
 import json
 import logging
+import math
 import os
 import resource
 import statistics
@@ -81,6 +92,7 @@ from rich.console import Console
 from benchmarks import pair_stats, vllm_bench_serve
 from benchmarks.prompts import PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
+from benchmarks.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
 from load_tests.runner.run import run as load_run
 from serve_app.command_logs import command_logging
@@ -90,6 +102,14 @@ log = logging.getLogger("fuzzserve.benchmarks.bench_agreement")
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = ("requests_per_s", "ttft_p50_s", "tpot_p50_s")
 TOLERANCE = 0.15
+# Each client's requests/s against the server's own steady rate over its run (benchmarks.server_rate): agrees only
+# if the whole interval of client / server lies within 1 +- this (issue 47: the CLI within 5 % of the server).
+SERVER_TOLERANCE = 0.05
+# What each tool divides its requests/s by (both: every request it completed).
+DIVIDES_BY = {
+    "ours": "complete answers / the load's window: the first request sent to the last answer (RunSummary.wall_s)",
+    "vllm": "completed requests / its benchmark duration: the first request sent to the last response",
+}
 T = TypeVar("T")
 
 
@@ -250,6 +270,17 @@ def table(result: dict[str, Any]) -> str:
     lines.append(f"| requests measured (runs) | {mine.get('requests')} ({mine.get('runs', 1)}) | "
                  f"{vllm.get('requests')} ({vllm.get('runs', 1)}) | | | |")
     hits = [f"{who} pair {r['pair']}: {r['void']}" for who in ("ours", "vllm") for r in pairs[who] if r.get("void")]
+    lines += ["", "Against the server's own rate (its finished-requests counter over the middle of each run, "
+              "benchmarks/server_rate.py): client / server, median over the client's runs [90 % interval]:", "",
+              "| client | divides by | server req/s (median) | client / server | verdict | each run |",
+              "|---|---|---|---|---|---|"]
+    for who in ("ours", "vllm"):
+        a = result.get("against_server", {}).get(who, {})
+        each = ", ".join("-" if not r.get("server") else f"{r['requests_per_s'] / r['server']['requests_per_s']:.3f}"
+                         for r in pairs[who])
+        med = "-" if "median" not in a else f"{a['median']:.3f} [{a['ci90'][0]:.3f}, {a['ci90'][1]:.3f}]"
+        srv = "-" if "server_requests_per_s" not in a else f"{a['server_requests_per_s']:.2f}"
+        lines.append(f"| {who} | {DIVIDES_BY[who]} | {srv} | {med} | {a.get('verdict', '-')} | {each} |")
     lines.append("")
     lines.append("Void runs (cache hits on a workload that must be cold): " + ("; ".join(hits) if hits else "none"))
     return "\n".join(lines)
@@ -274,6 +305,12 @@ def median_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     out = {k: statistics.median(r[k] for r in runs) for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")
            if all(r.get(k) for r in runs)}
     return out | {"requests": sum(r["requests"] for r in runs), "runs": len(runs)}
+
+
+def run_size(requests: int, rate: float, min_run_s: float) -> int:
+    """Requests per run: at least ``requests``, and enough for ``min_run_s`` seconds at ``rate`` (the warm-up's),
+    so that ramp-up and tail are a small share of each run and the server's rate has exports to be read from."""
+    return max(requests, math.ceil(rate * min_run_s)) if rate > 0 else requests
 
 
 def prompt_sets(pairs: int, requests: int, input_len: int, warmup: int, seed: int) -> dict[tuple[str, int], PromptSet]:
@@ -315,12 +352,20 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
             dataset = prompts.write_jsonl(work / "prompts" / f"{prompts.name}.jsonl")
             before = cache_counters(metrics_urls)
             t0 = time.monotonic()
-            if who == "vllm":
-                run = theirs(url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work, api_key)
-            else:
-                run = ours(url, args.concurrency, dataset, args.requests, args.output_len, work, api_key,
-                           metrics_urls, quick_settle, args.scrape_interval)
+            with RateSampler(metrics_urls, interval_s=args.rate_interval) as sampler:
+                if who == "vllm":
+                    run = theirs(url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work,
+                                 api_key)
+                else:
+                    run = ours(url, args.concurrency, dataset, args.requests, args.output_len, work, api_key,
+                               metrics_urls, quick_settle, args.scrape_interval)
+                if not quick_settle:  # the last export of the run's counts comes up to one export period later
+                    time.sleep(args.rate_tail_s)
             run["pair"], run["prompts"] = pair, prompts.describe()
+            run["server"] = steady_rate(sampler.samples)
+            run["server_samples"] = len(sampler.samples)
+            run["client_cpu_s"] -= sampler.cpu_s  # the sampler's reads ran in this process: not the client's
+            run["sampler_cpu_s"] = sampler.cpu_s
             if before is not None:
                 try:
                     after = wait_for_requests(metrics_urls, before, int(run["requests"]))
@@ -334,9 +379,26 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
             runs[who].append(run)
             log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
     figures = compare_figures(runs["ours"], runs["vllm"], args.tolerance)
+    against = {who: against_server(runs[who]) for who in runs}
     return {"ours": median_figures(runs["ours"]), "vllm": median_figures(runs["vllm"]), "runs": runs,
-            "figures": figures, "verdict": verdict(figures),
+            "figures": figures, "verdict": verdict(figures), "against_server": against,
+            "verdict_vs_server": against["ours"]["verdict"],
             "verdicts": [r.get("failures") for r in runs["ours"]]}
+
+
+def against_server(runs: list[dict[str, Any]], tolerance: float = SERVER_TOLERANCE) -> dict[str, Any]:
+    """One client's requests/s set against the server's own steady rate over each of its runs: the median of
+    client / server with its bootstrap 90 % interval and the verdict (``agrees`` only if the whole interval lies
+    within 1 +- ``tolerance``). Runs without a server rate (too short for the export period) or void count
+    nowhere; with none left the verdict is "not comparable"."""
+    values = [(r["server"]["requests_per_s"], r["requests_per_s"]) for r in runs
+              if r.get("server") and not r.get("void")]
+    if not values:
+        return {"verdict": "not comparable", "runs": 0}
+    out = pair_stats.median_ratio(values)
+    out["verdict"] = pair_stats.agreement(out["ci90"], tolerance)
+    out["server_requests_per_s"] = statistics.median(v for v, _ in values)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,7 +417,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--metrics-url", action="append", default=[],
                     help="the deployment's metrics endpoints (default: Ray's service discovery file)")
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--requests", type=int, default=640)
+    ap.add_argument("--requests", type=int, default=640,
+                    help="requests per run at least (more where --min-run-s needs them)")
+    ap.add_argument("--min-run-s", type=float, default=40.0,
+                    help="after the warm-up, runs are sized to last at least this long at its rate (0: off)")
     ap.add_argument("--input-len", type=int, default=128, help="prompt tokens, BOS included")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--ttft-ms", type=float, default=100.0, help="--echo: the server's time to first token")
@@ -372,6 +437,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="our CLI's --scrape-interval (default: the CLI's own, 2 s)")
     ap.add_argument("--record-bodies", type=Path, default=None,
                     help="--echo: the echo server writes every request body it receives here (JSON lines)")
+    ap.add_argument("--rate-interval", type=float, default=1.0,
+                    help="seconds between reads of the server's finished-requests counter during a run")
+    ap.add_argument("--rate-tail-s", type=float, default=12.0,
+                    help="a real deployment: seconds the counter is still read after a run ends (Ray exports every "
+                         "few seconds; the run's last requests show up that much later)")
     ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
     args = ap.parse_args(argv)
     pair_stats.check_pairs(args.pairs, smoke=args.smoke)
@@ -398,8 +468,14 @@ def main(argv: list[str] | None = None) -> int:
             if warmup:
                 log.info("warming up with %d requests (vLLM's client, prompts of their own, not measured)", warmup)
                 (Path(tmp) / "warmup").mkdir()
-                theirs(url, tokenizer, args.concurrency, sets["warmup", 0].write_jsonl(Path(tmp) / "warmup.jsonl"),
-                       warmup, args.output_len, Path(tmp) / "warmup", api_key)
+                warm = theirs(url, tokenizer, args.concurrency, sets["warmup", 0].write_jsonl(
+                    Path(tmp) / "warmup.jsonl"), warmup, args.output_len, Path(tmp) / "warmup", api_key)
+                sized = run_size(args.requests, warm["requests_per_s"], args.min_run_s)
+                if sized > args.requests:
+                    log.info("%d requests per run (the warm-up's %.1f req/s for at least %.0f s)", sized,
+                             warm["requests_per_s"], args.min_run_s)
+                    args.requests = sized
+                    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed)
             result = compare_on(url, args, metrics, Path(tmp), tokenizer, api_key, sets, quick_settle=args.echo)
         finally:
             if echo is not None:
@@ -415,12 +491,16 @@ def main(argv: list[str] | None = None) -> int:
     result["scrape_interval_s"] = args.scrape_interval
     md = table(result)
     sys.stdout.write(md + f"\n{result['verdict'].upper()} (tolerance {args.tolerance:.0%}, {args.pairs} pairs"
-                     + (", below protocol" if result["below_protocol"] else "") + ")\n")
+                     + (", below protocol" if result["below_protocol"] else "") + ")\n"
+                     + f"Against the server: ours {result['against_server']['ours']['verdict'].upper()}, vLLM's "
+                     f"{result['against_server']['vllm']['verdict'].upper()} (tolerance {SERVER_TOLERANCE:.0%})\n")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "agreement.json").write_text(json.dumps(result, indent=2))
         (args.out / "agreement.md").write_text(md + "\n")
-    return 0 if result["verdict"] == "agrees" else 1
+    # decided against the server (issue 47): the CLI's figure is the server's own rate within 5 %; the two clients'
+    # figures against each other are shown beside it, each tool's own cost and denominator with them
+    return 0 if result["verdict_vs_server"] == "agrees" else 1
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..load.client import RequestResult
-from ..load.client_cost import reads_late
+from ..load.client_cost import reads_late, tpot_reads_late
 from ..plan.slo import Slo
 from ..results.models import Latency, Percentiles, Throughput
 
@@ -30,21 +30,25 @@ def percentiles(values: Sequence[float], points: Sequence[int] = PERCENTILES) ->
 def latency(ok: Sequence[RequestResult], lag_p99_s: float | None = None) -> Latency:
     """The latency rows over the complete answers ``ok``, each over the requests that have the figure.
 
-    ITL and TPOT are the client's only while it read token chunks on time: with its loop's lag p99
-    ``lag_p99_s`` over the bound, or chunks read in bursts, both rows keep their counts and carry
-    :func:`~load_tests.load.client_cost.reads_late`'s reason instead of figures (never a 0 ms percentile)."""
+    ITL and TPOT are the client's only while it read token chunks on time: ITL with its loop's lag p99
+    ``lag_p99_s`` over the bound, TPOT with that lag spread over a median stream's tokens over a tenth of it,
+    either with chunks read in bursts: the row keeps its counts and carries the reason
+    (:func:`~load_tests.load.client_cost.reads_late`, :func:`~load_tests.load.client_cost.tpot_reads_late`)
+    instead of figures, never a 0 ms percentile."""
 
     def row(per_request: list[list[float]]) -> Percentiles:
         have = [xs for xs in per_request if xs]
         return Percentiles(**percentiles([x for xs in have for x in xs]), requests=len(have))
 
-    itl, tpot = (
-        row([list(r.itl) if r.ttft is not None else [] for r in ok]),
-        row([[r.tpot] if r.tpot is not None else [] for r in ok]),
-    )
-    why = reads_late(lag_p99_s, itl.p50)
-    if why is not None:
-        itl, tpot = (withheld(p, why) for p in (itl, tpot))
+    itl = row([list(r.itl) if r.ttft is not None else [] for r in ok])
+    tpot = row([[r.tpot] if r.tpot is not None else [] for r in ok])
+    tokens = [float(r.output_tokens) for r in ok if r.tpot is not None]
+    why_tpot = tpot_reads_late(lag_p99_s, itl.p50, tpot.p50, float(np.median(tokens)) if tokens else None)
+    why_itl = reads_late(lag_p99_s, itl.p50)
+    if why_itl is not None:
+        itl = withheld(itl, why_itl)
+    if why_tpot is not None:
+        tpot = withheld(tpot, why_tpot)
     return Latency(
         ttft=row([[r.ttft] if r.ttft is not None else [] for r in ok]),
         itl=itl,

@@ -230,6 +230,7 @@ def run_statistics(
                 cpu_s=cost.cpu_s,
                 cpu_s_per_request=cost.cpu_s / started if started else 0.0,
                 loop_lag_s=lag,
+                runqueue_wait_s=cost.runqueue_wait_s,
                 lag_bound_s=LAG_BOUND_S,
             )
             if cost is not None and lag is not None

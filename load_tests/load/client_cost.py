@@ -30,6 +30,9 @@ LAG_BOUND_S = 0.005
 # ... or when the median gap between token chunks is under this: no engine step is that short; chunks read in a
 # burst (a late loop, or a server that sent them together) are.
 BURST_ITL_S = 0.0001
+# TPOT spreads a late read over a stream's tokens ((e2e - TTFT) / (tokens - 1)): it is withheld when the lag p99 so
+# spread is over this share of the TPOT median, or when chunks came in bursts.
+TPOT_LAG_SHARE = 0.1
 
 
 class LoopLag:
@@ -58,19 +61,55 @@ class LoopLag:
 
 class ProcessCpu:
     """This process's CPU seconds (every thread: the load, the monitor's scrapes, the operator) between
-    :meth:`start` and :meth:`stop`."""
+    :meth:`start` and :meth:`stop`, and how long the calling thread (the event loop's) waited runnable for a
+    CPU meanwhile (the kernel's ``/proc/thread-self/schedstat``: a client starved by the server's processes
+    shows here, where its own CPU time stays small)."""
 
     def __init__(self) -> None:
         self.t0: float | None = None
+        self.wait0: float | None = None
         self.cpu_s = 0.0
+        self.runqueue_wait_s: float | None = None
 
     def start(self) -> None:
         self.t0 = time.process_time()
+        self.wait0 = runqueue_wait_s()
 
     def stop(self) -> float:
         if self.t0 is not None:
             self.cpu_s = time.process_time() - self.t0
+        now = runqueue_wait_s()
+        if self.wait0 is not None and now is not None:
+            self.runqueue_wait_s = now - self.wait0
         return self.cpu_s
+
+
+def runqueue_wait_s(path: str = "/proc/thread-self/schedstat") -> float | None:
+    """Seconds the calling thread has waited runnable on a run queue (schedstat's second field, ns), or None
+    where the kernel does not say."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def tpot_reads_late(
+    lag_p99_s: float | None, itl_p50_s: float | None, tpot_p50_s: float | None, tokens_p50: float | None
+) -> str | None:
+    """Why the client's TPOT cannot be trusted, or None: chunks read in bursts, or its loop's lag p99 spread over
+    a median stream's tokens over :data:`TPOT_LAG_SHARE` of the TPOT median."""
+    if itl_p50_s is not None and itl_p50_s < BURST_ITL_S:
+        return reads_late(None, itl_p50_s)
+    if lag_p99_s is None or tpot_p50_s is None or not tokens_p50 or tokens_p50 < 2:
+        return None
+    spread = lag_p99_s / (tokens_p50 - 1)
+    if spread > TPOT_LAG_SHARE * tpot_p50_s:
+        return (
+            f"withheld: the client's event loop ran {lag_p99_s * 1000:.1f} ms late (p99), "
+            f"{spread * 1000:.2f} ms per token over a median stream, over {TPOT_LAG_SHARE:.0%} of the TPOT median"
+        )
+    return None
 
 
 def reads_late(lag_p99_s: float | None, itl_p50_s: float | None) -> str | None:
@@ -95,3 +134,4 @@ class ClientCostSample:
 
     cpu_s: float
     lags: list[float] = field(default_factory=list)
+    runqueue_wait_s: float | None = None  # the loop's thread, waiting for a CPU while runnable

@@ -282,6 +282,11 @@ def client_cost_line(summary: RunSummary) -> str:
         f"- the client's own cost: {c.cpu_s:.1f} CPU s ({c.cpu_s_per_request * 1000:.1f} ms per request) in this "
         f"process; its event loop ran late by {_ms(lag.p50)} / {_ms(lag.p99)} ms (p50 / p99; ITL and TPOT are "
         f"withheld over {c.lag_bound_s * 1000:g} ms)"
+        + (
+            ""
+            if c.runqueue_wait_s is None
+            else f"; its thread waited {c.runqueue_wait_s:.1f} s runnable for a CPU (the kernel's schedstat)"
+        )
     )
 
 

@@ -102,6 +102,9 @@ class ClientCost(Record):
     cpu_s: float = Field(description="this process's CPU seconds (load, monitor, operator)")
     cpu_s_per_request: float = Field(description="cpu_s per request started")
     loop_lag_s: Percentiles = Field(description="how late the event loop woke a 10 ms sleeper")
+    runqueue_wait_s: float | None = Field(
+        None, description="seconds the event loop's thread waited runnable for a CPU (the kernel's schedstat)"
+    )
     lag_bound_s: float = Field(description="over this lag (p99) the client's ITL / TPOT are withheld")
 
 

@@ -315,7 +315,7 @@ class LoadLoop:
                 await asyncio.gather(*side, return_exceptions=True)
                 await asyncio.gather(*self.probe_rounds)  # a probe round in flight finishes: its requests count
                 wall = time.monotonic() - load_start
-                cost = ClientCostSample(cpu.stop(), lag.lags)
+                cost = ClientCostSample(cpu.stop(), list(lag.lags), cpu.runqueue_wait_s)
                 await lag.stop()
                 await self.monitor.stop()
                 log.info("load finished: %d requests in %.0f s; waiting for quiescence", started, wall)
