@@ -167,8 +167,10 @@ def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: i
     lat, tp = s.latency_s, s.throughput
     return {"tool": "python -m load_tests", "requests": tp.completed, "passed": s.passed,
             "failures": s.failures, "requests_per_s": tp.requests_per_s, "ttft_p50_s": lat.ttft.p50,
-            "tpot_p50_s": lat.tpot.p50, "ttft_p99_s": lat.ttft.p99,
-            "ttft_requests": lat.ttft.requests, "client_cpu_s": cpu}
+            "tpot_p50_s": lat.tpot.p50, "ttft_p99_s": lat.ttft.p99, "tpot_note": lat.tpot.note,
+            "ttft_requests": lat.ttft.requests, "client_cpu_s": cpu,
+            "loop_lag_p99_s": s.client_cost.loop_lag_s.p99 if s.client_cost else None,
+            "runqueue_wait_s": s.client_cost.runqueue_wait_s if s.client_cost else None}
 
 
 def start_clients() -> None:
