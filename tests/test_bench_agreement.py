@@ -162,3 +162,16 @@ def test_a_client_is_judged_against_the_server_over_its_runs():
     far = [{"requests_per_s": r, "server": {"requests_per_s": 100.0}} for r in (116.0, 118.0, 120.0, 115.0)]
     assert against_server(far)["verdict"] == "disagrees", "a client reading 1.16x the server's count"
     assert against_server([{"requests_per_s": 10.0, "server": None}])["verdict"] == "not comparable"
+
+
+def test_the_rate_sampler_reads_only_the_finished_requests_lines_of_every_endpoint():
+    from benchmarks.server_rate import finished_requests
+
+    ray = ("# HELP ray_vllm_request_success_total x\n# TYPE ray_vllm_request_success_total counter\n"
+           'ray_vllm_request_success_total{ReplicaId="a",finished_reason="length"} 120.0\n'
+           'ray_vllm_request_success_total{ReplicaId="b",finished_reason="stop"} 3.0\n'
+           'ray_vllm_request_success_total_created{ReplicaId="a"} 1.7e9\n'
+           'ray_vllm_prompt_tokens_total{ReplicaId="a"} 9999.0\n')
+    plain = 'vllm:request_success_total{finished_reason="length",model_name="fixture"} 7.0 1732780000000\n'
+    pages = {"http://ray/metrics": ray, "http://plain/metrics": plain}
+    assert finished_requests(list(pages), get=pages.__getitem__) == 130.0
