@@ -29,7 +29,7 @@ def test_a_headline_runs_prompt_sets_are_all_disjoint_warmups_included():
     assert check_disjoint(plan.values()) == []
     warmups = [s for (p, label), s in plan.items() if label == "warmup"]
     measured = [s for (p, label), s in plan.items() if label != "warmup"]
-    assert len(warmups) == 6 and len(measured) == 24
+    assert len(warmups) == 6 and len(measured) == 36  # 6 pairs x (4 completions runs + 2 chat runs)
     firsts = [tuple(p.split()[:KEY_WORDS]) for s in measured for p in s.prompts]
     assert len(firsts) == len(set(firsts)) == sum(len(s) for s in measured)
     warm = {tuple(p.split()[:KEY_WORDS]) for s in warmups for p in s.prompts}
