@@ -64,6 +64,7 @@ from benchmarks.host import find_ray_processes, ray_processes
 from patches.switches import ALL, OFF_ENV
 from serve_app import deploy_config
 from serve_app.deploy_config import LLMSpec, ServeConfig
+from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix
 
 log = logging.getLogger("fuzzserve.benchmarks.arms")
 
@@ -185,11 +186,16 @@ class VllmServer:
         self.server.close()
 
 
+def plain_engine_kwargs(config: ServeConfig) -> dict[str, Any]:
+    """What a reference (plain, stock) takes of the config's engine arguments: what changes the computation."""
+    kwargs = model_config(config).engine_kwargs
+    return {k: kwargs[k] for k in PLAIN_KEYS if k in kwargs}
+
+
 def plain_vllm(config: ServeConfig, model: Path, log_dir: Path, find_ray=ray_processes) -> VllmServer:
     """vLLM's defaults, every patch off; only the settings that change what is computed come from the config."""
-    kwargs = model_config(config).engine_kwargs
-    return VllmServer("plain", model, log_dir, engine_flags({k: kwargs[k] for k in PLAIN_KEYS if k in kwargs}),
-                      {OFF_ENV: ALL}, find_ray=find_ray)
+    return VllmServer("plain", model, log_dir, engine_flags(plain_engine_kwargs(config)), {OFF_ENV: ALL},
+                      find_ray=find_ray)
 
 
 def patched_vllm(config: ServeConfig, model: Path, log_dir: Path, offload: bool = True,
@@ -217,9 +223,10 @@ class Shipped:
             raise ValueError(f"arm {name!r}: via={via}: known values {', '.join(VIA)}")
         self.config, self.log_dir, self.name, self.env, self.via = config, log_dir, name, env or {}, via
         self.split = split  # pin=split: every Ray process but EngineCore on the cores the engine does not use
-        # None: our app's engine replicas, ready when its /ready answers; else another app's (the stock peer),
-        # whose replicas' class names start with this and which is ready when /v1/models answers
-        self.replica_class = replica_class
+        # None: our app, ready when its /ready answers; else another app's replicas (the stock peer), whose class
+        # names start with this and which is ready when /v1/models answers
+        self.ours = replica_class is None
+        self.replica_class = replica_class or ENGINE_REPLICA_CLASS
 
     def __enter__(self) -> Shipped:
         from load_tests.operate.local_cluster import LocalCluster
@@ -229,11 +236,10 @@ class Shipped:
         self.cluster = LocalCluster(num_cpus=None, log_dir=self.log_dir, env=dict(self.env))
         self.cluster.start()
         try:
-            self.cluster.deploy(self.config, http_port=free_port(), wait_ready=self.replica_class is None)
-            if self.replica_class is not None:
+            self.cluster.deploy(self.config, http_port=free_port(), wait_ready=self.ours)
+            if not self.ours:
                 self.cluster.wait_http([""])
-            replicas = (self.cluster.replicas() if self.replica_class is None
-                        else self.cluster.replicas(self.replica_class))
+            replicas = self.cluster.replicas(self.replica_class)
             self.replicas = len(replicas)
             self.base_url = (f"http://127.0.0.1:{self._replica_port(replicas)}" if self.via == "replica"
                              else self.cluster.base_url)
@@ -295,10 +301,9 @@ def stock_config(config: ServeConfig, model: Path) -> ServeConfig:
     serve_config.yaml's HTTP options (loopback, its timeouts), so only the application differs."""
     from serve_app.engine_env import ENGINE_ENV
 
-    kwargs = model_config(config).engine_kwargs
     llm = {"model_loading_config": {"model_id": MODEL_NAME, "model_source": str(model)},
            "accelerator_config": {"kind": "cpu"}, "deployment_config": {"num_replicas": 1},
-           "engine_kwargs": {k: kwargs[k] for k in PLAIN_KEYS if k in kwargs}}
+           "engine_kwargs": plain_engine_kwargs(config)}
     app = deploy_config.Application(
         name=STOCK_APP, route_prefix="/", import_path=STOCK_BUILDER,
         runtime_env={"env_vars": {**ENGINE_ENV, OFF_ENV: ALL, DIRECT_STREAMING: "1"}}, args={"llm_configs": [llm]})
@@ -352,8 +357,6 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
     if "config" in extra:
         config = load_config(Path(extra.pop("config")))
     if base == "stock":
-        from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix
-
         unknown = sorted(k for k in extra if k in ARM_OPTIONS)
         if unknown:
             raise ValueError(f"arm {name!r}: the stock arm takes no option ({', '.join(unknown)})")

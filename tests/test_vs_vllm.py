@@ -377,7 +377,7 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
     from benchmarks.arms import STOCK_APP, Shipped, load_config, make_arm
     from benchmarks.vs_vllm import REPO
     from patches.switches import ALL, OFF_ENV
-    from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix
+    from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix
 
     config = load_config(REPO / "serve_config.yaml")
     stock = make_arm("stock", config, Path("/m"), Path("/tmp/arms-test"))
@@ -391,7 +391,8 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
     assert llm["engine_kwargs"] == {"dtype": kwargs["dtype"], "max_model_len": kwargs["max_model_len"]}
     assert llm["deployment_config"] == {"num_replicas": 1} and llm["model_loading_config"]["model_source"] == "/m"
     assert stock.config.http_options == config.http_options, "only the application differs from the shipped file"
-    assert make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test")).replica_class is None
+    shipped = make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test"))
+    assert shipped.ours and not stock.ours and shipped.replica_class == ENGINE_REPLICA_CLASS
     with pytest.raises(ValueError, match="the stock arm takes no option"):
         make_arm("stock+pin=split", config, Path("/m"), Path("/tmp/arms-test"))
 
