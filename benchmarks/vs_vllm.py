@@ -307,6 +307,12 @@ def void_reason(workload: str, counters: CacheCounters, run: Run | None = None) 
 
 
 # ----------------------------------------------------------------------------- comparison
+def counted(runs: list[Run]) -> list[Run]:
+    """The runs that count: not void, and one per pair, arm and run label (a phase run again after a void run
+    measures every label again; its latest valid run of each counts, as in the pair ratios)."""
+    return list({(r.pair, r.stack, r.label): r for r in runs if r.void is None}.values())
+
+
 def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, Any]]:
     """Per run label and arm pair (candidate vs reference): each figure's median pair ratio and interval.
 
@@ -321,7 +327,7 @@ def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, 
         if "shipped" in arms and ref in arms:
             comparisons.append(("shipped", ref))
     for label in dict.fromkeys(r.label for r in runs):
-        by = {(r.pair, r.stack): r for r in runs if r.label == label and r.void is None}
+        by = {(r.pair, r.stack): r for r in counted(runs) if r.label == label}
         out[label] = {}
         for cand, ref in comparisons:
             pairs = sorted({p for p, _ in by if (p, cand) in by and (p, ref) in by})
@@ -363,7 +369,7 @@ def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]
     out: dict[str, dict[str, dict[str, float | None]]] = {}
     for label in dict.fromkeys(r.label for r in runs):
         for arm in dict.fromkeys(r.stack for r in runs):
-            mine = [r for r in runs if r.label == label and r.stack == arm and r.void is None]
+            mine = [r for r in counted(runs) if r.label == label and r.stack == arm]
             if not mine:
                 continue
             per_run = []
@@ -402,20 +408,20 @@ ARM_FIGURES = ("req_per_s", "ttft_p50", "ttft_p99", "e2el_p50", "host_cpu_s_per_
 
 
 def arm_figures(runs: list[Run]) -> dict[str, dict[str, dict[str, Any]]]:
-    """Per run label and arm, each figure's median over the arm's valid runs (absolute, so hosts compare), and
-    how many of its runs were void."""
+    """Per run label and arm, each figure's median over the arm's counted runs (:func:`counted`; absolute, so
+    hosts compare), and how many of its runs were void."""
     import statistics
 
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for label in dict.fromkeys(r.label for r in runs):
         for arm in dict.fromkeys(r.stack for r in runs):
-            mine = [r for r in runs if r.label == label and r.stack == arm]
-            valid = [r for r in mine if r.void is None]
-            if not mine:
+            void = sum(1 for r in runs if r.label == label and r.stack == arm and r.void is not None)
+            valid = [r for r in counted(runs) if r.label == label and r.stack == arm]
+            if not valid and not void:
                 continue
             row: dict[str, Any] = {f: (statistics.median(r.figure(f) for r in valid) if valid else None)
                                    for f in ARM_FIGURES}
-            out.setdefault(label, {})[arm] = {**row, "runs": len(valid), "void": len(mine) - len(valid)}
+            out.setdefault(label, {})[arm] = {**row, "runs": len(valid), "void": void}
     return out
 
 
@@ -704,7 +710,7 @@ RAY_ARMS = ("shipped", "shipped-nooffload", "stock")  # arms that run in a Ray c
 
 def missing_runs(runs: list[Run], arms: list[str], pairs: int, labels: list[str]) -> list[str]:
     """Every (pair, arm, run label) with no valid (non-void) run."""
-    valid = {(r.pair, r.stack, r.label) for r in runs if r.void is None}
+    valid = {(r.pair, r.stack, r.label) for r in counted(runs)}
     return [f"pair {p} {a} {lab}" for p in range(pairs) for a in arms for lab in labels if (p, a, lab) not in valid]
 
 

@@ -491,3 +491,20 @@ def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_
     assert void_reason("cold", clean, timed("plain", 25.0, 8.0)) is None, "3x but only 17 ms outside"
     assert void_reason("cold", clean, timed("shipped", 101.0, 10.5)) is None
     assert void_reason("cold", clean, timed("plain", 101.0, None)) is None, "a server that times nothing"
+
+
+def test_a_phase_run_again_counts_once_per_pair_in_every_table():
+    """A phase with a void run is run again whole: the label that was valid the first time is measured twice.
+    The pair ratios, the arm's own figures and the TTFT split each count its latest valid run, once."""
+    from benchmarks.vs_vllm import arm_figures, compare, counted
+
+    first = _run("shipped", 0, "c1", 10, 0.1)
+    first_void = _run("shipped", 0, "c8", 10, 0.1, void="1 failed request(s)")
+    again, again8 = _run("shipped", 0, "c1", 20, 0.1), _run("shipped", 0, "c8", 30, 0.1)
+    again.attempt = again8.attempt = 1
+    runs = [_run("plain", 0, "c1", 10, 0.1), _run("plain", 0, "c8", 10, 0.1), first, first_void, again, again8]
+    assert counted(runs) == [runs[0], runs[1], again, again8]
+    assert compare(runs)["c1"]["shipped/plain"]["figures"]["req_per_s"]["ratios"] == [2.0]
+    figures = arm_figures(runs)
+    assert figures["c1"]["shipped"]["req_per_s"] == 20 and figures["c1"]["shipped"]["runs"] == 1
+    assert figures["c8"]["shipped"]["runs"] == 1 and figures["c8"]["shipped"]["void"] == 1
