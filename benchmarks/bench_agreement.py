@@ -361,13 +361,14 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
                 else:
                     run = ours(url, args.concurrency, dataset, args.requests, args.output_len, work, api_key,
                                metrics_urls, quick_settle, args.scrape_interval)
+                in_call_cpu_s = sampler.cpu_s  # the sampler's CPU while the client's call ran (its tail comes after)
                 if not quick_settle:  # the last export of the run's counts comes up to one export period later
                     time.sleep(args.rate_tail_s)
             run["pair"], run["prompts"] = pair, prompts.describe()
             run["server"] = steady_rate(sampler.samples)
             run["server_samples"] = len(sampler.samples)
-            run["client_cpu_s"] -= sampler.cpu_s  # the sampler's reads ran in this process: not the client's
-            run["sampler_cpu_s"] = sampler.cpu_s
+            run["client_cpu_s"] -= in_call_cpu_s  # the sampler's reads ran in this process: not the client's
+            run["sampler_cpu_s"] = in_call_cpu_s
             if before is not None:
                 try:
                     after = wait_for_requests(metrics_urls, before, int(run["requests"]))
