@@ -41,6 +41,13 @@ PREEMPTIONS = "vllm:num_preemptions"
 REQUEST_SUCCESS = "vllm:request_success"  # label "finished_reason"
 REQUESTS_RUNNING = "vllm:num_requests_running"  # gauges: Ray's export carries none (docs/monitoring.md)
 REQUESTS_WAITING = "vllm:num_requests_waiting"
+# vLLM's latency histograms (seconds), observed in each replica's frontend (vLLM's output processor) as the engine's
+# outputs arrive: the server's own time to first token, time between tokens and time per output token, which the
+# load tests set beside the client's (``load_tests.judge.server_latency``). Exported with ``_bucket`` / ``_sum`` /
+# ``_count`` samples; ``le`` labels the bucket.
+TTFT_SECONDS = "vllm:time_to_first_token_seconds"
+ITL_SECONDS = "vllm:inter_token_latency_seconds"
+TPOT_SECONDS = "vllm:request_time_per_output_token_seconds"
 # The parts of vllm:prompt_tokens_by_source that sum to vllm:prompt_tokens.
 SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")
 RAY_VLLM_PREFIX = "ray_vllm_"

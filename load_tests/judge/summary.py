@@ -45,6 +45,7 @@ from ..results.models import (
 )
 from .figures import latency, percentiles, throughput
 from .ingress import ingress_retries
+from .server_latency import server_latency
 from .verdict import verdict
 
 # The client's requests/s and the engines' over the same window agree within this share (issue 47).
@@ -217,6 +218,7 @@ def run_statistics(
         output_tokens=sum(r.output_tokens for r in ok),
     )
     bad = bad_request_problems(results)
+    server = server_latency(final, checker.baseline())
     lag = Percentiles(**percentiles(cost.lags), requests=None) if cost is not None else None
     return RunSummary(
         wall_s=wall_s,
@@ -225,6 +227,7 @@ def run_statistics(
         throughput=throughput(results, wall_s, slo),
         slo=slo,
         latency_s=latency(ok, lag.p99 if lag is not None else None),
+        server_latency_s=server,
         client_cost=(
             ClientCost(
                 cpu_s=cost.cpu_s,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from patches.metrics import CORRECTIONS_METRIC, INJECTIONS_METRIC, VIOLATIONS_METRIC
 from serve_app.observability import (
     GENERATION_TOKENS,
+    ITL_SECONDS,
     PREEMPTIONS,
     PROMPT_TOKENS,
     PROMPT_TOKENS_BY_SOURCE,
@@ -40,6 +41,8 @@ from serve_app.observability import (
     REQUEST_SUCCESS,
     REQUESTS_RUNNING,
     REQUESTS_WAITING,
+    TPOT_SECONDS,
+    TTFT_SECONDS,
 )
 
 # The names are the observability contract's (serve_app.observability), re-exported for the load tests' modules:
@@ -63,7 +66,10 @@ LABELLED = {  # canonical name -> (label, field holding {label value: count})
     INJECTIONS_METRIC: ("kind", "injections"),  # the kv_faults patch's: the faults a run injected
 }
 GAUGES = {REQUESTS_RUNNING: "running", REQUESTS_WAITING: "waiting"}
-WANTED = frozenset((*COUNTERS, *LABELLED, *GAUGES))
+# vLLM's latency histograms -> the figure they time (ReplicaCounters.histograms' keys); only their buckets are read.
+HISTOGRAMS = {TTFT_SECONDS: "ttft", ITL_SECONDS: "itl", TPOT_SECONDS: "tpot"}
+BUCKET = "_bucket"
+WANTED = frozenset((*COUNTERS, *LABELLED, *GAUGES, *HISTOGRAMS, *(h + BUCKET for h in HISTOGRAMS)))
 
 
 def canonical(sample_name: str) -> tuple[str, bool] | None:
@@ -101,6 +107,8 @@ class ReplicaCounters:
     gauges: bool = False  # the replica's vLLM gauges were in this scrape
     healthy: float | None = None  # Serve's health gauge for it, when the controller's node was scraped
     health_check_failures: float = 0.0  # Serve's failed health checks of it (read with the health gauge)
+    # figure (HISTOGRAMS' values) -> {bucket's upper bound ``le``: observations at or under it}, cumulative
+    histograms: dict[str, dict[float, float]] = field(default_factory=dict)
 
     @property
     def alive(self) -> bool:
@@ -135,6 +143,10 @@ def counters_from_samples(samples, node: str = "") -> dict[str, ReplicaCounters]
             label, attr = LABELLED[name]
             d = getattr(rc, attr)
             d[lab.get(label, "")] = d.get(lab.get(label, ""), 0.0) + value
+        elif not is_total and name.endswith(BUCKET) and name[: -len(BUCKET)] in HISTOGRAMS and "le" in lab:
+            buckets = rc.histograms.setdefault(HISTOGRAMS[name[: -len(BUCKET)]], {})
+            le = float(lab["le"])  # "+Inf" included
+            buckets[le] = buckets.get(le, 0.0) + value
         elif not is_total and name in GAUGES:
             setattr(rc, GAUGES[name], getattr(rc, GAUGES[name]) + value)
             rc.gauges = True

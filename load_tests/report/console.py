@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..results.models import RunSummary
-from .markdown import client_cost_line, ingress_retries_line, rates_line
+from .markdown import client_cost_line, ingress_retries_line, rates_line, server_ms
 
 
 def print_summary(console: Console, summary: RunSummary, path: Path) -> None:
@@ -38,6 +38,13 @@ def print_summary(console: Console, summary: RunSummary, path: Path) -> None:
             )
             + f" ({p.requests} requests)",
         )
+    if summary.server_latency_s is not None:
+        for name in ("ttft", "itl", "tpot"):
+            p = getattr(summary.server_latency_s, name)
+            t.add_row(
+                f"{name.upper()} p50 / p99 (server)",
+                f"{server_ms(p, 'p50')} / {server_ms(p, 'p99')} ms ({p.count} values, vLLM's histograms)",
+            )
     t.add_row("client", client_cost_line(summary).removeprefix("- the client's own cost: "))
     t.add_row("vs the engines", rates_line(summary.client_server))
     inv = summary.invariants

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from ..results.models import Capacity, ClientServer, HostileVerdict, Repeats, RunSummary
+from ..results.models import Capacity, ClientServer, HostileVerdict, Repeats, RunSummary, ServerPercentiles
 
 
 def ingress_retries_line(summary: RunSummary) -> str:
@@ -59,6 +59,7 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
             else f"{p.note} | | | |"
         )
         lines.append(f"| {name} | {p.requests} | {p.count} | {figures} |")
+    lines += server_latency_rows(summary)
     lines += ["", client_cost_line(summary)]
     faults = [f.model_dump(mode="json", exclude_none=True) for f in summary.faults]
     lines += [
@@ -272,6 +273,34 @@ def hostile_lines(h: HostileVerdict) -> list[str]:
     return [*lines, ""]
 
 
+PERCENTILE_KEYS = ("p50", "p90", "p95", "p99")
+
+
+def server_ms(p: ServerPercentiles, key: str) -> str:
+    """A server percentile in ms with the bucket it was interpolated in: ``24 (20-30)``."""
+    v = getattr(p, key)
+    if v is None:
+        return "-"
+    lo, hi = p.bucket_s[key]
+    return f"{v * 1000:.0f} ({lo * 1000:g}-{hi * 1000:g})"
+
+
+def server_latency_rows(summary: RunSummary) -> list[str]:
+    """The server's own TTFT / ITL / TPOT rows under the client's latency table, and what they are read from."""
+    s = summary.server_latency_s
+    if s is None:
+        return []
+    rows = [
+        f"| {name} (server) | | {p.count} | " + " | ".join(server_ms(p, k) for k in PERCENTILE_KEYS) + " | |"
+        for name, p in (("ttft", s.ttft), ("itl", s.itl), ("tpot", s.tpot))
+    ]
+    source = (
+        f"Rows marked (server): {s.source}; in brackets, the bucket each percentile lies in (ms). They include the "
+        "requests a run's operations sent beside the load (docs/load_tests.md#figures)."
+    )
+    return [*rows, "", source]
+
+
 def client_cost_line(summary: RunSummary) -> str:
     """The load generator's own cost (its CPU is the server's loss on a shared host), or why it is absent."""
     c = summary.client_cost
@@ -281,7 +310,7 @@ def client_cost_line(summary: RunSummary) -> str:
     return (
         f"- the client's own cost: {c.cpu_s:.1f} CPU s ({c.cpu_s_per_request * 1000:.1f} ms per request) in this "
         f"process; its event loop ran late by {_ms(lag.p50)} / {_ms(lag.p99)} ms (p50 / p99; ITL and TPOT are "
-        f"withheld over {c.lag_bound_s * 1000:g} ms)"
+        f"withheld over {c.lag_bound_s * 1000:g} ms; the server's own are the (server) rows)"
         + (
             ""
             if c.runqueue_wait_s is None

@@ -30,7 +30,8 @@ from .events import Event
 # 3: ``faults`` holds typed events (each kind its own fields; no ``detail`` bag).
 # 4: ``client_cost`` (the load generator's CPU and loop lag); a percentile row's ``note`` (ITL / TPOT withheld when
 #    the client read chunks late); ``client_server`` per second, the engines' generated tokens beside the client's.
-SCHEMA_VERSION = 4
+# 5: ``server_latency_s``, the server's own TTFT / ITL / TPOT from vLLM's histograms, beside the client's rows.
+SCHEMA_VERSION = 5
 # The CLI's exit codes: the run passed; the run failed (RunSummary.failures says why); usage or set-up error.
 EXIT_PASSED, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -94,6 +95,28 @@ class Percentiles(Record):
         exclude_if=lambda v: v is None,
         description="why the row's figures are withheld (None each): the client read token chunks late",
     )
+
+
+class ServerPercentiles(Record):
+    """A latency figure as vLLM's histogram over the run's window gives it (``load_tests.judge.server_latency``)."""
+
+    count: int = Field(description="observations in the window (requests for TTFT / TPOT, token gaps for ITL)")
+    p50: float | None
+    p90: float | None
+    p95: float | None
+    p99: float | None
+    bucket_s: dict[str, tuple[float, float]] = Field(
+        description="per percentile, the bucket it lies in (lower, upper bound): the figure is interpolated inside it"
+    )
+
+
+class ServerLatency(Record):
+    """The server's own TTFT / ITL / TPOT over the run (seconds), beside the client's ``latency_s``."""
+
+    source: str = Field(description="what the figures are read from, and how")
+    ttft: ServerPercentiles
+    itl: ServerPercentiles
+    tpot: ServerPercentiles
 
 
 class ClientCost(Record):
@@ -326,13 +349,18 @@ class HostileVerdict(Record):
 class RunSummary(Record):
     """A run's numbers and its verdict: ``passed`` exactly when ``failures`` is empty."""
 
-    schema_version: Literal[4] = 4  # SCHEMA_VERSION
+    schema_version: Literal[5] = 5  # SCHEMA_VERSION
     wall_s: float
     started: int = Field(description="requests started (probes included); each ends as one outcome, or lost")
     outcomes: dict[Counted, int]
     throughput: Throughput
     slo: Slo
     latency_s: Latency
+    server_latency_s: ServerLatency | None = Field(
+        None,
+        exclude_if=lambda v: v is None,
+        description="the server's own TTFT / ITL / TPOT from vLLM's histograms over the same window (seconds)",
+    )
     client_cost: ClientCost | None = Field(
         None, exclude_if=lambda v: v is None, description="the load generator's own CPU and loop lag"
     )
