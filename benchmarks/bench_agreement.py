@@ -60,6 +60,10 @@ and samples its dataset; ours scrapes the counters before and after, waits
 for quiescence and writes its report. (Counted as child processes, start-up
 included, as this benchmark once did, vLLM's figure was mostly its import.)
 
+``--guidellm`` adds a third client to every pair, GuideLLM in an environment of its own
+(:mod:`benchmarks.guidellm_client`, built on first use; the project's install never installs it), judged against
+the server the same way, and its figures set against ours in a table of their own.
+
 ``--echo`` starts ``testkit/echo_server.py`` with deterministic latencies
 (``--ttft-ms``, ``--itl-ms``) and answers whose every token's text is
 empty, so that a client counting text instead of tokens would have no
@@ -89,12 +93,15 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from benchmarks import pair_stats, vllm_bench_serve
+from benchmarks import guidellm_client, pair_stats, vllm_bench_serve
 from benchmarks.prompts import PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
 from benchmarks.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
 from load_tests.runner.run import run as load_run
+from load_tests.judge.server_latency import server_latency
+from load_tests.observe.counters import ReplicaCounters
+from load_tests.observe.scraper import ScrapeFailed, scrape
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
 
@@ -109,6 +116,7 @@ SERVER_TOLERANCE = 0.05
 DIVIDES_BY = {
     "ours": "complete answers / the load's window: the first request sent to the last answer (RunSummary.wall_s)",
     "vllm": "completed requests / its benchmark duration: the first request sent to the last response",
+    "guidellm": guidellm_client.DIVIDES_BY,
 }
 T = TypeVar("T")
 
@@ -256,13 +264,14 @@ def verdict(figures: dict[str, dict[str, Any]]) -> str:
     return "inconclusive"
 
 
-def table(result: dict[str, Any]) -> str:
-    mine, vllm, pairs = result["ours"], result["vllm"], result["runs"]
-    lines = ["| figure | python -m load_tests (median) | vllm bench serve (median) | ours / theirs: median of "
+def figure_rows(figures: dict[str, dict[str, Any]], mine: dict[str, Any], theirs_: dict[str, Any],
+                ours_runs: list[dict[str, Any]], their_runs: list[dict[str, Any]], name: str) -> list[str]:
+    """The table of our figures against one outside client's: medians, the ratio's interval, verdict, each pair."""
+    lines = [f"| figure | python -m load_tests (median) | {name} (median) | ours / theirs: median of "
              "the pairs [90 % interval] | verdict | each pair |", "|---|---|---|---|---|---|"]
-    per_pair = [ratios(a, b) for a, b in zip(pairs["ours"], pairs["vllm"])]
-    for k, f in result["figures"].items():
-        a, b = mine.get(k), vllm.get(k)
+    per_pair = [ratios(a, b) for a, b in zip(ours_runs, their_runs)]
+    for k, f in figures.items():
+        a, b = mine.get(k), theirs_.get(k)
         unit = (lambda v: f"{v:.2f}") if k.endswith(("per_s", "cpu_s")) else (lambda v: f"{v * 1000:.1f} ms")
         each = ", ".join("-" if p[k] is None else f"{p[k]:.2f}" for p in per_pair)
         med = "-" if "median" not in f else f"{f['median']:.3f} [{f['ci90'][0]:.3f}, {f['ci90'][1]:.3f}]"
@@ -270,19 +279,38 @@ def table(result: dict[str, Any]) -> str:
         lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | {med} | "
                      f"{shown} | {each} |")
     lines.append(f"| requests measured (runs) | {mine.get('requests')} ({mine.get('runs', 1)}) | "
-                 f"{vllm.get('requests')} ({vllm.get('runs', 1)}) | | | |")
-    hits = [f"{who} pair {r['pair']}: {r['void']}" for who in ("ours", "vllm") for r in pairs[who] if r.get("void")]
+                 f"{theirs_.get('requests')} ({theirs_.get('runs', 1)}) | | | |")
+    return lines
+
+
+def table(result: dict[str, Any]) -> str:
+    mine, pairs = result["ours"], result["runs"]
+    lines = figure_rows(result["figures"], mine, result["vllm"], pairs["ours"], pairs["vllm"], "vllm bench serve")
+    hits = [f"{who} pair {r['pair']}: {r['void']}" for who in pairs for r in pairs[who] if r.get("void")]
+    if "figures_guidellm" in result:
+        lines += ["", "Ours against GuideLLM (its own environment, benchmarks/guidellm_client.py; its CPU is its "
+                  "process tree's, start-up included):", "", *figure_rows(result["figures_guidellm"], mine,
+                  result["guidellm"], pairs["ours"], pairs["guidellm"], "GuideLLM")]
     lines += ["", "Against the server's own rate (its finished-requests counter over the middle of each run, "
               "benchmarks/server_rate.py): client / server, median over the client's runs [90 % interval]:", "",
               "| client | divides by | server req/s (median) | client / server | verdict | each run |",
               "|---|---|---|---|---|---|"]
-    for who in ("ours", "vllm"):
+    for who in pairs:
         a = result.get("against_server", {}).get(who, {})
         each = ", ".join("-" if not r.get("server") else f"{r['requests_per_s'] / r['server']['requests_per_s']:.3f}"
                          for r in pairs[who])
         med = "-" if "median" not in a else f"{a['median']:.3f} [{a['ci90'][0]:.3f}, {a['ci90'][1]:.3f}]"
         srv = "-" if "server_requests_per_s" not in a else f"{a['server_requests_per_s']:.2f}"
         lines.append(f"| {who} | {DIVIDES_BY[who]} | {srv} | {med} | {a.get('verdict', '-')} | {each} |")
+    lines += ["", "The server's own latency beside each client's (vLLM's histograms in the replicas' frontends over "
+              "the client's run, p50 interpolated in its bucket; load_tests/judge/server_latency.py), median over "
+              "the client's runs:", "",
+              "| client | TTFT p50 client | TTFT p50 server | TPOT p50 client | TPOT p50 server | ITL p50 server |",
+              "|---|---|---|---|---|---|"]
+    for who in pairs:
+        lines.append(f"| {who} | " + " | ".join(_median_ms(pairs[who], k) for k in (
+            ("ttft_p50_s",), ("server_latency", "ttft_p50_s"), ("tpot_p50_s",), ("server_latency", "tpot_p50_s"),
+            ("server_latency", "itl_p50_s"))) + " |")
     lines.append("")
     lines.append("Void runs (cache hits on a workload that must be cold): " + ("; ".join(hits) if hits else "none"))
     return "\n".join(lines)
@@ -302,6 +330,18 @@ def start_echo(ttft_ms: float, itl_ms: float, record_bodies: Path | None = None)
     return proc, f"http://127.0.0.1:{int(line.rsplit(':', 1)[-1])}"
 
 
+def _median_ms(runs: list[dict[str, Any]], path: tuple[str, ...]) -> str:
+    """The median over ``runs`` of the figure at ``path`` (seconds) in ms, over the runs that have it."""
+    values = []
+    for r in runs:
+        v: Any = r
+        for key in path:
+            v = v.get(key) if isinstance(v, dict) else None
+        if v is not None and not r.get("void"):
+            values.append(float(v))
+    return f"{statistics.median(values) * 1000:.1f} ms ({len(values)} runs)" if values else "-"
+
+
 def median_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over runs of one client (``requests``: the sum)."""
     out = {k: statistics.median(r[k] for r in runs) for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")
@@ -315,12 +355,13 @@ def run_size(requests: int, rate: float, min_run_s: float) -> int:
     return max(requests, math.ceil(rate * min_run_s)) if rate > 0 else requests
 
 
-def prompt_sets(pairs: int, requests: int, input_len: int, warmup: int, seed: int) -> dict[tuple[str, int], PromptSet]:
+def prompt_sets(pairs: int, requests: int, input_len: int, warmup: int, seed: int,
+                clients: tuple[str, ...] = ("vllm", "ours")) -> dict[tuple[str, int], PromptSet]:
     """(client, pair) -> the prompts of that run, ("warmup", 0) -> the warm-up's; all from one book, none shared."""
     book = PromptBook(seed)
     sets = {("warmup", 0): book.unique("warmup", warmup, input_len)}
     for pair in range(pairs):
-        for who in ("vllm", "ours"):
+        for who in clients:
             sets[who, pair] = book.unique(f"{who}-{pair}", requests, input_len)
     problems = check_disjoint(sets.values())
     if problems:
@@ -337,12 +378,37 @@ def cache_counters(metrics_urls: list[str]) -> CacheCounters | None:
         return None
 
 
+def replica_histograms(metrics_urls: list[str]) -> dict[str, ReplicaCounters] | None:
+    """Every replica's counters and latency histograms now, or None where an endpoint does not answer."""
+    try:
+        return scrape(metrics_urls)
+    except ScrapeFailed as e:
+        log.warning("latency histograms unreadable (%s): this run has no server-side latency", e)
+        return None
+
+
+def server_side(before: dict[str, ReplicaCounters] | None, after: dict[str, ReplicaCounters] | None,
+                ) -> dict[str, Any] | None:
+    """The server's own TTFT / ITL / TPOT p50 over a run (vLLM's histograms, ``load_tests.judge.server_latency``),
+    each with the bucket it lies in."""
+    if before is None or after is None:
+        return None
+    lat = server_latency(after, before)
+    out: dict[str, Any] = {}
+    for name in ("ttft", "itl", "tpot"):
+        row = getattr(lat, name)
+        out[f"{name}_p50_s"] = row.p50
+        out[f"{name}_p50_bucket_s"] = row.bucket_s.get("p50")
+        out[f"{name}_count"] = row.count
+    return out
+
+
 def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work: Path, tokenizer: Path,
                api_key: str | None, sets: dict[tuple[str, int], PromptSet],
                quick_settle: bool = False) -> dict[str, Any]:
     """``args.pairs`` pairs of runs, the order flipped every pair (vllm, ours, ours, vllm, ...); the medians."""
-    runs: dict[str, list[dict[str, Any]]] = {"ours": [], "vllm": []}
-    first = args.order.split(",")
+    first = args.order.split(",") + (["guidellm"] if args.guidellm else [])
+    runs: dict[str, list[dict[str, Any]]] = {who: [] for who in first}
     for pair in range(args.pairs):
         for who in (first if pair % 2 == 0 else first[::-1]):
             if not quick_settle:
@@ -353,11 +419,17 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
             prompts = sets[who, pair]
             dataset = prompts.write_jsonl(work / "prompts" / f"{prompts.name}.jsonl")
             before = cache_counters(metrics_urls)
+            before_lat = replica_histograms(metrics_urls) if before is not None else None
             t0 = time.monotonic()
             with RateSampler(metrics_urls, interval_s=args.rate_interval) as sampler:
                 if who == "vllm":
                     run = theirs(url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work,
                                  api_key)
+                elif who == "guidellm":
+                    run = guidellm_client.run(
+                        url, guidellm_client.write_dataset(prompts.prompts, args.output_len,
+                                                           work / "prompts" / f"{prompts.name}-guidellm.jsonl"),
+                        tokenizer, args.concurrency, args.requests, work, api_key)
                 else:
                     run = ours(url, args.concurrency, dataset, args.requests, args.output_len, work, api_key,
                                metrics_urls, quick_settle, args.scrape_interval)
@@ -374,6 +446,7 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
                     after = wait_for_requests(metrics_urls, before, int(run["requests"]))
                     delta = after - before
                     run["counters"] = delta.to_json()
+                    run["server_latency"] = server_side(before_lat, replica_histograms(metrics_urls))
                     if delta.hit_tokens > 0:
                         run["void"] = (f"{delta.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
                                        f"{delta.external_hits:.0f} from the offload tier")
@@ -383,7 +456,10 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
             log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
     figures = compare_figures(runs["ours"], runs["vllm"], args.tolerance)
     against = {who: against_server(runs[who]) for who in runs}
-    return {"ours": median_figures(runs["ours"]), "vllm": median_figures(runs["vllm"]), "runs": runs,
+    out = {who: median_figures(runs[who]) for who in runs}
+    if "guidellm" in runs:
+        out["figures_guidellm"] = compare_figures(runs["ours"], runs["guidellm"], args.tolerance)
+    return {**out, "runs": runs,
             "figures": figures, "verdict": verdict(figures), "against_server": against,
             "verdict_vs_server": against["ours"]["verdict"],
             "verdicts": [r.get("failures") for r in runs["ours"]]}
@@ -445,6 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate-tail-s", type=float, default=12.0,
                     help="a real deployment: seconds the counter is still read after a run ends (Ray exports every "
                          "few seconds; the run's last requests show up that much later)")
+    ap.add_argument("--guidellm", action="store_true",
+                    help=f"a third client, GuideLLM {guidellm_client.VERSION} in an environment of its own "
+                         "(.cache/guidellm-venv, built on first use), in every pair beside the two")
     ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
     args = ap.parse_args(argv)
     pair_stats.check_pairs(args.pairs, smoke=args.smoke)
@@ -452,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
     use_engine_env()
     echo = shipped = None
     warmup = args.warmup if args.warmup is not None else (0 if args.echo else 200)
-    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed)
+    clients = ("vllm", "ours", "guidellm") if args.guidellm else ("vllm", "ours")
+    if args.guidellm:
+        guidellm_client.ensure_env()
+    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
     with tempfile.TemporaryDirectory() as tmp:
         try:
             if args.echo:
@@ -478,7 +560,7 @@ def main(argv: list[str] | None = None) -> int:
                     log.info("%d requests per run (the warm-up's %.1f req/s for at least %.0f s)", sized,
                              warm["requests_per_s"], args.min_run_s)
                     args.requests = sized
-                    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed)
+                    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
             result = compare_on(url, args, metrics, Path(tmp), tokenizer, api_key, sets, quick_settle=args.echo)
         finally:
             if echo is not None:
@@ -496,7 +578,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.write(md + f"\n{result['verdict'].upper()} (tolerance {args.tolerance:.0%}, {args.pairs} pairs"
                      + (", below protocol" if result["below_protocol"] else "") + ")\n"
                      + f"Against the server: ours {result['against_server']['ours']['verdict'].upper()}, vLLM's "
-                     f"{result['against_server']['vllm']['verdict'].upper()} (tolerance {SERVER_TOLERANCE:.0%})\n")
+                     f"{result['against_server']['vllm']['verdict'].upper()}"
+                     + (f", GuideLLM's {result['against_server']['guidellm']['verdict'].upper()}"
+                        if args.guidellm else "") + f" (tolerance {SERVER_TOLERANCE:.0%})\n")
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "agreement.json").write_text(json.dumps(result, indent=2))

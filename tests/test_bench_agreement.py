@@ -175,3 +175,27 @@ def test_the_rate_sampler_reads_only_the_finished_requests_lines_of_every_endpoi
     plain = 'vllm:request_success_total{finished_reason="length",model_name="fixture"} 7.0 1732780000000\n'
     pages = {"http://ray/metrics": ray, "http://plain/metrics": plain}
     assert finished_requests(list(pages), get=pages.__getitem__) == 130.0
+
+
+def test_each_run_carries_the_servers_own_latency_beside_the_clients():
+    """A run's server-side TTFT / TPOT p50 come from the replicas' histograms over that run only, and the table
+    sets their medians beside each client's; a run whose histograms could not be read has none."""
+    import math
+
+    from benchmarks.bench_agreement import server_side, table
+    from load_tests.observe.counters import ReplicaCounters
+
+    def rc(ttft, tpot):
+        return ReplicaCounters("r1", histograms={"ttft": {0.01: ttft[0], 0.02: ttft[1], math.inf: ttft[1]},
+                                                 "tpot": {0.005: tpot[0], 0.01: tpot[1], math.inf: tpot[1]}})
+
+    before, after = {"r1": rc((100, 100), (100, 100))}, {"r1": rc((100, 120), (100, 140))}
+    got = server_side(before, after)
+    assert got["ttft_p50_s"] == pytest.approx(0.015) and got["ttft_p50_bucket_s"] == (0.01, 0.02)
+    assert got["tpot_p50_s"] == pytest.approx(0.0075) and got["ttft_count"] == 20 and got["itl_p50_s"] is None
+    assert server_side(None, after) is None
+    run = {"pair": 0, "requests_per_s": 10.0, "ttft_p50_s": 0.02, "tpot_p50_s": None, "server_latency": got}
+    result = {"ours": {}, "vllm": {}, "figures": {}, "runs": {"ours": [run], "vllm": [dict(run, void="hits")]}}
+    md = table(result)
+    assert "| ours | 20.0 ms (1 runs) | 15.0 ms (1 runs) | - | 7.5 ms (1 runs) | - |" in md
+    assert "| vllm | - | - | - | - | - |" in md, "a void run counts nowhere"
