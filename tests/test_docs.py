@@ -179,3 +179,51 @@ def test_true_claims_pass():
 @pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
 def test_every_page_says_what_the_code_does(page):
     assert problems_of(page) == []
+
+
+# A project module named in prose: ``load_tests.observe.scraper`` (a module, or a module and a name it defines) or
+# ``load_tests/observe/scraper.py``. Files named by other suffixes (``docs/patches.md``) are paths, checked above.
+MODULE_NAMED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(p for p in PACKAGES if p != "tests"))
+FILE_NAMED = re.compile(r"(?<![\w./-])((?:%s)/[\w/]+\.py)\b" % "|".join(p for p in PACKAGES if p != "tests"))
+NOT_MODULES = (".md", ".json", ".yaml", ".yml", ".py", ".sh", ".txt", ".png")
+
+
+def dead_module_paths(text: str) -> list[str]:
+    """Every project module ``text`` names (dotted or as a file) that does not exist, and every
+    ``package.NAME`` whose package defines no such name or submodule."""
+    problems = []
+    for m in MODULE_NAMED.finditer(text):
+        token = m.group(1).rstrip(".")
+        if token.endswith(NOT_MODULES):
+            continue
+        parts = token.split(".")
+        for cut in range(len(parts), 0, -1):
+            path = module_file(".".join(parts[:cut]), run=False)
+            if path is not None and path.is_relative_to(REPO):
+                break
+        else:
+            problems.append(f"{token}: no such module")
+            continue
+        if cut == 1 and len(parts) > 1 and not _defines(path.read_text(), parts[1]):
+            problems.append(f"{token}: {parts[0]} has no module or name {parts[1]}")
+    problems += [f"{m.group(1)}: no such file" for m in FILE_NAMED.finditer(text) if not (REPO / m.group(1)).exists()]
+    return problems
+
+
+def code_and_doc_files() -> list[Path]:
+    """Every module of the project's packages (the tests' own plant false names on purpose) and every page read
+    above, with pyproject.toml."""
+    code = [p for pkg in PACKAGES if pkg != "tests" for p in sorted((REPO / pkg).rglob("*.py"))]
+    return [*code, *PAGES, REPO / "pyproject.toml"]
+
+
+def test_every_module_named_in_code_docstrings_and_docs_exists():
+    problems = [f"{f.relative_to(REPO)}: {p}" for f in code_and_doc_files() for p in dead_module_paths(f.read_text())]
+    assert problems == []
+
+
+def test_the_module_check_finds_a_moved_module_in_a_docstring():
+    planted = '"""Counts are read by :mod:`load_tests.scraper` (now load_tests/observe/scraper.py), see load_tests/x.py."""'
+    assert dead_module_paths(planted) == ["load_tests.scraper: load_tests has no module or name scraper",
+                                          "load_tests/x.py: no such file"]
+    assert dead_module_paths("load_tests.observe.scraper.scrape and `docs/patches.md` and patches.md") == []

@@ -1,11 +1,11 @@
-"""Send one :class:`~load_tests.workload.RequestSpec` over HTTP and measure it.
+"""Send one :class:`~load_tests.plan.workload.RequestSpec` over HTTP and measure it.
 
 aiohttp rather than httpx here: the generator must not be the bottleneck,
 and aiohttp's client carries thousands of concurrent streams in one process
 with less per-chunk overhead (benchmarks/loadgen_capacity.py measures it).
 
 Every request ends as exactly one :class:`RequestResult` with an ``outcome``
-(:data:`load_tests.outcomes.Outcome`):
+(:data:`load_tests.load.outcomes.Outcome`):
 
 ``ok``
     200 and a complete answer (streams: the ``[DONE]`` event).
@@ -41,7 +41,7 @@ role announcement (``{"delta": {"role": "assistant", "content": ""}}``, sent
 before any token: vLLM's bench counts it, we do not) or a bare finish (an
 empty delta and a ``finish_reason``). A non-streamed request has no
 ``ttft``: its figures are ``e2e`` and the output tokens from ``usage``
-(:meth:`load_tests.scenarios.Slo.met` says how it is judged).
+(:meth:`load_tests.plan.slo.Slo.met` says how it is judged).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """How one request ended: :data:`Outcome`, the one definition of the outcomes the load tests know.
 
-Every request ends as exactly one outcome (``load_tests.client`` says when each
+Every request ends as exactly one outcome (``load_tests.load.client`` says when each
 happens); a run's summary counts them, plus ``lost`` for a request the generator
 started and has no result for.
 """

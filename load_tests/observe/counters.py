@@ -6,8 +6,8 @@ vLLM's metrics as Ray metrics: ``vllm:prompt_tokens`` becomes
 metrics agent of the replica's node on that node's metrics export port. A
 plain vLLM server serves the same counters as ``vllm:prompt_tokens_total``
 without ``ReplicaId``. Both are read into this one shape (the reading is
-:mod:`load_tests.scraper`'s; the rules over it are
-:mod:`load_tests.invariants`'). Data only: this module imports neither.
+:mod:`load_tests.observe.scraper`'s; the rules over it are
+:mod:`load_tests.observe.invariants`'). Data only: this module imports neither.
 
 The metric names are the observability contract's (:mod:`serve_app.observability`, which the shipped
 Prometheus rules are written from); this module maps them onto :class:`ReplicaCounters`' fields.

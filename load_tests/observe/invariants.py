@@ -1,7 +1,7 @@
 """The counter invariants, written once: every checker (the load-test monitor, the per-replica
 counters CLI, the engine and server tests) calls these functions.
 
-Each rule takes one replica's counters (:class:`~load_tests.counters.ReplicaCounters`)
+Each rule takes one replica's counters (:class:`~load_tests.observe.counters.ReplicaCounters`)
 and returns :class:`Finding` s, empty when the rule holds. What a finding *means* for a run
 (a violation, or something a planned fault explains) is the caller's business; the rules
 only say what is wrong.
@@ -21,7 +21,7 @@ only say what is wrong.
     a replica still has running or waiting requests when it should be idle.
 
 Which rules apply depends on what is known of the replica: over a run the
-monitor decides (:mod:`load_tests.monitor`); for one replica seen once,
+monitor decides (:mod:`load_tests.observe.monitor`); for one replica seen once,
 :func:`one_scrape` does (never negative; the sums only at rest, alive and idle).
 
 Each rule is the Python twin of an alert of the observability contract (:data:`serve_app.observability.INVARIANTS`,

@@ -3,7 +3,7 @@
 :class:`InvariantChecker` is pure: feed it snapshots (one scrape of every
 endpoint: ``{replica: ReplicaCounters}``, the endpoints that failed, the
 replicas the caller knows are dead) and it records every violation with its
-full context. The rules themselves live in :mod:`load_tests.invariants`;
+full context. The rules themselves live in :mod:`load_tests.observe.invariants`;
 this module decides when each applies. :class:`Monitor` scrapes every
 node's metrics endpoint on a fixed interval and feeds the checker.
 
@@ -38,7 +38,7 @@ replica's counters with their last values (ray issue #65892): a dead
 replica, and one never seen alive during the run (dead before it started),
 is *stale*: kept for the report, left out of the quiescence checks (it died
 mid-flight). Whether a death was planned is the verdict's question
-(:mod:`load_tests.summary`).
+(:mod:`load_tests.judge.summary`).
 """
 
 from __future__ import annotations
@@ -287,7 +287,7 @@ class Monitor:
         record: Callable[[float, list], None] | None = None,
     ):
         self.urls, self.checker, self.interval = urls, checker, interval
-        self.record = record  # gets (t, [(url, text or error)]) of every scrape (load_tests.record)
+        self.record = record  # gets (t, [(url, text or error)]) of every scrape (load_tests.observe.record)
         self.settle_interval = settle_interval
         self.dead = dead or frozenset
         self._task: asyncio.Task | None = None

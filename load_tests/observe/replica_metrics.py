@@ -1,10 +1,10 @@
-"""``python -m load_tests.replica_metrics``: every replica's prompt-token counters, one scrape of every node, checked.
+"""``python -m load_tests.observe.replica_metrics``: every replica's prompt-token counters, one scrape of every node, checked.
 
 Prints one row per engine replica (``--json``: the replicas, unreadable
 endpoints and problems as JSON) and exits 1 on any problem: an endpoint
 that could not be read, a replica reported by two endpoints, a broken
-invariant. The reading is :mod:`load_tests.scraper`'s; the rules are the
-load test's own, applied to one scrape as :func:`load_tests.invariants.one_scrape`
+invariant. The reading is :mod:`load_tests.observe.scraper`'s; the rules are the
+load test's own, applied to one scrape as :func:`load_tests.observe.invariants.one_scrape`
 says (never negative; the sums only for a replica alive and idle). Without
 ``--metrics-url`` every node listed in Ray's service-discovery file is read.
 """

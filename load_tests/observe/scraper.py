@@ -6,7 +6,7 @@ root on the head node (:func:`discovery_file`: ``$RAY_TMPDIR/ray``, the
 project's private ``/tmp/fzs-<uid>/ray`` under ``scripts/env.sh``, Ray's
 default ``/tmp/ray`` without it; :func:`discover_metrics_urls`). One scrape of every node is
 one :class:`Scrape` (:func:`merge_pages`, used by the sync :func:`fetch` and
-the load-test monitor alike): the replicas (:class:`load_tests.counters.ReplicaCounters`),
+the load-test monitor alike): the replicas (:class:`load_tests.observe.counters.ReplicaCounters`),
 the endpoints that could not be read, and any replica reported by two
 endpoints (an error: one replica lives in one process on one node, so two
 endpoints reporting it means two series are being mixed up).
@@ -39,7 +39,7 @@ class ScrapeFailed(RuntimeError):
 
 
 def relevant_lines(text: str) -> str:
-    """Only the lines of the families :mod:`load_tests.counters` reads.
+    """Only the lines of the families :mod:`load_tests.observe.counters` reads.
 
     A node's export is over a megabyte under Serve (every histogram bucket of
     every replica and of Ray itself); parsing all of it costs a core for most

@@ -207,7 +207,7 @@ class ReplicaRecord(Record):
 
 
 class ClientServer(Record):
-    """What the clients saw complete against what the engines counted (``load_tests.summary.server_cross_check``)."""
+    """What the clients saw complete against what the engines counted (``load_tests.judge.summary.server_cross_check``)."""
 
     client_ok: int
     client_cancelled: int
@@ -242,7 +242,7 @@ class ClientServer(Record):
 
 
 class SweepStep(Record):
-    """One step of the capacity search (``load_tests.capacity``): its figures and verdicts."""
+    """One step of the capacity search (``load_tests.judge.capacity``): its figures and verdicts."""
 
     concurrency: int
     t_start: float = Field(description="seconds since the run started")
@@ -293,7 +293,7 @@ class Repeats(Record):
 
 class IngressRetries(Record):
     """Requests Serve's HAProxy refused before any replica saw them, and the client sent again
-    (:mod:`load_tests.client`: only ``router_unreachable`` and ``unknown_replica_id``)."""
+    (:mod:`load_tests.load.client`: only ``router_unreachable`` and ``unknown_replica_id``)."""
 
     requests: int = Field(description="requests refused at the ingress at least once")
     refusals: dict[str, int] = Field(description="refusals by X-Serve-Reason, every attempt counted")
