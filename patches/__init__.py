@@ -23,15 +23,9 @@ from __future__ import annotations
 
 import os
 
-# name -> module; the order is the order of application.
-PATCH_MODULES: dict[str, str] = {
-    "fuzz": "patches.fuzz",
-    "cpu_offload": "patches.cpu_offload",
-    "kv_faults": "patches.kv_faults",
-    "accounting": "patches.accounting",
-    "cpu_inproc": "patches.cpu_inproc",
-    "shm_wait": "patches.shm_wait",
-}
+# name -> module, in the order of application: patches.catalogue's, which the registry reads too (no module of this
+# package imports the package itself).
+from .catalogue import PATCH_MODULES as PATCH_MODULES
 
 _applied: set[str] = set()
 

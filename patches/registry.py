@@ -137,7 +137,7 @@ def parse_header(doc: str) -> dict[str, str]:
 
 def patches() -> dict[str, Patch]:
     """Every patch, by name, in the order ``register`` applies them (imports each patch module)."""
-    from . import PATCH_MODULES
+    from .catalogue import PATCH_MODULES
 
     return {name: load(module) for name, module in PATCH_MODULES.items()}
 

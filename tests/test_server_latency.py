@@ -139,17 +139,50 @@ def test_the_run_summary_and_its_reports_carry_the_servers_rows():
 
     from rich.console import Console
 
+    from load_tests.judge.departures import unexpected_deaths
+    from load_tests.judge.summary import summarize
+    from load_tests.load.client import RequestResult
+    from load_tests.observe.monitor import InvariantChecker, Snapshot
+    from load_tests.plan.slo import Slo
     from load_tests.report.console import print_summary
     from load_tests.report.markdown import markdown
-    from tests.test_monitor import rc, result, run, summary_of
 
-    ok = [result(i, "ok") for i in range(3)]
-    before = rc(finished={"length": 0.0}, histograms={"itl": cumulative([0.5] * 1000)})  # earlier traffic
-    after = rc(
-        finished={"length": 3.0},
-        histograms={"itl": cumulative([0.5] * 1000 + [0.003] * 90 + [0.03] * 10), "ttft": cumulative([0.015] * 3)},
+    def replica(finished: float, histograms: dict[str, dict[float, float]]) -> ReplicaCounters:
+        return ReplicaCounters(
+            "r1",
+            prompt_tokens=10.0,
+            by_source={"local_compute": 10.0},
+            requests_finished={"length": finished},
+            gauges=True,
+            histograms=histograms,
+        )
+
+    ok = [
+        RequestResult(
+            index=i,
+            outcome="ok",
+            start=0.0,
+            e2e=1.0,
+            ttft=0.1,
+            chunks=5,
+            completion_tokens=5,
+            spec={"expect": "ok", "stream": True},
+        )
+        for i in range(3)
+    ]
+    checker = InvariantChecker(())
+    checker.observe(Snapshot(0.0, {"r1": replica(0.0, {"itl": cumulative([0.5] * 1000)})}))  # earlier traffic
+    checker.observe(
+        Snapshot(
+            1.0,
+            {
+                "r1": replica(
+                    3.0, {"itl": cumulative([0.5] * 1000 + [0.003] * 90 + [0.03] * 10), "ttft": cumulative([0.015] * 3)}
+                )
+            },
+        )
     )
-    summary = summary_of(ok, checker=run([{"r1": before}, {"r1": after}]))
+    summary = summarize(ok, 3, checker, [], 10.0, Slo(), unexpected_deaths(checker, []), [])
     s = summary.server_latency_s
     assert s is not None and s.itl.count == 100 and s.itl.bucket_s["p50"] == (0.002, 0.005)
     assert s.ttft.count == 3 and s.tpot.count == 0
