@@ -50,9 +50,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import logging
 import os
+import re
 import sys
 from collections.abc import Collection
 from pathlib import Path
@@ -76,7 +76,11 @@ ARMS = ("plain", "engine", "shipped", "stock", "engine-nooffload", "shipped-noof
 STOCK_APP = "stock"  # the stock arm's Serve application (its replicas' class names carry it)
 STOCK_BUILDER = "ray.serve.llm:build_openai_app"
 DIRECT_STREAMING = "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"  # ray.serve.llm's switch for its direct path
-ARM_OPTIONS = ("pin", "config", "via")  # lower-case NAME=VALUE items of a variant: the arm's own options, not environment
+ARM_OPTIONS = (
+    "pin",
+    "config",
+    "via",
+)  # lower-case NAME=VALUE items of a variant: the arm's own options, not environment
 VIA = ("haproxy", "replica")  # a shipped arm's client talks to Serve's HAProxy, or to the replica's own port
 
 
@@ -93,8 +97,10 @@ def require_no_ray(what: str, find=ray_processes) -> None:
     """Raise :class:`ProtocolError` naming them if any Ray process is alive."""
     alive = find()
     if alive:
-        raise ProtocolError(f"{what}: plain vLLM must be measured alone on the host, but Ray processes are alive "
-                            f"(stop them: `ray stop`, or `serve shutdown -y && ray stop`):\n  " + "\n  ".join(alive[:20]))
+        raise ProtocolError(
+            f"{what}: plain vLLM must be measured alone on the host, but Ray processes are alive "
+            f"(stop them: `ray stop`, or `serve shutdown -y && ray stop`):\n  " + "\n  ".join(alive[:20])
+        )
 
 
 # ----------------------------------------------------------------------------- the config
@@ -138,8 +144,16 @@ def replica_engine_settings(config: ServeConfig, offload: bool = True) -> tuple[
 class VllmServer:
     """vLLM's OpenAI server in a process group of its own, alone on the host (no Ray process alive)."""
 
-    def __init__(self, name: str, model: Path, log_dir: Path, flags: list[str], env: dict[str, str],
-                 engine_cores: list[int] | None = None, find_ray=ray_processes):
+    def __init__(
+        self,
+        name: str,
+        model: Path,
+        log_dir: Path,
+        flags: list[str],
+        env: dict[str, str],
+        engine_cores: list[int] | None = None,
+        find_ray=ray_processes,
+    ):
         self.name, self.model, self.log_dir = name, model, log_dir
         self.flags, self.env, self.engine_cores, self._find_ray = flags, env, engine_cores, find_ray
         self.split_frontend = False  # pin=split: the API server on the cores the engine does not use
@@ -153,11 +167,27 @@ class VllmServer:
 
         require_no_ray(f"before starting {self.name}", self._find_ray)
         port = free_port()
-        argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model),
-                "--served-model-name", MODEL_NAME, *self.flags, "--host", "127.0.0.1", "--port", str(port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model),
+            "--served-model-name",
+            MODEL_NAME,
+            *self.flags,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ]
         log.info("%s: %s", self.name, " ".join(argv[3:]))
-        self.server = ServerProcess(argv, f"http://127.0.0.1:{port}/health",
-                                    log_path=self.log_dir / f"{slug(self.name)}.log", env={**ENGINE_ENV, **self.env})
+        self.server = ServerProcess(
+            argv,
+            f"http://127.0.0.1:{port}/health",
+            log_path=self.log_dir / f"{slug(self.name)}.log",
+            env={**ENGINE_ENV, **self.env},
+        )
         self.base_url = f"http://127.0.0.1:{port}"
         self.metrics_urls = [f"{self.base_url}/metrics"]
         if self.engine_cores is not None:
@@ -166,8 +196,9 @@ class VllmServer:
             pinned = pin_engine_cores(self.engine_cores, parent_pid=self.server.proc.pid)
             if not pinned:
                 self.server.close()
-                raise ProtocolError(f"{self.name}: no EngineCore process under the server to pin to "
-                                    f"{self.engine_cores}")
+                raise ProtocolError(
+                    f"{self.name}: no EngineCore process under the server to pin to {self.engine_cores}"
+                )
             log.info("%s: EngineCore %s pinned to cores %s", self.name, pinned, self.engine_cores)
             if self.split_frontend:
                 try:
@@ -194,12 +225,14 @@ def plain_engine_kwargs(config: ServeConfig) -> dict[str, Any]:
 
 def plain_vllm(config: ServeConfig, model: Path, log_dir: Path, find_ray=ray_processes) -> VllmServer:
     """vLLM's defaults, every patch off; only the settings that change what is computed come from the config."""
-    return VllmServer("plain", model, log_dir, engine_flags(plain_engine_kwargs(config)), {OFF_ENV: ALL},
-                      find_ray=find_ray)
+    return VllmServer(
+        "plain", model, log_dir, engine_flags(plain_engine_kwargs(config)), {OFF_ENV: ALL}, find_ray=find_ray
+    )
 
 
-def patched_vllm(config: ServeConfig, model: Path, log_dir: Path, offload: bool = True,
-                 find_ray=ray_processes) -> VllmServer:
+def patched_vllm(
+    config: ServeConfig, model: Path, log_dir: Path, offload: bool = True, find_ray=ray_processes
+) -> VllmServer:
     """A replica's engine (our patches, its engine arguments, environment and cores) behind vLLM's own server."""
     from serve_app.cpu_cores import BIND_ENV, replica_cores
 
@@ -216,9 +249,16 @@ def patched_vllm(config: ServeConfig, model: Path, log_dir: Path, offload: bool 
 class Shipped:
     """The config as ``ray start`` + ``serve deploy`` runs it, in a fresh single-node cluster."""
 
-    def __init__(self, config: ServeConfig | Path, log_dir: Path, name: str = "shipped",
-                 env: dict[str, str] | None = None, via: str = "haproxy", split: bool = False,
-                 replica_class: str | None = None):
+    def __init__(
+        self,
+        config: ServeConfig | Path,
+        log_dir: Path,
+        name: str = "shipped",
+        env: dict[str, str] | None = None,
+        via: str = "haproxy",
+        split: bool = False,
+        replica_class: str | None = None,
+    ):
         if via not in VIA:
             raise ValueError(f"arm {name!r}: via={via}: known values {', '.join(VIA)}")
         self.config, self.log_dir, self.name, self.env, self.via = config, log_dir, name, env or {}, via
@@ -241,8 +281,9 @@ class Shipped:
                 self.cluster.wait_http([""])
             replicas = self.cluster.replicas(self.replica_class)
             self.replicas = len(replicas)
-            self.base_url = (f"http://127.0.0.1:{self._replica_port(replicas)}" if self.via == "replica"
-                             else self.cluster.base_url)
+            self.base_url = (
+                f"http://127.0.0.1:{self._replica_port(replicas)}" if self.via == "replica" else self.cluster.base_url
+            )
             if self.split:
                 self._split_from_engine()
         except BaseException:
@@ -256,14 +297,19 @@ class Shipped:
 
         The port range is Serve's (``RAY_SERVE_DIRECT_INGRESS_{MIN,MAX}_HTTP_PORT``), read from its private
         constants module rather than copied: only this benchmark option needs it, never the shipped app."""
-        from ray.serve._private.constants import (RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
-                                                  RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT)
+        from ray.serve._private.constants import (
+            RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
+            RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
+        )
 
         if len(replicas) != 1:
             raise ProtocolError(f"{self.name}: via=replica needs exactly one engine replica, found {len(replicas)}")
         conns = psutil.Process(int(replicas[0]["pid"])).net_connections(kind="tcp")
-        return direct_ingress_port([(c.status, c.laddr.port) for c in conns],
-                                   RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT, RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT)
+        return direct_ingress_port(
+            [(c.status, c.laddr.port) for c in conns],
+            RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT,
+            RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT,
+        )
 
     def _split_from_engine(self) -> None:
         """Move every thread of every Ray process (HAProxy, the replica's frontend, Ray's own) off the cores the
@@ -282,8 +328,14 @@ class Shipped:
             with contextlib.suppress(psutil.NoSuchProcess):
                 pin_threads(proc, rest)
                 moved += 1
-        log.info("%s: %d Ray processes moved to cores %s; EngineCore %d keeps %s", self.name, moved, rest,
-                 engines[0].pid, engine_cores)
+        log.info(
+            "%s: %d Ray processes moved to cores %s; EngineCore %d keeps %s",
+            self.name,
+            moved,
+            rest,
+            engines[0].pid,
+            engine_cores,
+        )
 
     def check(self, when: str) -> None:
         pass
@@ -301,12 +353,19 @@ def stock_config(config: ServeConfig, model: Path) -> ServeConfig:
     serve_config.yaml's HTTP options (loopback, its timeouts), so only the application differs."""
     from serve_app.engine_env import ENGINE_ENV
 
-    llm = {"model_loading_config": {"model_id": MODEL_NAME, "model_source": str(model)},
-           "accelerator_config": {"kind": "cpu"}, "deployment_config": {"num_replicas": 1},
-           "engine_kwargs": plain_engine_kwargs(config)}
+    llm = {
+        "model_loading_config": {"model_id": MODEL_NAME, "model_source": str(model)},
+        "accelerator_config": {"kind": "cpu"},
+        "deployment_config": {"num_replicas": 1},
+        "engine_kwargs": plain_engine_kwargs(config),
+    }
     app = deploy_config.Application(
-        name=STOCK_APP, route_prefix="/", import_path=STOCK_BUILDER,
-        runtime_env={"env_vars": {**ENGINE_ENV, OFF_ENV: ALL, DIRECT_STREAMING: "1"}}, args={"llm_configs": [llm]})
+        name=STOCK_APP,
+        route_prefix="/",
+        import_path=STOCK_BUILDER,
+        runtime_env={"env_vars": {**ENGINE_ENV, OFF_ENV: ALL, DIRECT_STREAMING: "1"}},
+        args={"llm_configs": [llm]},
+    )
     return config.model_copy(update={"applications": [app]})
 
 
@@ -360,8 +419,13 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
         unknown = sorted(k for k in extra if k in ARM_OPTIONS)
         if unknown:
             raise ValueError(f"arm {name!r}: the stock arm takes no option ({', '.join(unknown)})")
-        return Shipped(stock_config(config, model), log_dir, name, extra,
-                       replica_class=replica_class_prefix(STOCK_APP, ENGINE_DEPLOYMENT_PREFIX))
+        return Shipped(
+            stock_config(config, model),
+            log_dir,
+            name,
+            extra,
+            replica_class=replica_class_prefix(STOCK_APP, ENGINE_DEPLOYMENT_PREFIX),
+        )
     if base == "plain":
         arm = plain_vllm(config, model, log_dir)
     elif base in ("engine", "engine-nooffload"):
@@ -371,8 +435,9 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
         pin = extra.pop("pin", None)
         if pin not in (None, "split"):
             raise ValueError(f"arm {name!r}: pin={pin}: a shipped arm knows only split")
-        return Shipped(config if base == "shipped" else without_offloading(config), log_dir, name, extra, via,
-                       split=pin == "split")
+        return Shipped(
+            config if base == "shipped" else without_offloading(config), log_dir, name, extra, via, split=pin == "split"
+        )
     if "via" in extra:
         raise ValueError(f"arm {name!r}: via is an option of shipped arms")
     options = {k: extra.pop(k) for k in list(extra) if k in ARM_OPTIONS}

@@ -98,10 +98,10 @@ from benchmarks.prompts import PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
 from benchmarks.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
-from load_tests.runner.run import run as load_run
 from load_tests.judge.server_latency import server_latency
 from load_tests.observe.counters import ReplicaCounters
 from load_tests.observe.scraper import ScrapeFailed, scrape
+from load_tests.runner.run import run as load_run
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
 
@@ -129,17 +129,58 @@ def save_tokenizer(out: Path) -> Path:
     return out
 
 
-def theirs(url: str, tokenizer: Path, concurrency: int, prompts: Path, requests: int, output_len: int,
-           work: Path, api_key: str | None) -> dict[str, Any]:
+def theirs(
+    url: str,
+    tokenizer: Path,
+    concurrency: int,
+    prompts: Path,
+    requests: int,
+    output_len: int,
+    work: Path,
+    api_key: str | None,
+) -> dict[str, Any]:
     """``vllm bench serve``'s figures (its own result, seconds) over the prompts of a ``custom`` dataset file, run
     in this process (:mod:`benchmarks.vllm_bench_serve`); what it prints is kept out of this command's output."""
-    args = vllm_bench_serve.parse_args([
-        "--backend", "openai", "--base-url", url, "--endpoint", "/v1/completions", "--model", "fixture",
-        "--tokenizer", str(tokenizer), "--dataset-name", "custom", "--dataset-path", str(prompts),
-        "--custom-output-len", str(output_len), "--skip-chat-template", "--disable-shuffle", "--no-oversample",
-        "--temperature", "0", "--ignore-eos", "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
-        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99", "--save-result",
-        "--result-dir", str(work), "--result-filename", "vllm_bench.json", "--disable-tqdm"])
+    args = vllm_bench_serve.parse_args(
+        [
+            "--backend",
+            "openai",
+            "--base-url",
+            url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            "fixture",
+            "--tokenizer",
+            str(tokenizer),
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(prompts),
+            "--custom-output-len",
+            str(output_len),
+            "--skip-chat-template",
+            "--disable-shuffle",
+            "--no-oversample",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--max-concurrency",
+            str(concurrency),
+            "--num-prompts",
+            str(requests),
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--save-result",
+            "--result-dir",
+            str(work),
+            "--result-filename",
+            "vllm_bench.json",
+            "--disable-tqdm",
+        ]
+    )
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed), openai_api_key(api_key):
@@ -147,22 +188,53 @@ def theirs(url: str, tokenizer: Path, concurrency: int, prompts: Path, requests:
     except Exception:
         log.error("vllm bench serve failed; it printed:\n%s", printed.getvalue()[-3000:])
         raise
-    return {"tool": "vllm bench serve", "requests": res["completed"], "failed": res.get("failed", 0),
-            "requests_per_s": res["request_throughput"], "ttft_p50_s": res["median_ttft_ms"] / 1000,
-            "tpot_p50_s": res["median_tpot_ms"] / 1000, "ttft_p99_s": res["p99_ttft_ms"] / 1000,
-            "client_cpu_s": cpu}
+    return {
+        "tool": "vllm bench serve",
+        "requests": res["completed"],
+        "failed": res.get("failed", 0),
+        "requests_per_s": res["request_throughput"],
+        "ttft_p50_s": res["median_ttft_ms"] / 1000,
+        "tpot_p50_s": res["median_tpot_ms"] / 1000,
+        "ttft_p99_s": res["p99_ttft_ms"] / 1000,
+        "client_cpu_s": cpu,
+    }
 
 
-def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: int, work: Path,
-         api_key: str | None, metrics_urls: list[str], quick_settle: bool = False,
-         scrape_interval_s: float | None = None) -> dict[str, Any]:
+def ours(
+    url: str,
+    concurrency: int,
+    prompts: Path,
+    requests: int,
+    output_len: int,
+    work: Path,
+    api_key: str | None,
+    metrics_urls: list[str],
+    quick_settle: bool = False,
+    scrape_interval_s: float | None = None,
+) -> dict[str, Any]:
     """The stress-test CLI's figures: :func:`load_tests.runner.run.run` in this process with the inputs of
     ``python -m load_tests --scenario bench --prompts-file ...`` (the CLI's parser and builders), its typed
     :class:`~load_tests.results.models.RunSummary`. Its console lines go to stderr; its report to ``work/ours``."""
     mix = {"max_tokens": [output_len, output_len]}
-    argv = ["--scenario", "bench", "--url", url, "--concurrency", str(concurrency), "--requests", str(requests),
-            "--prompts-file", str(prompts), "--mix", json.dumps(mix), "--no-sweep", "--no-progress",
-            "--out", str(work / "ours"), *(a for m in metrics_urls for a in ("--metrics-url", m))]
+    argv = [
+        "--scenario",
+        "bench",
+        "--url",
+        url,
+        "--concurrency",
+        str(concurrency),
+        "--requests",
+        str(requests),
+        "--prompts-file",
+        str(prompts),
+        "--mix",
+        json.dumps(mix),
+        "--no-sweep",
+        "--no-progress",
+        "--out",
+        str(work / "ours"),
+        *(a for m in metrics_urls for a in ("--metrics-url", m)),
+    ]
     if api_key:
         argv += ["--api-key", api_key]
     if scrape_interval_s is not None:
@@ -173,12 +245,21 @@ def ours(url: str, concurrency: int, prompts: Path, requests: int, output_len: i
     console = Console(stderr=True)
     s, cpu = on_cpu(lambda: load_run(*inputs, console))
     lat, tp = s.latency_s, s.throughput
-    return {"tool": "python -m load_tests", "requests": tp.completed, "passed": s.passed,
-            "failures": s.failures, "requests_per_s": tp.requests_per_s, "ttft_p50_s": lat.ttft.p50,
-            "tpot_p50_s": lat.tpot.p50, "ttft_p99_s": lat.ttft.p99, "tpot_note": lat.tpot.note,
-            "ttft_requests": lat.ttft.requests, "client_cpu_s": cpu,
-            "loop_lag_p99_s": s.client_cost.loop_lag_s.p99 if s.client_cost else None,
-            "runqueue_wait_s": s.client_cost.runqueue_wait_s if s.client_cost else None}
+    return {
+        "tool": "python -m load_tests",
+        "requests": tp.completed,
+        "passed": s.passed,
+        "failures": s.failures,
+        "requests_per_s": tp.requests_per_s,
+        "ttft_p50_s": lat.ttft.p50,
+        "tpot_p50_s": lat.tpot.p50,
+        "ttft_p99_s": lat.ttft.p99,
+        "tpot_note": lat.tpot.note,
+        "ttft_requests": lat.ttft.requests,
+        "client_cpu_s": cpu,
+        "loop_lag_p99_s": s.client_cost.loop_lag_s.p99 if s.client_cost else None,
+        "runqueue_wait_s": s.client_cost.runqueue_wait_s if s.client_cost else None,
+    }
 
 
 def start_clients() -> None:
@@ -232,16 +313,19 @@ def openai_api_key(key: str | None) -> Iterator[None]:
 
 def ratios(mine: dict[str, Any], vllm: dict[str, Any]) -> dict[str, float | None]:
     """Ours over vLLM's, per compared figure (None where either is missing)."""
-    return {k: mine[k] / vllm[k] if mine.get(k) is not None and vllm.get(k) else None
-            for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")}
+    return {
+        k: mine[k] / vllm[k] if mine.get(k) is not None and vllm.get(k) else None
+        for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")
+    }
 
 
-def compare_figures(ours_runs: list[dict[str, Any]], vllm_runs: list[dict[str, Any]],
-                    tolerance: float = TOLERANCE) -> dict[str, dict[str, Any]]:
+def compare_figures(
+    ours_runs: list[dict[str, Any]], vllm_runs: list[dict[str, Any]], tolerance: float = TOLERANCE
+) -> dict[str, dict[str, Any]]:
     """Per figure: the median over the pairs of ours / vLLM's in the same pair, its bootstrap 90 % interval and
     the verdict (:func:`benchmarks.pair_stats.agreement`). A figure either client did not measure in some pair
     is "not comparable". Void runs' pairs count nowhere."""
-    pairs = [(a, b) for a, b in zip(ours_runs, vllm_runs) if not a.get("void") and not b.get("void")]
+    pairs = [(a, b) for a, b in zip(ours_runs, vllm_runs, strict=False) if not a.get("void") and not b.get("void")]
     out: dict[str, dict[str, Any]] = {}
     for k in (*FIGURES, "ttft_p99_s", "client_cpu_s"):
         values = [(b.get(k), a.get(k)) for a, b in pairs]
@@ -264,22 +348,36 @@ def verdict(figures: dict[str, dict[str, Any]]) -> str:
     return "inconclusive"
 
 
-def figure_rows(figures: dict[str, dict[str, Any]], mine: dict[str, Any], theirs_: dict[str, Any],
-                ours_runs: list[dict[str, Any]], their_runs: list[dict[str, Any]], name: str) -> list[str]:
+def figure_rows(
+    figures: dict[str, dict[str, Any]],
+    mine: dict[str, Any],
+    theirs_: dict[str, Any],
+    ours_runs: list[dict[str, Any]],
+    their_runs: list[dict[str, Any]],
+    name: str,
+) -> list[str]:
     """The table of our figures against one outside client's: medians, the ratio's interval, verdict, each pair."""
-    lines = [f"| figure | python -m load_tests (median) | {name} (median) | ours / theirs: median of "
-             "the pairs [90 % interval] | verdict | each pair |", "|---|---|---|---|---|---|"]
-    per_pair = [ratios(a, b) for a, b in zip(ours_runs, their_runs)]
+    lines = [
+        (
+            f"| figure | python -m load_tests (median) | {name} (median) | ours / theirs: median of "
+            "the pairs [90 % interval] | verdict | each pair |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
+    per_pair = [ratios(a, b) for a, b in zip(ours_runs, their_runs, strict=False)]
     for k, f in figures.items():
         a, b = mine.get(k), theirs_.get(k)
         unit = (lambda v: f"{v:.2f}") if k.endswith(("per_s", "cpu_s")) else (lambda v: f"{v * 1000:.1f} ms")
         each = ", ".join("-" if p[k] is None else f"{p[k]:.2f}" for p in per_pair)
         med = "-" if "median" not in f else f"{f['median']:.3f} [{f['ci90'][0]:.3f}, {f['ci90'][1]:.3f}]"
         shown = f["verdict"] if k in FIGURES else "(not judged)"
-        lines.append(f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | {med} | "
-                     f"{shown} | {each} |")
-    lines.append(f"| requests measured (runs) | {mine.get('requests')} ({mine.get('runs', 1)}) | "
-                 f"{theirs_.get('requests')} ({theirs_.get('runs', 1)}) | | | |")
+        lines.append(
+            f"| {k} | {'-' if a is None else unit(a)} | {'-' if b is None else unit(b)} | {med} | {shown} | {each} |"
+        )
+    lines.append(
+        f"| requests measured (runs) | {mine.get('requests')} ({mine.get('runs', 1)}) | "
+        f"{theirs_.get('requests')} ({theirs_.get('runs', 1)}) | | | |"
+    )
     return lines
 
 
@@ -288,29 +386,62 @@ def table(result: dict[str, Any]) -> str:
     lines = figure_rows(result["figures"], mine, result["vllm"], pairs["ours"], pairs["vllm"], "vllm bench serve")
     hits = [f"{who} pair {r['pair']}: {r['void']}" for who in pairs for r in pairs[who] if r.get("void")]
     if "figures_guidellm" in result:
-        lines += ["", "Ours against GuideLLM (its own environment, benchmarks/guidellm_client.py; its CPU is its "
-                  "process tree's, start-up included):", "", *figure_rows(result["figures_guidellm"], mine,
-                  result["guidellm"], pairs["ours"], pairs["guidellm"], "GuideLLM")]
-    lines += ["", "Against the server's own rate (its finished-requests counter over the middle of each run, "
-              "benchmarks/server_rate.py): client / server, median over the client's runs [90 % interval]:", "",
-              "| client | divides by | server req/s (median) | client / server | verdict | each run |",
-              "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            (
+                "Ours against GuideLLM (its own environment, benchmarks/guidellm_client.py; its CPU is its "
+                "process tree's, start-up included):"
+            ),
+            "",
+            *figure_rows(
+                result["figures_guidellm"], mine, result["guidellm"], pairs["ours"], pairs["guidellm"], "GuideLLM"
+            ),
+        ]
+    lines += [
+        "",
+        (
+            "Against the server's own rate (its finished-requests counter over the middle of each run, "
+            "benchmarks/server_rate.py): client / server, median over the client's runs [90 % interval]:"
+        ),
+        "",
+        "| client | divides by | server req/s (median) | client / server | verdict | each run |",
+        "|---|---|---|---|---|---|",
+    ]
     for who in pairs:
         a = result.get("against_server", {}).get(who, {})
-        each = ", ".join("-" if not r.get("server") else f"{r['requests_per_s'] / r['server']['requests_per_s']:.3f}"
-                         for r in pairs[who])
+        each = ", ".join(
+            "-" if not r.get("server") else f"{r['requests_per_s'] / r['server']['requests_per_s']:.3f}"
+            for r in pairs[who]
+        )
         med = "-" if "median" not in a else f"{a['median']:.3f} [{a['ci90'][0]:.3f}, {a['ci90'][1]:.3f}]"
         srv = "-" if "server_requests_per_s" not in a else f"{a['server_requests_per_s']:.2f}"
         lines.append(f"| {who} | {DIVIDES_BY[who]} | {srv} | {med} | {a.get('verdict', '-')} | {each} |")
-    lines += ["", "The server's own latency beside each client's (vLLM's histograms in the replicas' frontends over "
-              "the client's run, p50 interpolated in its bucket; load_tests/judge/server_latency.py), median over "
-              "the client's runs:", "",
-              "| client | TTFT p50 client | TTFT p50 server | TPOT p50 client | TPOT p50 server | ITL p50 server |",
-              "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        (
+            "The server's own latency beside each client's (vLLM's histograms in the replicas' frontends over "
+            "the client's run, p50 interpolated in its bucket; load_tests/judge/server_latency.py), median over "
+            "the client's runs:"
+        ),
+        "",
+        "| client | TTFT p50 client | TTFT p50 server | TPOT p50 client | TPOT p50 server | ITL p50 server |",
+        "|---|---|---|---|---|---|",
+    ]
     for who in pairs:
-        lines.append(f"| {who} | " + " | ".join(_median_ms(pairs[who], k) for k in (
-            ("ttft_p50_s",), ("server_latency", "ttft_p50_s"), ("tpot_p50_s",), ("server_latency", "tpot_p50_s"),
-            ("server_latency", "itl_p50_s"))) + " |")
+        lines.append(
+            f"| {who} | "
+            + " | ".join(
+                _median_ms(pairs[who], k)
+                for k in (
+                    ("ttft_p50_s",),
+                    ("server_latency", "ttft_p50_s"),
+                    ("tpot_p50_s",),
+                    ("server_latency", "tpot_p50_s"),
+                    ("server_latency", "itl_p50_s"),
+                )
+            )
+            + " |"
+        )
     lines.append("")
     lines.append("Void runs (cache hits on a workload that must be cold): " + ("; ".join(hits) if hits else "none"))
     return "\n".join(lines)
@@ -318,8 +449,18 @@ def table(result: dict[str, Any]) -> str:
 
 def start_echo(ttft_ms: float, itl_ms: float, record_bodies: Path | None = None) -> tuple[subprocess.Popen, str]:
     """``testkit/echo_server.py`` on a free port, every token's text empty; (process, base URL)."""
-    argv = [sys.executable, "-m", "testkit.echo_server", "--port", "0", "--ttft-ms", str(ttft_ms),
-            "--itl-ms", str(itl_ms), "--empty-text"]
+    argv = [
+        sys.executable,
+        "-m",
+        "testkit.echo_server",
+        "--port",
+        "0",
+        "--ttft-ms",
+        str(ttft_ms),
+        "--itl-ms",
+        str(itl_ms),
+        "--empty-text",
+    ]
     if record_bodies is not None:
         argv += ["--record-bodies", str(record_bodies)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
@@ -344,8 +485,11 @@ def _median_ms(runs: list[dict[str, Any]], path: tuple[str, ...]) -> str:
 
 def median_figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Each figure's median over runs of one client (``requests``: the sum)."""
-    out = {k: statistics.median(r[k] for r in runs) for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")
-           if all(r.get(k) for r in runs)}
+    out = {
+        k: statistics.median(r[k] for r in runs)
+        for k in (*FIGURES, "ttft_p99_s", "client_cpu_s")
+        if all(r.get(k) for r in runs)
+    }
     return out | {"requests": sum(r["requests"] for r in runs), "runs": len(runs)}
 
 
@@ -355,8 +499,9 @@ def run_size(requests: int, rate: float, min_run_s: float) -> int:
     return max(requests, math.ceil(rate * min_run_s)) if rate > 0 else requests
 
 
-def prompt_sets(pairs: int, requests: int, input_len: int, warmup: int, seed: int,
-                clients: tuple[str, ...] = ("vllm", "ours")) -> dict[tuple[str, int], PromptSet]:
+def prompt_sets(
+    pairs: int, requests: int, input_len: int, warmup: int, seed: int, clients: tuple[str, ...] = ("vllm", "ours")
+) -> dict[tuple[str, int], PromptSet]:
     """(client, pair) -> the prompts of that run, ("warmup", 0) -> the warm-up's; all from one book, none shared."""
     book = PromptBook(seed)
     sets = {("warmup", 0): book.unique("warmup", warmup, input_len)}
@@ -373,7 +518,7 @@ def cache_counters(metrics_urls: list[str]) -> CacheCounters | None:
     """The target's cache counters now, or None where its endpoints do not answer (counted as unknown)."""
     try:
         return read_counters(metrics_urls)
-    except Exception as e:  # noqa: BLE001 -- an echo server or a remote target without the counters: not judged
+    except Exception as e:
         log.warning("cache counters unreadable (%s): this run's cache hits are not checked", e)
         return None
 
@@ -387,8 +532,10 @@ def replica_histograms(metrics_urls: list[str]) -> dict[str, ReplicaCounters] | 
         return None
 
 
-def server_side(before: dict[str, ReplicaCounters] | None, after: dict[str, ReplicaCounters] | None,
-                ) -> dict[str, Any] | None:
+def server_side(
+    before: dict[str, ReplicaCounters] | None,
+    after: dict[str, ReplicaCounters] | None,
+) -> dict[str, Any] | None:
     """The server's own TTFT / ITL / TPOT p50 over a run (vLLM's histograms, ``load_tests.judge.server_latency``),
     each with the bucket it lies in."""
     if before is None or after is None:
@@ -403,14 +550,21 @@ def server_side(before: dict[str, ReplicaCounters] | None, after: dict[str, Repl
     return out
 
 
-def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work: Path, tokenizer: Path,
-               api_key: str | None, sets: dict[tuple[str, int], PromptSet],
-               quick_settle: bool = False) -> dict[str, Any]:
+def compare_on(
+    url: str,
+    args: argparse.Namespace,
+    metrics_urls: list[str],
+    work: Path,
+    tokenizer: Path,
+    api_key: str | None,
+    sets: dict[tuple[str, int], PromptSet],
+    quick_settle: bool = False,
+) -> dict[str, Any]:
     """``args.pairs`` pairs of runs, the order flipped every pair (vllm, ours, ours, vllm, ...); the medians."""
     first = args.order.split(",") + (["guidellm"] if args.guidellm else [])
     runs: dict[str, list[dict[str, Any]]] = {who: [] for who in first}
     for pair in range(args.pairs):
-        for who in (first if pair % 2 == 0 else first[::-1]):
+        for who in first if pair % 2 == 0 else first[::-1]:
             if not quick_settle:
                 # the same idle gap before every run: Ray exports a replica's counters every few seconds, and the
                 # CLI's baseline scrape must see the previous run's requests (its cross-check would count them)
@@ -423,16 +577,34 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
             t0 = time.monotonic()
             with RateSampler(metrics_urls, interval_s=args.rate_interval) as sampler:
                 if who == "vllm":
-                    run = theirs(url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work,
-                                 api_key)
+                    run = theirs(
+                        url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work, api_key
+                    )
                 elif who == "guidellm":
                     run = guidellm_client.run(
-                        url, guidellm_client.write_dataset(prompts.prompts, args.output_len,
-                                                           work / "prompts" / f"{prompts.name}-guidellm.jsonl"),
-                        tokenizer, args.concurrency, args.requests, work, api_key)
+                        url,
+                        guidellm_client.write_dataset(
+                            prompts.prompts, args.output_len, work / "prompts" / f"{prompts.name}-guidellm.jsonl"
+                        ),
+                        tokenizer,
+                        args.concurrency,
+                        args.requests,
+                        work,
+                        api_key,
+                    )
                 else:
-                    run = ours(url, args.concurrency, dataset, args.requests, args.output_len, work, api_key,
-                               metrics_urls, quick_settle, args.scrape_interval)
+                    run = ours(
+                        url,
+                        args.concurrency,
+                        dataset,
+                        args.requests,
+                        args.output_len,
+                        work,
+                        api_key,
+                        metrics_urls,
+                        quick_settle,
+                        args.scrape_interval,
+                    )
                 in_call_cpu_s = sampler.cpu_s  # the sampler's CPU while the client's call ran (its tail comes after)
                 if not quick_settle:  # the last export of the run's counts comes up to one export period later
                     time.sleep(args.rate_tail_s)
@@ -448,8 +620,10 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
                     run["counters"] = delta.to_json()
                     run["server_latency"] = server_side(before_lat, replica_histograms(metrics_urls))
                     if delta.hit_tokens > 0:
-                        run["void"] = (f"{delta.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
-                                       f"{delta.external_hits:.0f} from the offload tier")
+                        run["void"] = (
+                            f"{delta.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
+                            f"{delta.external_hits:.0f} from the offload tier"
+                        )
                 except TimeoutError as e:
                     log.warning("%s", e)
             runs[who].append(run)
@@ -459,10 +633,15 @@ def compare_on(url: str, args: argparse.Namespace, metrics_urls: list[str], work
     out = {who: median_figures(runs[who]) for who in runs}
     if "guidellm" in runs:
         out["figures_guidellm"] = compare_figures(runs["ours"], runs["guidellm"], args.tolerance)
-    return {**out, "runs": runs,
-            "figures": figures, "verdict": verdict(figures), "against_server": against,
-            "verdict_vs_server": against["ours"]["verdict"],
-            "verdicts": [r.get("failures") for r in runs["ours"]]}
+    return {
+        **out,
+        "runs": runs,
+        "figures": figures,
+        "verdict": verdict(figures),
+        "against_server": against,
+        "verdict_vs_server": against["ours"]["verdict"],
+        "verdicts": [r.get("failures") for r in runs["ours"]],
+    }
 
 
 def against_server(runs: list[dict[str, Any]], tolerance: float = SERVER_TOLERANCE) -> dict[str, Any]:
@@ -470,8 +649,9 @@ def against_server(runs: list[dict[str, Any]], tolerance: float = SERVER_TOLERAN
     client / server with its bootstrap 90 % interval and the verdict (``agrees`` only if the whole interval lies
     within 1 +- ``tolerance``). Runs without a server rate (too short for the export period) or void count
     nowhere; with none left the verdict is "not comparable"."""
-    values = [(r["server"]["requests_per_s"], r["requests_per_s"]) for r in runs
-              if r.get("server") and not r.get("void")]
+    values = [
+        (r["server"]["requests_per_s"], r["requests_per_s"]) for r in runs if r.get("server") and not r.get("void")
+    ]
     if not values:
         return {"verdict": "not comparable", "runs": 0}
     out = pair_stats.median_ratio(values)
@@ -481,49 +661,92 @@ def against_server(runs: list[dict[str, Any]], tolerance: float = SERVER_TOLERAN
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_agreement", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_agreement",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running deployment's base URL")
     where.add_argument("--echo", action="store_true", help="start testkit/echo_server.py and compare on it")
-    where.add_argument("--shipped", action="store_true",
-                       help="deploy serve_config.yaml (ray start + serve deploy, a fresh single-node cluster, torn "
-                            "down after) and compare on it")
+    where.add_argument(
+        "--shipped",
+        action="store_true",
+        help="deploy serve_config.yaml (ray start + serve deploy, a fresh single-node cluster, torn "
+        "down after) and compare on it",
+    )
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="--shipped: the Serve config")
-    ap.add_argument("--warmup", type=int, default=None,
-                    help="requests sent with vLLM's client before either measured run, prompts of their own "
-                         "(default: 0 on the echo server, 200 otherwise: the engines' first batches compile)")
-    ap.add_argument("--metrics-url", action="append", default=[],
-                    help="the deployment's metrics endpoints (default: Ray's service discovery file)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="requests sent with vLLM's client before either measured run, prompts of their own "
+        "(default: 0 on the echo server, 200 otherwise: the engines' first batches compile)",
+    )
+    ap.add_argument(
+        "--metrics-url",
+        action="append",
+        default=[],
+        help="the deployment's metrics endpoints (default: Ray's service discovery file)",
+    )
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--requests", type=int, default=640,
-                    help="requests per run at least (more where --min-run-s needs them)")
-    ap.add_argument("--min-run-s", type=float, default=40.0,
-                    help="after the warm-up, runs are sized to last at least this long at its rate (0: off)")
+    ap.add_argument(
+        "--requests", type=int, default=640, help="requests per run at least (more where --min-run-s needs them)"
+    )
+    ap.add_argument(
+        "--min-run-s",
+        type=float,
+        default=40.0,
+        help="after the warm-up, runs are sized to last at least this long at its rate (0: off)",
+    )
     ap.add_argument("--input-len", type=int, default=128, help="prompt tokens, BOS included")
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--ttft-ms", type=float, default=100.0, help="--echo: the server's time to first token")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="--echo: its time between tokens")
     ap.add_argument("--order", default="vllm,ours", help="which client runs first (flipped every other pair)")
-    ap.add_argument("--pairs", type=int, default=pair_stats.MIN_PAIRS,
-                    help="pairs of runs (even, at least 6 unless --smoke); the figures compared are pair medians")
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=pair_stats.MIN_PAIRS,
+        help="pairs of runs (even, at least 6 unless --smoke); the figures compared are pair medians",
+    )
     ap.add_argument("--smoke", action="store_true", help="allow fewer pairs (a trial; the result says so)")
     ap.add_argument("--seed", type=int, default=0, help="the prompts' seed")
-    ap.add_argument("--settle-s", type=float, default=25.0,
-                    help="idle seconds before every run on a real deployment (Ray exports counters every 10 s)")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=25.0,
+        help="idle seconds before every run on a real deployment (Ray exports counters every 10 s)",
+    )
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
-    ap.add_argument("--scrape-interval", type=float, default=None,
-                    help="our CLI's --scrape-interval (default: the CLI's own, 2 s)")
-    ap.add_argument("--record-bodies", type=Path, default=None,
-                    help="--echo: the echo server writes every request body it receives here (JSON lines)")
-    ap.add_argument("--rate-interval", type=float, default=1.0,
-                    help="seconds between reads of the server's finished-requests counter during a run")
-    ap.add_argument("--rate-tail-s", type=float, default=12.0,
-                    help="a real deployment: seconds the counter is still read after a run ends (Ray exports every "
-                         "few seconds; the run's last requests show up that much later)")
-    ap.add_argument("--guidellm", action="store_true",
-                    help=f"a third client, GuideLLM {guidellm_client.VERSION} in an environment of its own "
-                         "(.cache/guidellm-venv, built on first use), in every pair beside the two")
+    ap.add_argument(
+        "--scrape-interval", type=float, default=None, help="our CLI's --scrape-interval (default: the CLI's own, 2 s)"
+    )
+    ap.add_argument(
+        "--record-bodies",
+        type=Path,
+        default=None,
+        help="--echo: the echo server writes every request body it receives here (JSON lines)",
+    )
+    ap.add_argument(
+        "--rate-interval",
+        type=float,
+        default=1.0,
+        help="seconds between reads of the server's finished-requests counter during a run",
+    )
+    ap.add_argument(
+        "--rate-tail-s",
+        type=float,
+        default=12.0,
+        help="a real deployment: seconds the counter is still read after a run ends (Ray exports every "
+        "few seconds; the run's last requests show up that much later)",
+    )
+    ap.add_argument(
+        "--guidellm",
+        action="store_true",
+        help=f"a third client, GuideLLM {guidellm_client.VERSION} in an environment of its own "
+        "(.cache/guidellm-venv, built on first use), in every pair beside the two",
+    )
     ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
     args = ap.parse_args(argv)
     pair_stats.check_pairs(args.pairs, smoke=args.smoke)
@@ -553,12 +776,24 @@ def main(argv: list[str] | None = None) -> int:
             if warmup:
                 log.info("warming up with %d requests (vLLM's client, prompts of their own, not measured)", warmup)
                 (Path(tmp) / "warmup").mkdir()
-                warm = theirs(url, tokenizer, args.concurrency, sets["warmup", 0].write_jsonl(
-                    Path(tmp) / "warmup.jsonl"), warmup, args.output_len, Path(tmp) / "warmup", api_key)
+                warm = theirs(
+                    url,
+                    tokenizer,
+                    args.concurrency,
+                    sets["warmup", 0].write_jsonl(Path(tmp) / "warmup.jsonl"),
+                    warmup,
+                    args.output_len,
+                    Path(tmp) / "warmup",
+                    api_key,
+                )
                 sized = run_size(args.requests, warm["requests_per_s"], args.min_run_s)
                 if sized > args.requests:
-                    log.info("%d requests per run (the warm-up's %.1f req/s for at least %.0f s)", sized,
-                             warm["requests_per_s"], args.min_run_s)
+                    log.info(
+                        "%d requests per run (the warm-up's %.1f req/s for at least %.0f s)",
+                        sized,
+                        warm["requests_per_s"],
+                        args.min_run_s,
+                    )
                     args.requests = sized
                     sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
             result = compare_on(url, args, metrics, Path(tmp), tokenizer, api_key, sets, quick_settle=args.echo)
@@ -568,19 +803,24 @@ def main(argv: list[str] | None = None) -> int:
                 echo.wait(10)
             if shipped is not None:
                 shipped.__exit__(None, None, None)
-    result["workload"] = {k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len",
-                                                        "pairs", "seed")}
+    result["workload"] = {
+        k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len", "pairs", "seed")
+    }
     result["below_protocol"] = args.pairs < pair_stats.MIN_PAIRS
     result["target"] = "echo server" if args.echo else (f"{args.config} (shipped)" if args.shipped else args.url)
     result["warmup_requests"] = warmup
     result["scrape_interval_s"] = args.scrape_interval
     md = table(result)
-    sys.stdout.write(md + f"\n{result['verdict'].upper()} (tolerance {args.tolerance:.0%}, {args.pairs} pairs"
-                     + (", below protocol" if result["below_protocol"] else "") + ")\n"
-                     + f"Against the server: ours {result['against_server']['ours']['verdict'].upper()}, vLLM's "
-                     f"{result['against_server']['vllm']['verdict'].upper()}"
-                     + (f", GuideLLM's {result['against_server']['guidellm']['verdict'].upper()}"
-                        if args.guidellm else "") + f" (tolerance {SERVER_TOLERANCE:.0%})\n")
+    sys.stdout.write(
+        md
+        + f"\n{result['verdict'].upper()} (tolerance {args.tolerance:.0%}, {args.pairs} pairs"
+        + (", below protocol" if result["below_protocol"] else "")
+        + ")\n"
+        + f"Against the server: ours {result['against_server']['ours']['verdict'].upper()}, vLLM's "
+        f"{result['against_server']['vllm']['verdict'].upper()}"
+        + (f", GuideLLM's {result['against_server']['guidellm']['verdict'].upper()}" if args.guidellm else "")
+        + f" (tolerance {SERVER_TOLERANCE:.0%})\n"
+    )
     if args.out:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "agreement.json").write_text(json.dumps(result, indent=2))

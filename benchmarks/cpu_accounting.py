@@ -47,8 +47,14 @@ def _own_role(p: psutil.Process, loadgen_pid: int) -> str | None:
         return "Serve controller"
     if "vllm.entrypoints.openai.api_server" in " ".join(args):
         return "vLLM API server"
-    for key, role in (("raylet", "Ray system"), ("gcs_server", "Ray system"), ("dashboard", "Ray system"),
-                      ("ray/_private", "Ray system"), ("log_monitor", "Ray system"), ("monitor.py", "Ray system")):
+    for key, role in (
+        ("raylet", "Ray system"),
+        ("gcs_server", "Ray system"),
+        ("dashboard", "Ray system"),
+        ("ray/_private", "Ray system"),
+        ("log_monitor", "Ray system"),
+        ("monitor.py", "Ray system"),
+    ):
         if key in " ".join(args[:3]):
             return role
     if title.startswith("ray::"):
@@ -129,5 +135,6 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
 def per_request(cpu: dict[str, float], requests: int, min_share: float = 0.01) -> dict[str, Any]:
     """CPU milliseconds per request per role, dropping roles under ``min_share`` of the total."""
     total = sum(cpu.values()) or 1.0
-    return {role: 1000 * s / requests for role, s in sorted(cpu.items(), key=lambda kv: -kv[1])
-            if s / total >= min_share}
+    return {
+        role: 1000 * s / requests for role, s in sorted(cpu.items(), key=lambda kv: -kv[1]) if s / total >= min_share
+    }

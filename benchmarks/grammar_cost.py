@@ -48,7 +48,7 @@ from serve_app.xargs_policy import DEFAULT_LIMITS, grammar_bytes, grammar_specs
 log = logging.getLogger("fuzzserve.benchmarks.grammar_cost")
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = "fixture"
-ALPHABET = string.ascii_letters + string.digits + " _-.,:;\"{}[]()"
+ALPHABET = string.ascii_letters + string.digits + ' _-.,:;"{}[]()'
 
 
 def spec_bytes(spec: dict[str, Any]) -> int:
@@ -71,13 +71,25 @@ def _optional_properties(n: int) -> dict[str, Any]:
 
 
 def _any_of_objects(n: int) -> dict[str, Any]:
-    return {"json": {"anyOf": [{"type": "object", "properties": {f"a{i}": {"type": "string"}, f"b{i}": {
-        "type": "integer"}}, "required": [f"a{i}"]} for i in range(n)]}}
+    return {
+        "json": {
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {f"a{i}": {"type": "string"}, f"b{i}": {"type": "integer"}},
+                    "required": [f"a{i}"],
+                }
+                for i in range(n)
+            ]
+        }
+    }
 
 
 def _ref_chain(n: int) -> dict[str, Any]:
-    defs: dict[str, Any] = {f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}},
-                                      "required": ["x"]} for i in range(n)}
+    defs: dict[str, Any] = {
+        f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}, "required": ["x"]}
+        for i in range(n)
+    }
     defs[f"d{n}"] = {"type": "string"}
     return {"json": {"$defs": defs, "$ref": "#/$defs/d0"}}
 
@@ -85,14 +97,16 @@ def _ref_chain(n: int) -> dict[str, Any]:
 def specs(cap: int = DEFAULT_LIMITS.max_grammar_bytes) -> dict[str, dict[str, Any]]:
     """Spec shapes, each within ``cap`` bytes as the guard counts them."""
     return {
-        "small JSON object (baseline)": {"json": {"type": "object", "properties": {"a": {"type": "string"}},
-                                                  "required": ["a"]}},
+        "small JSON object (baseline)": {
+            "json": {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+        },
         "optional properties, as many as fit": largest_under(cap, _optional_properties, 10),
         "anyOf of objects, as many as fit": largest_under(cap, _any_of_objects, 5),
         "$ref chain, as long as fits": largest_under(cap, _ref_chain, 10),
         "string pattern ([a-z]{0,50}){0,50}": {"json": {"type": "string", "pattern": "([a-z]{0,50}){0,50}"}},
-        "string pattern ((a|...|h){1,30}x){1,30}": {"json": {"type": "string",
-                                                             "pattern": "((a|b|c|d|e|f|g|h){1,30}x){1,30}"}},
+        "string pattern ((a|...|h){1,30}x){1,30}": {
+            "json": {"type": "string", "pattern": "((a|b|c|d|e|f|g|h){1,30}x){1,30}"}
+        },
         "regex ([a-z]{0,50}){0,50}": {"regex": "([a-z]{0,50}){0,50}"},
     }
 
@@ -160,19 +174,30 @@ def measure(vocabulary: str, spec: dict[str, Any], timeout_s: float, threads: in
 def markdown(results: list[dict[str, Any]], command: str, threads: int) -> str:
     vocabularies = list(dict.fromkeys(r["vocabulary"] for r in results))
     sizes = {r["vocabulary"]: r["vocab_size"] for r in results if "vocab_size" in r}  # as each child built it
-    lines = [f"# grammar compile cost under the {DEFAULT_LIMITS.max_grammar_bytes}-byte cap "
-             f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})", "", f"Command: `{command}`", "",
-             f"One compile per cell (validation + compile, xgrammar with max_threads={threads}), seconds; "
-             "`>` = killed at the time limit.", "",
-             "| spec | bytes | " + " | ".join(f"{v} ({sizes.get(v, '?')} tokens)" for v in vocabularies) + " |",
-             "|---|---|" + "---|" * len(vocabularies)]
+    lines = [
+        (
+            f"# grammar compile cost under the {DEFAULT_LIMITS.max_grammar_bytes}-byte cap "
+            f"({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})"
+        ),
+        "",
+        f"Command: `{command}`",
+        "",
+        (
+            f"One compile per cell (validation + compile, xgrammar with max_threads={threads}), seconds; "
+            "`>` = killed at the time limit."
+        ),
+        "",
+        "| spec | bytes | " + " | ".join(f"{v} ({sizes.get(v, '?')} tokens)" for v in vocabularies) + " |",
+        "|---|---|" + "---|" * len(vocabularies),
+    ]
     for name in dict.fromkeys(r["spec"] for r in results):
         row = {r["vocabulary"]: r for r in results if r["spec"] == name}
         cells = []
         for v in vocabularies:
             r = row[v]
-            cells.append(f"> {r['wall_s']:.0f}" if r["timed_out"] else r.get("error") or
-                         f"{r['convert_s'] + r['compile_s']:.2f}")
+            cells.append(
+                f"> {r['wall_s']:.0f}" if r["timed_out"] else r.get("error") or f"{r['convert_s'] + r['compile_s']:.2f}"
+            )
         label = name.replace("|", "\\|")  # a pipe inside a cell would split it
         lines.append(f"| {label} | {row[vocabularies[0]]['bytes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -180,8 +205,11 @@ def markdown(results: list[dict[str, Any]], command: str, threads: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--vocabularies", default=f"{FIXTURE},32000,128000",
-                    help="comma-separated: 'fixture' (the fixture model's tokenizer) or a vocabulary size")
+    ap.add_argument(
+        "--vocabularies",
+        default=f"{FIXTURE},32000,128000",
+        help="comma-separated: 'fixture' (the fixture model's tokenizer) or a vocabulary size",
+    )
     ap.add_argument("--timeout-s", type=float, default=600.0, help="time limit per compile (the child is killed)")
     ap.add_argument("--threads", type=int, default=8, help="xgrammar's compile threads (vLLM 0.32 uses 8)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "grammar_cost")
@@ -190,14 +218,19 @@ def main() -> None:
     results = []
     for vocabulary in args.vocabularies.split(","):
         for name, spec in specs().items():
-            r = {"vocabulary": vocabulary, "spec": name, "bytes": spec_bytes(spec),
-                 **measure(vocabulary, spec, args.timeout_s, args.threads)}
+            r = {
+                "vocabulary": vocabulary,
+                "spec": name,
+                "bytes": spec_bytes(spec),
+                **measure(vocabulary, spec, args.timeout_s, args.threads),
+            }
             log.info("%s, %s: %s", vocabulary, name, {k: v for k, v in r.items() if k not in ("vocabulary", "spec")})
             results.append(r)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "grammar_cost.json").write_text(json.dumps({"results": results, "specs": specs()}, indent=1))
     command = "python -m benchmarks.grammar_cost " + " ".join(
-        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out")
+        f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"
+    )
     (args.out / "grammar_cost.md").write_text(markdown(results, command, args.threads))
     log.info("written: %s", args.out / "grammar_cost.md")
 

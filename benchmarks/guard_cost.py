@@ -45,9 +45,19 @@ REPO = Path(__file__).resolve().parents[1]
 def bench_body(words: int = 127) -> bytes:
     """The body vLLM's ``bench serve`` (openai backend) sends in the headline's cold runs, prompt included."""
     prompt = " ".join(f"w{i % 97}" for i in range(words))
-    return json.dumps({"model": "fixture", "prompt": prompt, "temperature": 0.0, "repetition_penalty": 1.0,
-                       "max_tokens": 64, "logprobs": None, "stream": True,
-                       "stream_options": {"include_usage": True}, "ignore_eos": True}).encode()
+    return json.dumps(
+        {
+            "model": "fixture",
+            "prompt": prompt,
+            "temperature": 0.0,
+            "repetition_penalty": 1.0,
+            "max_tokens": 64,
+            "logprobs": None,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "ignore_eos": True,
+        }
+    ).encode()
 
 
 async def answer_one_chunk(scope: dict[str, Any], receive, send) -> None:
@@ -62,9 +72,18 @@ async def answer_one_chunk(scope: dict[str, Any], receive, send) -> None:
 
 
 def scope_for(body: bytes) -> dict[str, Any]:
-    return {"type": "http", "method": "POST", "path": "/v1/completions", "root_path": "", "query_string": b"",
-            "headers": [(b"host", b"127.0.0.1:8000"), (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode())]}
+    return {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "root_path": "",
+        "query_string": b"",
+        "headers": [
+            (b"host", b"127.0.0.1:8000"),
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ],
+    }
 
 
 async def time_block(app, body: bytes, n: int) -> float:
@@ -77,7 +96,7 @@ async def time_block(app, body: bytes, n: int) -> float:
         async def receive() -> dict[str, Any]:
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def send(message: dict[str, Any]) -> None:
+        async def send(message: dict[str, Any], sent: list[dict[str, Any]] = sent) -> None:
             sent.append(message)
 
         t0 = time.perf_counter_ns()
@@ -107,13 +126,23 @@ def measure(requests: int, blocks: int) -> dict[str, Any]:
         await time_block(guard, body, 200)  # warm-up: imports, pydantic's first validations
         await time_block(answer_one_chunk, body, 200)
         for pair in order:
-            per_block.append({name: await time_block(guard if name == "guard" else answer_one_chunk, body, requests)
-                              for name in pair})
+            per_block.append(
+                {
+                    name: await time_block(guard if name == "guard" else answer_one_chunk, body, requests)
+                    for name in pair
+                }
+            )
 
     asyncio.run(run())
     extra = [b["guard"] - b["bare"] for b in per_block]
-    return {"requests_per_block": requests, "blocks": blocks, "body_bytes": len(body),
-            "per_block_us": per_block, "guard_minus_bare_us": extra, "median_us": statistics.median(extra)}
+    return {
+        "requests_per_block": requests,
+        "blocks": blocks,
+        "body_bytes": len(body),
+        "per_block_us": per_block,
+        "guard_minus_bare_us": extra,
+        "median_us": statistics.median(extra),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -123,10 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help="write the figures as JSON here")
     args = ap.parse_args(argv)
     command_logging()
-    result = {"command": "python -m benchmarks.guard_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
-              "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), **measure(args.requests, args.blocks)}
-    log.info("the guard adds %.1f us per request (median over %d blocks of %d requests; blocks: %s)",
-             result["median_us"], args.blocks, args.requests, ", ".join(f"{x:.1f}" for x in result["guard_minus_bare_us"]))
+    result = {
+        "command": "python -m benchmarks.guard_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        **measure(args.requests, args.blocks),
+    }
+    log.info(
+        "the guard adds %.1f us per request (median over %d blocks of %d requests; blocks: %s)",
+        result["median_us"],
+        args.blocks,
+        args.requests,
+        ", ".join(f"{x:.1f}" for x in result["guard_minus_bare_us"]),
+    )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))

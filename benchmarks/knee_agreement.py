@@ -97,17 +97,45 @@ def verdict(ours: int | None, theirs_: int | None, server: dict[str, int | None]
     if within_one_step(ours, theirs_, steps):
         both_top = at_or_beyond(ours, steps) == at_or_beyond(theirs_, steps) == steps[-1]
         return "agree" + (f": no knee below {steps[-1]} in flight" if both_top else "")
-    supported = [name for name, k in (("ours", ours), ("GuideLLM's", theirs_))
-                 if any(within_one_step(k, s, steps) for s in server.values())]
+    supported = [
+        name
+        for name, k in (("ours", ours), ("GuideLLM's", theirs_))
+        if any(within_one_step(k, s, steps) for s in server.values())
+    ]
     return "disagree; the server's counts support " + (" and ".join(supported) if supported else "neither")
 
 
-def run_ours(url: str, dataset: Path, steps: list[int], step_s: float, output_len: int, metrics: list[str],
-             work: Path, sampler: RateSampler, api_key: str | None) -> dict[str, Any]:
-    argv = ["--scenario", "bench", "--url", url, "--profile", "sweep", "--concurrency", str(steps[-1]),
-            "--step-s", str(step_s), "--prompts-file", str(dataset), "--mix",
-            json.dumps({"max_tokens": [output_len, output_len]}), "--no-progress", "--out", str(work / "ours"),
-            *(a for m in metrics for a in ("--metrics-url", m))]
+def run_ours(
+    url: str,
+    dataset: Path,
+    steps: list[int],
+    step_s: float,
+    output_len: int,
+    metrics: list[str],
+    work: Path,
+    sampler: RateSampler,
+    api_key: str | None,
+) -> dict[str, Any]:
+    argv = [
+        "--scenario",
+        "bench",
+        "--url",
+        url,
+        "--profile",
+        "sweep",
+        "--concurrency",
+        str(steps[-1]),
+        "--step-s",
+        str(step_s),
+        "--prompts-file",
+        str(dataset),
+        "--mix",
+        json.dumps({"max_tokens": [output_len, output_len]}),
+        "--no-progress",
+        "--out",
+        str(work / "ours"),
+        *(a for m in metrics for a in ("--metrics-url", m)),
+    ]
     if api_key:
         argv += ["--api-key", api_key]
     inputs = load_cli.inputs_for(argv)
@@ -119,53 +147,87 @@ def run_ours(url: str, dataset: Path, steps: list[int], step_s: float, output_le
     rows = {}
     for s in cap.steps:
         start = t_call + s.t_start
-        rows[s.concurrency] = {"client_requests_per_s": s.throughput.requests_per_s,
-                               "server_requests_per_s": window_rate(sampler.samples, start, start + s.wall_s)}
-    return {"knee": cap.knee, "rule": "highest concurrency within knee_within of the best SLO goodput, meeting the SLO",
-            "steps": rows, "stopped_because": cap.stopped_because}
+        rows[s.concurrency] = {
+            "client_requests_per_s": s.throughput.requests_per_s,
+            "server_requests_per_s": window_rate(sampler.samples, start, start + s.wall_s),
+        }
+    return {
+        "knee": cap.knee,
+        "rule": "highest concurrency within knee_within of the best SLO goodput, meeting the SLO",
+        "steps": rows,
+        "stopped_because": cap.stopped_because,
+    }
 
 
-def run_guidellm(url: str, dataset: Path, tokenizer: Path, steps: list[int], step_s: float, work: Path,
-                 sampler: RateSampler, api_key: str | None) -> dict[str, Any]:
-    report, cpu = guidellm_client.run_report(url, dataset, tokenizer, guidellm_client.knee(steps),
-                                             {"kind": "max_duration", "seconds": step_s}, work, api_key)
+def run_guidellm(
+    url: str,
+    dataset: Path,
+    tokenizer: Path,
+    steps: list[int],
+    step_s: float,
+    work: Path,
+    sampler: RateSampler,
+    api_key: str | None,
+) -> dict[str, Any]:
+    report, cpu = guidellm_client.run_report(
+        url, dataset, tokenizer, guidellm_client.knee(steps), {"kind": "max_duration", "seconds": step_s}, work, api_key
+    )
     to_sampler = time.monotonic() - time.time()  # GuideLLM's times are the epoch's
     rows = {}
-    for b, fig in zip(report["benchmarks"], guidellm_client.figures(report)):
-        rows[fig["streams"]] = {"client_requests_per_s": fig["requests_per_s"],
-                                "server_requests_per_s": window_rate(sampler.samples, b["start_time"] + to_sampler,
-                                                                     b["end_time"] + to_sampler)}
+    for b, fig in zip(report["benchmarks"], guidellm_client.figures(report), strict=False):
+        rows[fig["streams"]] = {
+            "client_requests_per_s": fig["requests_per_s"],
+            "server_requests_per_s": window_rate(
+                sampler.samples, b["start_time"] + to_sampler, b["end_time"] + to_sampler
+            ),
+        }
     found = guidellm_client.knee_found(report) or {}
     sat = found.get("saturation_concurrency")
-    return {"knee": int(sat) if sat is not None and found.get("status") == "ok" else None,
-            "rule": "GuideLLM's knee profile: " + str(found.get("reason")), "analysis": found, "steps": rows,
-            "client_cpu_s": cpu}
+    return {
+        "knee": int(sat) if sat is not None and found.get("status") == "ok" else None,
+        "rule": "GuideLLM's knee profile: " + str(found.get("reason")),
+        "analysis": found,
+        "steps": rows,
+        "client_cpu_s": cpu,
+    }
 
 
 def table(result: dict[str, Any]) -> str:
     ours, theirs_ = result["ours"], result["guidellm"]
-    lines = ["| in flight | ours req/s | server during ours | GuideLLM req/s | server during GuideLLM's |",
-             "|---|---|---|---|---|"]
+    lines = [
+        "| in flight | ours req/s | server during ours | GuideLLM req/s | server during GuideLLM's |",
+        "|---|---|---|---|---|",
+    ]
 
     def f(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     for c in result["steps"]:
         a, b = ours["steps"].get(c, {}), theirs_["steps"].get(c, {})
-        lines.append(f"| {c} | {f(a.get('client_requests_per_s'))} | {f(a.get('server_requests_per_s'))} | "
-                     f"{f(b.get('client_requests_per_s'))} | {f(b.get('server_requests_per_s'))} |")
-    lines += ["", f"- ours: knee {ours['knee']} ({ours['rule']})",
-              f"- GuideLLM: knee {theirs_['knee']} ({theirs_['rule']})",
-              f"- the server's knee over ours' run: {result['server_knee']['ours']}, over GuideLLM's: "
-              f"{result['server_knee']['guidellm']} (the lowest step reaching {SERVER_KNEE_SHARE:.0%} of the run's "
-              f"highest server rate; none while the top step still gains {STILL_RISING - 1:.0%})",
-              f"- verdict: {result['verdict']}"]
+        lines.append(
+            f"| {c} | {f(a.get('client_requests_per_s'))} | {f(a.get('server_requests_per_s'))} | "
+            f"{f(b.get('client_requests_per_s'))} | {f(b.get('server_requests_per_s'))} |"
+        )
+    lines += [
+        "",
+        f"- ours: knee {ours['knee']} ({ours['rule']})",
+        f"- GuideLLM: knee {theirs_['knee']} ({theirs_['rule']})",
+        (
+            f"- the server's knee over ours' run: {result['server_knee']['ours']}, over GuideLLM's: "
+            f"{result['server_knee']['guidellm']} (the lowest step reaching {SERVER_KNEE_SHARE:.0%} of the run's "
+            f"highest server rate; none while the top step still gains {STILL_RISING - 1:.0%})"
+        ),
+        f"- verdict: {result['verdict']}",
+    ]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.knee_agreement", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.knee_agreement",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running deployment's base URL")
     where.add_argument("--shipped", action="store_true", help="deploy serve_config.yaml in a fresh local cluster")
@@ -203,8 +265,16 @@ def main(argv: list[str] | None = None) -> int:
             start_clients()
             if args.warmup:
                 (work / "warmup").mkdir()
-                theirs(url, tokenizer, 32, warm.write_jsonl(work / "warmup.jsonl"), args.warmup, args.output_len,
-                       work / "warmup", api_key)
+                theirs(
+                    url,
+                    tokenizer,
+                    32,
+                    warm.write_jsonl(work / "warmup.jsonl"),
+                    args.warmup,
+                    args.output_len,
+                    work / "warmup",
+                    api_key,
+                )
             ours_file = prompts.write_jsonl(work / "prompts.jsonl")
             theirs_file = guidellm_client.write_dataset(prompts.prompts, args.output_len, work / "prompts-g.jsonl")
             with RateSampler(metrics, interval_s=1.0) as sampler:
@@ -218,14 +288,20 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if shipped is not None:
                 shipped.__exit__(None, None, None)
-    server = {who: server_knee({c: r["server_requests_per_s"] for c, r in run["steps"].items()})
-              for who, run in (("ours", ours), ("guidellm", theirs_))}
-    result = {"steps": steps, "ours": ours, "guidellm": theirs_, "server_knee": server,
-              "verdict": verdict(ours["knee"], theirs_["knee"], server, steps),
-              "workload": {k: getattr(args, k) for k in ("max_concurrency", "step_s", "input_len", "output_len",
-                                                         "prompts")},
-              "target": f"{args.config} (shipped)" if args.shipped else args.url,
-              "replicas_read": sorted(histograms or {})}
+    server = {
+        who: server_knee({c: r["server_requests_per_s"] for c, r in run["steps"].items()})
+        for who, run in (("ours", ours), ("guidellm", theirs_))
+    }
+    result = {
+        "steps": steps,
+        "ours": ours,
+        "guidellm": theirs_,
+        "server_knee": server,
+        "verdict": verdict(ours["knee"], theirs_["knee"], server, steps),
+        "workload": {k: getattr(args, k) for k in ("max_concurrency", "step_s", "input_len", "output_len", "prompts")},
+        "target": f"{args.config} (shipped)" if args.shipped else args.url,
+        "replicas_read": sorted(histograms or {}),
+    }
     md = table(result)
     sys.stdout.write(md + "\n")
     if args.out:

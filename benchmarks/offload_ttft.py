@@ -25,19 +25,30 @@ def _prefixes(n: int, examples_each: int) -> list[str]:
     from fixture_model.tasks import training_examples
 
     ex = training_examples(n * examples_each, seed=11)
-    return [" ".join(e.text for e in ex[i * examples_each:(i + 1) * examples_each]) for i in range(n)]
+    return [" ".join(e.text for e in ex[i * examples_each : (i + 1) * examples_each]) for i in range(n)]
 
 
 def _external_tokens(llm) -> float:
-    return sum(m.value for m in llm.get_metrics()
-               if m.name == "vllm:prompt_tokens_by_source" and m.labels.get("source") == "external_kv_transfer")
+    return sum(
+        m.value
+        for m in llm.get_metrics()
+        if m.name == "vllm:prompt_tokens_by_source" and m.labels.get("source") == "external_kv_transfer"
+    )
 
 
 def measure(offload: bool, repeats: int, examples_each: int, model: str) -> dict:
     from vllm import LLM, SamplingParams
 
-    kwargs = dict(model=model, dtype="float32", enforce_eager=True, max_model_len=1024, enable_prefix_caching=True,
-                  num_gpu_blocks_override=12, disable_log_stats=False, seed=0)
+    kwargs = dict(
+        model=model,
+        dtype="float32",
+        enforce_eager=True,
+        max_model_len=1024,
+        enable_prefix_caching=True,
+        num_gpu_blocks_override=12,
+        disable_log_stats=False,
+        seed=0,
+    )
     if offload:
         kwargs.update(kv_offloading_size=0.25, kv_offloading_backend="native")
     llm = LLM(**kwargs)
@@ -45,7 +56,7 @@ def measure(offload: bool, repeats: int, examples_each: int, model: str) -> dict
     prefixes = _prefixes(4 * repeats, examples_each)
     ttfts, reloaded = [], []
     for r in range(repeats):
-        target, *evictors = prefixes[4 * r:4 * r + 4]
+        target, *evictors = prefixes[4 * r : 4 * r + 4]
         prompt = target + " count 3 4 5"
         llm.generate([prompt], one, use_tqdm=False)  # compute (and store to the tier)
         for e in evictors:  # push it out of the 12-block engine pool
@@ -57,8 +68,13 @@ def measure(offload: bool, repeats: int, examples_each: int, model: str) -> dict
         reloaded.append(_external_tokens(llm) - before)
     n_tokens = len(out[0].prompt_token_ids)
     del llm
-    return {"offload": offload, "prompt_tokens": n_tokens, "ttft_s": ttfts, "reloaded_tokens": reloaded,
-            "ttft_median_s": statistics.median(ttfts)}
+    return {
+        "offload": offload,
+        "prompt_tokens": n_tokens,
+        "ttft_s": ttfts,
+        "reloaded_tokens": reloaded,
+        "ttft_median_s": statistics.median(ttfts),
+    }
 
 
 def main(argv=None) -> int:
@@ -71,8 +87,10 @@ def main(argv=None) -> int:
     from fixture_model.build import ensure_model
 
     model = str(ensure_model())
-    results = [measure(False, args.repeats, args.prefix_examples, model),
-               measure(True, args.repeats, args.prefix_examples, model)]
+    results = [
+        measure(False, args.repeats, args.prefix_examples, model),
+        measure(True, args.repeats, args.prefix_examples, model),
+    ]
     from rich.console import Console
     from rich.table import Table
 
@@ -80,9 +98,13 @@ def main(argv=None) -> int:
     for col in ("engine", "prompt tokens", "tokens reloaded / run", "TTFT median", "TTFT runs"):
         table.add_column(col)
     for r in results:
-        table.add_row("offloading on (reload)" if r["offload"] else "offloading off (recompute)", str(r["prompt_tokens"]),
-                      str(r["reloaded_tokens"]), f"{r['ttft_median_s'] * 1000:.1f} ms",
-                      ", ".join(f"{t * 1000:.0f}" for t in r["ttft_s"]))
+        table.add_row(
+            "offloading on (reload)" if r["offload"] else "offloading off (recompute)",
+            str(r["prompt_tokens"]),
+            str(r["reloaded_tokens"]),
+            f"{r['ttft_median_s'] * 1000:.1f} ms",
+            ", ".join(f"{t * 1000:.0f}" for t in r["ttft_s"]),
+        )
     Console().print(table)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

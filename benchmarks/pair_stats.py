@@ -33,8 +33,10 @@ def check_pairs(pairs: int, smoke: bool = False) -> None:
     if pairs < 1 or pairs % 2:
         raise ValueError(f"--pairs {pairs}: an even number is needed (each arm runs first as often as last)")
     if pairs < MIN_PAIRS and not smoke:
-        raise ValueError(f"--pairs {pairs}: the protocol takes at least {MIN_PAIRS} (or --smoke for a trial run "
-                         "whose figures are marked as below protocol)")
+        raise ValueError(
+            f"--pairs {pairs}: the protocol takes at least {MIN_PAIRS} (or --smoke for a trial run "
+            "whose figures are marked as below protocol)"
+        )
 
 
 def block_order(arms: Sequence[str], pairs: int) -> list[tuple[int, str]]:
@@ -45,8 +47,11 @@ def block_order(arms: Sequence[str], pairs: int) -> list[tuple[int, str]]:
     return order
 
 
-def median_ratio(pairs: Sequence[tuple[float, float]], samples: int = BOOTSTRAP_SAMPLES, seed: int = 0,
-                 ) -> dict[str, Any]:
+def median_ratio(
+    pairs: Sequence[tuple[float, float]],
+    samples: int = BOOTSTRAP_SAMPLES,
+    seed: int = 0,
+) -> dict[str, Any]:
     """``pairs`` of (reference, candidate): the median of candidate / reference and its bootstrap 90 % interval."""
     ratios = [c / r for r, c in pairs]
     if not ratios:
@@ -54,8 +59,12 @@ def median_ratio(pairs: Sequence[tuple[float, float]], samples: int = BOOTSTRAP_
     rng = random.Random(seed)
     boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(samples))
     lo = int((1 - CI_LEVEL) / 2 * samples)
-    return {"pairs": len(ratios), "ratios": ratios, "median": statistics.median(ratios),
-            "ci90": [boot[lo], boot[samples - lo - 1]]}
+    return {
+        "pairs": len(ratios),
+        "ratios": ratios,
+        "median": statistics.median(ratios),
+        "ci90": [boot[lo], boot[samples - lo - 1]],
+    }
 
 
 Verdict = Literal["agrees", "disagrees", "inconclusive"]
@@ -77,8 +86,9 @@ GoalVerdict = Literal["met", "not met"]
 GOAL_MARGIN = 0.95
 
 
-def goal_verdict(median: float, ci90: Sequence[float], goal: float, higher_is_better: bool,
-                 margin: float = GOAL_MARGIN) -> GoalVerdict:
+def goal_verdict(
+    median: float, ci90: Sequence[float], goal: float, higher_is_better: bool, margin: float = GOAL_MARGIN
+) -> GoalVerdict:
     """``met`` only if the median ratio meets ``goal`` and the 90 % interval's far end stays within ``margin``
     of it: for a figure where higher is better (requests/s), median >= goal and lower end >= margin x goal;
     where lower is better (TTFT, CPU per request), median <= goal and upper end <= goal / margin. Anything

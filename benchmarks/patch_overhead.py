@@ -93,8 +93,14 @@ def workloads(ps: list[str], out_tokens: int) -> dict[str, list[dict[str, Any]]]
     for name, n_out in (("decode", out_tokens), ("prefill", 1)):
         out[name] = [{**base, "max_tokens": n_out} for _ in ps]
         out[f"{name}+fuzz"] = [{**base, "max_tokens": n_out, "extra_args": fuzz_xargs(i)} for i in range(len(ps))]
-        out[f"{name}+noise"] = [{**base, "max_tokens": n_out, "extra_args": {
-            "fuzz_strength": NOISE_ONLY, "fuzz_mode": "gaussian", "fuzz_seed": i % 4}} for i in range(len(ps))]
+        out[f"{name}+noise"] = [
+            {
+                **base,
+                "max_tokens": n_out,
+                "extra_args": {"fuzz_strength": NOISE_ONLY, "fuzz_mode": "gaussian", "fuzz_seed": i % 4},
+            }
+            for i in range(len(ps))
+        ]
     return out
 
 
@@ -112,13 +118,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--omp-bind", default="0", help="VLLM_CPU_OMP_THREADS_BIND for every engine")
-    ap.add_argument("--host-cores", default="1" if len(os.sched_getaffinity(0)) > 1 else "",
-                    help="comma-separated cores for each engine's frontend and EngineCore ('' = not pinned)")
-    ap.add_argument("--settle-s", type=float, default=SETTLE_S,
-                    help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
-    ap.add_argument("--arch", default=None, metavar="HIDDENxLAYERS",
-                    help="run on an untrained model of this width and depth (fixture_model.sizing) instead of "
-                         "the fixture model: what the patches cost next to a model's compute (e.g. 1024x4)")
+    ap.add_argument(
+        "--host-cores",
+        default="1" if len(os.sched_getaffinity(0)) > 1 else "",
+        help="comma-separated cores for each engine's frontend and EngineCore ('' = not pinned)",
+    )
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="pause before each run: a stock engine keeps spinning for 1 s after its last step",
+    )
+    ap.add_argument(
+        "--arch",
+        default=None,
+        metavar="HIDDENxLAYERS",
+        help="run on an untrained model of this width and depth (fixture_model.sizing) instead of "
+        "the fixture model: what the patches cost next to a model's compute (e.g. 1024x4)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     command_logging()
@@ -132,8 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     model = ensure_sizing_model(*parse_arch(args.arch)) if args.arch else ensure_model()
     names = list(workloads([], 0))
     kinds = list(dict.fromkeys(base_workload(w) for w in names))
-    fresh = {(rnd, k): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
-             for rnd in range(args.rounds) for i, k in enumerate(kinds)}
+    fresh = {
+        (rnd, k): prompts(args.requests, args.prompt_tokens, "plain", seed=1000 * rnd + i + 1)
+        for rnd in range(args.rounds)
+        for i, k in enumerate(kinds)
+    }
     warm = prompts(8, args.prompt_tokens, "plain", seed=0)
     env0 = {**ENGINE_ENV, "VLLM_CPU_OMP_THREADS_BIND": args.omp_bind}
     host_cores = [int(c) for c in args.host_cores.split(",")] if args.host_cores else None
@@ -144,8 +164,13 @@ def main(argv: list[str] | None = None) -> int:
             log.info("starting engine %s", name)
             hosts[name] = EngineHost(env={**env0, **env}, model=str(model), cpus=host_cores, **ENGINE, **extra)
             hosts[name].generate(warm, workloads(warm, args.output_tokens)["decode+fuzz"])  # warm-up
-        plan = [(rnd, w, e) for rnd in range(args.rounds) for w in names for e in ENGINES
-                if not (e in UNFUZZED_ONLY and "+" in w)]
+        plan = [
+            (rnd, w, e)
+            for rnd in range(args.rounds)
+            for w in names
+            for e in ENGINES
+            if not (e in UNFUZZED_ONLY and "+" in w)
+        ]
         unfuzzed_outputs: dict[tuple[int, str, str], list[list[int]]] = {}
         with Progress() as progress:
             task = progress.add_task("patch overhead", total=len(plan))
@@ -160,15 +185,22 @@ def main(argv: list[str] | None = None) -> int:
                 cpu = front1 + engine1 - front0 - engine0
                 tokens = sum(len(o["token_ids"]) for o in outs)
                 texts = [o["token_ids"] for o in outs]
-                run = {"round": rnd, "workload": w, "engine": e, "wall_s": wall, "cpu_s": cpu,
-                       "req_per_s": len(outs) / wall, "tok_per_s": tokens / wall,
-                       "cpu_ms_per_req": 1000 * cpu / len(outs),
-                       "frontend_cpu_ms_per_req": 1000 * (front1 - front0) / len(outs),
-                       "engine_cpu_ms_per_req": 1000 * (engine1 - engine0) / len(outs),
-                       "distinct_tokens_per_req": statistics.mean(len(set(t)) for t in texts)}
+                run = {
+                    "round": rnd,
+                    "workload": w,
+                    "engine": e,
+                    "wall_s": wall,
+                    "cpu_s": cpu,
+                    "req_per_s": len(outs) / wall,
+                    "tok_per_s": tokens / wall,
+                    "cpu_ms_per_req": 1000 * cpu / len(outs),
+                    "frontend_cpu_ms_per_req": 1000 * (front1 - front0) / len(outs),
+                    "engine_cpu_ms_per_req": 1000 * (engine1 - engine0) / len(outs),
+                    "distinct_tokens_per_req": statistics.mean(len(set(t)) for t in texts),
+                }
                 if "+" in w:  # the same prompts ran unfuzzed earlier this round on this engine
                     ref = unfuzzed_outputs[(rnd, base_workload(w), e)]
-                    run["same_text_as_unfuzzed"] = sum(a == b for a, b in zip(texts, ref)) / len(texts)
+                    run["same_text_as_unfuzzed"] = sum(a == b for a, b in zip(texts, ref, strict=False)) / len(texts)
                 else:
                     unfuzzed_outputs[(rnd, w, e)] = texts
                 runs.append(run)
@@ -178,13 +210,21 @@ def main(argv: list[str] | None = None) -> int:
             h.close()
 
     table = summarize(runs)
-    meta = {"command": "python -m benchmarks.patch_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
-            "model": f"untrained {args.arch} (fixture_model.sizing)" if args.arch else FIXTURE_LABEL,
-            "workload": {"requests": args.requests, "prompt_tokens": args.prompt_tokens,
-                         "output_tokens": args.output_tokens, "rounds": args.rounds, "omp_bind": args.omp_bind,
-                         "settle_s": args.settle_s,
-                         "host_cores": args.host_cores}}
+    meta = {
+        "command": "python -m benchmarks.patch_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "model": f"untrained {args.arch} (fixture_model.sizing)" if args.arch else FIXTURE_LABEL,
+        "workload": {
+            "requests": args.requests,
+            "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens,
+            "rounds": args.rounds,
+            "omp_bind": args.omp_bind,
+            "settle_s": args.settle_s,
+            "host_cores": args.host_cores,
+        },
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "patch_overhead.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
     (args.out / "patch_overhead.md").write_text(markdown(meta, table))
@@ -238,72 +278,108 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not mine:
                 continue
             base = [ref[(r["round"], base_workload(w))] for r in mine]
-            x_off, x_off_min, x_off_max = ratio_stats([(r["req_per_s"], b["req_per_s"]) for r, b in zip(mine, base)])
+            x_off, x_off_min, x_off_max = ratio_stats(
+                [(r["req_per_s"], b["req_per_s"]) for r, b in zip(mine, base, strict=False)]
+            )
             cpu_x, cpu_x_min, cpu_x_max = ratio_stats(
-                [(r["cpu_ms_per_req"], b["cpu_ms_per_req"]) for r, b in zip(mine, base)])
+                [(r["cpu_ms_per_req"], b["cpu_ms_per_req"]) for r, b in zip(mine, base, strict=False)]
+            )
             row: dict[str, Any] = {}
             if "+" in w:
                 unf = [same[(r["round"], base_workload(w), e)] for r in mine]
 
-                def x_unf(key: str) -> float | None:
-                    return ratio_stats([(r[key], b[key]) for r, b in zip(mine, unf)])[0]
+                def x_unf(key: str, mine: list[dict[str, Any]] = mine, unf: list[dict[str, Any]] = unf) -> float | None:
+                    return ratio_stats([(r[key], b[key]) for r, b in zip(mine, unf, strict=False)])[0]
 
-                row = {"x_unfuzzed": x_unf("req_per_s"), "cpu_x_unfuzzed": x_unf("cpu_ms_per_req"),
-                       "engine_cpu_x_unfuzzed": x_unf("engine_cpu_ms_per_req"),
-                       "same_text_as_unfuzzed": statistics.median(r["same_text_as_unfuzzed"] for r in mine)}
-            out.append({"workload": w, "engine": e, "runs": len(mine), **row,
-                        "req_per_s": statistics.median(r["req_per_s"] for r in mine),
-                        "tok_per_s": statistics.median(r["tok_per_s"] for r in mine),
-                        "x_off": x_off, "x_off_min": x_off_min, "x_off_max": x_off_max,
-                        "cpu_ms_per_req": statistics.median(r["cpu_ms_per_req"] for r in mine),
-                        "cpu_x_off": cpu_x, "cpu_x_off_min": cpu_x_min, "cpu_x_off_max": cpu_x_max,
-                        "frontend_cpu_ms_per_req": statistics.median(r["frontend_cpu_ms_per_req"] for r in mine),
-                        "engine_cpu_ms_per_req": statistics.median(r["engine_cpu_ms_per_req"] for r in mine),
-                        "distinct_tokens_per_req": statistics.median(r["distinct_tokens_per_req"] for r in mine)})
+                row = {
+                    "x_unfuzzed": x_unf("req_per_s"),
+                    "cpu_x_unfuzzed": x_unf("cpu_ms_per_req"),
+                    "engine_cpu_x_unfuzzed": x_unf("engine_cpu_ms_per_req"),
+                    "same_text_as_unfuzzed": statistics.median(r["same_text_as_unfuzzed"] for r in mine),
+                }
+            out.append(
+                {
+                    "workload": w,
+                    "engine": e,
+                    "runs": len(mine),
+                    **row,
+                    "req_per_s": statistics.median(r["req_per_s"] for r in mine),
+                    "tok_per_s": statistics.median(r["tok_per_s"] for r in mine),
+                    "x_off": x_off,
+                    "x_off_min": x_off_min,
+                    "x_off_max": x_off_max,
+                    "cpu_ms_per_req": statistics.median(r["cpu_ms_per_req"] for r in mine),
+                    "cpu_x_off": cpu_x,
+                    "cpu_x_off_min": cpu_x_min,
+                    "cpu_x_off_max": cpu_x_max,
+                    "frontend_cpu_ms_per_req": statistics.median(r["frontend_cpu_ms_per_req"] for r in mine),
+                    "engine_cpu_ms_per_req": statistics.median(r["engine_cpu_ms_per_req"] for r in mine),
+                    "distinct_tokens_per_req": statistics.median(r["distinct_tokens_per_req"] for r in mine),
+                }
+            )
     return out
 
 
 def markdown(meta: dict[str, Any], table: list[dict[str, Any]]) -> str:
     w = meta["workload"]
-    lines = ["# Patch overhead inside the engine", "",
-             f"`{meta['command']}` on {meta['machine']}, {meta['date']}. "
-             f"Model: {meta.get('model', FIXTURE_LABEL)}.", "",
-             f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens per run; "
-             f"`decode`: {w['output_tokens']} tokens out (ignore_eos); `prefill`: 1 token out. "
-             f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, runs "
-             f"{w.get('settle_s', 0)} s apart, "
-             f"`VLLM_CPU_OMP_THREADS_BIND={w['omp_bind']}` for every engine's worker, its frontend and EngineCore "
-             f"on cores `{w.get('host_cores') or 'any'}`; `x off` is the median (min-max) over rounds of run / the same "
-             "round's stock run of the same unfuzzed workload. `CPU ms/req` is the CPU time of the engine's "
-             "processes (frontend, EngineCore, worker) per request: less sensitive than wall time to where the "
-             "scheduler puts processes on 2 shared cores; `x off` likewise.", "",
-             "| workload | engine | req/s | x off | min | max | CPU ms/req | x off | min | max |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Patch overhead inside the engine",
+        "",
+        f"`{meta['command']}` on {meta['machine']}, {meta['date']}. Model: {meta.get('model', FIXTURE_LABEL)}.",
+        "",
+        (
+            f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens per run; "
+            f"`decode`: {w['output_tokens']} tokens out (ignore_eos); `prefill`: 1 token out. "
+            f"{w['rounds']} interleaved rounds, fresh prompts per round and workload, runs "
+            f"{w.get('settle_s', 0)} s apart, "
+            f"`VLLM_CPU_OMP_THREADS_BIND={w['omp_bind']}` for every engine's worker, its frontend and EngineCore "
+            f"on cores `{w.get('host_cores') or 'any'}`; `x off` is the median (min-max) over rounds of run / the same "
+            "round's stock run of the same unfuzzed workload. `CPU ms/req` is the CPU time of the engine's "
+            "processes (frontend, EngineCore, worker) per request: less sensitive than wall time to where the "
+            "scheduler puts processes on 2 shared cores; `x off` likewise."
+        ),
+        "",
+        "| workload | engine | req/s | x off | min | max | CPU ms/req | x off | min | max |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in table:
-        lines.append(f"| {r['workload']} | {r['engine']} | {r['req_per_s']:.1f} | {_fmt(r['x_off'], digits=3)} | "
-                     f"{_fmt(r['x_off_min'], digits=3)} | {_fmt(r['x_off_max'], digits=3)} | "
-                     f"{r['cpu_ms_per_req']:.1f} | {_fmt(r['cpu_x_off'], digits=3)} | "
-                     f"{_fmt(r['cpu_x_off_min'], digits=3)} | {_fmt(r['cpu_x_off_max'], digits=3)} |")
-    lines += ["", "## Fuzzed runs against the same engine's unfuzzed run (same round, same prompts)", "",
-              "`x unfuzzed`: median over rounds of fuzzed run / unfuzzed run. CPU is split into the frontend "
-              "(`LLM`'s process: tokenizing, detokenizing) and the engine (EngineCore and worker: scheduling, "
-              "the model, the perturbation). `same text`: share of requests whose output tokens equal the "
-              "unfuzzed run's. `distinct tokens`: distinct token ids per output (the fixture model's unfuzzed "
-              "greedy text repeats itself).", "",
-              "| workload | engine | req/s x unfuzzed | CPU x unfuzzed | engine CPU x unfuzzed | frontend CPU ms/req "
-              "| engine CPU ms/req | same text | distinct tokens |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['workload']} | {r['engine']} | {r['req_per_s']:.1f} | {_fmt(r['x_off'], digits=3)} | "
+            f"{_fmt(r['x_off_min'], digits=3)} | {_fmt(r['x_off_max'], digits=3)} | "
+            f"{r['cpu_ms_per_req']:.1f} | {_fmt(r['cpu_x_off'], digits=3)} | "
+            f"{_fmt(r['cpu_x_off_min'], digits=3)} | {_fmt(r['cpu_x_off_max'], digits=3)} |"
+        )
+    lines += [
+        "",
+        "## Fuzzed runs against the same engine's unfuzzed run (same round, same prompts)",
+        "",
+        (
+            "`x unfuzzed`: median over rounds of fuzzed run / unfuzzed run. CPU is split into the frontend "
+            "(`LLM`'s process: tokenizing, detokenizing) and the engine (EngineCore and worker: scheduling, "
+            "the model, the perturbation). `same text`: share of requests whose output tokens equal the "
+            "unfuzzed run's. `distinct tokens`: distinct token ids per output (the fixture model's unfuzzed "
+            "greedy text repeats itself)."
+        ),
+        "",
+        (
+            "| workload | engine | req/s x unfuzzed | CPU x unfuzzed | engine CPU x unfuzzed | frontend CPU ms/req "
+            "| engine CPU ms/req | same text | distinct tokens |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     unf = {(r["workload"], r["engine"]): r for r in table if "+" not in r["workload"]}
     for r in table:
         if "+" not in r["workload"]:
             continue
         u = unf[(base_workload(r["workload"]), r["engine"])]
-        lines.append(f"| {r['workload']} | {r['engine']} | {_fmt(r['x_unfuzzed'], digits=3)} | "
-                     f"{_fmt(r['cpu_x_unfuzzed'], digits=3)} | {_fmt(r['engine_cpu_x_unfuzzed'], digits=3)} | "
-                     f"{r['frontend_cpu_ms_per_req']:.2f} "
-                     f"(unfuzzed {u['frontend_cpu_ms_per_req']:.2f}) | {r['engine_cpu_ms_per_req']:.2f} "
-                     f"(unfuzzed {u['engine_cpu_ms_per_req']:.2f}) | {r['same_text_as_unfuzzed']:.0%} | "
-                     f"{r['distinct_tokens_per_req']:.1f} (unfuzzed {u['distinct_tokens_per_req']:.1f}) |")
+        lines.append(
+            f"| {r['workload']} | {r['engine']} | {_fmt(r['x_unfuzzed'], digits=3)} | "
+            f"{_fmt(r['cpu_x_unfuzzed'], digits=3)} | {_fmt(r['engine_cpu_x_unfuzzed'], digits=3)} | "
+            f"{r['frontend_cpu_ms_per_req']:.2f} "
+            f"(unfuzzed {u['frontend_cpu_ms_per_req']:.2f}) | {r['engine_cpu_ms_per_req']:.2f} "
+            f"(unfuzzed {u['engine_cpu_ms_per_req']:.2f}) | {r['same_text_as_unfuzzed']:.0%} | "
+            f"{r['distinct_tokens_per_req']:.1f} (unfuzzed {u['distinct_tokens_per_req']:.1f}) |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -166,8 +166,20 @@ class Recording:
 
 def record(role: str, pid: int, rate: int, out_dir: Path) -> Recording:
     path = out_dir / f"{re.sub(r'[^A-Za-z0-9_.-]+', '_', role)}-{pid}.txt"
-    argv = [str(PY_SPY), "record", "--pid", str(pid), "--rate", str(rate), "--format", "raw", "--nonblocking",
-            "--threads", "--output", str(path)]
+    argv = [
+        str(PY_SPY),
+        "record",
+        "--pid",
+        str(pid),
+        "--rate",
+        str(rate),
+        "--format",
+        "raw",
+        "--nonblocking",
+        "--threads",
+        "--output",
+        str(path),
+    ]
     with open(out_dir / f"{path.stem}.py-spy.log", "wb") as err:  # the child keeps its own copy
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     return Recording(role, pid, path, proc)
@@ -237,7 +249,9 @@ def engine_steps(metrics_text: str, replica_ids: set[str] | None) -> tuple[float
 
 def replica_ids(cluster, app: str) -> set[str]:
     """Unique ids of ``app``'s engine replicas."""
-    return {replica_id(a.get("name") or "") for a in cluster.actors(replica_class_prefix(app, ENGINE_DEPLOYMENT_PREFIX))}
+    return {
+        replica_id(a.get("name") or "") for a in cluster.actors(replica_class_prefix(app, ENGINE_DEPLOYMENT_PREFIX))
+    }
 
 
 def _scrape(urls: list[str]) -> str:
@@ -253,8 +267,9 @@ def _scrape(urls: list[str]) -> str:
 
 
 # ----------------------------------------------------------------------------- one target
-def profile_target(target: str, base_url: str, metrics_urls: list[str], replicas: set[str] | None, ps: list[str],
-                   args, spy_dir: Path) -> dict[str, Any]:
+def profile_target(
+    target: str, base_url: str, metrics_urls: list[str], replicas: set[str] | None, ps: list[str], args, spy_dir: Path
+) -> dict[str, Any]:
     from benchmarks import cpu_accounting
     from benchmarks.serve_stack import cpu_columns, run_http
     from benchmarks.targets import APP_OF, BY_NAME
@@ -271,7 +286,7 @@ def profile_target(target: str, base_url: str, metrics_urls: list[str], replicas
     cpu0 = cpu_accounting.snapshot()
     stats = asyncio.run(run_http(base_url, ps, args.output_tokens, args.concurrency, fuzz))
     cpu = cpu_columns(cpu_accounting.delta(cpu0, cpu_accounting.snapshot()), APP_OF.get(target, target))
-    stacks = {col: rec.stop() for col, rec in zip(procs, recordings)}
+    stacks = {col: rec.stop() for col, rec in zip(procs, recordings, strict=False)}
     time.sleep(args.metrics_settle_s)
     scrape = _scrape(metrics_urls)
     (spy_dir / f"metrics-{target}.txt").write_text(scrape)
@@ -282,29 +297,42 @@ def profile_target(target: str, base_url: str, metrics_urls: list[str], replicas
     for col, st in stacks.items():
         total = sum(st.values())
         per_proc[col] = {
-            "pid": procs[col], "samples": total,
+            "pid": procs[col],
+            "samples": total,
             "sampled_ms_per_request": 1000 * total / args.rate / n,
             "categories_ms_per_request": {k: 1000 * v / args.rate / n for k, v in by_category(st).items()},
             "top_self": [(f, 1000 * c / args.rate / n) for f, c in top_functions(st, args.top)],
             "top_inclusive": [(f, 1000 * c / args.rate / n) for f, c in top_functions(st, args.top, inclusive=True)],
         }
-    return {"target": target, **stats, "cpu_ms_per_request": {k: 1000 * v / n for k, v in cpu.items()},
-            "engine_steps": steps, "tokens_per_step": tokens / steps if steps else None,
-            "steps_per_request": steps / n, "processes": per_proc}
+    return {
+        "target": target,
+        **stats,
+        "cpu_ms_per_request": {k: 1000 * v / n for k, v in cpu.items()},
+        "engine_steps": steps,
+        "tokens_per_step": tokens / steps if steps else None,
+        "steps_per_request": steps / n,
+        "processes": per_proc,
+    }
 
 
 # ----------------------------------------------------------------------------- driver
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", default="a,fb", help="a, and any serve_stack target (b, c0, c1, c, cb, d, e, bd, f0, f, fb)")
+    ap.add_argument(
+        "--targets", default="a,fb", help="a, and any serve_stack target (b, c0, c1, c, cb, d, e, bd, f0, f, fb)"
+    )
     ap.add_argument("--requests", type=int, default=400)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     ap.add_argument("--top", type=int, default=15, help="functions listed per process")
-    ap.add_argument("--metrics-settle-s", type=float, default=12.0,
-                    help="wait before reading engine steps (Ray exports replica metrics every few seconds)")
+    ap.add_argument(
+        "--metrics-settle-s",
+        type=float,
+        default=12.0,
+        help="wait before reading engine steps (Ray exports replica metrics every few seconds)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     command_logging()
@@ -326,11 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     ps = prompts(args.requests, args.prompt_tokens, "plain")
     work_dir = Path(tempfile.mkdtemp(prefix="fuzzserve-profile-"))
     log.info("logs and raw stacks in %s", work_dir)
-    meta = {"command": "python -m benchmarks.profile_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
-            "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
-                         "concurrency": args.concurrency, "requests": args.requests}, "rate_hz": args.rate,
-            "raw_stacks": str(work_dir)}
+    meta = {
+        "command": "python -m benchmarks.profile_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "workload": {
+            "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens,
+            "concurrency": args.concurrency,
+            "requests": args.requests,
+        },
+        "rate_hz": args.rate,
+        "raw_stacks": str(work_dir),
+    }
     results: list[dict[str, Any]] = []
     if "a" in targets:
         srv, base = start_vllm_server(model, work_dir)
@@ -348,8 +384,17 @@ def main(argv: list[str] | None = None) -> int:
             cluster.deploy(cfg, wait_ready=False)
             cluster.wait_http({routes[t] for t in mine})
             for t in mine:
-                results.append(profile_target(t, cluster.base_url + routes[t], cluster.metrics_urls,
-                                              replica_ids(cluster, APP_OF.get(t, t)), ps, args, work_dir))
+                results.append(
+                    profile_target(
+                        t,
+                        cluster.base_url + routes[t],
+                        cluster.metrics_urls,
+                        replica_ids(cluster, APP_OF.get(t, t)),
+                        ps,
+                        args,
+                        work_dir,
+                    )
+                )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "profile_stack.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
     (args.out / "profile_stack.md").write_text(markdown(meta, results))
@@ -361,40 +406,63 @@ def main(argv: list[str] | None = None) -> int:
 # ----------------------------------------------------------------------------- report
 def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
     w = meta["workload"]
-    lines = ["# Where the time goes: py-spy per process", "",
-             f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
-             f"{w['prompt_tokens']} prompt tokens, {w['output_tokens']} output tokens (ignore_eos), streamed, "
-             f"concurrency {w['concurrency']}, {w['requests']} requests per target; py-spy at {meta['rate_hz']} Hz, "
-             "non-blocking. *Sampled ms* count the samples of threads py-spy did not see as idle; a non-blocking "
-             "sampler cannot always tell a thread sleeping in C from one computing, so they say *which code*, "
-             "and *CPU ms* (the OS's user+system time of the process role, psutil) say what it cost.", "",
-             "## Per target", "",
-             "| target | req/s | TTFT p50 ms | engine steps / request | tokens / step | CPU ms / request: "
-             "frontend | engine | ingress | proxy | client | Ray |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Where the time goes: py-spy per process",
+        "",
+        f"`{meta['command']}` on {meta['machine']}, {meta['date']}.",
+        "",
+        (
+            f"{w['prompt_tokens']} prompt tokens, {w['output_tokens']} output tokens (ignore_eos), streamed, "
+            f"concurrency {w['concurrency']}, {w['requests']} requests per target; py-spy at {meta['rate_hz']} Hz, "
+            "non-blocking. *Sampled ms* count the samples of threads py-spy did not see as idle; a non-blocking "
+            "sampler cannot always tell a thread sleeping in C from one computing, so they say *which code*, "
+            "and *CPU ms* (the OS's user+system time of the process role, psutil) say what it cost."
+        ),
+        "",
+        "## Per target",
+        "",
+        (
+            "| target | req/s | TTFT p50 ms | engine steps / request | tokens / step | CPU ms / request: "
+            "frontend | engine | ingress | proxy | client | Ray |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         c = r["cpu_ms_per_request"]
         tps = "-" if r["tokens_per_step"] is None else f"{r['tokens_per_step']:.1f}"
         ttft = "-" if r["ttft_p50"] is None else f"{1000 * r['ttft_p50']:.0f}"
-        lines.append(f"| {r['target']} | {r['req_per_s']:.1f} | {ttft} | {r['steps_per_request']:.2f} | {tps} | "
-                     + " | ".join(f"{c.get(k, 0):.0f}" for k in ("frontend", "engine", "ingress", "proxy", "client", "Ray"))
-                     + " |")
+        lines.append(
+            f"| {r['target']} | {r['req_per_s']:.1f} | {ttft} | {r['steps_per_request']:.2f} | {tps} | "
+            + " | ".join(f"{c.get(k, 0):.0f}" for k in ("frontend", "engine", "ingress", "proxy", "client", "Ray"))
+            + " |"
+        )
     cols = [(r["target"], col) for r in results for col in r["processes"]]
     cats = [name for name, _ in CATEGORIES] + [OTHER]
-    lines += ["", "## Sampled ms per request, by category", "",
-              "| category | " + " | ".join(f"{t} {col}" for t, col in cols) + " |",
-              "|---|" + "---|" * len(cols)]
+    lines += [
+        "",
+        "## Sampled ms per request, by category",
+        "",
+        "| category | " + " | ".join(f"{t} {col}" for t, col in cols) + " |",
+        "|---|" + "---|" * len(cols),
+    ]
     proc = {(r["target"], col): p for r in results for col, p in r["processes"].items()}
     for cat in cats:
         vals = [proc[k]["categories_ms_per_request"].get(cat, 0.0) for k in cols]
         if any(v >= 0.05 for v in vals):
             lines.append(f"| {cat} | " + " | ".join(f"{v:.1f}" for v in vals) + " |")
-    lines.append("| **all sampled** | " + " | ".join(f"**{proc[k]['sampled_ms_per_request']:.1f}**" for k in cols) + " |")
-    for (t, col) in cols:
+    lines.append(
+        "| **all sampled** | " + " | ".join(f"**{proc[k]['sampled_ms_per_request']:.1f}**" for k in cols) + " |"
+    )
+    for t, col in cols:
         p = proc[(t, col)]
-        lines += ["", f"## {t} {col} (pid {p['pid']}): top functions, ms per request", "",
-                  "| self | ms | | inclusive | ms |", "|---|---|---|---|---|"]
-        for (fs, ms), (fi, mi) in zip(p["top_self"], p["top_inclusive"]):
+        lines += [
+            "",
+            f"## {t} {col} (pid {p['pid']}): top functions, ms per request",
+            "",
+            "| self | ms | | inclusive | ms |",
+            "|---|---|---|---|---|",
+        ]
+        for (fs, ms), (fi, mi) in zip(p["top_self"], p["top_inclusive"], strict=False):
             lines.append(f"| `{fs}` | {ms:.2f} | | `{fi}` | {mi:.2f} |")
     return "\n".join(lines) + "\n"
 
@@ -417,7 +485,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         if not any(vals):
             continue
         ax.bar(range(len(cols)), vals, bottom=bottom, label=cat, color=cmap(i % 20))
-        bottom = [b + v for b, v in zip(bottom, vals)]
+        bottom = [b + v for b, v in zip(bottom, vals, strict=False)]
     ax.set_xticks(range(len(cols)), [f"{t}\n{c}" for t, c, _p in cols])
     ax.set_ylabel("sampled ms per request")
     ax.set_title("Where each process spends its time (py-spy)")

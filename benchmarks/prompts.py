@@ -89,10 +89,16 @@ class PromptSet:
         return self.prefixes * self.prefix_tokens
 
     def describe(self) -> dict[str, int | str]:
-        return {"name": self.name, "kind": self.kind, "requests": len(self.prompts),
-                "prompt_tokens": prompt_tokens(self.prompts[0]) if self.prompts else 0,
-                "prefixes": self.prefixes, "prefix_tokens": self.prefix_tokens, "rounds": self.rounds,
-                "working_set_tokens": self.working_set_tokens}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "requests": len(self.prompts),
+            "prompt_tokens": prompt_tokens(self.prompts[0]) if self.prompts else 0,
+            "prefixes": self.prefixes,
+            "prefix_tokens": self.prefix_tokens,
+            "rounds": self.rounds,
+            "working_set_tokens": self.working_set_tokens,
+        }
 
 
 def read_jsonl(path: Path) -> tuple[str, ...]:
@@ -145,8 +151,9 @@ class PromptBook:
             self._rng.shuffle(visit)
             order += visit
         prompts = tuple(" ".join(heads[i] + self._rng.choices(self._words, k=suffix_tokens)) for i in order)
-        return PromptSet(name, prompts, "reuse", prefixes=prefixes, prefix_tokens=prefix_blocks * BLOCK_TOKENS,
-                         rounds=rounds)
+        return PromptSet(
+            name, prompts, "reuse", prefixes=prefixes, prefix_tokens=prefix_blocks * BLOCK_TOKENS, rounds=rounds
+        )
 
 
 def check_disjoint(sets: Iterable[PromptSet]) -> list[str]:

@@ -59,13 +59,18 @@ TARGETS = {  # name -> (label, builder-argument overrides of serve_config.yaml, 
 }
 ROUTER_KWARGS = {"Rb": {"imbalanced_threshold": 4}}  # name -> the request router's kwargs, where not the default
 DEFAULT_TARGETS = ("R1", "Rf", "Rk", "Rp")
-SALTS = ({}, {"fuzz_strength": 0.5}, {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 1},
-         {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 2})
+SALTS = (
+    {},
+    {"fuzz_strength": 0.5},
+    {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 1},
+    {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 2},
+)
 CACHED = ("local_cache_hit", "external_kv_transfer")
 
 
-def workload(n: int, groups: int, salts: int, prefix_tokens: int, suffix_tokens: int, seed: int = 0
-             ) -> list[dict[str, Any]]:
+def workload(
+    n: int, groups: int, salts: int, prefix_tokens: int, suffix_tokens: int, seed: int = 0
+) -> list[dict[str, Any]]:
     """``n`` request bodies: (prefix group x fuzz setting) pairs in a seeded random order, unique suffixes."""
     from fixture_model.tasks import LETTERS, NUMBERS
 
@@ -73,7 +78,7 @@ def workload(n: int, groups: int, salts: int, prefix_tokens: int, suffix_tokens:
     words = LETTERS + NUMBERS
     prefixes = [" ".join(rng.choice(words) for _ in range(prefix_tokens)) for _ in range(groups)]
     out = []
-    for i in range(n):
+    for _i in range(n):
         g, s = rng.randrange(groups), rng.randrange(salts)
         suffix = " ".join(rng.choice(words) for _ in range(suffix_tokens))
         body = {"model": "fixture", "prompt": f"{prefixes[g]} {suffix}", "max_tokens": 4, "temperature": 0}
@@ -89,8 +94,13 @@ def target_applications(kv_blocks: int | None, names: tuple[str, ...] = DEFAULT_
     apps = []
     for name in names:
         _label, args, replicas = TARGETS[name]
-        a = shipped_application(name, args=args, router_kwargs=ROUTER_KWARGS.get(name), replicas=replicas,
-                                engine_kwargs={"num_gpu_blocks_override": kv_blocks} if kv_blocks else {})
+        a = shipped_application(
+            name,
+            args=args,
+            router_kwargs=ROUTER_KWARGS.get(name),
+            replicas=replicas,
+            engine_kwargs={"num_gpu_blocks_override": kv_blocks} if kv_blocks else {},
+        )
         apps.append(a)
     return apps
 
@@ -120,17 +130,24 @@ async def drive(base_url: str, bodies: list[dict[str, Any]], concurrency: int) -
 
 def hit_rate(before: dict, after: dict, replicas: set[str]) -> dict[str, Any]:
     """Prompt tokens and the cached share over ``replicas`` between two scrapes."""
+
     def total(snap, field, source=None):
-        return sum((rc.by_source.get(source, 0.0) if source else getattr(rc, field))
-                   for k, rc in snap.items() if k in replicas)
+        return sum(
+            (rc.by_source.get(source, 0.0) if source else getattr(rc, field)) for k, rc in snap.items() if k in replicas
+        )
 
     prompt = total(after, "prompt_tokens") - total(before, "prompt_tokens")
     by_source = {s: total(after, None, s) - total(before, None, s) for s in ("local_compute", *CACHED)}
     cached = sum(by_source[s] for s in CACHED)
-    per_replica = {k: after[k].requests_total - (before[k].requests_total if k in before else 0.0)
-                   for k in replicas if k in after}
-    return {"prompt_tokens": prompt, "by_source": by_source, "hit_rate": cached / prompt if prompt else None,
-            "requests_per_replica": per_replica}
+    per_replica = {
+        k: after[k].requests_total - (before[k].requests_total if k in before else 0.0) for k in replicas if k in after
+    }
+    return {
+        "prompt_tokens": prompt,
+        "by_source": by_source,
+        "hit_rate": cached / prompt if prompt else None,
+        "requests_per_replica": per_replica,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-tokens", type=int, default=384)
     ap.add_argument("--suffix-tokens", type=int, default=64)
     ap.add_argument("--kv-blocks", type=int, default=48, help="KV pool per replica in blocks (0 = vLLM's sizing)")
-    ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
-                    help=f"comma-separated, of: {', '.join(TARGETS)} (each target's replicas run at once: "
-                         "mind the host's memory)")
+    ap.add_argument(
+        "--targets",
+        default=",".join(DEFAULT_TARGETS),
+        help=f"comma-separated, of: {', '.join(TARGETS)} (each target's replicas run at once: mind the host's memory)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     args = ap.parse_args(argv)
     names = tuple(args.targets.split(","))
@@ -166,19 +185,33 @@ def main(argv: list[str] | None = None) -> int:
         cluster.deploy(cfg, wait_ready=False)
         cluster.wait_http({f"/{t}" for t in names})
         for name in names:
-            replicas = {replica_id(a["name"]) for a in cluster.actors(replica_class_prefix(name, ENGINE_DEPLOYMENT_PREFIX))}
+            replicas = {
+                replica_id(a["name"]) for a in cluster.actors(replica_class_prefix(name, ENGINE_DEPLOYMENT_PREFIX))
+            }
             before = scrape(cluster.metrics_urls)
             t = time.monotonic()
             failed = asyncio.run(drive(f"{cluster.base_url}/{name}", bodies, args.concurrency))
             wall = time.monotonic() - t
             after = counted(cluster, scrape, before, replicas, len(bodies) - failed)
-            results[name] = {"label": TARGETS[name][0], "replicas": len(replicas), "failed": failed, "wall_s": wall,
-                             **hit_rate(before, after, replicas)}
-            log.info("%s: hit rate %s, requests per replica %s", name, results[name]["hit_rate"],
-                     results[name]["requests_per_replica"])
-    meta = {"command": "python -m benchmarks.routing_hits " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(), "args": {
-                k: v for k, v in vars(args).items() if k != "out"}}
+            results[name] = {
+                "label": TARGETS[name][0],
+                "replicas": len(replicas),
+                "failed": failed,
+                "wall_s": wall,
+                **hit_rate(before, after, replicas),
+            }
+            log.info(
+                "%s: hit rate %s, requests per replica %s",
+                name,
+                results[name]["hit_rate"],
+                results[name]["requests_per_replica"],
+            )
+    meta = {
+        "command": "python -m benchmarks.routing_hits " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "args": {k: v for k, v in vars(args).items() if k != "out"},
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "routing_hits.json").write_text(json.dumps({"meta": meta, "targets": results}, indent=2, default=str))
     (args.out / "routing_hits.md").write_text(markdown(meta, results))
@@ -197,29 +230,42 @@ def counted(cluster, scrape, before: dict, replicas: set[str], expected: int, ti
     deadline = time.monotonic() + timeout_s
     while True:
         now = scrape(cluster.metrics_urls)
-        done = sum(now[k].requests_total - (before[k].requests_total if k in before else 0.0)
-                   for k in replicas if k in now)
+        done = sum(
+            now[k].requests_total - (before[k].requests_total if k in before else 0.0) for k in replicas if k in now
+        )
         if done >= expected:
             return now
         if time.monotonic() > deadline:
-            raise RuntimeError(f"replicas {sorted(replicas)} counted {done:g} of {expected} requests after "
-                               f"{timeout_s:.0f} s")
+            raise RuntimeError(
+                f"replicas {sorted(replicas)} counted {done:g} of {expected} requests after {timeout_s:.0f} s"
+            )
         time.sleep(2.0)
 
 
 def markdown(meta: dict[str, Any], results: dict[str, Any]) -> str:
     ref = results.get("R1", {}).get("hit_rate")
-    lines = ["# Routing and KV-cache hits", "", f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
-             f"Workload: {meta['args']}.", "",
-             "| target | | hit rate | x R1 | local_compute | local_cache_hit | external_kv_transfer | "
-             "requests per replica | failed |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Routing and KV-cache hits",
+        "",
+        f"`{meta['command']}` on {meta['machine']}, {meta['date']}.",
+        "",
+        f"Workload: {meta['args']}.",
+        "",
+        (
+            "| target | | hit rate | x R1 | local_compute | local_cache_hit | external_kv_transfer | "
+            "requests per replica | failed |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         rate = r["hit_rate"]
         src = r["by_source"]
-        lines.append(f"| {name} | {r['label']} | {'-' if rate is None else f'{rate:.3f}'} | "
-                     f"{'-' if rate is None or not ref else f'{rate / ref:.2f}'} | {src['local_compute']:g} | "
-                     f"{src['local_cache_hit']:g} | {src['external_kv_transfer']:g} | "
-                     f"{', '.join(f'{v:g}' for v in sorted(r['requests_per_replica'].values()))} | {r['failed']} |")
+        lines.append(
+            f"| {name} | {r['label']} | {'-' if rate is None else f'{rate:.3f}'} | "
+            f"{'-' if rate is None or not ref else f'{rate / ref:.2f}'} | {src['local_compute']:g} | "
+            f"{src['local_cache_hit']:g} | {src['external_kv_transfer']:g} | "
+            f"{', '.join(f'{v:g}' for v in sorted(r['requests_per_replica'].values()))} | {r['failed']} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -38,13 +38,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("fuzzserve.benchmarks")
-
 from benchmarks.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_serve_config, table_markdown
 from patches.switches import ALL, OFF_ENV
 from serve_app.command_logs import command_logging
 from serve_app.engine_env import ENGINE_ENV, use_engine_env
 
+log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
 # Pause before each run: a stock vLLM engine (EngineCore and worker) keeps
 # spinning for 1 s after its last step (upstream's busy window), which would
@@ -74,48 +73,69 @@ def fuzz_xargs(i: int) -> dict[str, Any]:
     from load_tests.plan.workload import FUZZ_LEVELS
 
     rng = random.Random(i)
-    return {"fuzz_strength": rng.choice(FUZZ_LEVELS[1:]), "fuzz_mode": rng.choice(("scale", "gaussian")),
-            "fuzz_seed": rng.randrange(4)}
+    return {
+        "fuzz_strength": rng.choice(FUZZ_LEVELS[1:]),
+        "fuzz_mode": rng.choice(("scale", "gaussian")),
+        "fuzz_seed": rng.randrange(4),
+    }
 
 
-async def run_http(base_url: str, ps: list[str], out_tokens: int, concurrency: int, fuzz: bool,
-                   api_key: str | None = None) -> dict[str, Any]:
+async def run_http(
+    base_url: str, ps: list[str], out_tokens: int, concurrency: int, fuzz: bool, api_key: str | None = None
+) -> dict[str, Any]:
     """Stream every prompt through ``base_url`` with ``concurrency`` in flight; return throughput and latency."""
     import aiohttp
 
     from load_tests.load.client import send
-    from load_tests.plan.profiles import Profile
     from load_tests.load.drive import drive
+    from load_tests.plan.profiles import Profile
     from load_tests.plan.workload import RequestSpec
 
     results = []
     t0 = time.monotonic()
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
         async def one(i: int) -> None:
-            body = {"model": "fixture", "prompt": ps[i], "max_tokens": out_tokens, "temperature": 0,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": "fixture",
+                "prompt": ps[i],
+                "max_tokens": out_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             if fuzz:
                 body["vllm_xargs"] = fuzz_xargs(i)
             spec = RequestSpec(i, "/v1/completions", body, stream=True)
             # no retry of a refusal at the ingress: vLLM's bench serve counts one as failed, and so does this
-            results.append(await send(session, base_url, spec, t0, timeout_s=600, headers=headers,
-                                      ingress_retry_delays_s=()))
+            results.append(
+                await send(session, base_url, spec, t0, timeout_s=600, headers=headers, ingress_retry_delays_s=())
+            )
 
         await drive(Profile(kind="fixed", concurrency=concurrency, max_requests=len(ps)), one)
     wall = time.monotonic() - t0
     ok = [r for r in results if r.outcome == "ok"]
     if len(ok) != len(ps):
         bad = [r for r in results if r.outcome != "ok"][:3]
-        raise RuntimeError(f"{base_url}: {len(ps) - len(ok)} of {len(ps)} requests failed: {[r.to_json() for r in bad]}")
+        raise RuntimeError(
+            f"{base_url}: {len(ps) - len(ok)} of {len(ps)} requests failed: {[r.to_json() for r in bad]}"
+        )
     # TTFT by tokens (load_tests.load.client): a fuzzed stream whose tokens decode to "" has one too.
-    return _stats(wall, [r.ttft for r in ok if r.ttft is not None], [x for r in ok for x in r.itl],
-                  sum(r.output_tokens for r in ok), len(ok),
-                  [r.tpot for r in ok if r.tpot is not None])
+    return _stats(
+        wall,
+        [r.ttft for r in ok if r.ttft is not None],
+        [x for r in ok for x in r.itl],
+        sum(r.output_tokens for r in ok),
+        len(ok),
+        [r.tpot for r in ok if r.tpot is not None],
+    )
 
 
-def _stats(wall: float, ttft: list[float], itl: list[float], tokens: int, n: int,
-           tpot: list[float] = ()) -> dict[str, Any]:
+def _stats(
+    wall: float, ttft: list[float], itl: list[float], tokens: int, n: int, tpot: list[float] = ()
+) -> dict[str, Any]:
     from load_tests.judge.figures import percentiles
 
     stats = {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall}
@@ -131,11 +151,28 @@ def start_vllm_server(model: Path, log_dir: Path):
     from testkit.server_process import ServerProcess
 
     port = free_port()
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", "fixture", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-            "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
-    srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", log_path=log_dir / "vllm_server.log",
-                        env={**ENGINE_ENV, OFF_ENV: ALL})
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "fixture",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+        "--enable-prefix-caching",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    srv = ServerProcess(
+        argv, f"http://127.0.0.1:{port}/health", log_path=log_dir / "vllm_server.log", env={**ENGINE_ENV, OFF_ENV: ALL}
+    )
     return srv, f"http://127.0.0.1:{port}"
 
 
@@ -143,8 +180,7 @@ def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> dict[str, An
     """The same prompts through ``LLM.generate`` in a child process (patches off, no HTTP)."""
     from testkit.engine_host import EngineHost
 
-    host = EngineHost(env={**ENGINE_ENV, OFF_ENV: ALL},
-                      model=str(model), **ENGINE)
+    host = EngineHost(env={**ENGINE_ENV, OFF_ENV: ALL}, model=str(model), **ENGINE)
     try:
         params = {"temperature": 0.0, "max_tokens": out_tokens, "ignore_eos": True}
         host.generate(ps[:8], params)  # warm-up
@@ -165,16 +201,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--output-tokens", type=int, default=64)
     ap.add_argument("--variants", default="plain,prefix")
-    ap.add_argument("--phases", default="shipped,shippedeager,stock2,stockdirect2,shippedrouter,ceiling",
-                    help=f"comma-separated, of: {', '.join(PHASES)}, ceiling")
+    ap.add_argument(
+        "--phases",
+        default="shipped,shippedeager,stock2,stockdirect2,shippedrouter,ceiling",
+        help=f"comma-separated, of: {', '.join(PHASES)}, ceiling",
+    )
     ap.add_argument("--list", action="store_true", help="print the targets and their phases, and exit")
-    ap.add_argument("--settle-s", type=float, default=SETTLE_S,
-                    help="pause before each run: a stock engine keeps spinning for 1 s after its last step")
-    ap.add_argument("--warmup-requests", type=int, default=64,
-                    help="unmeasured requests per target and variant before a phase's first round (0 = none)")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="pause before each run: a stock engine keeps spinning for 1 s after its last step",
+    )
+    ap.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=64,
+        help="unmeasured requests per target and variant before a phase's first round (0 = none)",
+    )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
-    ap.add_argument("--update", action="store_true",
-                    help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out")
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out",
+    )
     args = ap.parse_args(argv)
     if args.list:
         print(table_markdown())
@@ -192,11 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="fuzzserve-bench-"))  # server and cluster logs, not results
     log.info("logs in %s", log_dir)
 
-    meta = {"command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": _machine(),
-            "workload": {"prompt_tokens": args.prompt_tokens, "output_tokens": args.output_tokens,
-                         "concurrency": args.concurrency, "requests_per_run": args.requests, "rounds": args.rounds},
-            "failed_phases": {}}
+    meta = {
+        "command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "workload": {
+            "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens,
+            "concurrency": args.concurrency,
+            "requests_per_run": args.requests,
+            "rounds": args.rounds,
+        },
+        "failed_phases": {},
+    }
     previous = args.out / "serve_stack.json"
     if args.update and previous.exists():
         old = json.loads(previous.read_text())
@@ -227,8 +285,15 @@ def main(argv: list[str] | None = None) -> int:
         srv.close()
     if "ceiling" in phases:
         for variant in variants:
-            runs.append({"phase": "ceiling", "round": 0, "variant": variant, "target": "ceil",
-                         **offline_ceiling(model, work[variant], args.output_tokens)})
+            runs.append(
+                {
+                    "phase": "ceiling",
+                    "round": 0,
+                    "variant": variant,
+                    "target": "ceil",
+                    **offline_ceiling(model, work[variant], args.output_tokens),
+                }
+            )
     write()
     log.info("wrote %s", args.out / "serve_stack.md")
     return 1 if meta["failed_phases"] else 0
@@ -260,12 +325,23 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
                     for t in targets:  # interleaved: a b c ... a b c ...
                         time.sleep(args.settle_s)  # the previous target's engine stops spinning
                         before = cpu_accounting.snapshot()
-                        stats = asyncio.run(run_http(bases[t], work[variant], args.output_tokens,
-                                                     args.concurrency, fuzz=BY_NAME[t].fuzz))
+                        stats = asyncio.run(
+                            run_http(
+                                bases[t], work[variant], args.output_tokens, args.concurrency, fuzz=BY_NAME[t].fuzz
+                            )
+                        )
                         cpu = cpu_accounting.delta(before, cpu_accounting.snapshot())
-                        runs.append({"phase": phase, "round": rnd, "variant": variant, "target": t, **stats,
-                                     "cpu_s": cpu_columns(cpu, APP_OF.get(t, t)),
-                                     "warmup_requests": args.warmup_requests})
+                        runs.append(
+                            {
+                                "phase": phase,
+                                "round": rnd,
+                                "variant": variant,
+                                "target": t,
+                                **stats,
+                                "cpu_s": cpu_columns(cpu, APP_OF.get(t, t)),
+                                "warmup_requests": args.warmup_requests,
+                            }
+                        )
                         progress.advance(task)
 
 
@@ -322,11 +398,18 @@ def _fmt(v, scale=1.0, unit="", digits=1):
 
 def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[str, Any]] | None = None) -> str:
     w = meta["workload"]
-    lines = ["# Serving stack benchmark", "",
-             f"`{meta['command']}` on {meta['machine']}, {meta['date']}.", "",
-             f"{w['prompt_tokens']} prompt tokens, {w['output_tokens']} output tokens (ignore_eos), streamed, "
-             f"concurrency {w['concurrency']}, {w['requests_per_run']} requests per run, {w['rounds']} interleaved "
-             "rounds; each number is the median over rounds, each ratio the median of (run / the same round's a).", ""]
+    lines = [
+        "# Serving stack benchmark",
+        "",
+        f"`{meta['command']}` on {meta['machine']}, {meta['date']}.",
+        "",
+        (
+            f"{w['prompt_tokens']} prompt tokens, {w['output_tokens']} output tokens (ignore_eos), streamed, "
+            f"concurrency {w['concurrency']}, {w['requests_per_run']} requests per run, {w['rounds']} interleaved "
+            "rounds; each number is the median over rounds, each ratio the median of (run / the same round's a)."
+        ),
+        "",
+    ]
     for phase, why in meta.get("failed_phases", {}).items():
         lines += [f"**Phase {phase} failed**: {why}", ""]
     if meta.get("notes"):
@@ -335,20 +418,32 @@ def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[
         warmed = sorted({r["phase"] for r in runs if r.get("warmup_requests")})
         cold = sorted({r["phase"] for r in runs if not r.get("warmup_requests") and r["phase"] != "ceiling"})
         if cold:
-            lines += [f"Warm-up before the first round: {', '.join(warmed) or 'no phase'}; measured without it "
-                      f"(every target's first round paid its cold start, `a`'s did not): {', '.join(cold)}.", ""]
+            lines += [
+                (
+                    f"Warm-up before the first round: {', '.join(warmed) or 'no phase'}; measured without it "
+                    f"(every target's first round paid its cold start, `a`'s did not): {', '.join(cold)}."
+                ),
+                "",
+            ]
     for variant in sorted({r["variant"] for r in table}):
-        lines += [f"## Workload: {variant}", "",
-                  "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | x a | TPOT p50 ms | x a | "
-                  "TPOT p99 ms | ITL p50 ms | ITL p99 ms |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## Workload: {variant}",
+            "",
+            (
+                "| target | | req/s | x a | tok/s | TTFT p50 ms | x a | TTFT p99 ms | x a | TPOT p50 ms | x a | "
+                "TPOT p99 ms | ITL p50 ms | ITL p99 ms |"
+            ),
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in (r for r in table if r["variant"] == variant):
-            lines.append(f"| {r['target']} | {r['label']} | {_fmt(r['req_per_s'])} | {_fmt(r['req_per_s_x_a'], digits=2)} | "
-                         f"{_fmt(r['tok_per_s'], digits=0)} | {_fmt(r['ttft_p50'], 1000, digits=0)} | "
-                         f"{_fmt(r['ttft_p50_x_a'], digits=2)} | {_fmt(r['ttft_p99'], 1000, digits=0)} | "
-                         f"{_fmt(r['ttft_p99_x_a'], digits=2)} | {_fmt(r.get('tpot_p50'), 1000)} | "
-                         f"{_fmt(r.get('tpot_p50_x_a'), digits=2)} | {_fmt(r.get('tpot_p99'), 1000)} | "
-                         f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p99'], 1000)} |")
+            lines.append(
+                f"| {r['target']} | {r['label']} | {_fmt(r['req_per_s'])} | {_fmt(r['req_per_s_x_a'], digits=2)} | "
+                f"{_fmt(r['tok_per_s'], digits=0)} | {_fmt(r['ttft_p50'], 1000, digits=0)} | "
+                f"{_fmt(r['ttft_p50_x_a'], digits=2)} | {_fmt(r['ttft_p99'], 1000, digits=0)} | "
+                f"{_fmt(r['ttft_p99_x_a'], digits=2)} | {_fmt(r.get('tpot_p50'), 1000)} | "
+                f"{_fmt(r.get('tpot_p50_x_a'), digits=2)} | {_fmt(r.get('tpot_p99'), 1000)} | "
+                f"{_fmt(r['itl_p50'], 1000)} | {_fmt(r['itl_p99'], 1000)} |"
+            )
         lines.append("")
         if runs is not None:
             lines += cpu_markdown(runs, variant)
@@ -393,9 +488,12 @@ def cpu_columns(cpu: dict[str, float], app: str) -> dict[str, float]:
 
 def cpu_markdown(runs: list[dict[str, Any]], variant: str) -> list[str]:
     """Median over rounds of CPU milliseconds per request, per column, for each target."""
-    lines = [f"### Where the CPU goes ({variant}): CPU ms per request, median over rounds", "",
-             "| target | " + " | ".join(CPU_COLUMNS) + " | total | cores busy |",
-             "|---|" + "---|" * (len(CPU_COLUMNS) + 2)]
+    lines = [
+        f"### Where the CPU goes ({variant}): CPU ms per request, median over rounds",
+        "",
+        "| target | " + " | ".join(CPU_COLUMNS) + " | total | cores busy |",
+        "|---|" + "---|" * (len(CPU_COLUMNS) + 2),
+    ]
     for t in LABELS:
         mine = [r for r in runs if r["target"] == t and r["variant"] == variant and r.get("cpu_s")]
         if not mine:
@@ -404,14 +502,16 @@ def cpu_markdown(runs: list[dict[str, Any]], variant: str) -> list[str]:
         total = statistics.median(1000 * sum(r["cpu_s"].values()) / r["requests"] for r in mine)
         busy = statistics.median(sum(r["cpu_s"].values()) / r["wall_s"] for r in mine)
         lines.append(f"| {t} | " + " | ".join(f"{c:.0f}" for c in cells) + f" | {total:.0f} | {busy:.2f} |")
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _machine() -> str:
     import psutil
 
-    return f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} CPUs, " \
-           f"{psutil.virtual_memory().total // (1 << 30)} GiB, Python {platform.python_version()}"
+    return (
+        f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total // (1 << 30)} GiB, Python {platform.python_version()}"
+    )
 
 
 if __name__ == "__main__":

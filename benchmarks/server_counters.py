@@ -76,8 +76,9 @@ class CacheCounters:
 
     def __sub__(self, other: CacheCounters) -> CacheCounters:
         keyed = ("by_source", "latency_sum", "latency_count")
-        out = CacheCounters(**{f.name: getattr(self, f.name) - getattr(other, f.name)
-                               for f in fields(self) if f.name not in keyed})
+        out = CacheCounters(
+            **{f.name: getattr(self, f.name) - getattr(other, f.name) for f in fields(self) if f.name not in keyed}
+        )
         for name in keyed:
             mine, theirs = getattr(self, name), getattr(other, name)
             setattr(out, name, {k: mine.get(k, 0.0) - theirs.get(k, 0.0) for k in sorted(set(mine) | set(theirs))})
@@ -85,8 +86,14 @@ class CacheCounters:
 
     def latency_mean_ms(self) -> dict[str, float | None]:
         """Per part of the time to first token (:data:`LATENCY_HISTOGRAMS`): its mean over the requests timed."""
-        return {part: (1000 * self.latency_sum.get(part, 0.0) / self.latency_count[part]
-                       if self.latency_count.get(part) else None) for part in LATENCY_HISTOGRAMS}
+        return {
+            part: (
+                1000 * self.latency_sum.get(part, 0.0) / self.latency_count[part]
+                if self.latency_count.get(part)
+                else None
+            )
+            for part in LATENCY_HISTOGRAMS
+        }
 
     @property
     def hit_tokens(self) -> float:
@@ -104,8 +111,11 @@ class CacheCounters:
 def parse_counters(texts: Sequence[str]) -> CacheCounters:
     """:class:`CacheCounters` from Prometheus text expositions (one per endpoint), every series summed."""
     want = {name: f for f, name in COUNTERS.items()}
-    histograms = {name + suffix: (part, target) for part, name in LATENCY_HISTOGRAMS.items()
-                  for suffix, target in (("_sum", "latency_sum"), ("_count", "latency_count"))}
+    histograms = {
+        name + suffix: (part, target)
+        for part, name in LATENCY_HISTOGRAMS.items()
+        for suffix, target in (("_sum", "latency_sum"), ("_count", "latency_count"))
+    }
     out = CacheCounters()
     for text in texts:
         for (sample, labels), value in parse_samples(text).items():
@@ -134,10 +144,16 @@ def read_counters(urls: Sequence[str], get: Callable[[str], str] | None = None) 
     return parse_counters([get(u) for u in urls])
 
 
-def wait_for_requests(urls: Sequence[str], before: CacheCounters, requests: int, timeout_s: float = 90.0,
-                      interval_s: float = 1.0, get: Callable[[str], str] | None = None,
-                      clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-                      ) -> CacheCounters:
+def wait_for_requests(
+    urls: Sequence[str],
+    before: CacheCounters,
+    requests: int,
+    timeout_s: float = 90.0,
+    interval_s: float = 1.0,
+    get: Callable[[str], str] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> CacheCounters:
     """The counters once the server has counted at least ``requests`` more finished requests than ``before``;
     raises TimeoutError (naming what it saw) if that takes longer than ``timeout_s``."""
     deadline = clock() + timeout_s
@@ -146,7 +162,8 @@ def wait_for_requests(urls: Sequence[str], before: CacheCounters, requests: int,
         if now.requests - before.requests >= requests:
             return now
         if clock() > deadline:
-            raise TimeoutError(f"the server counted {now.requests - before.requests:.0f} finished requests in "
-                               f"{timeout_s:.0f} s, the client completed {requests} ({', '.join(urls)})")
+            raise TimeoutError(
+                f"the server counted {now.requests - before.requests:.0f} finished requests in "
+                f"{timeout_s:.0f} s, the client completed {requests} ({', '.join(urls)})"
+            )
         sleep(interval_s)
-

@@ -54,7 +54,7 @@ class RateSampler:
             t = time.thread_time()
             try:
                 self.samples.append((time.monotonic(), self._count()))
-            except Exception as e:  # noqa: BLE001 -- a missed read is one sample fewer; the rate says how many
+            except Exception as e:
                 log.debug("server counters unreadable: %s", e)
             self.cpu_s += time.thread_time() - t
             self._stop.wait(self.interval_s)
@@ -97,7 +97,7 @@ def steady_rate(samples: Sequence[tuple[float, float]], edge_share: float = EDGE
     if total <= 0:
         return None
     lo, hi = base + edge_share * total, base + (1 - edge_share) * total
-    changes = [(t, c) for (t, c), (_, prev) in zip(samples[1:], samples[:-1]) if c != prev]
+    changes = [(t, c) for (t, c), (_, prev) in zip(samples[1:], samples[:-1], strict=False) if c != prev]
     middle = [(t, c) for t, c in changes if lo <= c <= hi]
     if len(middle) < 2 or middle[-1][0] <= middle[0][0]:
         return None

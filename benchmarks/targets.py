@@ -51,64 +51,154 @@ TARGETS: tuple[StackTarget, ...] = (
     # Serve's default path (a router deployment in front of the replicas)
     StackTarget("b", "offstack", "stock ray.serve.llm, 1 replica", {"stock": True, "patches": False}),
     StackTarget("c0", "offstack", "fuzzserve 1 replica, patches off", {"stock": False, "patches": False}),
-    StackTarget("c1", "offstack", "fuzzserve 1 replica, patches on, offloading off, s=0", {"stock": False, "offload": False}),
-    StackTarget("c1s", "offstack", "as c1, shm_wait patch off (upstream spin)",
-           {"stock": False, "offload": False, "patches_off": "shm_wait"}),
+    StackTarget(
+        "c1", "offstack", "fuzzserve 1 replica, patches on, offloading off, s=0", {"stock": False, "offload": False}
+    ),
+    StackTarget(
+        "c1s",
+        "offstack",
+        "as c1, shm_wait patch off (upstream spin)",
+        {"stock": False, "offload": False, "patches_off": "shm_wait"},
+    ),
     StackTarget("c", "onstack", "fuzzserve 1 replica, patches on, s=0", {"stock": False}),
     StackTarget("cb", "onstack", "as c, engine threads bound to core 0", {"stock": False, "omp_bind": "0"}),
     StackTarget("d", "onstack", "fuzzserve 1 replica, fuzz mix", drives="c", fuzz=True),
     StackTarget("e", "onstack", "fuzzserve 2 replicas, s=0", {"stock": False, "replicas": 2}),
-    StackTarget("c0b", "bound", "as c0, engine threads bound to core 0", {"stock": False, "patches": False, "omp_bind": "0"}),
-    StackTarget("c1b", "bound", "as c1, engine threads bound to core 0", {"stock": False, "offload": False, "omp_bind": "0"}),
-    StackTarget("eb", "bound", "as e, each replica's engine on its own core",
-           {"stock": False, "replicas": 2, "cores_per_replica": 1}),
-    StackTarget("e1", "two", "as eb (two replicas on the router path, each engine on its own core), alone",
-           {"stock": False, "replicas": 2, "cores_per_replica": 1}),
-    StackTarget("e1s", "twospin", "as e1 with shm_wait off (upstream spin), alone",
-           {"stock": False, "replicas": 2, "cores_per_replica": 1, "patches_off": "shm_wait"}),
+    StackTarget(
+        "c0b", "bound", "as c0, engine threads bound to core 0", {"stock": False, "patches": False, "omp_bind": "0"}
+    ),
+    StackTarget(
+        "c1b", "bound", "as c1, engine threads bound to core 0", {"stock": False, "offload": False, "omp_bind": "0"}
+    ),
+    StackTarget(
+        "eb",
+        "bound",
+        "as e, each replica's engine on its own core",
+        {"stock": False, "replicas": 2, "cores_per_replica": 1},
+    ),
+    StackTarget(
+        "e1",
+        "two",
+        "as eb (two replicas on the router path, each engine on its own core), alone",
+        {"stock": False, "replicas": 2, "cores_per_replica": 1},
+    ),
+    StackTarget(
+        "e1s",
+        "twospin",
+        "as e1 with shm_wait off (upstream spin), alone",
+        {"stock": False, "replicas": 2, "cores_per_replica": 1, "patches_off": "shm_wait"},
+    ),
     # Ray's direct streaming (HAProxy forwards each request straight to a replica)
-    StackTarget("bd", "direct", "stock ray.serve.llm, direct streaming + HAProxy", {"stock": True, "patches": False,
-                                                                              "direct": True}),
+    StackTarget(
+        "bd",
+        "direct",
+        "stock ray.serve.llm, direct streaming + HAProxy",
+        {"stock": True, "patches": False, "direct": True},
+    ),
     StackTarget("f0", "direct", "fuzzserve direct (guard in replica), patches off", {**_DIRECT, "patches": False}),
     StackTarget("f", "direct", "fuzzserve direct (guard in replica), patches on, s=0", _DIRECT),
     StackTarget("fb", "direct", "as f, engine threads bound to core 0", {**_DIRECT, "omp_bind": "0"}),
-    StackTarget("fbs", "direct", "as fb, shm_wait patch off (upstream spin)",
-           {**_DIRECT, "omp_bind": "0", "patches_off": "shm_wait"}),
+    StackTarget(
+        "fbs",
+        "direct",
+        "as fb, shm_wait patch off (upstream spin)",
+        {**_DIRECT, "omp_bind": "0", "patches_off": "shm_wait"},
+    ),
     StackTarget("fbr", "levers", "as fb (the levers phase's control)", {**_DIRECT, "omp_bind": "0"}),
-    StackTarget("fbt", "levers", "as fb, user code on the replica's main event loop",
-           {**_DIRECT, "omp_bind": "0", "user_code_thread": False}),
-    StackTarget("fbq", "levers", "as fbt, access log off",
-           {**_DIRECT, "omp_bind": "0", "user_code_thread": False, "access_log": False}),
+    StackTarget(
+        "fbt",
+        "levers",
+        "as fb, user code on the replica's main event loop",
+        {**_DIRECT, "omp_bind": "0", "user_code_thread": False},
+    ),
+    StackTarget(
+        "fbq",
+        "levers",
+        "as fbt, access log off",
+        {**_DIRECT, "omp_bind": "0", "user_code_thread": False, "access_log": False},
+    ),
     StackTarget("fbn", "levers", "as fb, shm_wait nap 50 us", {**_DIRECT, "omp_bind": "0", "nap_s": 0.00005}),
-    StackTarget("fbc", "levers", "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
-           {**_DIRECT, "cores_per_replica": 1}),
+    StackTarget(
+        "fbc",
+        "levers",
+        "as f, engine_cores_per_replica 1 (EngineCore on the engine's core too)",
+        {**_DIRECT, "cores_per_replica": 1},
+    ),
     StackTarget("fb1", "alone", "as fbc, the only application in its cluster", {**_DIRECT, "cores_per_replica": 1}),
-    StackTarget("fb1s", "alonespin", "as fb1 with shm_wait off (upstream spin), alone",
-           {**_DIRECT, "cores_per_replica": 1, "patches_off": "shm_wait"}),
-    StackTarget("fb1n", "alonenap", "as fb1 with a 50 us shm_wait nap, alone",
-           {**_DIRECT, "cores_per_replica": 1, "nap_s": 0.00005}),
+    StackTarget(
+        "fb1s",
+        "alonespin",
+        "as fb1 with shm_wait off (upstream spin), alone",
+        {**_DIRECT, "cores_per_replica": 1, "patches_off": "shm_wait"},
+    ),
+    StackTarget(
+        "fb1n",
+        "alonenap",
+        "as fb1 with a 50 us shm_wait nap, alone",
+        {**_DIRECT, "cores_per_replica": 1, "nap_s": 0.00005},
+    ),
     # what users deploy: serve_config.yaml itself, alone in its cluster, and the stacks it must beat
     StackTarget("S", "shipped", "serve_config.yaml with 2 replicas (direct, fuzz_affinity), alone", shipped={}),
-    StackTarget("Se", "shippedeager", "as S, eager (enforce_eager: true), alone",
-           shipped={"engine_kwargs": {"enforce_eager": True}}),
-    StackTarget("Sw", "shippedworker", "as S with cpu_inproc off (the model in a worker process, as upstream), alone",
-           shipped={"env": {OFF_ENV: "cpu_inproc"}}),
-    StackTarget("Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}),
-    StackTarget("Sr", "shippedrouter", "as S on the router path (ingress: router), alone",
-           shipped={"args": {"ingress": "router"}}),
-    StackTarget("St", "shippedthread", "as S, Serve runs the replicas' user code on their main event loop, alone",
-           shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}}),
-    StackTarget("Sq", "shippedquiet", "as St with Serve's access log off, alone",
-           shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
-                    "logging_config": {"enable_access_log": False}}),
-    StackTarget("Sb", "shippedbalance", "as S with fuzz_affinity's imbalanced_threshold 4 (8 shipped), alone",
-           shipped={"router_kwargs": {"imbalanced_threshold": 4}}),
-    StackTarget("So", "shippedopt", "as S with Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED=1 in the replicas, alone",
-           shipped={"env": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}}),
-    StackTarget("b2", "stock2", "stock ray.serve.llm, 2 replicas, default path, alone",
-           {"stock": True, "patches": False, "replicas": 2}),
-    StackTarget("bd2", "stockdirect2", "stock ray.serve.llm, 2 replicas, direct streaming + HAProxy, alone",
-           {"stock": True, "patches": False, "replicas": 2, "direct": True}),
+    StackTarget(
+        "Se",
+        "shippedeager",
+        "as S, eager (enforce_eager: true), alone",
+        shipped={"engine_kwargs": {"enforce_eager": True}},
+    ),
+    StackTarget(
+        "Sw",
+        "shippedworker",
+        "as S with cpu_inproc off (the model in a worker process, as upstream), alone",
+        shipped={"env": {OFF_ENV: "cpu_inproc"}},
+    ),
+    StackTarget(
+        "Ss", "shippedspin", "as S with shm_wait off (upstream spin), alone", shipped={"args": {"shm_wait": False}}
+    ),
+    StackTarget(
+        "Sr",
+        "shippedrouter",
+        "as S on the router path (ingress: router), alone",
+        shipped={"args": {"ingress": "router"}},
+    ),
+    StackTarget(
+        "St",
+        "shippedthread",
+        "as S, Serve runs the replicas' user code on their main event loop, alone",
+        shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}},
+    ),
+    StackTarget(
+        "Sq",
+        "shippedquiet",
+        "as St with Serve's access log off, alone",
+        shipped={
+            "env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
+            "logging_config": {"enable_access_log": False},
+        },
+    ),
+    StackTarget(
+        "Sb",
+        "shippedbalance",
+        "as S with fuzz_affinity's imbalanced_threshold 4 (8 shipped), alone",
+        shipped={"router_kwargs": {"imbalanced_threshold": 4}},
+    ),
+    StackTarget(
+        "So",
+        "shippedopt",
+        "as S with Ray Serve's RAY_SERVE_THROUGHPUT_OPTIMIZED=1 in the replicas, alone",
+        shipped={"env": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}},
+    ),
+    StackTarget(
+        "b2",
+        "stock2",
+        "stock ray.serve.llm, 2 replicas, default path, alone",
+        {"stock": True, "patches": False, "replicas": 2},
+    ),
+    StackTarget(
+        "bd2",
+        "stockdirect2",
+        "stock ray.serve.llm, 2 replicas, direct streaming + HAProxy, alone",
+        {"stock": True, "patches": False, "replicas": 2, "direct": True},
+    ),
     StackTarget("ceil", "ceiling", "offline LLM.generate"),
 )
 BY_NAME = {t.name: t for t in TARGETS}
@@ -121,16 +211,30 @@ for _t in TARGETS:
 
 
 def llm_config(model: Path, replicas: int, offload: bool) -> dict[str, Any]:
-    return {"model_loading_config": {"model_id": "fixture", "model_source": str(model)},
-            "accelerator_config": {"kind": "cpu"},
-            "deployment_config": {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}},
-            "engine_kwargs": {**ENGINE, **(OFFLOAD if offload else {})}}
+    return {
+        "model_loading_config": {"model_id": "fixture", "model_source": str(model)},
+        "accelerator_config": {"kind": "cpu"},
+        "deployment_config": {"autoscaling_config": {"min_replicas": replicas, "max_replicas": replicas}},
+        "engine_kwargs": {**ENGINE, **(OFFLOAD if offload else {})},
+    }
 
 
-def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool = True,
-        direct: bool = False, offload: bool | None = None, omp_bind: str | None = None,
-        patches_off: str | None = None, cores_per_replica: int | None = None,
-        user_code_thread: bool = True, access_log: bool = True, nap_s: float | None = None) -> Application:
+def app(
+    name: str,
+    model: Path,
+    *,
+    stock: bool,
+    replicas: int = 1,
+    patches: bool = True,
+    direct: bool = False,
+    offload: bool | None = None,
+    omp_bind: str | None = None,
+    patches_off: str | None = None,
+    cores_per_replica: int | None = None,
+    user_code_thread: bool = True,
+    access_log: bool = True,
+    nap_s: float | None = None,
+) -> Application:
     """One Serve application of a phase, at route ``/<name>``."""
     env = dict(ENGINE_ENV)
     if nap_s is not None:
@@ -147,14 +251,25 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
         env["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] = "1"
     cfg = llm_config(model, replicas, offload=patches if offload is None else offload)
     if stock:
-        return Application(name=name, route_prefix=f"/{name}", import_path="ray.serve.llm:build_openai_app",
-                           runtime_env={"env_vars": env}, args={"llm_configs": [cfg]})
+        return Application(
+            name=name,
+            route_prefix=f"/{name}",
+            import_path="ray.serve.llm:build_openai_app",
+            runtime_env={"env_vars": env},
+            args={"llm_configs": [cfg]},
+        )
     args = deploy_config.FuzzServeArgs.model_validate(
-        {"llm_configs": [cfg], "guard": {"api_keys_env": None}, "ingress": "direct" if direct else "router",
-         **({} if cores_per_replica is None else {"engine_cores_per_replica": cores_per_replica})})
+        {
+            "llm_configs": [cfg],
+            "guard": {"api_keys_env": None},
+            "ingress": "direct" if direct else "router",
+            **({} if cores_per_replica is None else {"engine_cores_per_replica": cores_per_replica}),
+        }
+    )
     options: dict[str, Any] = {} if access_log else {"logging_config": {"enable_access_log": False}}
-    return Application(name=name, route_prefix=f"/{name}", import_path=BUILDER, runtime_env={"env_vars": env},
-                       args=args, **options)
+    return Application(
+        name=name, route_prefix=f"/{name}", import_path=BUILDER, runtime_env={"env_vars": env}, args=args, **options
+    )
 
 
 # serve_stack and routing_hits run their stacks side by side in clusters of 32
@@ -163,19 +278,32 @@ def app(name: str, model: Path, *, stock: bool, replicas: int = 1, patches: bool
 STACK_REPLICAS = 2
 
 
-def shipped_application(name: str, args: dict[str, Any] | None = None,
-                        engine_kwargs: dict[str, Any] | None = None, env: dict[str, str] | None = None,
-                        logging_config: dict[str, Any] | None = None, router_kwargs: dict[str, Any] | None = None,
-                        config: Path = SHIPPED_CONFIG, replicas: int = STACK_REPLICAS) -> Application:
+def shipped_application(
+    name: str,
+    args: dict[str, Any] | None = None,
+    engine_kwargs: dict[str, Any] | None = None,
+    env: dict[str, str] | None = None,
+    logging_config: dict[str, Any] | None = None,
+    router_kwargs: dict[str, Any] | None = None,
+    config: Path = SHIPPED_CONFIG,
+    replicas: int = STACK_REPLICAS,
+) -> Application:
     """serve_config.yaml's application, at route ``/<name>``, with ``replicas`` engine replicas and only the
     named overrides (:func:`serve_app.deploy_config.benchmark_app`).
 
     ``router_kwargs``: the request router's keyword arguments (``initialize_state``), for the router the
     YAML's ``routing`` names.
     """
-    return deploy_config.benchmark_app(deploy_config.load(config), name, replicas, args=args,
-                                       engine_kwargs=engine_kwargs, env=env, logging_config=logging_config,
-                                       router_kwargs=router_kwargs)
+    return deploy_config.benchmark_app(
+        deploy_config.load(config),
+        name,
+        replicas,
+        args=args,
+        engine_kwargs=engine_kwargs,
+        env=env,
+        logging_config=logging_config,
+        router_kwargs=router_kwargs,
+    )
 
 
 def shipped_app(name: str, **overrides: Any) -> dict[str, Any]:
@@ -200,8 +328,11 @@ def phase_serve_config(phase: str, model: Path) -> tuple[ServeConfig, dict[str, 
     runs them on Serve's Python proxy, as a cluster without HAProxy does.
     """
     mine = [BY_NAME[n] for n in PHASES[phase]]
-    apps = [app(t.name, model, **t.app) if t.app is not None else shipped_application(t.name, **(t.shipped or {}))
-            for t in mine if not t.drives]
+    apps = [
+        app(t.name, model, **t.app) if t.app is not None else shipped_application(t.name, **(t.shipped or {}))
+        for t in mine
+        if not t.drives
+    ]
     routes = {a.name: str(a.route_prefix) for a in apps}
     routes.update({t.name: routes[t.drives] for t in mine if t.drives})
     direct = any(is_direct(a) for a in apps)

@@ -27,8 +27,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog="python -m benchmarks.vllm_bench_serve",
-                                    description="vLLM's `vllm bench serve` (vllm.benchmarks.serve)")
+    parser = FlexibleArgumentParser(
+        prog="python -m benchmarks.vllm_bench_serve", description="vLLM's `vllm bench serve` (vllm.benchmarks.serve)"
+    )
     add_cli_args(parser)
     return parser.parse_args(argv)
 

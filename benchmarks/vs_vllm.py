@@ -2,7 +2,7 @@ r"""The headline benchmark: the shipped config against plain vLLM, measured the 
 
     python -m benchmarks.vs_vllm                       # cold workload, arms plain,stock,engine,shipped,
                                                        # completions at 1/8/32/128 in flight, chat at 8/32
-    python -m benchmarks.vs_vllm --workload reuse      # a reused working set: plain, shipped, shipped without offloading
+    python -m benchmarks.vs_vllm --workload reuse      # a reused working set: plain, shipped, shipped, no offloading
 
 What a user who weighs this project against plain vLLM would run, and nothing
 of ours in the measurement path:
@@ -66,8 +66,18 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import pair_stats
-from benchmarks.arms import ARMS, MODEL_NAME, ProtocolError, load_config, make_arm, model_config, parse_arm, \
-    require_no_ray, slug, split_arms
+from benchmarks.arms import (
+    ARMS,
+    MODEL_NAME,
+    ProtocolError,
+    load_config,
+    make_arm,
+    model_config,
+    parse_arm,
+    require_no_ray,
+    slug,
+    split_arms,
+)
 from benchmarks.host import HostCpuSampler
 from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.server_counters import CacheCounters, wait_for_requests
@@ -93,8 +103,14 @@ REFERENCE_ARMS = ("plain", "stock")
 CHAT_PREFIX = "chat"  # a chat run's label: "chat8" (vLLM's bench backend openai-chat, /v1/chat/completions)
 REFERENCE = "plain"
 # Figures compared as ratios (candidate / reference) pair by pair; Run attribute or (attribute, percentile).
-FIGURES = {"req_per_s": "requests/s", "host_cpu_s_per_request": "host CPU per request",
-           "ttft_p50": "TTFT p50", "ttft_p99": "TTFT p99", "tpot_p50": "TPOT p50", "e2el_p50": "latency p50"}
+FIGURES = {
+    "req_per_s": "requests/s",
+    "host_cpu_s_per_request": "host CPU per request",
+    "ttft_p50": "TTFT p50",
+    "ttft_p99": "TTFT p99",
+    "tpot_p50": "TPOT p50",
+    "e2el_p50": "latency p50",
+}
 
 
 @dataclass(frozen=True)
@@ -108,15 +124,20 @@ class Goal:
     higher_is_better: bool
 
     def text(self) -> str:
-        return (f"{FIGURES[self.figure]} {self.candidate} / {self.reference} "
-                f"{'>=' if self.higher_is_better else '<='} {self.ratio:g}x")
+        return (
+            f"{FIGURES[self.figure]} {self.candidate} / {self.reference} "
+            f"{'>=' if self.higher_is_better else '<='} {self.ratio:g}x"
+        )
 
 
 # Issue 45's goals, for every run label (completions and chat): the first token no slower than plain's by more
 # than 10 % nor than the stock peer's, as many requests/s as plain, no more host CPU per request.
-GOALS = (Goal("shipped", "plain", "ttft_p50", 1.1, False), Goal("shipped", "stock", "ttft_p50", 1.0, False),
-         Goal("shipped", "plain", "req_per_s", 1.0, True), Goal("shipped", "plain", "host_cpu_s_per_request", 1.0,
-                                                               False))
+GOALS = (
+    Goal("shipped", "plain", "ttft_p50", 1.1, False),
+    Goal("shipped", "stock", "ttft_p50", 1.0, False),
+    Goal("shipped", "plain", "req_per_s", 1.0, True),
+    Goal("shipped", "plain", "host_cpu_s_per_request", 1.0, False),
+)
 
 
 @dataclass
@@ -187,8 +208,13 @@ def kv_bytes_per_token(model: Path, dtype_bytes: int = 4) -> int:
     """KV cache bytes one token takes in every layer of the model (K and V)."""
     cfg = json.loads((Path(model) / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    return 2 * cfg["num_hidden_layers"] * cfg.get("num_key_value_heads", cfg["num_attention_heads"]) * head_dim \
+    return (
+        2
+        * cfg["num_hidden_layers"]
+        * cfg.get("num_key_value_heads", cfg["num_attention_heads"])
+        * head_dim
         * dtype_bytes
+    )
 
 
 def local_pool_tokens(config: ServeConfig, model: Path) -> int:
@@ -212,8 +238,9 @@ def prompt_plan(workload: Workload, pairs: int, seed: int, pool_tokens: int) -> 
             else:
                 w = float(label[2:-1])
                 prefixes = max(1, round(w * pool_tokens / (workload.prefix_blocks * BLOCK_TOKENS)))
-                plan[p, label] = book.reuse(f"pair{p}-{label}", prefixes, workload.prefix_blocks,
-                                            workload.suffix_tokens, workload.rounds)
+                plan[p, label] = book.reuse(
+                    f"pair{p}-{label}", prefixes, workload.prefix_blocks, workload.suffix_tokens, workload.rounds
+                )
     problems = check_disjoint(plan.values())
     if problems:
         raise ProtocolError("prompt sets overlap: " + "; ".join(problems))
@@ -226,32 +253,78 @@ def is_chat(label: str) -> bool:
     return label.startswith(CHAT_PREFIX)
 
 
-def bench_argv(base_url: str, tokenizer: Path, concurrency: int, dataset: Path, requests: int, output_len: int,
-               result_dir: Path, result_file: str, request_rate: float | None = None, chat: bool = False) -> list[str]:
+def bench_argv(
+    base_url: str,
+    tokenizer: Path,
+    concurrency: int,
+    dataset: Path,
+    requests: int,
+    output_len: int,
+    result_dir: Path,
+    result_file: str,
+    request_rate: float | None = None,
+    chat: bool = False,
+) -> list[str]:
     """``vllm bench serve`` arguments (all vLLM's own) for one run over a ``custom`` dataset file, in file order:
     streamed completions, or (``chat``) streamed chat completions, each prompt one user message."""
     rate = ["--request-rate", f"{request_rate:g}"] if request_rate is not None else []
     backend, endpoint = ("openai-chat", "/v1/chat/completions") if chat else ("openai", "/v1/completions")
-    return [sys.executable, "-m", "benchmarks.vllm_bench_serve", "--backend", backend, "--base-url", base_url,
-            "--endpoint", endpoint, "--model", MODEL_NAME, "--tokenizer", str(tokenizer),
-            "--dataset-name", "custom", "--dataset-path", str(dataset), "--custom-output-len", str(output_len),
-            "--skip-chat-template", "--disable-shuffle", "--no-oversample", "--ignore-eos", "--temperature", "0",
-            "--max-concurrency", str(concurrency), "--num-prompts", str(requests),
-            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-            "--save-result", "--save-detailed", "--result-dir", str(result_dir),
-            "--result-filename", result_file, "--disable-tqdm", *rate]
+    return [
+        sys.executable,
+        "-m",
+        "benchmarks.vllm_bench_serve",
+        "--backend",
+        backend,
+        "--base-url",
+        base_url,
+        "--endpoint",
+        endpoint,
+        "--model",
+        MODEL_NAME,
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(dataset),
+        "--custom-output-len",
+        str(output_len),
+        "--skip-chat-template",
+        "--disable-shuffle",
+        "--no-oversample",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--max-concurrency",
+        str(concurrency),
+        "--num-prompts",
+        str(requests),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--save-detailed",
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_file,
+        "--disable-tqdm",
+        *rate,
+    ]
 
 
 def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict]:
     """Run the client; return (its result JSON, CPU per role from its main run's start to its results)."""
     from benchmarks import cpu_accounting
 
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
-                            env={**os.environ, **ENGINE_ENV})
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **ENGINE_ENV}
+    )
     before = after = None
     tail: list[str] = []
     for line in proc.stdout:
-        tail = (tail + [line])[-60:]
+        tail = ([*tail, line])[-60:]
         if before is None and "Starting main benchmark run" in line:
             before = cpu_accounting.snapshot(proc.pid)
         elif before is not None and after is None and "Serving Benchmark Result" in line:
@@ -262,28 +335,55 @@ def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict]:
     return json.loads(result.read_text()), cpu_accounting.delta(before, after)
 
 
-def summarize_run(stack: str, pair: int, label: str, concurrency: int, data: dict[str, Any], roles: dict[str, float],
-                  sampler: HostCpuSampler | None) -> Run:
+def summarize_run(
+    stack: str,
+    pair: int,
+    label: str,
+    concurrency: int,
+    data: dict[str, Any],
+    roles: dict[str, float],
+    sampler: HostCpuSampler | None,
+) -> Run:
     """A :class:`Run` from the client's result and the host's CPU over its measured window."""
     from benchmarks import cpu_accounting
 
     starts, latencies = data["start_times"], data["latencies"]
-    done = [(s, s + lat) for s, lat, err in zip(starts, latencies, data.get("errors") or [""] * len(starts))
-            if lat and not err]
+    done = [
+        (s, s + lat)
+        for s, lat, err in zip(starts, latencies, data.get("errors") or [""] * len(starts), strict=False)
+        if lat and not err
+    ]
     t0, t1 = min(s for s, _ in done), max(e for _, e in done)
     busy = sampler.busy_between(t0, t1) if sampler is not None else float("nan")
     n = data["completed"]
 
     def pct(name: str) -> dict[str, float]:
-        return {"p50": data.get(f"median_{name}_ms"), "p99": data.get(f"p99_{name}_ms"),
-                "mean": data.get(f"mean_{name}_ms")}
+        return {
+            "p50": data.get(f"median_{name}_ms"),
+            "p99": data.get(f"p99_{name}_ms"),
+            "mean": data.get(f"mean_{name}_ms"),
+        }
 
-    return Run(stack=stack, pair=pair, label=label, concurrency=concurrency, completed=n,
-               failed=data.get("failed", 0), duration_s=data["duration"], req_per_s=data["request_throughput"],
-               output_tok_per_s=data["output_throughput"], ttft_ms=pct("ttft"), tpot_ms=pct("tpot"),
-               itl_ms=pct("itl"), e2el_ms=pct("e2el"), window_s=t1 - t0, host_cpu_s=busy, host_cpu_s_per_request=busy / n,
-               host_busy_cores=busy / (t1 - t0),
-               roles_ms_per_request=cpu_accounting.per_request(roles, n) if roles else {})
+    return Run(
+        stack=stack,
+        pair=pair,
+        label=label,
+        concurrency=concurrency,
+        completed=n,
+        failed=data.get("failed", 0),
+        duration_s=data["duration"],
+        req_per_s=data["request_throughput"],
+        output_tok_per_s=data["output_throughput"],
+        ttft_ms=pct("ttft"),
+        tpot_ms=pct("tpot"),
+        itl_ms=pct("itl"),
+        e2el_ms=pct("e2el"),
+        window_s=t1 - t0,
+        host_cpu_s=busy,
+        host_cpu_s_per_request=busy / n,
+        host_busy_cores=busy / (t1 - t0),
+        roles_ms_per_request=cpu_accounting.per_request(roles, n) if roles else {},
+    )
 
 
 def void_reason(workload: str, counters: CacheCounters, run: Run | None = None) -> str | None:
@@ -292,17 +392,29 @@ def void_reason(workload: str, counters: CacheCounters, run: Run | None = None) 
     if run is not None and run.failed:
         return f"{run.failed} failed request(s)"
     if run is not None and run.ttft_ms["p99"] > STALL_P99_OVER_P50 * run.ttft_ms["p50"]:
-        return (f"stalled: TTFT p99 {run.ttft_ms['p99']:.0f} ms is over {STALL_P99_OVER_P50:g}x its p50 "
-                f"({run.ttft_ms['p50']:.0f} ms)")
+        return (
+            f"stalled: TTFT p99 {run.ttft_ms['p99']:.0f} ms is over {STALL_P99_OVER_P50:g}x its p50 "
+            f"({run.ttft_ms['p50']:.0f} ms)"
+        )
     server = (run.counters.get("latency_mean_ms") or {}).get("server_ttft") if run is not None else None
     client = run.ttft_ms.get("mean") if run is not None else None
-    if (run is not None and parse_arm(run.stack)[0] in REFERENCE_ARMS and server and client is not None
-            and client > STALL_OUTSIDE_X * server and client - server > STALL_OUTSIDE_MS):
-        return (f"stalled outside the engine: client TTFT mean {client:.0f} ms, the server's own {server:.0f} ms "
-                f"(a reference's frontend starved)")
+    if (
+        run is not None
+        and parse_arm(run.stack)[0] in REFERENCE_ARMS
+        and server
+        and client is not None
+        and client > STALL_OUTSIDE_X * server
+        and client - server > STALL_OUTSIDE_MS
+    ):
+        return (
+            f"stalled outside the engine: client TTFT mean {client:.0f} ms, the server's own {server:.0f} ms "
+            f"(a reference's frontend starved)"
+        )
     if workload == "cold" and counters.hit_tokens > 0:
-        return (f"cold run with cache hits: {counters.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
-                f"{counters.external_hits:.0f} from the offload tier")
+        return (
+            f"cold run with cache hits: {counters.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
+            f"{counters.external_hits:.0f} from the offload tier"
+        )
     return None
 
 
@@ -334,9 +446,12 @@ def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, 
             if not pairs:
                 continue
             out[label][f"{cand}/{ref}"] = {
-                "candidate": cand, "reference": ref,
-                "figures": {f: pair_stats.median_ratio([(by[p, ref].figure(f), by[p, cand].figure(f))
-                                                        for p in pairs]) for f in FIGURES},
+                "candidate": cand,
+                "reference": ref,
+                "figures": {
+                    f: pair_stats.median_ratio([(by[p, ref].figure(f), by[p, cand].figure(f)) for p in pairs])
+                    for f in FIGURES
+                },
                 "requests": {s: sum(by[p, s].completed for p in pairs) for s in (ref, cand)},
                 "failed": {s: sum(by[p, s].failed for p in pairs) for s in (ref, cand)},
             }
@@ -348,8 +463,9 @@ def hits_by_arm(runs: list[Run]) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for r in runs:
         c = r.counters
-        slot = out.setdefault(r.label, {}).setdefault(r.stack, {"requests": 0.0, "prompt_tokens": 0.0,
-                                                                "prefix_cache_hits": 0.0, "external_hits": 0.0})
+        slot = out.setdefault(r.label, {}).setdefault(
+            r.stack, {"requests": 0.0, "prompt_tokens": 0.0, "prefix_cache_hits": 0.0, "external_hits": 0.0}
+        )
         for k in slot:
             slot[k] += c.get(k, 0.0) or 0.0
     return out
@@ -375,16 +491,25 @@ def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]
             per_run = []
             for r in mine:
                 means = r.counters.get("latency_mean_ms") or {}
-                row = {"client": r.ttft_ms.get("mean"), "server": means.get("server_ttft"),
-                       "queue": means.get("queue"), "prefill": means.get("prefill")}
-                row["outside"] = (row["client"] - row["server"]
-                                  if row["client"] is not None and row["server"] is not None else None)
-                row["handoffs"] = (row["server"] - row["queue"] - row["prefill"]
-                                   if None not in (row["server"], row["queue"], row["prefill"]) else None)
+                row = {
+                    "client": r.ttft_ms.get("mean"),
+                    "server": means.get("server_ttft"),
+                    "queue": means.get("queue"),
+                    "prefill": means.get("prefill"),
+                }
+                row["outside"] = (
+                    row["client"] - row["server"] if row["client"] is not None and row["server"] is not None else None
+                )
+                row["handoffs"] = (
+                    row["server"] - row["queue"] - row["prefill"]
+                    if None not in (row["server"], row["queue"], row["prefill"])
+                    else None
+                )
                 per_run.append(row)
             out.setdefault(label, {})[arm] = {
                 k: (statistics.median(vals) if (vals := [row[k] for row in per_run if row[k] is not None]) else None)
-                for k in ("client", "server", "queue", "prefill", "outside", "handoffs")}
+                for k in ("client", "server", "queue", "prefill", "outside", "handoffs")
+            }
     return out
 
 
@@ -398,9 +523,17 @@ def goals(ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             if comp is None:
                 continue
             fig = comp["figures"][g.figure]
-            out.append({"run": label, "goal": g.text(), **asdict(g), "median": fig["median"], "ci90": fig["ci90"],
-                        "pairs": fig["pairs"], "verdict": pair_stats.goal_verdict(fig["median"], fig["ci90"], g.ratio,
-                                                                                  g.higher_is_better)})
+            out.append(
+                {
+                    "run": label,
+                    "goal": g.text(),
+                    **asdict(g),
+                    "median": fig["median"],
+                    "ci90": fig["ci90"],
+                    "pairs": fig["pairs"],
+                    "verdict": pair_stats.goal_verdict(fig["median"], fig["ci90"], g.ratio, g.higher_is_better),
+                }
+            )
     return out
 
 
@@ -419,8 +552,9 @@ def arm_figures(runs: list[Run]) -> dict[str, dict[str, dict[str, Any]]]:
             valid = [r for r in counted(runs) if r.label == label and r.stack == arm]
             if not valid and not void:
                 continue
-            row: dict[str, Any] = {f: (statistics.median(r.figure(f) for r in valid) if valid else None)
-                                   for f in ARM_FIGURES}
+            row: dict[str, Any] = {
+                f: (statistics.median(r.figure(f) for r in valid) if valid else None) for f in ARM_FIGURES
+            }
             out.setdefault(label, {})[arm] = {**row, "runs": len(valid), "void": void}
     return out
 
@@ -431,78 +565,138 @@ def _ci(fig: dict[str, Any]) -> str:
 
 
 def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, Any]]) -> str:
-    lines = [f"# {meta['workload']['name']} workload: {', '.join(meta['workload']['arms'])} ({meta['date']})", "",
-             f"Command: `{meta['command']}`", "", f"Host: {meta['machine']}.", "",
-             f"Workload: {json.dumps(meta['workload'])}.", ""]
+    lines = [
+        f"# {meta['workload']['name']} workload: {', '.join(meta['workload']['arms'])} ({meta['date']})",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Host: {meta['machine']}.",
+        "",
+        f"Workload: {json.dumps(meta['workload'])}.",
+        "",
+    ]
     if meta.get("below_protocol"):
         lines += [f"**Below protocol**: {meta['below_protocol']}", ""]
     ratios_goals = goals(ratios)
     if ratios_goals:
-        lines += [f"Goals (met: the median on the goal's side and the whole 90 % interval within "
-                  f"{pair_stats.GOAL_MARGIN:g} of the goal; anything else: not met):", "",
-                  "| run | goal | ratio [90 % interval] | pairs | verdict |", "|---|---|---|---|---|"]
-        lines += [f"| {g['run']} | {g['goal']} | {g['median']:.2f}x [{g['ci90'][0]:.2f}, {g['ci90'][1]:.2f}] | "
-                  f"{g['pairs']} | **{g['verdict']}** |" for g in ratios_goals]
+        lines += [
+            (
+                f"Goals (met: the median on the goal's side and the whole 90 % interval within "
+                f"{pair_stats.GOAL_MARGIN:g} of the goal; anything else: not met):"
+            ),
+            "",
+            "| run | goal | ratio [90 % interval] | pairs | verdict |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {g['run']} | {g['goal']} | {g['median']:.2f}x [{g['ci90'][0]:.2f}, {g['ci90'][1]:.2f}] | "
+            f"{g['pairs']} | **{g['verdict']}** |"
+            for g in ratios_goals
+        ]
         lines.append("")
-    lines += ["Each arm's own figures (the median over its valid runs; busy cores: host CPU seconds over the "
-              "client's window, /proc/stat; void: runs that count nowhere):", "",
-              "| run | arm | req/s | TTFT p50 ms | TTFT p99 ms | latency p50 ms | host CPU ms/request | busy cores "
-              "| runs | void |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        (
+            "Each arm's own figures (the median over its valid runs; busy cores: host CPU seconds over the "
+            "client's window, /proc/stat; void: runs that count nowhere):"
+        ),
+        "",
+        (
+            "| run | arm | req/s | TTFT p50 ms | TTFT p99 ms | latency p50 ms | host CPU ms/request | busy cores "
+            "| runs | void |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
 
     def _f(v: float | None, scale: float = 1.0, fmt: str = ".1f") -> str:
         return "-" if v is None else format(v * scale, fmt)
 
     for label, arms in arm_figures(runs).items():
         for arm, f in arms.items():
-            lines.append(f"| {label} | {arm} | {_f(f['req_per_s'])} | {_f(f['ttft_p50'])} | {_f(f['ttft_p99'])} | "
-                         f"{_f(f['e2el_p50'])} | {_f(f['host_cpu_s_per_request'], 1000)} | "
-                         f"{_f(f['host_busy_cores'], fmt='.2f')} | {f['runs']} | {f['void']} |")
+            lines.append(
+                f"| {label} | {arm} | {_f(f['req_per_s'])} | {_f(f['ttft_p50'])} | {_f(f['ttft_p99'])} | "
+                f"{_f(f['e2el_p50'])} | {_f(f['host_cpu_s_per_request'], 1000)} | "
+                f"{_f(f['host_busy_cores'], fmt='.2f')} | {f['runs']} | {f['void']} |"
+            )
     lines.append("")
-    lines += ["Each cell: the median over pairs of the ratio candidate / reference, [bootstrap 90 % interval].", "",
-              "| run | arms | pairs | requests (ref / cand) | " + " | ".join(FIGURES.values()) + " |",
-              "|---|---|---|---|" + "---|" * len(FIGURES)]
+    lines += [
+        "Each cell: the median over pairs of the ratio candidate / reference, [bootstrap 90 % interval].",
+        "",
+        "| run | arms | pairs | requests (ref / cand) | " + " | ".join(FIGURES.values()) + " |",
+        "|---|---|---|---|" + "---|" * len(FIGURES),
+    ]
     for label, comps in ratios.items():
         for name, r in comps.items():
             ref, cand = r["reference"], r["candidate"]
             figs = r["figures"]
-            lines.append(f"| {label} | {name} | {figs['req_per_s']['pairs']} | {r['requests'][ref]} / "
-                         f"{r['requests'][cand]} ({r['failed'][ref]} / {r['failed'][cand]} failed) | "
-                         + " | ".join(_ci(figs[f]) for f in FIGURES) + " |")
-    lines += ["", "Prompt tokens served from cache, per arm (summed over its runs; the servers' own counters):", "",
-              "| run | arm | requests | prompt tokens | local prefix cache hits | offload tier hits | "
-              "offload hits per request |", "|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {label} | {name} | {figs['req_per_s']['pairs']} | {r['requests'][ref]} / "
+                f"{r['requests'][cand]} ({r['failed'][ref]} / {r['failed'][cand]} failed) | "
+                + " | ".join(_ci(figs[f]) for f in FIGURES)
+                + " |"
+            )
+    lines += [
+        "",
+        "Prompt tokens served from cache, per arm (summed over its runs; the servers' own counters):",
+        "",
+        (
+            "| run | arm | requests | prompt tokens | local prefix cache hits | offload tier hits | "
+            "offload hits per request |"
+        ),
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, arms in hits_by_arm(runs).items():
         for arm, h in arms.items():
             per = h["external_hits"] / h["requests"] if h["requests"] else 0.0
-            lines.append(f"| {label} | {arm} | {h['requests']:.0f} | {h['prompt_tokens']:.0f} | "
-                         f"{h['prefix_cache_hits']:.0f} | {h['external_hits']:.0f} | {per:.1f} |")
-    lines += ["", "Where the time to first token goes, per arm (ms; each part the median over the arm's runs of the "
-              "run's mean; `server`, `queue`, `prefill` from the server's own histograms, `outside` = client - "
-              "server: HTTP, parsing, guard, HAProxy and Ray's streaming; `hand-offs` = server - queue - prefill: "
-              "frontend to EngineCore and back):", "",
-              "| run | arm | client TTFT | server TTFT | queue | prefill | outside | hand-offs |",
-              "|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {label} | {arm} | {h['requests']:.0f} | {h['prompt_tokens']:.0f} | "
+                f"{h['prefix_cache_hits']:.0f} | {h['external_hits']:.0f} | {per:.1f} |"
+            )
+    lines += [
+        "",
+        (
+            "Where the time to first token goes, per arm (ms; each part the median over the arm's runs of the "
+            "run's mean; `server`, `queue`, `prefill` from the server's own histograms, `outside` = client - "
+            "server: HTTP, parsing, guard, HAProxy and Ray's streaming; `hand-offs` = server - queue - prefill: "
+            "frontend to EngineCore and back):"
+        ),
+        "",
+        "| run | arm | client TTFT | server TTFT | queue | prefill | outside | hand-offs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
 
     def _ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
     for label, arms in ttft_split(runs).items():
         for arm, part in arms.items():
-            lines.append(f"| {label} | {arm} | " + " | ".join(_ms(part[k]) for k in (
-                "client", "server", "queue", "prefill", "outside", "handoffs")) + " |")
-    lines += ["", "Every run (vLLM's `bench serve` figures; host CPU from /proc/stat over the client's measured "
-              "window; cache hits from the server):", "",
-              "| pair | arm | run | conc. | completed | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
-              "host CPU ms/request | busy cores | hits local / offload | void | CPU ms/request by role |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            lines.append(
+                f"| {label} | {arm} | "
+                + " | ".join(_ms(part[k]) for k in ("client", "server", "queue", "prefill", "outside", "handoffs"))
+                + " |"
+            )
+    lines += [
+        "",
+        (
+            "Every run (vLLM's `bench serve` figures; host CPU from /proc/stat over the client's measured "
+            "window; cache hits from the server):"
+        ),
+        "",
+        (
+            "| pair | arm | run | conc. | completed | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
+            "host CPU ms/request | busy cores | hits local / offload | void | CPU ms/request by role |"
+        ),
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         roles = ", ".join(f"{k} {v:.1f}" for k, v in r.roles_ms_per_request.items())
         c = r.counters
-        lines.append(f"| {r.pair} | {r.stack} | {r.label} | {r.concurrency} | {r.completed} | {r.failed} | "
-                     f"{r.req_per_s:.1f} | {r.ttft_ms['p50']:.0f} / {r.ttft_ms['p99']:.0f} | "
-                     f"{r.tpot_ms['p50']:.1f} / {r.tpot_ms['p99']:.1f} | {1000 * r.host_cpu_s_per_request:.1f} | "
-                     f"{r.host_busy_cores:.2f} | {c.get('prefix_cache_hits', 0):.0f} / {c.get('external_hits', 0):.0f} "
-                     f"| {r.void or ''} | {roles} |")
+        lines.append(
+            f"| {r.pair} | {r.stack} | {r.label} | {r.concurrency} | {r.completed} | {r.failed} | "
+            f"{r.req_per_s:.1f} | {r.ttft_ms['p50']:.0f} / {r.ttft_ms['p99']:.0f} | "
+            f"{r.tpot_ms['p50']:.1f} / {r.tpot_ms['p99']:.1f} | {1000 * r.host_cpu_s_per_request:.1f} | "
+            f"{r.host_busy_cores:.2f} | {c.get('prefix_cache_hits', 0):.0f} / {c.get('external_hits', 0):.0f} "
+            f"| {r.void or ''} | {roles} |"
+        )
     lines += ["", "Protocol: " + "; ".join(meta["protocol"]), ""]
     return "\n".join(lines)
 
@@ -515,10 +709,19 @@ def plot(runs: list[Run], path: Path) -> None:
 
     labels = list(dict.fromkeys(r.label for r in runs))
     arms = list(dict.fromkeys(r.stack for r in runs))
-    colors = dict(zip(ARMS, ("tab:blue", "tab:orange", "tab:green", "tab:brown", "tab:red", "tab:purple")))
+    colors = dict(
+        zip(ARMS, ("tab:blue", "tab:orange", "tab:green", "tab:brown", "tab:red", "tab:purple"), strict=False)
+    )
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    for ax, (metric, label, scale) in zip(axes, (("req_per_s", "requests/s", 1), ("ttft_p50", "TTFT p50 ms", 1),
-                                                 ("host_cpu_s_per_request", "host CPU ms per request", 1000))):
+    for ax, (metric, label, scale) in zip(
+        axes,
+        (
+            ("req_per_s", "requests/s", 1),
+            ("ttft_p50", "TTFT p50 ms", 1),
+            ("host_cpu_s_per_request", "host CPU ms per request", 1000),
+        ),
+        strict=False,
+    ):
         for k, arm in enumerate(arms):
             for i, lab in enumerate(labels):
                 ys = [r.figure(metric) * scale for r in runs if r.stack == arm and r.label == lab and r.void is None]
@@ -539,8 +742,10 @@ def machine() -> str:
 
     import psutil
 
-    return f"{cpu_model()}, {platform.machine()}, {psutil.cpu_count(logical=True)} CPUs, " \
-           f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}"
+    return (
+        f"{cpu_model()}, {platform.machine()}, {psutil.cpu_count(logical=True)} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}"
+    )
 
 
 def cpu_model(cpuinfo: str | None = None) -> str:
@@ -558,8 +763,17 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------- driver
-def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[int, str], PromptSet], model: Path,
-              work: Path, sampler: HostCpuSampler, attempt: int = 0) -> list[Run]:
+def run_phase(
+    arm,
+    stack: str,
+    pair: int,
+    workload: Workload,
+    plan: dict[tuple[int, str], PromptSet],
+    model: Path,
+    work: Path,
+    sampler: HostCpuSampler,
+    attempt: int = 0,
+) -> list[Run]:
     """The warm-up and every measured run of one started arm."""
     runs = []
     warm = plan[pair, "warmup"]
@@ -567,13 +781,24 @@ def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[i
     # the warm-up at each concurrency the runs use, in turn: a batch shape first met in a measured run (vLLM
     # compiles per shape on CPU) would be timed there
     for i, (label, c) in enumerate(workload.runs()):
-        part = PromptSet(f"{warm.name}-{label}", warm.prompts[i::len(workload.runs())], "unique")
+        part = PromptSet(f"{warm.name}-{label}", warm.prompts[i :: len(workload.runs())], "unique")
         if not len(part):
             continue
         name = f"warmup-{pair}-{slug(stack)}-{attempt}-{label}.json"
-        data, _ = run_client(bench_argv(arm.base_url, model, c, part.write_jsonl(
-            work / "prompts" / f"{part.name}.jsonl"), len(part), workload.output_len, work, name,
-            chat=is_chat(label)), work / name)
+        data, _ = run_client(
+            bench_argv(
+                arm.base_url,
+                model,
+                c,
+                part.write_jsonl(work / "prompts" / f"{part.name}.jsonl"),
+                len(part),
+                workload.output_len,
+                work,
+                name,
+                chat=is_chat(label),
+            ),
+            work / name,
+        )
         warmed += int(data["completed"])
     # the warm-up's requests must be counted before the first measured run's baseline
     settled = wait_for_requests(arm.metrics_urls, CacheCounters(), warmed)
@@ -581,9 +806,21 @@ def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[i
         prompts = plan[pair, label]
         arm.check(f"pair {pair} before the {label} run")
         name = f"{slug(stack)}-{pair}-{attempt}-{label}.json"
-        data, roles = run_client(bench_argv(arm.base_url, model, c, prompts.write_jsonl(
-            work / "prompts" / f"{prompts.name}.jsonl"), len(prompts), workload.output_len, work, name,
-            workload.request_rate, chat=is_chat(label)), work / name)
+        data, roles = run_client(
+            bench_argv(
+                arm.base_url,
+                model,
+                c,
+                prompts.write_jsonl(work / "prompts" / f"{prompts.name}.jsonl"),
+                len(prompts),
+                workload.output_len,
+                work,
+                name,
+                workload.request_rate,
+                chat=is_chat(label),
+            ),
+            work / name,
+        )
         arm.check(f"pair {pair} after the {label} run")
         after = wait_for_requests(arm.metrics_urls, settled, int(data["completed"]))
         counters, settled = after - settled, after
@@ -591,10 +828,21 @@ def run_phase(arm, stack: str, pair: int, workload: Workload, plan: dict[tuple[i
         run.prompts, run.counters, run.attempt = prompts.describe(), counters.to_json(), attempt
         run.void = void_reason(workload.name, counters, run)
         runs.append(run)
-        log.info("pair %d %s %s: %.1f req/s, TTFT p50 %.0f ms, %.1f host CPU ms/request (%d completed, %d failed); "
-                 "hits: %.0f local, %.0f offload%s", pair, stack, label, run.req_per_s, run.ttft_ms["p50"],
-                 1000 * run.host_cpu_s_per_request, run.completed, run.failed, counters.prefix_cache_hits,
-                 counters.external_hits, f"; VOID: {run.void}" if run.void else "")
+        log.info(
+            "pair %d %s %s: %.1f req/s, TTFT p50 %.0f ms, %.1f host CPU ms/request (%d completed, %d failed); "
+            "hits: %.0f local, %.0f offload%s",
+            pair,
+            stack,
+            label,
+            run.req_per_s,
+            run.ttft_ms["p50"],
+            1000 * run.host_cpu_s_per_request,
+            run.completed,
+            run.failed,
+            counters.prefix_cache_hits,
+            counters.external_hits,
+            f"; VOID: {run.void}" if run.void else "",
+        )
     return runs
 
 
@@ -608,33 +856,63 @@ def parse_requests(text: str) -> dict[int, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m benchmarks.vs_vllm", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.vs_vllm", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workload", choices=WORKLOADS, default="cold")
-    ap.add_argument("--arms", default=None, help=f"comma-separated, of {', '.join(ARMS)} and their variants (a comma before an arm's name "
-                    "starts the next, so a variant may list patches) (default: cold "
-                                                 f"{DEFAULT_ARMS['cold']}; reuse {DEFAULT_ARMS['reuse']})")
-    ap.add_argument("--pairs", type=int, default=pair_stats.MIN_PAIRS,
-                    help="blocks of every arm, ABC then CBA; even, at least 6 (or --smoke)")
+    ap.add_argument(
+        "--arms",
+        default=None,
+        help=f"comma-separated, of {', '.join(ARMS)} and their variants (a comma before an arm's name "
+        "starts the next, so a variant may list patches) (default: cold "
+        f"{DEFAULT_ARMS['cold']}; reuse {DEFAULT_ARMS['reuse']})",
+    )
+    ap.add_argument(
+        "--pairs",
+        type=int,
+        default=pair_stats.MIN_PAIRS,
+        help="blocks of every arm, ABC then CBA; even, at least 6 (or --smoke)",
+    )
     ap.add_argument("--smoke", action="store_true", help="allow fewer pairs; the figures are marked below protocol")
-    ap.add_argument("--requests", default="1:128,8:400,32:800,128:1280",
-                    help="cold: requests in flight:prompts per run, comma-separated")
-    ap.add_argument("--warmup-prompts", type=int, default=Workload.warmup_prompts,
-                    help="unmeasured requests (prompts of their own) when a phase starts, split over the concurrencies of its runs")
+    ap.add_argument(
+        "--requests",
+        default="1:128,8:400,32:800,128:1280",
+        help="cold: requests in flight:prompts per run, comma-separated",
+    )
+    ap.add_argument(
+        "--warmup-prompts",
+        type=int,
+        default=Workload.warmup_prompts,
+        help="unmeasured requests (prompts of their own) when a phase starts, split over the concurrencies of its runs",
+    )
     ap.add_argument("--input-len", type=int, default=Workload.input_len, help="cold: prompt tokens (BOS included)")
     ap.add_argument("--output-len", type=int, default=Workload.output_len)
-    ap.add_argument("--working-sets", default="0.5,1.5",
-                    help="reuse: working sets as multiples of the local KV pool (VLLM_CPU_KVCACHE_SPACE)")
+    ap.add_argument(
+        "--working-sets",
+        default="0.5,1.5",
+        help="reuse: working sets as multiples of the local KV pool (VLLM_CPU_KVCACHE_SPACE)",
+    )
     ap.add_argument("--prefix-blocks", type=int, default=Workload.prefix_blocks, help="reuse: KV blocks per prefix")
     ap.add_argument("--rounds", type=int, default=Workload.rounds, help="reuse: visits of every prefix")
     ap.add_argument("--reuse-concurrency", type=int, default=Workload.reuse_concurrency)
-    ap.add_argument("--request-rate", type=float, default=None,
-                    help="measured runs: requests per second offered (vLLM's bench, Poisson from its fixed seed), "
-                         "in flight still capped (default: all at once, vLLM's default)")
-    ap.add_argument("--chat", default="8:400,32:800",
-                    help="cold: chat completions runs, requests in flight:prompts per run ('' for none)")
-    ap.add_argument("--retries", type=int, default=2,
-                    help="times a phase with a void run (failed requests, a stall, cache hits) is run again")
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="measured runs: requests per second offered (vLLM's bench, Poisson from its fixed seed), "
+        "in flight still capped (default: all at once, vLLM's default)",
+    )
+    ap.add_argument(
+        "--chat",
+        default="8:400,32:800",
+        help="cold: chat completions runs, requests in flight:prompts per run ('' for none)",
+    )
+    ap.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="times a phase with a void run (failed requests, a stall, cache hits) is run again",
+    )
     ap.add_argument("--seed", type=int, default=0, help="the prompt book's seed (every prompt of the run from it)")
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -648,12 +926,19 @@ def main(argv: list[str] | None = None) -> int:
             parse_arm(a)
         except ValueError as e:
             ap.error(str(e))
-    workload = Workload(name=args.workload, input_len=args.input_len, output_len=args.output_len,
-                        requests=parse_requests(args.requests), chat=parse_requests(args.chat) if args.chat else {},
-                        warmup_prompts=args.warmup_prompts,
-                        working_sets=tuple(float(w) for w in args.working_sets.split(",")),
-                        prefix_blocks=args.prefix_blocks, rounds=args.rounds,
-                        reuse_concurrency=args.reuse_concurrency, request_rate=args.request_rate)
+    workload = Workload(
+        name=args.workload,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        requests=parse_requests(args.requests),
+        chat=parse_requests(args.chat) if args.chat else {},
+        warmup_prompts=args.warmup_prompts,
+        working_sets=tuple(float(w) for w in args.working_sets.split(",")),
+        prefix_blocks=args.prefix_blocks,
+        rounds=args.rounds,
+        reuse_concurrency=args.reuse_concurrency,
+        request_rate=args.request_rate,
+    )
     require_no_ray("before the benchmark")
     from fixture_model.build import ensure_model
 
@@ -663,16 +948,29 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fuzzserve-vs-vllm-"))
     log.info("server and cluster logs, prompts, raw client results in %s", work)
-    meta = {"command": "python -m benchmarks.vs_vllm " + " ".join(sys.argv[1:] if argv is None else argv),
-            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
-            "workload": {**asdict(workload), "runs": workload.runs(), "arms": arms, "pairs": args.pairs,
-                         "seed": args.seed, "local_pool_tokens": local_pool_tokens(config, model),
-                         "engine_kwargs": model_config(config).engine_kwargs,
-                         "client": "vllm bench serve (vllm.benchmarks.serve), custom dataset in file order, "
-                                   "greedy, streamed completions (chat runs: openai-chat, streamed chat completions)"},
-            "protocol": [f"{len(plan)} prompt sets, no prompt in two of them (checked)"], "replicas": {},
-            "below_protocol": (f"{args.pairs} pairs (the protocol takes at least {pair_stats.MIN_PAIRS})"
-                               if args.pairs < pair_stats.MIN_PAIRS else None)}
+    meta = {
+        "command": "python -m benchmarks.vs_vllm " + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "workload": {
+            **asdict(workload),
+            "runs": workload.runs(),
+            "arms": arms,
+            "pairs": args.pairs,
+            "seed": args.seed,
+            "local_pool_tokens": local_pool_tokens(config, model),
+            "engine_kwargs": model_config(config).engine_kwargs,
+            "client": "vllm bench serve (vllm.benchmarks.serve), custom dataset in file order, "
+            "greedy, streamed completions (chat runs: openai-chat, streamed chat completions)",
+        },
+        "protocol": [f"{len(plan)} prompt sets, no prompt in two of them (checked)"],
+        "replicas": {},
+        "below_protocol": (
+            f"{args.pairs} pairs (the protocol takes at least {pair_stats.MIN_PAIRS})"
+            if args.pairs < pair_stats.MIN_PAIRS
+            else None
+        ),
+    }
     meta["workload"]["requests"] = {str(k): v for k, v in workload.requests.items()}
     meta["workload"]["chat"] = {str(k): v for k, v in workload.chat.items()}
     runs: list[Run] = []
@@ -685,14 +983,24 @@ def main(argv: list[str] | None = None) -> int:
                     phase = run_phase(arm, stack, pair, workload, plan, model, work, sampler, attempt)
                 runs += phase
                 on_ray = parse_arm(stack)[0] in RAY_ARMS
-                meta["protocol"].append(f"pair {pair} {stack}{f' (run {attempt + 1})' if attempt else ''}: " + (
-                    f"{arm.replicas} engine replica(s), cluster torn down, no Ray process left" if on_ray else
-                    "no Ray process alive before, during (checked around each run) or after it"))
+                meta["protocol"].append(
+                    f"pair {pair} {stack}{f' (run {attempt + 1})' if attempt else ''}: "
+                    + (
+                        f"{arm.replicas} engine replica(s), cluster torn down, no Ray process left"
+                        if on_ray
+                        else "no Ray process alive before, during (checked around each run) or after it"
+                    )
+                )
                 write_results(args.out, meta, runs)
                 if not any(r.void for r in phase):
                     break
-                log.warning("pair %d %s: %d void run(s)%s", pair, stack, sum(bool(r.void) for r in phase),
-                            "; the phase runs again" if attempt < args.retries else "; no re-run left")
+                log.warning(
+                    "pair %d %s: %d void run(s)%s",
+                    pair,
+                    stack,
+                    sum(bool(r.void) for r in phase),
+                    "; the phase runs again" if attempt < args.retries else "; no re-run left",
+                )
     plot(runs, args.out / "vs_vllm.png")
     print(markdown(meta, runs, compare(runs)))
     void = [f"pair {r.pair} {r.stack} {r.label} (run {r.attempt + 1}): {r.void}" for r in runs if r.void]
@@ -717,9 +1025,19 @@ def missing_runs(runs: list[Run], arms: list[str], pairs: int, labels: list[str]
 def write_results(out: Path, meta: dict[str, Any], runs: list[Run]) -> None:
     """vs_vllm.json and vs_vllm.md as they stand (rewritten after every phase: a stopped run keeps its data)."""
     ratios = compare(runs)
-    (out / "vs_vllm.json").write_text(json.dumps(
-        {"meta": meta, "ratios": ratios, "goals": goals(ratios), "arms": arm_figures(runs),
-         "ttft_split": ttft_split(runs), "runs": [asdict(r) for r in runs]}, indent=1))
+    (out / "vs_vllm.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "ratios": ratios,
+                "goals": goals(ratios),
+                "arms": arm_figures(runs),
+                "ttft_split": ttft_split(runs),
+                "runs": [asdict(r) for r in runs],
+            },
+            indent=1,
+        )
+    )
     (out / "vs_vllm.md").write_text(markdown(meta, runs, ratios))
 
 

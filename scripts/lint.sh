@@ -5,8 +5,10 @@
 # on PATH: `source scripts/env.sh`) rewrites what the format check flags.
 set -euo pipefail
 source "$(dirname "$0")/env.sh"
-# The one list of what is formatted, linted and type-checked; the folders not here are not, yet.
-LINT_PATHS=(serve_app patches monitoring fixture_model load_tests)
+# What is formatted and linted: every Python folder of the project, the tests' own code included. What is
+# type-checked: the shipped packages; benchmarks, testkit and tests are not yet (their mypy findings are open work).
+LINT_PATHS=(serve_app patches monitoring fixture_model load_tests benchmarks testkit tests)
+TYPED_PATHS=(serve_app patches monitoring fixture_model load_tests)
 ruff format --check "${LINT_PATHS[@]}"
 ruff check "${LINT_PATHS[@]}"
-mypy "${LINT_PATHS[@]}"
+mypy "${TYPED_PATHS[@]}"

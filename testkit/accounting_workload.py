@@ -19,7 +19,9 @@ MAX_TOKENS = 8
 
 def prompts(n_requests: int = 48) -> list[str]:
     ex = training_examples(N_PREFIXES * PREFIX_EXAMPLES, seed=5)
-    prefixes = [" ".join(e.text for e in ex[i * PREFIX_EXAMPLES:(i + 1) * PREFIX_EXAMPLES]) for i in range(N_PREFIXES)]
+    prefixes = [
+        " ".join(e.text for e in ex[i * PREFIX_EXAMPLES : (i + 1) * PREFIX_EXAMPLES]) for i in range(N_PREFIXES)
+    ]
     tails = held_out_examples(n_requests // 3 + 1)
     return [f"{prefixes[i % N_PREFIXES]} {tails[i].prompt}" for i in range(n_requests)]
 
@@ -45,8 +47,11 @@ def metrics(llm) -> EngineMetrics:
     from vllm.v1.metrics.reader import Counter, Gauge
 
     out = EngineMetrics()
-    out.samples = [(m.name, isinstance(m, Counter), dict(m.labels), float(m.value))
-                   for m in llm.get_metrics() if isinstance(m, (Counter, Gauge))]
+    out.samples = [
+        (m.name, isinstance(m, Counter), dict(m.labels), float(m.value))
+        for m in llm.get_metrics()
+        if isinstance(m, (Counter, Gauge))
+    ]
     for m in llm.get_metrics():
         if not (m.name.startswith("vllm:prompt_token") or "prefix_cache" in m.name or m.name == "vllm:num_preemptions"):
             continue
@@ -59,8 +64,8 @@ def metrics(llm) -> EngineMetrics:
 def check_invariants(m: EngineMetrics) -> list[str]:
     """Violated invariants of an idle engine's metrics (empty when all hold): the load test's own rules
     (load_tests.observe.invariants), on the engine's counters read the way a scrape is read."""
-    from load_tests.observe.invariants import at_rest
     from load_tests.observe.counters import counters_from_samples
+    from load_tests.observe.invariants import at_rest
 
     [engine] = counters_from_samples(m.samples).values()
     return [f.message for f in at_rest(engine)]
@@ -77,7 +82,7 @@ def run_with_aborts(llm, prompt_list: list[str], abort_every: int = 3, abort_aft
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     ids = [f"abort-test-{i}" for i in range(len(prompt_list))]
-    for rid, p in zip(ids, prompt_list):
+    for rid, p in zip(ids, prompt_list, strict=False):
         engine.add_request(rid, p, params)
     to_abort = {ids[i] for i in range(0, len(ids), abort_every)}
     finished: dict[str, list[int]] = {}
@@ -90,5 +95,7 @@ def run_with_aborts(llm, prompt_list: list[str], abort_every: int = 3, abort_aft
             elif rid in to_abort and rid not in aborted and len(out.outputs[0].token_ids) >= abort_after_tokens:
                 engine.abort_request([rid])
                 aborted.add(rid)
-    return {"finished": {ids.index(r): t for r, t in finished.items() if r not in aborted},
-            "aborted": sorted(ids.index(r) for r in aborted)}
+    return {
+        "finished": {ids.index(r): t for r, t in finished.items() if r not in aborted},
+        "aborted": sorted(ids.index(r) for r in aborted),
+    }

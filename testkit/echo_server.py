@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -48,7 +49,6 @@ from pathlib import Path
 from aiohttp import web
 
 from load_tests.observe.counters import HEALTH_GAUGE
-
 
 BEHAVIOURS = ("!400", "!500", "!truncate", "!drop", "!error-event", "!slow", "!empty-text")
 
@@ -80,23 +80,37 @@ class PretendReplica:
 
 
 class EchoServer:
-    def __init__(self, itl_ms: float = 0.0, replicas: int = 2, fault: str | None = None, fault_after: int = 20,
-                 ttft_ms: float = 0.0, empty_text: bool = False, refused_xargs: tuple[str, ...] = (),
-                 record_bodies: str | None = None):
+    def __init__(
+        self,
+        itl_ms: float = 0.0,
+        replicas: int = 2,
+        fault: str | None = None,
+        fault_after: int = 20,
+        ttft_ms: float = 0.0,
+        empty_text: bool = False,
+        refused_xargs: tuple[str, ...] = (),
+        record_bodies: str | None = None,
+    ):
         if fault is not None and fault not in FAULTS:
             raise ValueError(f"unknown fault {fault!r}; known: {sorted(FAULTS)}")
         self.itl_s = itl_ms / 1000
         self.ttft_s = ttft_ms / 1000
         self.empty_text = empty_text  # every answer as if it had the !empty-text word
-        self.stats = {"received": 0, "completed": 0, "disconnected": 0, "in_flight": 0, "max_in_flight": 0,
-                      "by_behaviour": {}}
+        self.stats = {
+            "received": 0,
+            "completed": 0,
+            "disconnected": 0,
+            "in_flight": 0,
+            "max_in_flight": 0,
+            "by_behaviour": {},
+        }
         self.replicas = [PretendReplica(f"echo-{i}") for i in range(max(1, replicas))]
         self.refused_xargs = set(refused_xargs)
         self.fault, self.fault_after = fault, fault_after
         self._dealt = 0
         self._drop_at: int | None = None  # echo-0's prompt_tokens when its counter dropped (decreasing_counter)
         # every parsed request body, one JSON line each (what each client sent: tests compare two clients' bodies)
-        self._bodies = open(record_bodies, "a", buffering=1) if record_bodies else None
+        self._bodies = open(record_bodies, "a", buffering=1) if record_bodies else None  # noqa: SIM115 -- held for the object's life, closed when it stops
 
     @property
     def broken(self) -> bool:
@@ -167,14 +181,22 @@ class EchoServer:
             for reason, n in r.finished.items():
                 sample("ray_vllm_request_success_total", "counter", base | {"finished_reason": reason}, n)
             if r.violations:
-                sample("ray_vllm_prompt_token_accounting_violations_total", "counter",
-                       base | {"kind": "connector_negative"}, r.violations)
+                sample(
+                    "ray_vllm_prompt_token_accounting_violations_total",
+                    "counter",
+                    base | {"kind": "connector_negative"},
+                    r.violations,
+                )
             if r.alive:
                 running = r.running + (1 if self.fault == "stuck" and self.broken and r is self.replicas[0] else 0)
                 sample("ray_vllm_num_requests_running", "gauge", base, running)
                 sample("ray_vllm_num_requests_waiting", "gauge", base, 0)
-            sample(HEALTH_GAUGE, "gauge",
-                   {"replica": r.name, "deployment": "LLMServer", "application": "echo"}, 1 if r.alive else 0)
+            sample(
+                HEALTH_GAUGE,
+                "gauge",
+                {"replica": r.name, "deployment": "LLMServer", "application": "echo"},
+                1 if r.alive else 0,
+            )
         lines = []
         for family, (kind, samples) in families.items():
             lines += [f"# TYPE {family} {kind}", *samples]
@@ -227,8 +249,9 @@ class EchoServer:
         finally:
             replica.running -= 1
 
-    async def _generate(self, request: web.Request, body, chat: bool, text, behaviour: str,
-                        replica: PretendReplica) -> web.StreamResponse:
+    async def _generate(
+        self, request: web.Request, body, chat: bool, text, behaviour: str, replica: PretendReplica
+    ) -> web.StreamResponse:
         n = int(body.get("max_tokens") or 16)
         replica.prompt_tokens += len(str(text).split())
         itl = 0.1 if behaviour == "!slow" else self.itl_s
@@ -241,16 +264,30 @@ class EchoServer:
             self._finish(replica, "length")
             choice = {"index": 0, "finish_reason": "length"}
             choice.update({"message": {"role": "assistant", "content": word * n}} if chat else {"text": word * n})
-            return web.json_response({"id": "echo", "object": "chat.completion" if chat else "text_completion",
-                                      "created": created, "model": body.get("model"), "choices": [choice],
-                                      "usage": {"prompt_tokens": len(str(text).split()), "completion_tokens": n,
-                                                "total_tokens": len(str(text).split()) + n}})
+            return web.json_response(
+                {
+                    "id": "echo",
+                    "object": "chat.completion" if chat else "text_completion",
+                    "created": created,
+                    "model": body.get("model"),
+                    "choices": [choice],
+                    "usage": {
+                        "prompt_tokens": len(str(text).split()),
+                        "completion_tokens": n,
+                        "total_tokens": len(str(text).split()) + n,
+                    },
+                }
+            )
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         try:
             if chat:  # the speaker's announcement, before any token
-                role = {"id": "echo", "created": created, "model": body.get("model"),
-                        "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+                role = {
+                    "id": "echo",
+                    "created": created,
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+                }
                 await resp.write(b"data: " + json.dumps(role).encode() + b"\n\n")
             if self.ttft_s:
                 await asyncio.sleep(self.ttft_s)
@@ -268,15 +305,21 @@ class EchoServer:
                     await resp.write(b'data: {"error": {"message": "engine failed (asked for)", "code": 500}}\n\n')
                     return resp
                 delta = {"delta": {"content": word}} if chat else {"text": word}
-                chunk = {"id": "echo", "created": created, "model": body.get("model"),
-                         "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}]}
+                chunk = {
+                    "id": "echo",
+                    "created": created,
+                    "model": body.get("model"),
+                    "choices": [{"index": 0, **delta, "finish_reason": "length" if i == n - 1 else None}],
+                }
                 await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
                 replica.generation_tokens += 1
                 if itl and i < n - 1:
                     await asyncio.sleep(itl)
             if (body.get("stream_options") or {}).get("include_usage"):
                 usage = {"prompt_tokens": len(str(text).split()), "completion_tokens": n}
-                await resp.write(b"data: " + json.dumps({"id": "echo", "choices": [], "usage": usage}).encode() + b"\n\n")
+                await resp.write(
+                    b"data: " + json.dumps({"id": "echo", "choices": [], "usage": usage}).encode() + b"\n\n"
+                )
             await resp.write(b"data: [DONE]\n\n")
             self.stats["completed"] += 1
             self._finish(replica, "length")
@@ -287,12 +330,22 @@ class EchoServer:
 
 
 def _error(status: int, message: str, param: str | None) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error" if status < 500 else
-                                         "server_error", "param": param, "code": status}}, status=status)
+    return web.json_response(
+        {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error" if status < 500 else "server_error",
+                "param": param,
+                "code": status,
+            }
+        },
+        status=status,
+    )
 
 
-async def start(port: int = 0, itl_ms: float = 0.0, host: str = "127.0.0.1", **kwargs
-                ) -> tuple[web.AppRunner, EchoServer, int]:
+async def start(
+    port: int = 0, itl_ms: float = 0.0, host: str = "127.0.0.1", **kwargs
+) -> tuple[web.AppRunner, EchoServer, int]:
     """Start on the running event loop; returns (runner, server, port). ``await runner.cleanup()`` stops it.
 
     ``kwargs``: the :class:`EchoServer`'s (``replicas``, ``fault``, ``fault_after``, ``refused_xargs``)."""
@@ -326,14 +379,35 @@ class EchoThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(30)
 
+
 def cli_args(port: int, out, extra_metrics: int = 0) -> list[str]:
     """``python -m load_tests`` arguments for a short smoke run against the echo server on ``port`` (its counters
     settle at once, so the monitor's intervals are short); ``extra_metrics``: the endpoint listed that many more
     times (a replica reported twice)."""
     url = f"http://127.0.0.1:{port}"
-    return ["--scenario", "smoke", "--url", url, *["--metrics-url", f"{url}/metrics"] * (1 + extra_metrics),
-            "--duration", "2", "--concurrency", "8", "--mix", '{"bad": 0}', "--no-sweep", "--no-progress",
-            "--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3", "--out", str(out)]
+    return [
+        "--scenario",
+        "smoke",
+        "--url",
+        url,
+        *["--metrics-url", f"{url}/metrics"] * (1 + extra_metrics),
+        "--duration",
+        "2",
+        "--concurrency",
+        "8",
+        "--mix",
+        '{"bad": 0}',
+        "--no-sweep",
+        "--no-progress",
+        "--scrape-interval",
+        "0.3",
+        "--settle-interval",
+        "0.3",
+        "--settle-timeout",
+        "3",
+        "--out",
+        str(out),
+    ]
 
 
 def run_cli(out, extra: list[str] = (), extra_metrics: int = 0, **echo) -> tuple[int, dict]:
@@ -357,27 +431,40 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first token")
     ap.add_argument("--empty-text", action="store_true", help="every token's text is empty (as !empty-text)")
     ap.add_argument("--replicas", type=int, default=2, help="pretend engine replicas in /metrics")
-    ap.add_argument("--fault", choices=sorted(FAULTS), default=None,
-                    help="break it on purpose: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()))
+    ap.add_argument(
+        "--fault",
+        choices=sorted(FAULTS),
+        default=None,
+        help="break it on purpose: " + "; ".join(f"{k}: {v}" for k, v in FAULTS.items()),
+    )
     ap.add_argument("--fault-after", type=int, default=20, help="requests received before the fault starts")
-    ap.add_argument("--record-bodies", default=None, help="append every request body received to this file "
-                                                          "(JSON lines: route, body)")
+    ap.add_argument(
+        "--record-bodies",
+        default=None,
+        help="append every request body received to this file (JSON lines: route, body)",
+    )
     args = ap.parse_args(argv)
 
     async def serve() -> None:
-        runner, _server, port = await start(args.port, args.itl_ms, args.host, replicas=args.replicas,
-                                            fault=args.fault, fault_after=args.fault_after, ttft_ms=args.ttft_ms,
-                                            empty_text=args.empty_text, record_bodies=args.record_bodies)
+        runner, _server, port = await start(
+            args.port,
+            args.itl_ms,
+            args.host,
+            replicas=args.replicas,
+            fault=args.fault,
+            fault_after=args.fault_after,
+            ttft_ms=args.ttft_ms,
+            empty_text=args.empty_text,
+            record_bodies=args.record_bodies,
+        )
         print(f"echo server listening on {args.host}:{port}", flush=True)  # --port 0: the port it got
         try:
             await asyncio.Event().wait()
         finally:
             await runner.cleanup()
 
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve())
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

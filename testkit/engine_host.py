@@ -9,6 +9,7 @@ an engine hangs.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -54,8 +55,11 @@ def _serve(conn, env: dict[str, str], llm_kwargs: dict[str, Any], cpus: list[int
                 sp = [SamplingParams(**p) for p in params] if isinstance(params, list) else SamplingParams(**params)
                 outs = llm.generate(prompts, sp, use_tqdm=False)
                 result = [
-                    {"text": o.outputs[0].text, "token_ids": list(o.outputs[0].token_ids),
-                     "finish_reason": o.outputs[0].finish_reason}
+                    {
+                        "text": o.outputs[0].text,
+                        "token_ids": list(o.outputs[0].token_ids),
+                        "finish_reason": o.outputs[0].finish_reason,
+                    }
                     for o in outs
                 ]
             elif cmd == "rpc":
@@ -74,8 +78,13 @@ def _serve(conn, env: dict[str, str], llm_kwargs: dict[str, Any], cpus: list[int
 class EngineHost:
     """Start with ``EngineHost(env, **llm_kwargs)``; call :meth:`close` when done."""
 
-    def __init__(self, env: dict[str, str] | None = None, start_timeout: float = 600,
-                 cpus: list[int] | None = None, **llm_kwargs: Any):
+    def __init__(
+        self,
+        env: dict[str, str] | None = None,
+        start_timeout: float = 600,
+        cpus: list[int] | None = None,
+        **llm_kwargs: Any,
+    ):
         """``cpus``: the cores the host (``LLM``'s frontend) and, by inheritance, its engine processes may use
         (vLLM's ``VLLM_CPU_OMP_THREADS_BIND`` in ``env`` still moves the worker's compute threads)."""
         ctx = mp.get_context("spawn")
@@ -118,17 +127,13 @@ class EngineHost:
 
     def close(self, timeout: float = 60) -> None:
         if self.proc.is_alive():
-            try:
+            with contextlib.suppress(BrokenPipeError, OSError):
                 self._conn.send(("stop", None))
-            except (BrokenPipeError, OSError):
-                pass
             self.proc.join(timeout)
         if self.proc.is_alive() or self.proc.exitcode is not None:
             # Kill what is left of the engine's process group (EngineCore, workers).
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
         self.proc.join(5)
         self._conn.close()
 

@@ -18,17 +18,37 @@ from starlette.testclient import TestClient
 
 from serve_app.guard import GuardConfig, RequestGuard
 
-APP_PATHS = ("/v1/completions", "/v1/chat/completions", "/v1/chat/completions/batch", "/v1/responses",
-             "/v1/messages", "/invocations", "/tokenize", "/v1/models", "/v1/models/{model:path}", "/metrics",
-             "/health", "/ping", "/docs", "/openapi.json", "/inference/v1/generate", "/v1/responses/{rid}",
-             "/other")
+APP_PATHS = (
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/v1/chat/completions/batch",
+    "/v1/responses",
+    "/v1/messages",
+    "/invocations",
+    "/tokenize",
+    "/v1/models",
+    "/v1/models/{model:path}",
+    "/metrics",
+    "/health",
+    "/ping",
+    "/docs",
+    "/openapi.json",
+    "/inference/v1/generate",
+    "/v1/responses/{rid}",
+    "/other",
+)
 KEYS_ENV = "TEST_GUARD_KEYS"
 
 
 async def echo(request: Request) -> JSONResponse:
     raw = await request.body()
-    return JSONResponse({"path": request.url.path, "body": json.loads(raw) if raw else None,
-                         "content_length": request.headers.get("content-length")})
+    return JSONResponse(
+        {
+            "path": request.url.path,
+            "body": json.loads(raw) if raw else None,
+            "content_length": request.headers.get("content-length"),
+        }
+    )
 
 
 def guarded_client(environ_keys: str = "", on_admitted=None, **config) -> TestClient:

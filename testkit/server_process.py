@@ -12,12 +12,19 @@ import httpx
 
 
 class ServerProcess:
-    def __init__(self, argv: list[str], health_url: str, env: dict[str, str] | None = None,
-                 log_path: Path | None = None, start_timeout: float = 600):
+    def __init__(
+        self,
+        argv: list[str],
+        health_url: str,
+        env: dict[str, str] | None = None,
+        log_path: Path | None = None,
+        start_timeout: float = 600,
+    ):
         self.log_path = log_path
-        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL
-        self.proc = subprocess.Popen(argv, env={**os.environ, **(env or {})}, stdout=self._log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 -- held for the object's life, closed when it stops
+        self.proc = subprocess.Popen(
+            argv, env={**os.environ, **(env or {})}, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             self._wait_healthy(health_url, start_timeout)
         except BaseException:  # a timeout, or Ctrl-C while waiting: never leave the server behind

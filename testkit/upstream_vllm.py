@@ -1,7 +1,7 @@
 """Upstream vLLM 0.32.0's own unit tests for the areas the patches touch, run against the patched install,
 once with the patches on and once with ``FUZZSERVE_PATCHES_OFF=all``, outcome by outcome.
 
-    python -m testkit.upstream_vllm            # fetch (first run), run both ways, compare; exit 1 on an unlisted difference
+    python -m testkit.upstream_vllm            # fetch (first run), run both ways, compare; exit 1 on a new difference
     python -m testkit.upstream_vllm --list     # only the tests it would run
 
 Optional (not part of CI): it fetches the ``vllm==0.32.0`` sdist with pip
@@ -41,6 +41,7 @@ Verdict, per test (``docs/upstream_tests.md`` lists every difference):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import os
 import re
@@ -67,6 +68,7 @@ HF_HOME = CACHE / "hf_home"
 # (768 hidden, 12 layers, 12 heads, vocab 50272, 2048 positions).
 STAND_IN_CONFIGS = {"facebook/opt-125m": ("OPTConfig", "OPTForCausalLM")}
 
+
 class Area(NamedTuple):
     """Upstream test files (or folders) and the patches whose wrapped code they exercise."""
 
@@ -77,22 +79,32 @@ class Area(NamedTuple):
 # The patched areas. Every patch in patches.PATCH_MODULES is exercised by at least one: a test checks.
 AREAS = {
     "metrics stats": Area(["tests/v1/metrics/test_stats.py"], ("accounting",)),
-    "invalid blocks": Area(["tests/v1/kv_connector/unit/test_invalid_blocks_correctness.py"],
-                           ("accounting", "kv_faults")),
-    "KV load failure recovery": Area(["tests/v1/kv_connector/unit/test_kv_load_failure_recovery.py"],
-                                     ("accounting", "kv_faults")),
-    "offloading connector": Area(["tests/v1/kv_connector/unit/offloading_connector",
-                                  "tests/v1/kv_connector/unit/test_offloading_connector.py"],
-                                 ("kv_faults", "cpu_offload")),
+    "invalid blocks": Area(
+        ["tests/v1/kv_connector/unit/test_invalid_blocks_correctness.py"], ("accounting", "kv_faults")
+    ),
+    "KV load failure recovery": Area(
+        ["tests/v1/kv_connector/unit/test_kv_load_failure_recovery.py"], ("accounting", "kv_faults")
+    ),
+    "offloading connector": Area(
+        ["tests/v1/kv_connector/unit/offloading_connector", "tests/v1/kv_connector/unit/test_offloading_connector.py"],
+        ("kv_faults", "cpu_offload"),
+    ),
     "CPU offload spec": Area(["tests/v1/kv_offload/cpu", "tests/v1/kv_offload/test_factory.py"], ("cpu_offload",)),
     # fuzz: Request.__init__ (the cache salt)
     "scheduler": Area(["tests/v1/core/test_scheduler.py"], ("accounting", "fuzz")),
     # fuzz: InputProcessor._validate_params
-    "input processor": Area(["tests/v1/engine/test_input_processor_trace_replay.py",
-                             "tests/test_request_input_bounds.py"], ("fuzz",)),
+    "input processor": Area(
+        ["tests/v1/engine/test_input_processor_trace_replay.py", "tests/test_request_input_bounds.py"], ("fuzz",)
+    ),
     # cpu_inproc: CoreEngineProcManager.__init__, CpuPlatform.check_and_update_config
-    "engine launch": Area(["tests/v1/engine/test_startup_watch_processes.py", "tests/v1/executor/test_executor.py",
-                           "tests/platforms/test_cpu.py"], ("cpu_inproc",)),
+    "engine launch": Area(
+        [
+            "tests/v1/engine/test_startup_watch_processes.py",
+            "tests/v1/executor/test_executor.py",
+            "tests/platforms/test_cpu.py",
+        ],
+        ("cpu_inproc",),
+    ),
     # shm_wait: SpinCondition.wait
     "shared-memory broadcast": Area(["tests/distributed/test_shm_broadcast.py"], ("shm_wait",)),
 }
@@ -104,12 +116,19 @@ DELIBERATE: dict[str, str] = {}
 HOST_REASONS = [
     (re.compile(r"CUDA|is_cuda|torch\.cuda|cuda:\d|NVIDIA|nvml|GPU", re.S), "needs a GPU"),
     (re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'"), "needs the package {0}"),
-    (re.compile(r"(LocalEntryNotFoundError|OfflineModeIsEnabled|HF_HUB_OFFLINE|huggingface\.co|"
-                r"Repo id must|does not appear to have a file|is not a local folder|"
-                r"Invalid repository ID or local directory)", re.S),
-     "needs a model from the Hugging Face hub (offline here)"),
-    (re.compile(r"Unsupported CPU attention|not supported on CPU|CPU platform|current_platform", re.S),
-     "not supported on the CPU platform"),
+    (
+        re.compile(
+            r"(LocalEntryNotFoundError|OfflineModeIsEnabled|HF_HUB_OFFLINE|huggingface\.co|"
+            r"Repo id must|does not appear to have a file|is not a local folder|"
+            r"Invalid repository ID or local directory)",
+            re.S,
+        ),
+        "needs a model from the Hugging Face hub (offline here)",
+    ),
+    (
+        re.compile(r"Unsupported CPU attention|not supported on CPU|CPU platform|current_platform", re.S),
+        "not supported on the CPU platform",
+    ),
 ]
 
 
@@ -122,11 +141,28 @@ def ensure_tree() -> Path:
             # The metadata step builds nothing with these two (the sdist's setup.py would otherwise
             # want a CUDA toolchain and call the version 0.32.0+empty).
             env = {**os.environ, "VLLM_TARGET_DEVICE": "empty", "VLLM_VERSION_OVERRIDE": VERSION}
-            subprocess.run([sys.executable, "-m", "pip", "download", f"vllm=={VERSION}", "--no-deps",
-                            "--no-binary", "vllm", "-d", str(CACHE)], check=True, env=env)
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    f"vllm=={VERSION}",
+                    "--no-deps",
+                    "--no-binary",
+                    "vllm",
+                    "-d",
+                    str(CACHE),
+                ],
+                check=True,
+                env=env,
+            )
         with tarfile.open(SDIST) as tar:
-            members = [m for m in tar.getmembers()
-                       if m.name.startswith(f"vllm-{VERSION}/tests/") or m.name == f"vllm-{VERSION}/pyproject.toml"]
+            members = [
+                m
+                for m in tar.getmembers()
+                if m.name.startswith(f"vllm-{VERSION}/tests/") or m.name == f"vllm-{VERSION}/pyproject.toml"
+            ]
             tar.extractall(CACHE, members=members, filter="data")
     return TREE
 
@@ -152,15 +188,36 @@ def ensure_stand_in_configs() -> Path:
 
 def run_once(tree: Path, paths: list[str], off: str, junit: Path, timeout: float) -> dict[str, tuple[str, str]]:
     """Run ``paths`` in a pytest subprocess with FUZZSERVE_PATCHES_OFF=``off``; test id -> (outcome, message)."""
-    env = {**os.environ, OFF_ENV: off, HF_HUB_OFFLINE: "1", "HF_HOME": str(HF_HOME),
-           "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)])}
-    cmd = [sys.executable, "-m", "pytest", *paths, "--rootdir", str(tree), "-c", str(tree / "pyproject.toml"),
-           "-p", "fuzzserve_upstream", "-p", "no:cacheprovider", "-q", "--timeout", "300",
-           f"--junitxml={junit}", "-o", "junit_family=xunit1"]
-    try:
+    env = {
+        **os.environ,
+        OFF_ENV: off,
+        HF_HUB_OFFLINE: "1",
+        "HF_HOME": str(HF_HOME),
+        "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)]),
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *paths,
+        "--rootdir",
+        str(tree),
+        "-c",
+        str(tree / "pyproject.toml"),
+        "-p",
+        "fuzzserve_upstream",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--timeout",
+        "300",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit1",
+    ]
+    # on a timeout, whatever the XML holds (nothing: every test of the area reads "missing")
+    with contextlib.suppress(subprocess.TimeoutExpired):
         subprocess.run(cmd, cwd=tree, env=env, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        pass  # whatever the XML holds (nothing: every test of the area reads "missing")
     return read_junit(junit) if junit.exists() else {}
 
 
@@ -197,14 +254,17 @@ def rerun_differences(tree: Path, rows: list[dict[str, str]], area: str, timeout
     if not differing:
         return
     ids = [node_id(tree, r["test"]) for r in differing]
-    again = {way: run_once(tree, ids, off, CACHE / f"junit-{area.replace(' ', '_')}-{way}-rerun.xml", timeout)
-             for way, off in (("on", ""), ("off", "all"))}
+    again = {
+        way: run_once(tree, ids, off, CACHE / f"junit-{area.replace(' ', '_')}-{way}-rerun.xml", timeout)
+        for way, off in (("on", ""), ("off", "all"))
+    }
     for r in differing:
         on, off = again["on"].get(r["test"], ("missing", ""))[0], again["off"].get(r["test"], ("missing", ""))[0]
         if on == off:
             r["verdict"] = "flaky"
-            r["note"] = (f"differed once (on: {r['on']}, off: {r['off']}), the same on a rerun (both {on}): "
-                         f"{r['note'][:200]}")
+            r["note"] = (
+                f"differed once (on: {r['on']}, off: {r['off']}), the same on a rerun (both {on}): {r['note'][:200]}"
+            )
 
 
 def host_reason(message: str) -> str | None:
@@ -258,8 +318,10 @@ def main(argv: list[str] | None = None) -> int:
     # Both are in the `test` extra: missing, an area would only look "not applicable".
     missing = [m for m in ("tblib", "multiprocess") if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"upstream's tests need {', '.join(missing)} (the `test` extra: scripts/bootstrap.sh installs it)",
-              file=sys.stderr)
+        print(
+            f"upstream's tests need {', '.join(missing)} (the `test` extra: scripts/bootstrap.sh installs it)",
+            file=sys.stderr,
+        )
         return 2
     tree = ensure_tree()
     ensure_stand_in_configs()
@@ -268,8 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for way, off in (("on", ""), ("off", "all")):
             print(f"{area}: patches {way} ...", flush=True)
-            results[way] = run_once(tree, AREAS[area].paths, off, CACHE / f"junit-{area.replace(' ', '_')}-{way}.xml",
-                                    args.timeout)
+            results[way] = run_once(
+                tree, AREAS[area].paths, off, CACHE / f"junit-{area.replace(' ', '_')}-{way}.xml", args.timeout
+            )
         area_rows = [r | {"area": area} for r in compare(results["on"], results["off"])]
         rerun_differences(tree, area_rows, area, args.timeout)
         rows += area_rows
@@ -288,8 +351,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_report(path: Path, rows: list[dict[str, str]], stale: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    lines = ["# Upstream vLLM 0.32.0 unit tests, patches on vs off", "",
-             "| area | test | patches on | patches off | verdict | note |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# Upstream vLLM 0.32.0 unit tests, patches on vs off",
+        "",
+        "| area | test | patches on | patches off | verdict | note |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         note = r["note"].replace("|", "/").replace("\n", " ")[:200]
         lines.append(f"| {r['area']} | `{r['test']}` | {r['on']} | {r['off']} | {r['verdict']} | {note} |")

@@ -21,16 +21,18 @@ from testkit.engine_host import EngineHost  # noqa: E402
 from testkit.serve import SERVE_API_KEY  # noqa: E402
 
 # The marker check (tests/markers.py): its hooks, registered by being names of this conftest.
-from tests.markers import (pytest_collection_modifyitems, pytest_configure,  # noqa: E402,F401
-                           pytest_runtest_makereport, pytest_runtest_setup, pytest_runtest_teardown)
+from tests.markers import (  # noqa: E402
+    pytest_configure,  # noqa: F401
+)
 
 # Every engine in the tests: small KV space, deterministic, enough context for
 # multi-block (128-token blocks on CPU) shared prefixes.
 # VLLM_ALLOW_INSECURE_SERIALIZATION lets collective_rpc ship a function
 # (patches.fuzz.worker_stats) to the workers: tests only, never in serving.
 TEST_ENGINE_ENV = {**ENGINE_ENV, "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
-ENGINE_KWARGS = dict(dtype="float32", seed=0, max_model_len=1024, max_num_seqs=32, enable_prefix_caching=True,
-                     disable_log_stats=False)
+ENGINE_KWARGS = dict(
+    dtype="float32", seed=0, max_model_len=1024, max_num_seqs=32, enable_prefix_caching=True, disable_log_stats=False
+)
 
 
 @pytest.fixture(scope="session")
@@ -87,9 +89,13 @@ def serve_cluster(fixture_model, tmp_path_factory):
     # worker: the other replica. An engine replica reserves 2 CPUs (its engine
     # bundle and its frontend; serve_config.yaml), so two CPUs per node place
     # one per node, and the shipped `engine_replicas: fit` counts 2.
-    cluster = LocalCluster(workers=1, num_cpus=2, worker_num_cpus=2,
-                           env={"FUZZSERVE_API_KEYS": SERVE_API_KEY},
-                           log_dir=tmp_path_factory.mktemp("ray-cluster"))
+    cluster = LocalCluster(
+        workers=1,
+        num_cpus=2,
+        worker_num_cpus=2,
+        env={"FUZZSERVE_API_KEYS": SERVE_API_KEY},
+        log_dir=tmp_path_factory.mktemp("ray-cluster"),
+    )
     try:
         cluster.start()
         cluster.deploy(http_port=free_port())

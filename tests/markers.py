@@ -63,12 +63,18 @@ def classify(cmdline: list[str], name: str, pid: int | None = None) -> str | Non
     """What a process is, for the markers: ``engine``, ``serve`` (a Ray cluster process) or None."""
     text = " ".join(cmdline)
     # patches.matrix.engine_run: the fuzz matrix's engine process (its EngineCore may run inside it)
-    if "vllm.entrypoints" in text or "patches.matrix.engine_run" in text or (("EngineCore" in name or "EngineCore" in text)
-                                      and (pid is None or _loaded_torch(pid))):
+    if (
+        "vllm.entrypoints" in text
+        or "patches.matrix.engine_run" in text
+        or (("EngineCore" in name or "EngineCore" in text) and (pid is None or _loaded_torch(pid)))
+    ):
         return "engine"
     exe = os.path.basename(cmdline[0]) if cmdline else name
-    if exe in ("raylet", "gcs_server") or name in ("raylet", "gcs_server") or (
-            len(cmdline) > 2 and os.path.basename(cmdline[1]) == "ray" and cmdline[2] == "start"):
+    if (
+        exe in ("raylet", "gcs_server")
+        or name in ("raylet", "gcs_server")
+        or (len(cmdline) > 2 and os.path.basename(cmdline[1]) == "ray" and cmdline[2] == "start")
+    ):
         return "serve"
     return None
 
@@ -170,7 +176,6 @@ def pytest_collection_modifyitems(config, items):
             setattr(item, _PROBLEM, f"uses {', '.join(uses)} but is not marked {', '.join(sorted(missing))}")
 
 
-
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_setup(item):
     problem = getattr(item, _PROBLEM, None)
@@ -202,11 +207,15 @@ def pytest_runtest_teardown(item, nextitem):
     found = watcher.stop()
     if "engine" in watcher.wanted and len(_trained) > trained_before:
         found.setdefault("engine", "trained the fixture model (fixture_model.build.train)")
-    problems = [f"started {what} without the {marker!r} marker" for marker, what in sorted(found.items())
-                if marker not in _markers(item)]
+    problems = [
+        f"started {what} without the {marker!r} marker"
+        for marker, what in sorted(found.items())
+        if marker not in _markers(item)
+    ]
     if _must_start_an_engine(item) and "engine" not in found:
-        problems.append("is marked engine but started no engine and trained nothing: a pure test belongs in the "
-                        "fast suite")
+        problems.append(
+            "is marked engine but started no engine and trained nothing: a pure test belongs in the fast suite"
+        )
     if problems:
         item._fuzzserve_marker_violation = "; ".join(problems)
 

@@ -15,8 +15,14 @@ import pytest
 
 from patches.kv_faults import worker_stats
 from patches.switches import OFF_ENV
-from testkit.accounting_workload import (MAX_TOKENS, check_invariants, metrics, offload_engine_kwargs, prompts,
-                                       run_with_aborts)
+from testkit.accounting_workload import (
+    MAX_TOKENS,
+    check_invariants,
+    metrics,
+    offload_engine_kwargs,
+    prompts,
+    run_with_aborts,
+)
 from testkit.engine_host import EngineError
 
 pytestmark = pytest.mark.engine
@@ -134,8 +140,10 @@ def test_fuzz_settings_never_share_kv_through_the_offload_tier(start_engine, pat
     evictors = [p for p in PROMPTS if not p.startswith(target[:200])][:4]
     neutral = {**GREEDY, "extra_args": None}
     fuzzed = {**GREEDY, "extra_args": {"fuzz_strength": 1.0, "fuzz_mode": "gaussian", "fuzz_seed": 3}}
-    uncached = {name: patched_engine.generate([target], p)[0]["token_ids"]
-                for name, p in (("neutral", neutral), ("fuzzed", fuzzed))}
+    uncached = {
+        name: patched_engine.generate([target], p)[0]["token_ids"]
+        for name, p in (("neutral", neutral), ("fuzzed", fuzzed))
+    }
     assert uncached["neutral"] != uncached["fuzzed"]
     engine = start_engine(**offload_engine_kwargs(blocks=12))
 
@@ -143,8 +151,10 @@ def test_fuzz_settings_never_share_kv_through_the_offload_tier(start_engine, pat
         before = engine.eval(metrics)
         out = engine.generate([target], params)[0]["token_ids"]
         after = engine.eval(metrics)
-        return out, {src: after[f"vllm:prompt_tokens_by_source{{{src}}}"] - before[f"vllm:prompt_tokens_by_source{{{src}}}"]
-                     for src in ("external_kv_transfer", "local_cache_hit")}
+        return out, {
+            src: after[f"vllm:prompt_tokens_by_source{{{src}}}"] - before[f"vllm:prompt_tokens_by_source{{{src}}}"]
+            for src in ("external_kv_transfer", "local_cache_hit")
+        }
 
     out, hits = run(neutral)
     assert out == uncached["neutral"] and hits == {"external_kv_transfer": 0, "local_cache_hit": 0}

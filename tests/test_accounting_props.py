@@ -25,8 +25,9 @@ from patches import accounting  # noqa: E402
 accounting.PATCH.apply()
 PrefillStats, PromptTokenStats = vllm_stats.PrefillStats, vllm_stats.PromptTokenStats
 
-anything = st.one_of(st.integers(-10**12, 10**12), st.floats(allow_nan=True), st.none(), st.text(max_size=3),
-                     st.booleans())
+anything = st.one_of(
+    st.integers(-(10**12), 10**12), st.floats(allow_nan=True), st.none(), st.text(max_size=3), st.booleans()
+)
 
 
 def test_load_tests_sources_are_vllms():
@@ -41,16 +42,20 @@ def assert_consistent(s) -> None:
     assert s.num_cached_tokens == s.num_local_cached_tokens + s.num_external_cached_tokens
 
 
-@given(st.integers(-10**6, 10**6), st.integers(-10**6, 10**6), st.integers(-10**6, 10**6))
+@given(st.integers(-(10**6), 10**6), st.integers(-(10**6), 10**6), st.integers(-(10**6), 10**6))
 def test_set_never_asserts_and_stays_consistent(prompt, local, external):
     s = PrefillStats()
     s.set(prompt, local, external)
     assert_consistent(s)
-    if 0 <= local and 0 <= external and local + external <= prompt:
-        assert (s.num_prompt_tokens, s.num_local_cached_tokens, s.num_external_cached_tokens) == (prompt, local, external)
+    if local >= 0 and external >= 0 and local + external <= prompt:
+        assert (s.num_prompt_tokens, s.num_local_cached_tokens, s.num_external_cached_tokens) == (
+            prompt,
+            local,
+            external,
+        )
 
 
-@given(st.integers(0, 10**5), st.integers(0, 10**5), st.integers(0, 10**5), st.integers(-10**6, 10**6))
+@given(st.integers(0, 10**5), st.integers(0, 10**5), st.integers(0, 10**5), st.integers(-(10**6), 10**6))
 def test_finalize_never_asserts(prompt, local, external, cached):
     s = PrefillStats()
     s.set(prompt, local, external)
@@ -59,8 +64,13 @@ def test_finalize_never_asserts(prompt, local, external, cached):
 
 
 def _request(num_tokens):
-    return SimpleNamespace(request_id="r", num_tokens=num_tokens, num_prompt_tokens=num_tokens,
-                           prefill_stats=PrefillStats(), num_computed_tokens=0)
+    return SimpleNamespace(
+        request_id="r",
+        num_tokens=num_tokens,
+        num_prompt_tokens=num_tokens,
+        prefill_stats=PrefillStats(),
+        num_computed_tokens=0,
+    )
 
 
 @given(st.integers(1, 5000), st.integers(0, 5000), anything, st.booleans())
@@ -91,14 +101,16 @@ class FakeKVCacheManager:
 # A request's life: admitted with a (possibly lying) connector report; maybe
 # preempted and re-admitted with new hits; maybe truncated after a load
 # failure; finalized; then counted by the frontend.
-life = st.fixed_dictionaries({
-    "num_tokens": st.integers(1, 4000),
-    "local": st.integers(0, 4000),
-    "report": anything,
-    "readmissions": st.lists(st.tuples(st.integers(0, 4000), anything), max_size=3),
-    "truncate_to": st.one_of(st.none(), st.integers(0, 4000)),
-    "cached_at_finalize": st.integers(-100, 5000),
-})
+life = st.fixed_dictionaries(
+    {
+        "num_tokens": st.integers(1, 4000),
+        "local": st.integers(0, 4000),
+        "report": anything,
+        "readmissions": st.lists(st.tuples(st.integers(0, 4000), anything), max_size=3),
+        "truncate_to": st.one_of(st.none(), st.integers(0, 4000)),
+        "cached_at_finalize": st.integers(-100, 5000),
+    }
+)
 
 
 @settings(max_examples=300)
@@ -114,18 +126,21 @@ def test_request_lives_keep_every_counter_consistent(lives):
 
     for spec in lives:
         request = _request(spec["num_tokens"])
-        scheduler = SimpleNamespace(connector=FakeConnector([spec["report"]] + [r for _, r in spec["readmissions"]]),
-                                    kv_cache_manager=FakeKVCacheManager())
+        scheduler = SimpleNamespace(
+            connector=FakeConnector([spec["report"]] + [r for _, r in spec["readmissions"]]),
+            kv_cache_manager=FakeKVCacheManager(),
+        )
         accounting._instrument_scheduler(scheduler)
 
-        def admit(local, first):
+        def admit(local, first, request=request, scheduler=scheduler):
             local = min(local, request.num_tokens - 1)
             ext, _ = scheduler.connector.get_num_new_matched_tokens(request, local)
             ext = ext or 0
             if first:
                 request.prefill_stats.set(request.num_prompt_tokens, local, ext)
-            scheduler.kv_cache_manager.allocate_slots(request, 1, num_new_computed_tokens=local,
-                                                      num_external_computed_tokens=ext)
+            scheduler.kv_cache_manager.allocate_slots(
+                request, 1, num_new_computed_tokens=local, num_external_computed_tokens=ext
+            )
             request.num_computed_tokens = local + ext
             assert_consistent(request.prefill_stats)
 
@@ -134,7 +149,8 @@ def test_request_lives_keep_every_counter_consistent(lives):
             request._fuzzserve_restat = True  # what the _preempt_request hook sets
             admit(local, first=False)
         if spec["truncate_to"] is not None:
-            def original(self, requests, invalid, scheduled):
+
+            def original(self, requests, invalid, scheduled, spec=spec):
                 for r in requests:
                     r.num_computed_tokens = min(r.num_computed_tokens, spec["truncate_to"])
                 return {r.request_id for r in requests}, 0, set()
@@ -155,7 +171,7 @@ def test_request_lives_keep_every_counter_consistent(lives):
     assert all(value(c) >= 0 for c in totals.values())
 
 
-@given(st.one_of(st.integers(-10**9, -1), st.floats(allow_nan=True, allow_infinity=True)))
+@given(st.one_of(st.integers(-(10**9), -1), st.floats(allow_nan=True, allow_infinity=True)))
 def test_guarded_counter_drops_bad_increments(amount):
     from prometheus_client import CollectorRegistry, Counter
 

@@ -9,14 +9,14 @@ import types
 
 import pytest
 
-from load_tests.operate.affinity import PREFIX, AffinityCheck, AffinityKey, affinity_keys, home_replica, idle_counts
 from load_tests.cli import parse_args, scenario_from
-from load_tests.observe.counters import ReplicaCounters
 from load_tests.judge.evidence import check_planned_faults
+from load_tests.observe.counters import ReplicaCounters
 from load_tests.observe.monitor import InvariantChecker, Snapshot
+from load_tests.operate.affinity import PREFIX, AffinityCheck, AffinityKey, affinity_keys, home_replica, idle_counts
+from load_tests.plan.scenarios import SCENARIOS
 from load_tests.plan.steps import Scale
 from load_tests.results.events import Scaled
-from load_tests.plan.scenarios import SCENARIOS
 from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id, replica_id
 from serve_app.routing import DEFAULT_PREFIX_CHARS, FuzzAffinityRouter
 
@@ -34,8 +34,14 @@ def test_a_full_replica_id_is_what_serve_gives_a_request_router():
 
 def route(live: list[str], xargs) -> str:
     """What the fuzz-aware router itself picks among idle replicas (no probe: affinity alone)."""
-    replicas = [types.SimpleNamespace(replica_id=types.SimpleNamespace(
-        to_full_id_str=lambda r=r: replica_full_id(r, ENGINE_DEPLOYMENT_PREFIX + MODEL))) for r in live]
+    replicas = [
+        types.SimpleNamespace(
+            replica_id=types.SimpleNamespace(
+                to_full_id_str=lambda r=r: replica_full_id(r, ENGINE_DEPLOYMENT_PREFIX + MODEL)
+            )
+        )
+        for r in live
+    ]
     router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
     router.initialize_state(imbalanced_threshold=None)
     request = types.SimpleNamespace(args=[types.SimpleNamespace(prompt=f"{PREFIX} 7", vllm_xargs=xargs)])
@@ -61,13 +67,17 @@ def test_keys_move_only_off_a_removed_replica():
 
 
 def counters(replica, total, running=0.0, healthy=1.0):
-    return ReplicaCounters(replica=replica, node="n", requests_finished={"length": total}, running=running,
-                           gauges=True, healthy=healthy)
+    return ReplicaCounters(
+        replica=replica, node="n", requests_finished={"length": total}, running=running, gauges=True, healthy=healthy
+    )
 
 
 def snap(t, errors=None, **totals):
-    return Snapshot(float(t), {k: counters(k, v) if not isinstance(v, ReplicaCounters) else v
-                               for k, v in totals.items()}, errors=errors or {})
+    return Snapshot(
+        float(t),
+        {k: counters(k, v) if not isinstance(v, ReplicaCounters) else v for k, v in totals.items()},
+        errors=errors or {},
+    )
 
 
 def seen(*snaps: Snapshot) -> InvariantChecker:
@@ -100,21 +110,33 @@ def test_every_key_on_its_replica_passes():
     assert check({"A": 11.0, "B": 22.0}).problems() == []
 
 
-@pytest.mark.parametrize("c, problem", [
-    (check({"A": 12.0, "B": 21.0}), "requests per replica {'A': 2.0, 'B': 1.0}"),  # homes swapped
-    (check({"A": 13.0, "B": 20.0}), "requests per replica {'A': 3.0}"),  # all on one replica
-    (check({"A": 11.0, "B": 22.0}, statuses=[200, 503, 200]), "1 of 3 affinity request(s) failed"),
-    (check({"A": 11.0, "B": 22.0, "C": 0.0}), "the live replicas changed"),
-    (check(None), "did not go idle"),
-    (AffinityCheck(3.0, [], {}, why="the deployment did not go idle within 180 s"), "did not go idle"),
-])
+@pytest.mark.parametrize(
+    "c, problem",
+    [
+        (check({"A": 12.0, "B": 21.0}), "requests per replica {'A': 2.0, 'B': 1.0}"),  # homes swapped
+        (check({"A": 13.0, "B": 20.0}), "requests per replica {'A': 3.0}"),  # all on one replica
+        (check({"A": 11.0, "B": 22.0}, statuses=[200, 503, 200]), "1 of 3 affinity request(s) failed"),
+        (check({"A": 11.0, "B": 22.0, "C": 0.0}), "the live replicas changed"),
+        (check(None), "did not go idle"),
+        (AffinityCheck(3.0, [], {}, why="the deployment did not go idle within 180 s"), "did not go idle"),
+    ],
+)
 def test_an_affinity_check_fails_naming_what_broke(c, problem):
     assert any(problem in p for p in c.problems()), c.problems()
 
 
 def scale_fault(affinity):
-    return Scaled(t=2.0, step=Scale(after_s=0, replicas=2), replicas_before=["A"], by="serve deploy", converged=True,
-                  replicas_after=["A", "B"], converged_t=4.0, converge_s=2.0, affinity=affinity)
+    return Scaled(
+        t=2.0,
+        step=Scale(after_s=0, replicas=2),
+        replicas_before=["A"],
+        by="serve deploy",
+        converged=True,
+        replicas_after=["A", "B"],
+        converged_t=4.0,
+        converge_s=2.0,
+        affinity=affinity,
+    )
 
 
 def final_counters() -> InvariantChecker:
@@ -125,11 +147,13 @@ def final_counters() -> InvariantChecker:
 
 
 def test_the_verdict_reads_the_affinity_check():
-    good = check_planned_faults(("scale",), final_counters(), [scale_fault(check({"A": 11.0, "B": 22.0}).record())],
-                                True)[0]
+    good = check_planned_faults(
+        ("scale",), final_counters(), [scale_fault(check({"A": 11.0, "B": 22.0}).record())], True
+    )[0]
     assert good.ok and "affinity: 2 fuzz setting(s) + prefix, 3 requests" in good.evidence, good
-    bad = check_planned_faults(("scale",), final_counters(), [scale_fault(check({"A": 12.0, "B": 21.0}).record())],
-                               True)[0]
+    bad = check_planned_faults(
+        ("scale",), final_counters(), [scale_fault(check({"A": 12.0, "B": 21.0}).record())], True
+    )[0]
     assert not bad.ok and any("routing affinity: requests per replica" in p for p in bad.problems), bad.problems
 
 
@@ -154,8 +178,10 @@ def test_predicting_a_home_does_not_import_ray_serve():
     import subprocess
     import sys
 
-    code = ("import sys; from load_tests.operate.affinity import affinity_keys; "
-            "affinity_keys(['a', 'b'], 'fixture', 512); "
-            "assert not [m for m in sys.modules if m.startswith('ray.serve')], 'ray.serve imported'")
+    code = (
+        "import sys; from load_tests.operate.affinity import affinity_keys; "
+        "affinity_keys(['a', 'b'], 'fixture', 512); "
+        "assert not [m for m in sys.modules if m.startswith('ray.serve')], 'ray.serve imported'"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

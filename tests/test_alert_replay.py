@@ -51,8 +51,9 @@ def replay(series: dict[str, str], checks, rules_file: Path = RULES_FILE):
 
 def silent_checks(steps: int, rules_file: Path = RULES_FILE, skip: tuple[str, ...] = ()) -> list:
     end = steps * STEP_S + AFTER_S
-    return [(a, f"{t}s", []) for a in sorted(alerting_rules(rules_file)) if a not in skip
-            for t in range(0, end, EVERY_S)]
+    return [
+        (a, f"{t}s", []) for a in sorted(alerting_rules(rules_file)) if a not in skip for t in range(0, end, EVERY_S)
+    ]
 
 
 @pytest.mark.parametrize("name, replicas", [("redeploy", 4), ("scale", 5), ("autoscale", 2)])
@@ -71,25 +72,39 @@ def test_a_node_loss_raises_replica_died_for_the_lost_replicas_only():
     loss_s = min(r["t"] for r in records if "error" in r) - t_first
     # the replicas that failed health checks: the engine replica on the lost node, and whatever else Serve had
     # placed there (the ingress request router's replica, in the recorded run)
-    died = sorted({(lab["deployment"], lab["replica"]) for lab in
-                   (dict(re.findall(r'(\w+)="([^"]*)"', s)) for s in series if s.startswith(FAILURES))})
+    died = sorted(
+        {
+            (lab["deployment"], lab["replica"])
+            for lab in (dict(re.findall(r'(\w+)="([^"]*)"', s)) for s in series if s.startswith(FAILURES))
+        }
+    )
     assert "LLMServer:fixture" in {d for d, _r in died}, f"the engine replica lost with the node: {died}"
     rule = "FuzzserveReplicaDied"
-    firing = [Firing({"application": "fuzzserve", "deployment": d, "replica": r},
-                     f"replica {r} of fuzzserve/{d} failed Serve's health checks and is not healthy")
-              for d, r in died]
+    firing = [
+        Firing(
+            {"application": "fuzzserve", "deployment": d, "replica": r},
+            f"replica {r} of fuzzserve/{d} failed Serve's health checks and is not healthy",
+        )
+        for d, r in died
+    ]
     checks = silent_checks(steps, skip=(rule,))
     checks += [(rule, f"{t}s", []) for t in range(0, int(loss_s), EVERY_S)]
-    checks += [(rule, f"{int(loss_s) + 5 * 60}s", firing), (rule, f"{int(loss_s) + 20 * 60}s", firing),
-               (rule, f"{int(loss_s) + 33 * 60}s", [])]
+    checks += [
+        (rule, f"{int(loss_s) + 5 * 60}s", firing),
+        (rule, f"{int(loss_s) + 20 * 60}s", firing),
+        (rule, f"{int(loss_s) + 33 * 60}s", []),
+    ]
     r = replay(series, checks)
     assert r.ok, r.output[-6000:]
 
 
 def test_the_stale_rule_without_its_health_check_gate_cries_wolf_on_the_recorded_redeploy(tmp_path):
     text = RULES_FILE.read_text()
-    gate = re.search(r"\n *and on \(ReplicaId\)\n *label_replace\(max by \(replica\) \(ray_serve_health_check_failures_"
-                     r"total\) > 0, \"ReplicaId\", \"\$1\", \"replica\", \"\(\.\+\)\"\)", text)
+    gate = re.search(
+        r"\n *and on \(ReplicaId\)\n *label_replace\(max by \(replica\) \(ray_serve_health_check_failures_"
+        r"total\) > 0, \"ReplicaId\", \"\$1\", \"replica\", \"\(\.\+\)\"\)",
+        text,
+    )
     assert gate, "the gate is in the shipped rule"
     unfixed = tmp_path / "rules.yml"
     unfixed.write_text(text.replace(gate.group(0), ""))

@@ -24,16 +24,36 @@ from benchmarks.bench_agreement import FIGURES, compare_figures, main, on_cpu, o
 def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server_sending_the_same_bodies(tmp_path, capsys):
     # two pairs (a smoke run: the protocol's six would take minutes), compared as the median of each pair's ratio
     bodies = tmp_path / "bodies.jsonl"
-    code = main(["--echo", "--concurrency", "8", "--requests", "192", "--input-len", "32", "--output-len", "32",
-                 "--pairs", "2", "--smoke", "--record-bodies", str(bodies), "--rate-interval", "0.05",
-                 "--out", str(tmp_path)])
+    code = main(
+        [
+            "--echo",
+            "--concurrency",
+            "8",
+            "--requests",
+            "192",
+            "--input-len",
+            "32",
+            "--output-len",
+            "32",
+            "--pairs",
+            "2",
+            "--smoke",
+            "--record-bodies",
+            str(bodies),
+            "--rate-interval",
+            "0.05",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     import json
 
     result = json.loads((tmp_path / "agreement.json").read_text())
     assert result["verdict"] == "agrees" and result["below_protocol"]
-    # issue 47: each client against the server's own rate over its run (the echo server: 8 answers every 0.41 s, 24 waves a run: long enough for the server rate);
+    # issue 47: each client against the server's own rate over its run (the echo server: 8 answers every 0.41 s,
+    # 24 waves a run: long enough for the server rate);
     # ours decides. vLLM's client, on runs of 12 waves, reads up to 7 % over the server here: its window's edges
     against = result["against_server"]
     assert against["ours"]["verdict"] == "agrees" and 0.95 < against["ours"]["median"] < 1.05, against
@@ -59,13 +79,21 @@ def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server_sending_the_sam
     shapes = {json.dumps({**r["body"], "prompt": None}, sort_keys=True) for r in received}
     assert len(shapes) == 1, f"the clients' bodies differ beyond the prompt: {shapes}"
     (shape,) = shapes
-    assert json.loads(shape) == {"model": "fixture", "prompt": None, "max_tokens": 32, "temperature": 0,
-                                 "ignore_eos": True, "repetition_penalty": 1.0, "logprobs": None, "stream": True,
-                                 "stream_options": {"include_usage": True}}
+    assert json.loads(shape) == {
+        "model": "fixture",
+        "prompt": None,
+        "max_tokens": 32,
+        "temperature": 0,
+        "ignore_eos": True,
+        "repetition_penalty": 1.0,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def _runs(values):
-    return [{k: v for k, v in zip(FIGURES, row)} | {"ttft_p99_s": 1.0, "client_cpu_s": 1.0} for row in values]
+    return [dict(zip(FIGURES, row, strict=False)) | {"ttft_p99_s": 1.0, "client_cpu_s": 1.0} for row in values]
 
 
 def test_a_figure_agrees_only_when_its_whole_interval_is_within_the_tolerance():
@@ -167,11 +195,13 @@ def test_a_client_is_judged_against_the_server_over_its_runs():
 def test_the_rate_sampler_reads_only_the_finished_requests_lines_of_every_endpoint():
     from benchmarks.server_rate import finished_requests
 
-    ray = ("# HELP ray_vllm_request_success_total x\n# TYPE ray_vllm_request_success_total counter\n"
-           'ray_vllm_request_success_total{ReplicaId="a",finished_reason="length"} 120.0\n'
-           'ray_vllm_request_success_total{ReplicaId="b",finished_reason="stop"} 3.0\n'
-           'ray_vllm_request_success_total_created{ReplicaId="a"} 1.7e9\n'
-           'ray_vllm_prompt_tokens_total{ReplicaId="a"} 9999.0\n')
+    ray = (
+        "# HELP ray_vllm_request_success_total x\n# TYPE ray_vllm_request_success_total counter\n"
+        'ray_vllm_request_success_total{ReplicaId="a",finished_reason="length"} 120.0\n'
+        'ray_vllm_request_success_total{ReplicaId="b",finished_reason="stop"} 3.0\n'
+        'ray_vllm_request_success_total_created{ReplicaId="a"} 1.7e9\n'
+        'ray_vllm_prompt_tokens_total{ReplicaId="a"} 9999.0\n'
+    )
     plain = 'vllm:request_success_total{finished_reason="length",model_name="fixture"} 7.0 1732780000000\n'
     pages = {"http://ray/metrics": ray, "http://plain/metrics": plain}
     assert finished_requests(list(pages), get=pages.__getitem__) == 130.0
@@ -186,8 +216,13 @@ def test_each_run_carries_the_servers_own_latency_beside_the_clients():
     from load_tests.observe.counters import ReplicaCounters
 
     def rc(ttft, tpot):
-        return ReplicaCounters("r1", histograms={"ttft": {0.01: ttft[0], 0.02: ttft[1], math.inf: ttft[1]},
-                                                 "tpot": {0.005: tpot[0], 0.01: tpot[1], math.inf: tpot[1]}})
+        return ReplicaCounters(
+            "r1",
+            histograms={
+                "ttft": {0.01: ttft[0], 0.02: ttft[1], math.inf: ttft[1]},
+                "tpot": {0.005: tpot[0], 0.01: tpot[1], math.inf: tpot[1]},
+            },
+        )
 
     before, after = {"r1": rc((100, 100), (100, 100))}, {"r1": rc((100, 120), (100, 140))}
     got = server_side(before, after)

@@ -16,8 +16,9 @@ def test_unique_prompts_have_the_asked_length_in_the_servers_tokens():
     prompts = PromptBook(1).unique("run", 50, 128)
     lengths = {len(tok(p).input_ids) for p in prompts.prompts}
     assert lengths == {128} == {prompt_tokens(p) for p in prompts.prompts}
-    assert tok.unk_token_id not in {i for p in prompts.prompts[:5] for i in tok(p).input_ids}, \
+    assert tok.unk_token_id not in {i for p in prompts.prompts[:5] for i in tok(p).input_ids}, (
         "every word is in the vocabulary: no prompt collapses to <unk>"
+    )
 
 
 def test_a_headline_runs_prompt_sets_are_all_disjoint_warmups_included():
@@ -57,7 +58,7 @@ def test_a_reuse_set_repeats_its_prefixes_on_purpose_and_nothing_else():
     assert len(set(heads)) == 4 and all(heads.count(h) == 3 for h in set(heads))
     assert len(set(s.prompts)) == 12, "every request's suffix is its own"
     for r in range(3):  # each round visits every prefix once
-        assert len(set(heads[4 * r:4 * r + 4])) == 4
+        assert len(set(heads[4 * r : 4 * r + 4])) == 4
     assert {prompt_tokens(p) for p in s.prompts} == {256 + 8}
     assert check_disjoint([s, book.unique("cold", 20, 128)]) == []
     assert check_disjoint([s, PromptSet("copy", s.prompts[:1], "reuse")]) == ["copy: shares a prompt with ws"]
@@ -67,7 +68,7 @@ def test_prompts_round_trip_through_vllms_custom_dataset_file(tmp_path):
     s = PromptBook(4).unique("r", 5, 32)
     assert read_jsonl(s.write_jsonl(tmp_path / "r.jsonl")) == s.prompts
     (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1"):
         read_jsonl(tmp_path / "bad.jsonl")
 
 
@@ -116,13 +117,25 @@ def test_a_runs_counters_wait_until_the_server_has_counted_its_requests():
 
     exports = iter([VLLM_EXPORT.replace("10.0", "4.0"), VLLM_EXPORT])  # Ray's agent lags, then catches up
     clock = iter(range(100))
-    got = wait_for_requests(["u"], CacheCounters(requests=2), 8, get=lambda u: next(exports),
-                            clock=lambda: next(clock), sleep=lambda s: None)
+    got = wait_for_requests(
+        ["u"],
+        CacheCounters(requests=2),
+        8,
+        get=lambda u: next(exports),
+        clock=lambda: next(clock),
+        sleep=lambda s: None,
+    )
     assert got.requests == 10
-    with pytest.raises(TimeoutError, match="counted 2 finished requests .* the client completed 8"):
-        wait_for_requests(["u"], CacheCounters(requests=2), 8, timeout_s=5,
-                          get=lambda u: VLLM_EXPORT.replace("10.0", "4.0"), clock=lambda: next(clock),
-                          sleep=lambda s: None)
+    with pytest.raises(TimeoutError, match=r"counted 2 finished requests .* the client completed 8"):
+        wait_for_requests(
+            ["u"],
+            CacheCounters(requests=2),
+            8,
+            timeout_s=5,
+            get=lambda u: VLLM_EXPORT.replace("10.0", "4.0"),
+            clock=lambda: next(clock),
+            sleep=lambda s: None,
+        )
 
 
 HISTOGRAMS = """# TYPE vllm:time_to_first_token_seconds histogram
@@ -143,8 +156,9 @@ def test_the_time_to_first_token_splits_by_the_servers_own_histograms_over_a_run
 
     before = parse_counters([HISTOGRAMS])
     # two more requests, 30 ms to first token each, 5 of it queued and 10 prefilling
-    after = parse_counters([HISTOGRAMS.replace("4.0", "6.0").replace("0.2", "0.26").replace("0.04", "0.05")
-                            .replace("0.08", "0.1")])
+    after = parse_counters(
+        [HISTOGRAMS.replace("4.0", "6.0").replace("0.2", "0.26").replace("0.04", "0.05").replace("0.08", "0.1")]
+    )
     assert before.latency_mean_ms() == pytest.approx({"server_ttft": 50.0, "queue": 10.0, "prefill": 20.0})
     assert (after - before).latency_mean_ms() == pytest.approx({"server_ttft": 30.0, "queue": 5.0, "prefill": 10.0})
     # Ray's agent re-observes buckets at their midpoints: its sums are not read (a Serve replica has no split)

@@ -17,12 +17,17 @@ from patches.shm_wait import NAP_ENV
 from patches.switches import OFF_ENV
 from serve_app.cluster_env import HAPROXY
 
+
 @pytest.mark.engine
 def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     from benchmarks import loadgen_capacity
 
-    assert loadgen_capacity.main(["--requests", "60", "--concurrency", "20", "--output-tokens", "8",
-                                  "--rounds", "1", "--out", str(tmp_path)]) == 0
+    assert (
+        loadgen_capacity.main(
+            ["--requests", "60", "--concurrency", "20", "--output-tokens", "8", "--rounds", "1", "--out", str(tmp_path)]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "loadgen_capacity.json").read_text())
     assert {r["client"] for r in data["runs"]} == {"fuzzserve load_tests", "vllm bench serve"}
     for r in data["runs"]:
@@ -41,15 +46,36 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     # The smallest phase (one application in its cluster: fb1) and the offline ceiling: every code path of the
     # benchmark (the vLLM server a, a Ray phase, the ceiling, the ratios, the table) at a third of the cost of a
     # four-application phase (CI's time budget); the phases with more targets differ only in their table rows.
-    assert serve_stack.main(["--phases", "alone,ceiling", "--rounds", "1", "--requests", "6", "--concurrency", "3",
-                             "--output-tokens", "4", "--variants", "plain,prefix", "--warmup-requests", "3",
-                             "--out", str(tmp_path)]) == 0
+    assert (
+        serve_stack.main(
+            [
+                "--phases",
+                "alone,ceiling",
+                "--rounds",
+                "1",
+                "--requests",
+                "6",
+                "--concurrency",
+                "3",
+                "--output-tokens",
+                "4",
+                "--variants",
+                "plain,prefix",
+                "--warmup-requests",
+                "3",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "serve_stack.json").read_text())
     assert data["meta"]["failed_phases"] == {}
     runs = data["runs"]
     assert all(r["warmup_requests"] == 3 for r in runs if r["phase"] == "alone")
-    assert {(r["target"], r["variant"]) for r in runs} == {(t, v) for t in ("a", "fb1", "ceil")
-                                                          for v in ("plain", "prefix")}
+    assert {(r["target"], r["variant"]) for r in runs} == {
+        (t, v) for t in ("a", "fb1", "ceil") for v in ("plain", "prefix")
+    }
     assert all(r["requests"] == 6 and r["req_per_s"] == pytest.approx(6 / r["wall_s"]) for r in runs)
     rows = {(r["target"], r["variant"]): r for r in data["ratios"]}
     run = {(r["phase"], r["target"], r["variant"]): r for r in runs}  # one round: one run each
@@ -57,11 +83,14 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     # one run of that variant
     for variant in ("plain", "prefix"):
         assert rows[("fb1", variant)]["req_per_s_x_a"] == pytest.approx(
-            run[("alone", "fb1", variant)]["req_per_s"] / run[("alone", "a", variant)]["req_per_s"])
+            run[("alone", "fb1", variant)]["req_per_s"] / run[("alone", "a", variant)]["req_per_s"]
+        )
     assert rows[("ceil", "plain")]["req_per_s_x_a"] == pytest.approx(
-        run[("ceiling", "ceil", "plain")]["req_per_s"] / run[("alone", "a", "plain")]["req_per_s"])
+        run[("ceiling", "ceil", "plain")]["req_per_s"] / run[("alone", "a", "plain")]["req_per_s"]
+    )
     assert rows[("fb1", "prefix")]["ttft_p50_x_a"] == pytest.approx(
-        run[("alone", "fb1", "prefix")]["ttft_p50"] / run[("alone", "a", "prefix")]["ttft_p50"])
+        run[("alone", "fb1", "prefix")]["ttft_p50"] / run[("alone", "a", "prefix")]["ttft_p50"]
+    )
     assert rows[("ceil", "plain")]["ttft_p50_x_a"] is None, "the offline ceiling streams nothing: no TTFT"
     md = (tmp_path / "serve_stack.md").read_text()
     assert "python -m benchmarks.serve_stack --phases alone,ceiling" in md and "| fb1 |" in md
@@ -71,22 +100,28 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
 def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import patch_overhead
 
-    assert patch_overhead.main(["--rounds", "1", "--requests", "4", "--output-tokens", "4", "--out", str(tmp_path)]) == 0
+    assert (
+        patch_overhead.main(["--rounds", "1", "--requests", "4", "--output-tokens", "4", "--out", str(tmp_path)]) == 0
+    )
     data = json.loads((tmp_path / "patch_overhead.json").read_text())
     seen = {(r["workload"], r["engine"]) for r in data["runs"]}
     assert seen == {(w, e) for w in ("decode", "prefill") for e in ("off", "on", "on+offload", "on-worker")} | {
-        (f"{w}+{f}", e) for w in ("decode", "prefill") for f in ("fuzz", "noise") for e in ("on", "on+offload")}
+        (f"{w}+{f}", e) for w in ("decode", "prefill") for f in ("fuzz", "noise") for e in ("on", "on+offload")
+    }
     assert all(r["req_per_s"] == pytest.approx(4 / r["wall_s"]) for r in data["runs"])
     rows = {(r["workload"], r["engine"]): r for r in data["table"]}
     run = {(r["workload"], r["engine"]): r for r in data["runs"]}  # one round: one run each
     # x off: the run over the same round's stock run of its unfuzzed workload; x unfuzzed: over the same
     # engine's unfuzzed run
     assert rows[("decode", "on")]["x_off"] == pytest.approx(
-        run[("decode", "on")]["req_per_s"] / run[("decode", "off")]["req_per_s"])
+        run[("decode", "on")]["req_per_s"] / run[("decode", "off")]["req_per_s"]
+    )
     assert rows[("prefill+fuzz", "on+offload")]["x_off"] == pytest.approx(
-        run[("prefill+fuzz", "on+offload")]["req_per_s"] / run[("prefill", "off")]["req_per_s"])
+        run[("prefill+fuzz", "on+offload")]["req_per_s"] / run[("prefill", "off")]["req_per_s"]
+    )
     assert rows[("decode+fuzz", "on")]["x_unfuzzed"] == pytest.approx(
-        run[("decode+fuzz", "on")]["req_per_s"] / run[("decode", "on")]["req_per_s"])
+        run[("decode+fuzz", "on")]["req_per_s"] / run[("decode", "on")]["req_per_s"]
+    )
     # the noise-only control must keep the unfuzzed text, or it would not isolate the machinery's cost
     assert rows[("decode+noise", "on")]["same_text_as_unfuzzed"] >= 0.75
     # CPU is counted in 10 ms clock ticks, so a run this small may measure 0 ms: no value is known in advance,
@@ -103,15 +138,27 @@ def test_patch_overhead_summary_survives_runs_with_no_measured_cpu():
     from benchmarks import patch_overhead as po
 
     def run(rnd, w, e, req_per_s, cpu, engine_cpu):
-        return {"round": rnd, "workload": w, "engine": e, "req_per_s": req_per_s, "tok_per_s": 4 * req_per_s,
-                "cpu_ms_per_req": cpu, "frontend_cpu_ms_per_req": cpu - engine_cpu,
-                "engine_cpu_ms_per_req": engine_cpu, "distinct_tokens_per_req": 3.0,
-                **({"same_text_as_unfuzzed": 1.0} if "+" in w else {})}
+        return {
+            "round": rnd,
+            "workload": w,
+            "engine": e,
+            "req_per_s": req_per_s,
+            "tok_per_s": 4 * req_per_s,
+            "cpu_ms_per_req": cpu,
+            "frontend_cpu_ms_per_req": cpu - engine_cpu,
+            "engine_cpu_ms_per_req": engine_cpu,
+            "distinct_tokens_per_req": 3.0,
+            **({"same_text_as_unfuzzed": 1.0} if "+" in w else {}),
+        }
 
-    runs = [run(0, "decode", "off", 10.0, 0.0, 0.0), run(0, "decode", "on", 12.0, 5.0, 0.0),
-            run(0, "decode+noise", "on", 6.0, 10.0, 2.5),
-            run(1, "decode", "off", 10.0, 4.0, 2.0), run(1, "decode", "on", 8.0, 2.0, 1.0),
-            run(1, "decode+noise", "on", 4.0, 4.0, 2.0)]
+    runs = [
+        run(0, "decode", "off", 10.0, 0.0, 0.0),
+        run(0, "decode", "on", 12.0, 5.0, 0.0),
+        run(0, "decode+noise", "on", 6.0, 10.0, 2.5),
+        run(1, "decode", "off", 10.0, 4.0, 2.0),
+        run(1, "decode", "on", 8.0, 2.0, 1.0),
+        run(1, "decode+noise", "on", 4.0, 4.0, 2.0),
+    ]
     rows = {(r["workload"], r["engine"]): r for r in po.summarize(runs)}
     on = rows[("decode", "on")]
     assert (on["x_off"], on["x_off_min"], on["x_off_max"]) == (1.0, 0.8, 1.2)
@@ -119,9 +166,15 @@ def test_patch_overhead_summary_survives_runs_with_no_measured_cpu():
     noise = rows[("decode+noise", "on")]
     assert noise["x_unfuzzed"] == pytest.approx(0.5) and noise["engine_cpu_x_unfuzzed"] == 2.0  # round 1 only
     assert po.ratio_stats([(1.0, 0.0)]) == (None, None, None)
-    md = po.markdown({"command": "x", "machine": "m", "date": "d",
-                      "workload": {"requests": 1, "prompt_tokens": 1, "output_tokens": 1, "rounds": 2,
-                                   "omp_bind": "0"}}, po.summarize(runs[:3]))
+    md = po.markdown(
+        {
+            "command": "x",
+            "machine": "m",
+            "date": "d",
+            "workload": {"requests": 1, "prompt_tokens": 1, "output_tokens": 1, "rounds": 2, "omp_bind": "0"},
+        },
+        po.summarize(runs[:3]),
+    )
     assert "| decode | on | 12.0 | 1.200 |" in md and "| - |" in md
 
 
@@ -132,14 +185,27 @@ def test_serve_stack_ratios_divide_by_the_same_rounds_a_and_the_ceiling_by_every
     from benchmarks.serve_stack import ratios
 
     def run(phase, rnd, variant, target, req_per_s, ttft_p50=None):
-        return {"phase": phase, "round": rnd, "variant": variant, "target": target, "req_per_s": req_per_s,
-                "ttft_p50": ttft_p50}
+        return {
+            "phase": phase,
+            "round": rnd,
+            "variant": variant,
+            "target": target,
+            "req_per_s": req_per_s,
+            "ttft_p50": ttft_p50,
+        }
 
-    runs = [run("offstack", 0, "plain", "a", 10.0, 0.10), run("offstack", 0, "plain", "b", 8.0, 0.30),
-            run("offstack", 1, "plain", "a", 20.0, 0.20), run("offstack", 1, "plain", "b", 10.0, 0.10),
-            run("offstack", 2, "plain", "a", 40.0, 0.0), run("offstack", 2, "plain", "b", 36.0, 0.50),
-            run("offstack", 0, "prefix", "a", 4.0), run("offstack", 0, "prefix", "b", 6.0),
-            run("ceiling", 0, "plain", "ceil", 40.0), run("ceiling", 0, "prefix", "ceil", 2.0)]
+    runs = [
+        run("offstack", 0, "plain", "a", 10.0, 0.10),
+        run("offstack", 0, "plain", "b", 8.0, 0.30),
+        run("offstack", 1, "plain", "a", 20.0, 0.20),
+        run("offstack", 1, "plain", "b", 10.0, 0.10),
+        run("offstack", 2, "plain", "a", 40.0, 0.0),
+        run("offstack", 2, "plain", "b", 36.0, 0.50),
+        run("offstack", 0, "prefix", "a", 4.0),
+        run("offstack", 0, "prefix", "b", 6.0),
+        run("ceiling", 0, "plain", "ceil", 40.0),
+        run("ceiling", 0, "prefix", "ceil", 2.0),
+    ]
     rows = {(r["target"], r["variant"]): r for r in ratios(runs)}
     b = rows[("b", "plain")]
     assert b["runs"] == 3 and b["req_per_s"] == 10.0  # median of 8, 10, 36
@@ -155,27 +221,38 @@ def test_profile_stack_folds_stacks_into_categories():
     """Pure parsing of py-spy's collapsed stacks (no profiler run)."""
     from benchmarks import profile_stack as ps
 
-    raw = "\n".join([
-        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);step (/x/site-packages/vllm/v1/core/sched/scheduler.py:5) 7',
-        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);'
-        'execute (/x/site-packages/vllm/v1/worker/cpu_model_runner.py:3);'
-        'forward (/x/site-packages/vllm/model_executor/models/llama.py:9);'
-        'linear (/x/site-packages/torch/nn/modules/linear.py:1) 20',
-        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);'
-        'update (/repo/patches/accounting.py:4) 3',
-        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:11) 2',
-        'thread (0x7f2);mystery (/x/elsewhere.py:1) 1',
-        'thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);'
-        'collective_rpc (/x/site-packages/vllm/v1/executor/multiproc_executor.py:7);'
-        'acquire_read (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:8);'
-        'sched_yield (/x/site-packages/vllm/distributed/utils.py:46) 6',
-        ' 4',
-    ])
+    raw = "\n".join(
+        [
+            "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);step (/x/site-packages/vllm/v1/core/sched/scheduler.py:5) 7",  # noqa: E501
+            (
+                "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);"
+                "execute (/x/site-packages/vllm/v1/worker/cpu_model_runner.py:3);"
+                "forward (/x/site-packages/vllm/model_executor/models/llama.py:9);"
+                "linear (/x/site-packages/torch/nn/modules/linear.py:1) 20"
+            ),
+            "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);update (/repo/patches/accounting.py:4) 3",
+            "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:11) 2",
+            "thread (0x7f2);mystery (/x/elsewhere.py:1) 1",
+            (
+                "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);"
+                "collective_rpc (/x/site-packages/vllm/v1/executor/multiproc_executor.py:7);"
+                "acquire_read (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:8);"
+                "sched_yield (/x/site-packages/vllm/distributed/utils.py:46) 6"
+            ),
+            " 4",
+        ]
+    )
     stacks = ps.read_collapsed(raw)
     assert sum(stacks.values()) == 43
     cats = ps.by_category(stacks)
-    assert cats == {"model forward": 20, "scheduler / KV cache manager": 7, "fuzzserve patches": 3,
-                    "shm ring buffer wait (spin or nap)": 6, "engine core loop": 2, "other": 5}
+    assert cats == {
+        "model forward": 20,
+        "scheduler / KV cache manager": 7,
+        "fuzzserve patches": 3,
+        "shm ring buffer wait (spin or nap)": 6,
+        "engine core loop": 2,
+        "other": 5,
+    }
     top = dict(ps.top_functions(stacks, 10))
     assert top["linear (torch/nn/modules/linear.py)"] == 20 and top["run (vllm/v1/engine/core.py)"] == 2
     inclusive = dict(ps.top_functions(stacks, 10, inclusive=True))
@@ -185,15 +262,19 @@ def test_profile_stack_folds_stacks_into_categories():
 def test_engine_steps_reads_vllm_and_ray_histograms():
     from benchmarks.profile_stack import engine_steps
 
-    plain = ('# TYPE vllm:iteration_tokens_total histogram\n'
-             'vllm:iteration_tokens_total_count{engine="0",model_name="fixture"} 10.0\n'
-             'vllm:iteration_tokens_total_sum{engine="0",model_name="fixture"} 250.0\n')
+    plain = (
+        "# TYPE vllm:iteration_tokens_total histogram\n"
+        'vllm:iteration_tokens_total_count{engine="0",model_name="fixture"} 10.0\n'
+        'vllm:iteration_tokens_total_sum{engine="0",model_name="fixture"} 250.0\n'
+    )
     assert engine_steps(plain, None) == (10.0, 250.0)
-    ray = ('# TYPE ray_vllm_iteration_tokens_total histogram\n'
-           'ray_vllm_iteration_tokens_total_count{ReplicaId="x1",engine="0"} 4.0\n'
-           'ray_vllm_iteration_tokens_total_sum{ReplicaId="x1",engine="0"} 40.0\n'
-           'ray_vllm_iteration_tokens_total_count{ReplicaId="y1",engine="0"} 100.0\n'
-           'ray_vllm_iteration_tokens_total_sum{ReplicaId="y1",engine="0"} 900.0\n')
+    ray = (
+        "# TYPE ray_vllm_iteration_tokens_total histogram\n"
+        'ray_vllm_iteration_tokens_total_count{ReplicaId="x1",engine="0"} 4.0\n'
+        'ray_vllm_iteration_tokens_total_sum{ReplicaId="x1",engine="0"} 40.0\n'
+        'ray_vllm_iteration_tokens_total_count{ReplicaId="y1",engine="0"} 100.0\n'
+        'ray_vllm_iteration_tokens_total_sum{ReplicaId="y1",engine="0"} 900.0\n'
+    )
     assert engine_steps(ray, {"x1"}) == (4.0, 40.0)  # only the profiled target's replica
     assert engine_steps(ray, {"x1", "y1"}) == (104.0, 940.0)
     assert engine_steps(ray, set()) == (0.0, 0.0)
@@ -204,8 +285,27 @@ def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
     """End to end on the cheapest target: py-spy attaches to the vLLM server's two processes and samples them."""
     from benchmarks import profile_stack
 
-    assert profile_stack.main(["--targets", "a", "--requests", "64", "--concurrency", "8", "--output-tokens", "16",
-                               "--rate", "100", "--metrics-settle-s", "0", "--out", str(tmp_path)]) == 0
+    assert (
+        profile_stack.main(
+            [
+                "--targets",
+                "a",
+                "--requests",
+                "64",
+                "--concurrency",
+                "8",
+                "--output-tokens",
+                "16",
+                "--rate",
+                "100",
+                "--metrics-settle-s",
+                "0",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     data = json.loads((tmp_path / "profile_stack.json").read_text())
     [a] = data["results"]
     assert a["requests"] == 64 and set(a["processes"]) == {"frontend", "engine", "worker"}
@@ -224,11 +324,10 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     that leaked into the control, or never reached its target, would make the
     comparison measure nothing. Pure config (no cluster).
     """
+    from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
 
     from benchmarks import targets as ss
-
-    from pydantic import ValidationError
 
     cfg, _, _ = ss.phase_config("levers", tmp_path)  # the schema check below can fail: two targets on one route
     clash = copy.deepcopy(cfg)
@@ -239,17 +338,60 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
         cfg, routes, env = ss.phase_config(phase, tmp_path)
         ServeDeploySchema.model_validate(cfg)
         assert set(targets) <= set(routes) and all(t in ss.LABELS for t in targets)
-        assert (env[HAPROXY] == "1") == (phase in (
-            "direct", "levers", "alone", "alonespin", "alonenap", "shipped", "shippedeager", "shippedspin",
-            "shippedworker", "shippedopt", "shippedbalance", "shippedthread", "shippedquiet", "stockdirect2")), phase
+        assert (env[HAPROXY] == "1") == (
+            phase
+            in (
+                "direct",
+                "levers",
+                "alone",
+                "alonespin",
+                "alonenap",
+                "shipped",
+                "shippedeager",
+                "shippedspin",
+                "shippedworker",
+                "shippedopt",
+                "shippedbalance",
+                "shippedthread",
+                "shippedquiet",
+                "stockdirect2",
+            )
+        ), phase
         for a in cfg["applications"]:  # no router-path target slipped onto the (now default) direct path
-            assert ss.is_direct(a) == (a["name"] in ("bd", "f0", "f", "fb", "fbs", "fbr", "fbt", "fbq", "fbn", "fbc",
-                                                     "fb1", "fb1s", "fb1n", "S", "Se", "Ss", "Sw", "So", "Sb",
-                                                     "St", "Sq", "bd2")), a["name"]
+            assert ss.is_direct(a) == (
+                a["name"]
+                in (
+                    "bd",
+                    "f0",
+                    "f",
+                    "fb",
+                    "fbs",
+                    "fbr",
+                    "fbt",
+                    "fbq",
+                    "fbn",
+                    "fbc",
+                    "fb1",
+                    "fb1s",
+                    "fb1n",
+                    "S",
+                    "Se",
+                    "Ss",
+                    "Sw",
+                    "So",
+                    "Sb",
+                    "St",
+                    "Sq",
+                    "bd2",
+                )
+            ), a["name"]
     cfg, _, _ = ss.phase_config("levers", tmp_path)
     apps = {a["name"]: a for a in cfg["applications"]}
     env_of = {n: a["runtime_env"]["env_vars"] for n, a in apps.items()}
-    assert [n for n, e in env_of.items() if e.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD") == "0"] == ["fbt", "fbq"]
+    assert [n for n, e in env_of.items() if e.get("RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD") == "0"] == [
+        "fbt",
+        "fbq",
+    ]
     assert [n for n, a in apps.items() if a.get("logging_config", {}).get("enable_access_log") is False] == ["fbq"]
     assert [n for n, e in env_of.items() if NAP_ENV in e] == ["fbn"]
     assert env_of["fbn"][NAP_ENV] == "5e-05"
@@ -291,37 +433,56 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
         return a
 
     s = only("shipped")
-    assert {k: v for k, v in s.items() if k not in ("name", "route_prefix")} == \
-        {k: v for k, v in shipped.items() if k not in ("name", "route_prefix")}
+    assert {k: v for k, v in s.items() if k not in ("name", "route_prefix")} == {
+        k: v for k, v in shipped.items() if k not in ("name", "route_prefix")
+    }
     eager = only("shippedeager")
     assert s["args"]["llm_configs"][0]["engine_kwargs"]["enforce_eager"] is False, "compiled ships"
     assert eager["args"]["llm_configs"][0]["engine_kwargs"] == {
-        **s["args"]["llm_configs"][0]["engine_kwargs"], "enforce_eager": True}
+        **s["args"]["llm_configs"][0]["engine_kwargs"],
+        "enforce_eager": True,
+    }
     assert {**eager["args"], "llm_configs": None} == {**s["args"], "llm_configs": None}
     assert only("shippedspin")["args"] == {**s["args"], "shm_wait": False}
     assert only("shippedopt")["runtime_env"]["env_vars"] == {
-        **s["runtime_env"]["env_vars"], "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+        **s["runtime_env"]["env_vars"],
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+    }
     balance = only("shippedbalance")
     assert balance["runtime_env"] == s["runtime_env"] and {**balance["args"], "llm_configs": None} == {
-        **s["args"], "llm_configs": None}
+        **s["args"],
+        "llm_configs": None,
+    }
     assert balance["args"]["llm_configs"][0]["deployment_config"] == {
         **s["args"]["llm_configs"][0]["deployment_config"],
-        "request_router_config": {"request_router_class": "serve_app.routing.FuzzAffinityRouter",
-                                  "request_router_kwargs": {"imbalanced_threshold": 4}}}
+        "request_router_config": {
+            "request_router_class": "serve_app.routing.FuzzAffinityRouter",
+            "request_router_kwargs": {"imbalanced_threshold": 4},
+        },
+    }
     worker = only("shippedworker")
     assert worker["args"] == s["args"] and worker["runtime_env"]["env_vars"] == {
-        **s["runtime_env"]["env_vars"], OFF_ENV: "cpu_inproc"}
+        **s["runtime_env"]["env_vars"],
+        OFF_ENV: "cpu_inproc",
+    }
     assert only("shippedrouter")["args"] == {**s["args"], "ingress": "router"}
     thread, quiet = only("shippedthread"), only("shippedquiet")
     assert thread["args"] == quiet["args"] == s["args"] and "logging_config" not in thread
-    assert thread["runtime_env"]["env_vars"] == quiet["runtime_env"]["env_vars"] == {
-        **s["runtime_env"]["env_vars"], "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+    assert (
+        thread["runtime_env"]["env_vars"]
+        == quiet["runtime_env"]["env_vars"]
+        == {**s["runtime_env"]["env_vars"], "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
+    )
     assert quiet["logging_config"] == {"enable_access_log": False}
     b2, bd2 = only("stock2"), only("stockdirect2")
-    assert b2["args"] == bd2["args"] and b2["args"]["llm_configs"][0]["deployment_config"]["autoscaling_config"] == \
-        {"min_replicas": 2, "max_replicas": 2}
-    assert bd2["runtime_env"]["env_vars"] == {**b2["runtime_env"]["env_vars"],
-                                              "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1"}
+    assert b2["args"] == bd2["args"] and b2["args"]["llm_configs"][0]["deployment_config"]["autoscaling_config"] == {
+        "min_replicas": 2,
+        "max_replicas": 2,
+    }
+    assert bd2["runtime_env"]["env_vars"] == {
+        **b2["runtime_env"]["env_vars"],
+        "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING": "1",
+    }
 
 
 def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_path):
@@ -339,12 +500,19 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
     ServeDeploySchema.model_validate({"applications": list(apps.values())})
     base = shipped_app("x")
     for name, a in apps.items():
-        label, args, replicas = rh.TARGETS[name]
+        _label, args, replicas = rh.TARGETS[name]
         assert a["runtime_env"] == base["runtime_env"]
-        assert {**a["args"], "llm_configs": None} == {**base["args"], **args, "engine_replicas": replicas,
-                                                      "llm_configs": None}, name
+        assert {**a["args"], "llm_configs": None} == {
+            **base["args"],
+            **args,
+            "engine_replicas": replicas,
+            "llm_configs": None,
+        }, name
         [llm] = a["args"]["llm_configs"]
-        assert llm["engine_kwargs"] == {**base["args"]["llm_configs"][0]["engine_kwargs"], "num_gpu_blocks_override": 48}
+        assert llm["engine_kwargs"] == {
+            **base["args"]["llm_configs"][0]["engine_kwargs"],
+            "num_gpu_blocks_override": 48,
+        }
         assert "autoscaling_config" not in llm["deployment_config"], "one place for the count: engine_replicas"
         router = llm["deployment_config"].get("request_router_config")
         if name in rh.ROUTER_KWARGS:

@@ -13,13 +13,26 @@ from testkit.echo_server import run_cli
 
 def step(c: int, goodput: float, meets: bool = True, violations: int = 0, failures: int = 0, started: int = 100):
     none = Percentiles(count=0, requests=0, p50=None, p90=None, p95=None, p99=None, mean=None)
-    return SweepStep(concurrency=c, t_start=0.0, wall_s=1.0, started=started,
-                     throughput=Throughput(completed=started, requests_per_s=goodput, output_tokens_per_s=0.0,
-                                           slo_met=started, goodput_requests_per_s=goodput),
-                     latency_s=Latency(ttft=none, itl=none, tpot=none, e2e=none), slo_attainment=1.0,
-                     unexpected_failures=failures, violations=violations,
-                     violation_kinds=["decrease"] if violations else [], within_error_budget=failures <= 1,
-                     meets_slo=meets)
+    return SweepStep(
+        concurrency=c,
+        t_start=0.0,
+        wall_s=1.0,
+        started=started,
+        throughput=Throughput(
+            completed=started,
+            requests_per_s=goodput,
+            output_tokens_per_s=0.0,
+            slo_met=started,
+            goodput_requests_per_s=goodput,
+        ),
+        latency_s=Latency(ttft=none, itl=none, tpot=none, e2e=none),
+        slo_attainment=1.0,
+        unexpected_failures=failures,
+        violations=violations,
+        violation_kinds=["decrease"] if violations else [],
+        within_error_budget=failures <= 1,
+        meets_slo=meets,
+    )
 
 
 def test_the_steps_double_up_to_the_top():
@@ -34,18 +47,18 @@ def test_the_sweep_stops_once_goodput_stops_rising_or_a_step_breaks():
     plan = SweepPlan(top=256, patience=2, knee_within=0.05)
     rising = [step(1, 1.0), step(2, 2.0), step(4, 3.9)]
     assert stop_reason(rising, plan) is None
-    assert stop_reason(rising + [step(8, 4.0)], plan) is None, "one step without a rise is within patience"
-    assert "stopped rising" in stop_reason(rising + [step(8, 4.0), step(16, 4.05)], plan)
-    assert stop_reason(rising + [step(8, 4.0), step(16, 5.0)], plan) is None, "a new best resets the count"
-    assert "invariant" in stop_reason(rising + [step(8, 4.5, violations=1)], plan)
-    assert "failed" in stop_reason(rising + [step(8, 4.5, failures=2)], plan)
+    assert stop_reason([*rising, step(8, 4.0)], plan) is None, "one step without a rise is within patience"
+    assert "stopped rising" in stop_reason([*rising, step(8, 4.0), step(16, 4.05)], plan)
+    assert stop_reason([*rising, step(8, 4.0), step(16, 5.0)], plan) is None, "a new best resets the count"
+    assert "invariant" in stop_reason([*rising, step(8, 4.5, violations=1)], plan)
+    assert "failed" in stop_reason([*rising, step(8, 4.5, failures=2)], plan)
 
 
 def test_the_knee_is_the_highest_load_near_the_best_goodput_that_meets_the_slo():
     plan = SweepPlan(knee_within=0.05)
     steps = [step(1, 1.0), step(2, 2.0), step(4, 3.9), step(8, 4.0), step(16, 3.85), step(32, 4.0, meets=False)]
     assert knee(steps, plan).concurrency == 16  # 3.85 >= 0.95 x 4.0; 32 misses the SLO
-    assert knee(steps[:4] + [step(16, 3.7)], plan).concurrency == 8  # 3.7 < 0.95 x 4.0
+    assert knee([*steps[:4], step(16, 3.7)], plan).concurrency == 8  # 3.7 < 0.95 x 4.0
     assert knee([step(1, 1.0, meets=False)], plan) is None
 
 

@@ -43,7 +43,7 @@ async def streams(block_ms: float) -> tuple[list[RequestResult], list[float]]:
 
     async def hog() -> None:
         while not stop.is_set():
-            time.sleep(block_ms / 1000)  # the loop does nothing else meanwhile: as a saturated client
+            time.sleep(block_ms / 1000)  # noqa: ASYNC251 -- blocks the loop on purpose: as a saturated client
             await asyncio.sleep(0.02)
 
     try:

@@ -34,15 +34,20 @@ def test_env_sh_evaluates_the_table():
     from serve_app.cluster_env import CLUSTER_ENV
 
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
-    out = subprocess.run(["bash", "-c", f"source {REPO}/scripts/env.sh >/dev/null && env -0"], env=env,
-                         capture_output=True, check=True, cwd=REPO).stdout
+    out = subprocess.run(
+        ["bash", "-c", f"source {REPO}/scripts/env.sh >/dev/null && env -0"],
+        env=env,
+        capture_output=True,
+        check=True,
+        cwd=REPO,
+    ).stdout
     got = dict(kv.split("=", 1) for kv in out.decode().split("\0") if "=" in kv)
     assert {k: got.get(k) for k in CLUSTER_ENV} == CLUSTER_ENV
 
 
 def test_local_cluster_uses_the_table_and_lets_its_env_win():
-    from serve_app.cluster_env import CLUSTER_ENV
     from load_tests.operate.local_cluster import LocalCluster
+    from serve_app.cluster_env import CLUSTER_ENV
 
     env = LocalCluster(env={HAPROXY: "0"})._env()
     assert env[HAPROXY] == "0"
@@ -123,8 +128,10 @@ def test_rays_temp_root_is_under_the_private_directory_and_its_listeners_on_loop
     import subprocess
     import sys
 
-    code = ("from ray._common.utils import get_default_ray_temp_dir as d; import ray._private.ray_constants as c; "
-            "print(d()); print(c.ENABLE_RAY_CLUSTER)")
+    code = (
+        "from ray._common.utils import get_default_ray_temp_dir as d; import ray._private.ray_constants as c; "
+        "print(d()); print(c.ENABLE_RAY_CLUSTER)"
+    )
     for env in ({**os.environ, RAY_TMPDIR: str(tmp_path / "p"), SINGLE_HOST: "1"}, {**os.environ, SINGLE_HOST: "0"}):
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
         temp, cluster = out.stdout.split()
@@ -168,8 +175,13 @@ def test_every_listener_of_a_single_host_cluster_is_on_loopback(tmp_path):
         listening = {}
         for p in [psutil.Process(head.process().pid), *head.descendants()]:
             try:
-                listening.update({(c.laddr.ip, c.laddr.port): p.name() for c in p.net_connections("tcp")
-                                  if c.status == psutil.CONN_LISTEN})
+                listening.update(
+                    {
+                        (c.laddr.ip, c.laddr.port): p.name()
+                        for c in p.net_connections("tcp")
+                        if c.status == psutil.CONN_LISTEN
+                    }
+                )
             except psutil.Error:
                 continue
         names = set(listening.values())

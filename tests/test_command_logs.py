@@ -29,13 +29,19 @@ def test_a_command_prints_its_own_progress_and_the_libraries_warnings_and_errors
 
 def test_set_up_keeps_library_json_lines_below_error_off_the_terminal():
     """The filter scripts/env.sh puts on set-up's stderr, fed what the bootstrap's import check prints."""
-    [line] = [l for l in (REPO / "scripts" / "env.sh").read_text().splitlines() if "bootstrap.sh" in l
-              and not l.lstrip().startswith("#")]
+    [line] = [
+        line
+        for line in (REPO / "scripts" / "env.sh").read_text().splitlines()
+        if "bootstrap.sh" in line and not line.lstrip().startswith("#")
+    ]
     pattern = line.split("grep --line-buffered -v -E ", 1)[1].split(" >&2", 1)[0].strip("'")
-    lines = ['{"asctime": "t", "levelname": "WARNING", "message": "Triton is installed, but ..."}',
-             '{"asctime": "t", "levelname": "INFO", "message": "Triton not installed or not compatible"}',
-             '{"asctime": "t", "levelname": "ERROR", "message": "a real problem"}',
-             "bootstrap: ok (vllm 0.32.0, ray 2.60.0)"]
-    out = subprocess.run(["grep", "-v", "-E", pattern], input="\n".join(lines) + "\n", capture_output=True,
-                         text=True).stdout
+    lines = [
+        '{"asctime": "t", "levelname": "WARNING", "message": "Triton is installed, but ..."}',
+        '{"asctime": "t", "levelname": "INFO", "message": "Triton not installed or not compatible"}',
+        '{"asctime": "t", "levelname": "ERROR", "message": "a real problem"}',
+        "bootstrap: ok (vllm 0.32.0, ray 2.60.0)",
+    ]
+    out = subprocess.run(
+        ["grep", "-v", "-E", pattern], input="\n".join(lines) + "\n", capture_output=True, text=True
+    ).stdout
     assert out.splitlines() == lines[2:]

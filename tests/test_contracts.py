@@ -34,8 +34,14 @@ PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model",
 CONTRACTS: dict[str, tuple[str, ...]] = {
     "patches/switches.py": (switches.OFF_ENV, switches.ALLOW_UNVERIFIED_ENV),
     "patches/shm_wait.py": (shm_wait.NAP_ENV,),
-    "serve_app/cluster_env.py": (cluster_env.HAPROXY, cluster_env.FORWARD_BODY, cluster_env.AUTH_MODE,
-                                 cluster_env.AUTH_TOKEN, cluster_env.AUTH_TOKEN_PATH, "get-auth-token"),
+    "serve_app/cluster_env.py": (
+        cluster_env.HAPROXY,
+        cluster_env.FORWARD_BODY,
+        cluster_env.AUTH_MODE,
+        cluster_env.AUTH_TOKEN,
+        cluster_env.AUTH_TOKEN_PATH,
+        "get-auth-token",
+    ),
     "serve_app/engine_env.py": (engine_env.HF_HUB_OFFLINE, engine_env.KV_CACHE_SPACE),
     "serve_app/names.py": (names.REPLICA_CLASS_PREFIX, names.ENGINE_REPLICA_CLASS, names.PROCESS_TITLE_PREFIX),
     "serve_app/fuzz_traffic.py": (fuzz_traffic.METRIC, fuzz_traffic.EXPORTED),
@@ -70,9 +76,15 @@ def spelled(source: str, path: str) -> list[str]:
             home = HOME.get(node.value)
             if home is not None and home != path:
                 found.append(node.value)
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "rsplit"
-              and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value == "#"
-              and path != REPLICA_ID_HOME):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "rsplit"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and node.args[0].value == "#"
+            and path != REPLICA_ID_HOME
+        ):
             found.append('rsplit("#")')
     return found
 
@@ -107,23 +119,29 @@ def test_every_contract_has_one_home():
         assert all(v in text for v in values if v != names.ENGINE_REPLICA_CLASS), home
 
 
-@pytest.mark.parametrize("source, want", [
-    ('env = {"FUZZSERVE_PATCHES_OFF": "all"}', ["FUZZSERVE_PATCHES_OFF"]),
-    ('os.environ.setdefault("HF_HUB_OFFLINE", "1")', ["HF_HUB_OFFLINE"]),
-    ('def f():\n    return cluster.actors("ServeReplica:")', ["ServeReplica:"]),
-    ('rid = actor["name"].rsplit("#", 1)[-1]', ['rsplit("#")']),
-    ('q = "ray_serve_deployment_replica_healthy"', ["ray_serve_deployment_replica_healthy"]),
-    ('subprocess.run(["ray", "get-auth-token", "--generate"])', ["get-auth-token"]),
-])
+@pytest.mark.parametrize(
+    "source, want",
+    [
+        ('env = {"FUZZSERVE_PATCHES_OFF": "all"}', ["FUZZSERVE_PATCHES_OFF"]),
+        ('os.environ.setdefault("HF_HUB_OFFLINE", "1")', ["HF_HUB_OFFLINE"]),
+        ('def f():\n    return cluster.actors("ServeReplica:")', ["ServeReplica:"]),
+        ('rid = actor["name"].rsplit("#", 1)[-1]', ['rsplit("#")']),
+        ('q = "ray_serve_deployment_replica_healthy"', ["ray_serve_deployment_replica_healthy"]),
+        ('subprocess.run(["ray", "get-auth-token", "--generate"])', ["get-auth-token"]),
+    ],
+)
 def test_a_planted_copy_is_found(source, want):
     assert spelled(source, "load_tests/cli.py") == want
 
 
-@pytest.mark.parametrize("source", [
-    '"""Set FUZZSERVE_PATCHES_OFF before ray start."""\nfrom patches.switches import OFF_ENV\nenv = {OFF_ENV: "all"}',
-    'msg = "switch it off with FUZZSERVE_PATCHES_OFF=fuzz"',  # prose naming it
-    'parts = "a:b".rsplit(":", 1)',
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        '"""Set FUZZSERVE_PATCHES_OFF before ray start."""\nfrom patches.switches import OFF_ENV\nenv = {OFF_ENV: "all"}',  # noqa: E501
+        'msg = "switch it off with FUZZSERVE_PATCHES_OFF=fuzz"',  # prose naming it
+        'parts = "a:b".rsplit(":", 1)',
+    ],
+)
 def test_imports_and_prose_are_not_copies(source):
     assert spelled(source, "load_tests/cli.py") == []
 
@@ -134,8 +152,8 @@ def test_the_home_may_spell_it():
 
 
 def test_scripts_are_read_too():
-    assert spelled_in_script('# HF_HUB_OFFLINE is set below\nexport HF_HUB_OFFLINE=1\n') == ["HF_HUB_OFFLINE"]
-    assert spelled_in_script('# HF_HUB_OFFLINE comes from python -m serve_app.cluster_env\n') == []
+    assert spelled_in_script("# HF_HUB_OFFLINE is set below\nexport HF_HUB_OFFLINE=1\n") == ["HF_HUB_OFFLINE"]
+    assert spelled_in_script("# HF_HUB_OFFLINE comes from python -m serve_app.cluster_env\n") == []
 
 
 def test_a_planted_class_of_the_same_name_is_found(tmp_path):

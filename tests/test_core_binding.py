@@ -92,8 +92,10 @@ def test_engine_core_children_are_pinned_thread_by_thread_and_nothing_else(reque
     from serve_app.core_binding import pin_engine_cores
 
     allowed = sorted(os.sched_getaffinity(0))
-    children = [subprocess.Popen([sys.executable, "-c", _CHILD, title], stdout=subprocess.PIPE, text=True)
-                for title in ("VLLM::EngineCore", "VLLM::Worker")]
+    children = [
+        subprocess.Popen([sys.executable, "-c", _CHILD, title], stdout=subprocess.PIPE, text=True)
+        for title in ("VLLM::EngineCore", "VLLM::Worker")
+    ]
     for c in children:
         request.addfinalizer(c.wait)
         request.addfinalizer(c.kill)
@@ -104,20 +106,24 @@ def test_engine_core_children_are_pinned_thread_by_thread_and_nothing_else(reque
 
     assert pin_engine_cores({allowed[0]}) == [engine.pid]
     assert {t.id: os.sched_getaffinity(t.id) for t in engine.threads()} == {
-        t.id: {allowed[0]} for t in engine.threads()}
+        t.id: {allowed[0]} for t in engine.threads()
+    }
     assert all(os.sched_getaffinity(t.id) == set(allowed) for t in sibling.threads())
     assert os.sched_getaffinity(0) == set(allowed)
     assert pin_engine_cores({allowed[0]}, parent_pid=sibling.pid) == []  # no EngineCore below it
 
 
-@pytest.mark.parametrize("before, after", [
-    (None, "shm_wait"),
-    ("", "shm_wait"),
-    ("accounting", "accounting,shm_wait"),
-    ("accounting, shm_wait", "accounting,shm_wait"),
-    ("all", "all"),
-    ("ALL", "ALL"),
-])
+@pytest.mark.parametrize(
+    "before, after",
+    [
+        (None, "shm_wait"),
+        ("", "shm_wait"),
+        ("accounting", "accounting,shm_wait"),
+        ("accounting, shm_wait", "accounting,shm_wait"),
+        ("all", "all"),
+        ("ALL", "ALL"),
+    ],
+)
 def test_shm_wait_false_switches_only_that_patch_off_in_the_replicas_environment(before, after):
     """``shm_wait: false`` adds the patch to FUZZSERVE_PATCHES_OFF (what the engine's processes inherit),
     keeping what the cluster already switched off; the patches' own parser reads the result."""
@@ -128,8 +134,9 @@ def test_shm_wait_false_switches_only_that_patch_off_in_the_replicas_environment
     env = {} if before is None else {OFF_ENV: before}
     assert switch_patch_off("shm_wait", env) == after == env[OFF_ENV]
     off = disabled_patches(list(PATCH_MODULES), env)
-    assert "shm_wait" in off and off >= disabled_patches(list(PATCH_MODULES), {} if before is None else
-                                                         {OFF_ENV: before})
+    assert "shm_wait" in off and off >= disabled_patches(
+        list(PATCH_MODULES), {} if before is None else {OFF_ENV: before}
+    )
 
 
 _ENGINE_WITH_WORKER = """
@@ -163,7 +170,7 @@ def test_a_replica_that_serve_renumbers_repins_its_running_engine_and_workers(re
     child = subprocess.Popen([sys.executable, "-c", _ENGINE_WITH_WORKER, _CHILD], stdout=subprocess.PIPE, text=True)
     request.addfinalizer(child.wait)
     request.addfinalizer(child.kill)
-    ready, worker_pid = child.stdout.readline().split()
+    _ready, worker_pid = child.stdout.readline().split()
     request.addfinalizer(lambda: psutil.Process(int(worker_pid)).kill() if psutil.pid_exists(int(worker_pid)) else None)
     engine, worker = psutil.Process(child.pid), psutil.Process(int(worker_pid))
 

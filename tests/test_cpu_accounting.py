@@ -24,18 +24,39 @@ def test_delta_counts_new_processes_from_zero_and_drops_the_dead():
 
 
 def test_columns_attribute_roles_to_the_driven_target():
-    cpu = {"load generator": 1.0, "Serve proxy": 2.0, "replica c:FuzzIngress": 3.0, "replica c:LLMServer:fixture": 4.0,
-           "EngineCore of replica c:LLMServer:fixture": 5.0, "replica e:LLMServer:fixture": 0.5,
-           "vLLM API server": 0.25, "Ray system": 0.125}
+    cpu = {
+        "load generator": 1.0,
+        "Serve proxy": 2.0,
+        "replica c:FuzzIngress": 3.0,
+        "replica c:LLMServer:fixture": 4.0,
+        "EngineCore of replica c:LLMServer:fixture": 5.0,
+        "replica e:LLMServer:fixture": 0.5,
+        "vLLM API server": 0.25,
+        "Ray system": 0.125,
+    }
     cols = cpu_columns(cpu, "c")
-    assert cols == {"client": 1.0, "proxy": 2.0, "ingress": 3.0, "frontend": 4.0, "engine": 5.0,
-                    "Ray": 0.125, "idle targets": 0.75}
+    assert cols == {
+        "client": 1.0,
+        "proxy": 2.0,
+        "ingress": 3.0,
+        "frontend": 4.0,
+        "engine": 5.0,
+        "Ray": 0.125,
+        "idle targets": 0.75,
+    }
     assert cpu_columns({"vLLM API server": 1.0, "EngineCore of vLLM API server": 2.0}, "a")["frontend"] == 1.0
 
 
 def test_engine_processes_count_as_their_replicas_engine():
-    own = {10: "replica c:LLMServer:fixture.handle_request", 11: "EngineCore", 12: None, 20: "vLLM API server",
-           21: "EngineCore", 22: None, 30: None}
+    own = {
+        10: "replica c:LLMServer:fixture.handle_request",
+        11: "EngineCore",
+        12: None,
+        20: "vLLM API server",
+        21: "EngineCore",
+        22: None,
+        30: None,
+    }
     parent = {10: 1, 11: 10, 12: 11, 20: 1, 21: 20, 22: 21, 30: 1}
     roles = cpu_accounting.resolve_roles(own, parent)
     assert roles[12] == roles[11] == "EngineCore of replica c:LLMServer:fixture.handle_request"  # the worker

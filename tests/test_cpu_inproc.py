@@ -22,17 +22,21 @@ CPU = SimpleNamespace(is_cpu=lambda: True)
 GPU = SimpleNamespace(is_cpu=lambda: False)
 
 
-@pytest.mark.parametrize(("backend", "tp", "dp", "multiprocessing", "expected"), [
-    ("mp", 1, 1, True, True),  # Ray Serve LLM's choice on CPU replicas
-    ("uni", 1, 1, True, True),  # upstream would turn it into mp
-    ("mp", 1, 1, False, False),  # EngineCore in the caller's process: upstream keeps uni there itself
-    ("mp", 2, 1, True, False),  # several workers need the ring
-    ("mp", 1, 2, True, False),  # data parallel: several EngineCores on one host
-    ("ray", 1, 1, True, False),  # other backends are the user's choice
-    ("external_launcher", 1, 1, True, False),
-])
-def test_only_one_worker_engines_with_their_own_engine_core_run_in_it(monkeypatch, backend, tp, dp, multiprocessing,
-                                                                      expected):
+@pytest.mark.parametrize(
+    ("backend", "tp", "dp", "multiprocessing", "expected"),
+    [
+        ("mp", 1, 1, True, True),  # Ray Serve LLM's choice on CPU replicas
+        ("uni", 1, 1, True, True),  # upstream would turn it into mp
+        ("mp", 1, 1, False, False),  # EngineCore in the caller's process: upstream keeps uni there itself
+        ("mp", 2, 1, True, False),  # several workers need the ring
+        ("mp", 1, 2, True, False),  # data parallel: several EngineCores on one host
+        ("ray", 1, 1, True, False),  # other backends are the user's choice
+        ("external_launcher", 1, 1, True, False),
+    ],
+)
+def test_only_one_worker_engines_with_their_own_engine_core_run_in_it(
+    monkeypatch, backend, tp, dp, multiprocessing, expected
+):
     # ParallelConfig(external_launcher) sets os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" for the whole
     # process; unguarded, every engine and Ray cluster the session starts later inherits it (it did, in CI).
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")

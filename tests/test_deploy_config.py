@@ -32,8 +32,12 @@ def shipped() -> ServeConfig:
 
 
 def stock_app(name: str = "b") -> Application:
-    return Application(name=name, route_prefix=f"/{name}", import_path="ray.serve.llm:build_openai_app",
-                       args={"llm_configs": [{"model_loading_config": {"model_id": "m"}}]})
+    return Application(
+        name=name,
+        route_prefix=f"/{name}",
+        import_path="ray.serve.llm:build_openai_app",
+        args={"llm_configs": [{"model_loading_config": {"model_id": "m"}}]},
+    )
 
 
 def two_apps() -> ServeConfig:
@@ -72,12 +76,15 @@ def test_every_field_of_an_llm_config_is_kept_even_ones_not_modelled():
     assert to_document(dc.parse(doc)) == doc
 
 
-@pytest.mark.parametrize("where, edit", [
-    ("top level", lambda d: d.update(bogus=1)),
-    ("application", lambda d: d["applications"][0].update(bogus=1)),
-    ("http_options", lambda d: d["http_options"].update(bogus=1)),
-    ("deployments entry", lambda d: d["applications"][0].update(deployments=[{"name": "x", "bogus": 1}])),
-])
+@pytest.mark.parametrize(
+    "where, edit",
+    [
+        ("top level", lambda d: d.update(bogus=1)),
+        ("application", lambda d: d["applications"][0].update(bogus=1)),
+        ("http_options", lambda d: d["http_options"].update(bogus=1)),
+        ("deployments entry", lambda d: d["applications"][0].update(deployments=[{"name": "x", "bogus": 1}])),
+    ],
+)
 def test_a_key_serves_schema_would_drop_is_refused_not_lost(where, edit):
     doc = raw()
     edit(doc)
@@ -101,7 +108,7 @@ def test_the_builder_args_are_validated_as_ours():
 def test_args_are_typed_only_for_this_projects_builder():
     app = stock_app()
     assert isinstance(app.args, dict) and app.args == {"llm_configs": [{"model_loading_config": {"model_id": "m"}}]}
-    with pytest.raises(ValueError, match="not serve_app.app:build_app"):
+    with pytest.raises(ValueError, match=r"not serve_app.app:build_app"):
         _ = app.fuzz_args
     with pytest.raises(ValidationError, match="mapping"):
         Application(name="b", route_prefix="/b", import_path="x:y", args=["not", "a", "mapping"])
@@ -165,7 +172,8 @@ def test_allowed_xargs_are_appended_once_in_order():
     # written where there was no guard.xargs before, as the redeploy wrote it
     bare = dc.parse({"applications": [{"name": "f", "import_path": BUILDER, "args": {"llm_configs": [{}]}}]})
     assert to_document(dc.with_allowed_xargs(bare, ["k"]))["applications"][0]["args"]["guard"] == {
-        "xargs": {"allowed_extra_keys": ["k"]}}
+        "xargs": {"allowed_extra_keys": ["k"]}
+    }
 
 
 def test_a_redeploy_merges_engine_settings_and_allows_keys():
@@ -179,11 +187,14 @@ def test_a_redeploy_merges_engine_settings_and_allows_keys():
 def test_routing_and_replicas():
     cfg = shipped()
     assert dc.with_routing(cfg, None) is cfg
-    assert dc.application(unchanged(cfg, lambda c: dc.with_routing(c, "round_robin"))).fuzz_args.routing == "round_robin"
+    assert (
+        dc.application(unchanged(cfg, lambda c: dc.with_routing(c, "round_robin"))).fuzz_args.routing == "round_robin"
+    )
     with pytest.raises(ValidationError, match="routing"):
         dc.with_routing(cfg, "random")  # type: ignore[arg-type]
     for n in (3, "fit", None):
-        assert dc.application(unchanged(cfg, lambda c: dc.with_engine_replicas(c, n))).fuzz_args.engine_replicas == n
+        changed = unchanged(cfg, lambda c, n=n: dc.with_engine_replicas(c, n))
+        assert dc.application(changed).fuzz_args.engine_replicas == n
     with pytest.raises(ValidationError, match="engine_replicas"):
         dc.with_engine_replicas(cfg, "all")  # type: ignore[arg-type]
 
@@ -201,16 +212,31 @@ def test_autoscaling_takes_the_replica_count_out_of_engine_replicas():
 
 
 def test_a_scale_sets_num_replicas_in_the_deployments_section_only():
-    cfg = dc.parse({**raw(), "applications": [{**raw()["applications"][0], "deployments": [
-        {"name": "Other", "num_replicas": 5}, {"name": "LLMServer:fixture", "max_ongoing_requests": 7}]}]})
+    cfg = dc.parse(
+        {
+            **raw(),
+            "applications": [
+                {
+                    **raw()["applications"][0],
+                    "deployments": [
+                        {"name": "Other", "num_replicas": 5},
+                        {"name": "LLMServer:fixture", "max_ongoing_requests": 7},
+                    ],
+                }
+            ],
+        }
+    )
     new = unchanged(cfg, lambda c: dc.scaled(c, 3))
     assert new.applications[0].args == cfg.applications[0].args, "args unchanged: no replica restarts"
     assert to_document(new)["applications"][0]["deployments"] == [
-        {"name": "Other", "num_replicas": 5}, {"name": "LLMServer:fixture", "max_ongoing_requests": 7, "num_replicas": 3}]
+        {"name": "Other", "num_replicas": 5},
+        {"name": "LLMServer:fixture", "max_ongoing_requests": 7, "num_replicas": 3},
+    ]
     fresh = dc.scaled(shipped(), 4)
     assert to_document(fresh)["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 4}]
     assert to_document(dc.scaled(fresh, 1))["applications"][0]["deployments"] == [
-        {"name": "LLMServer:fixture", "num_replicas": 1}]
+        {"name": "LLMServer:fixture", "num_replicas": 1}
+    ]
     with pytest.raises(ValidationError):
         dc.scaled(cfg, 0)
     with pytest.raises(ValidationError):
@@ -262,9 +288,16 @@ def test_a_benchmark_target_is_the_shipped_app_with_only_the_named_changes():
     want = copy.deepcopy({k: v for k, v in raw()["applications"][0].items() if k not in ("name", "route_prefix")})
     want["args"]["engine_replicas"] = 2
     assert doc == want
-    tuned = dc.benchmark_app(cfg, "Sb", 2, args={"routing": "round_robin"}, engine_kwargs={"enforce_eager": True},
-                             env={"X": "1"}, logging_config={"enable_access_log": False},
-                             router_kwargs={"imbalanced_threshold": 4})
+    tuned = dc.benchmark_app(
+        cfg,
+        "Sb",
+        2,
+        args={"routing": "round_robin"},
+        engine_kwargs={"enforce_eager": True},
+        env={"X": "1"},
+        logging_config={"enable_access_log": False},
+        router_kwargs={"imbalanced_threshold": 4},
+    )
     assert tuned.fuzz_args.routing == "round_robin" and tuned.fuzz_args.llm_configs[0].engine_kwargs["enforce_eager"]
     assert tuned.env_vars["X"] == "1" and tuned.logging_config.enable_access_log is False
     router = tuned.fuzz_args.llm_configs[0].deployment_config.request_router_config
@@ -279,9 +312,13 @@ def test_a_benchmark_target_is_the_shipped_app_with_only_the_named_changes():
 def test_the_ingress_options_take_a_replica_count_instead_of_autoscaling():
     defaults = {"autoscaling_config": {"min_replicas": 1}, "ray_actor_options": {"num_cpus": 1}}
     assert dc.ingress_deployment_options(defaults, {"num_replicas": 2}) == {
-        "ray_actor_options": {"num_cpus": 1}, "num_replicas": 2}
+        "ray_actor_options": {"num_cpus": 1},
+        "num_replicas": 2,
+    }
     assert dc.ingress_deployment_options(defaults, {"ray_actor_options": {"memory": 1}}) == {
-        "autoscaling_config": {"min_replicas": 1}, "ray_actor_options": {"num_cpus": 1, "memory": 1}}
+        "autoscaling_config": {"min_replicas": 1},
+        "ray_actor_options": {"num_cpus": 1, "memory": 1},
+    }
     assert defaults == {"autoscaling_config": {"min_replicas": 1}, "ray_actor_options": {"num_cpus": 1}}
 
 
@@ -410,9 +447,11 @@ def _new_files(config_name, sc, settings) -> dict[str, dict]:
 def _settings():
     from load_tests.operate.deploy import DeploySettings
 
-    return {"default": DeploySettings(), "fit, round robin, port": DeploySettings(replicas="fit", routing="round_robin",
-                                                                                 http_port=8123),
-            "three": DeploySettings(replicas=3)}
+    return {
+        "default": DeploySettings(),
+        "fit, round robin, port": DeploySettings(replicas="fit", routing="round_robin", http_port=8123),
+        "three": DeploySettings(replicas=3),
+    }
 
 
 def _scenario_names():
@@ -439,11 +478,26 @@ def test_the_deployed_yaml_is_what_the_hand_edits_wrote(scenario):
 
 # The Serve config file's own keys (and its args'). A subscript, .get, .setdefault or .pop with one of them outside
 # serve_app/deploy_config.py is a hand edit of the file, which the config's functions exist to replace.
-SERVE_KEYS = frozenset({
-    "applications", "deployments", "llm_configs", "engine_kwargs", "num_replicas", "http_options", "runtime_env",
-    "args", "env_vars", "proxy_location", "route_prefix", "import_path", "deployment_config", "model_loading_config",
-    "autoscaling_config", "request_router_config",
-})
+SERVE_KEYS = frozenset(
+    {
+        "applications",
+        "deployments",
+        "llm_configs",
+        "engine_kwargs",
+        "num_replicas",
+        "http_options",
+        "runtime_env",
+        "args",
+        "env_vars",
+        "proxy_location",
+        "route_prefix",
+        "import_path",
+        "deployment_config",
+        "model_loading_config",
+        "autoscaling_config",
+        "request_router_config",
+    }
+)
 SCANNED = ("serve_app", "load_tests", "benchmarks", "testkit")
 HOME = Path("serve_app/deploy_config.py")
 # Documents that are not the config file but share a key name with it: (module, key) -> what it reads.
@@ -462,9 +516,13 @@ def hand_edits(source: str) -> list[tuple[int, str]]:
         key = None
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
             key = node.slice.value
-        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-              and node.func.attr in ("get", "setdefault", "pop") and node.args
-              and isinstance(node.args[0], ast.Constant)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("get", "setdefault", "pop")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+        ):
             key = node.args[0].value
         if isinstance(key, str) and key in SERVE_KEYS:
             found.append((node.lineno, key))
@@ -484,7 +542,7 @@ def scan(root: Path) -> list[str]:
     return problems
 
 
-BAD_MODULE = '''
+BAD_MODULE = """
 import yaml
 def scale(path, n):
     cfg = yaml.safe_load(open(path))
@@ -493,14 +551,14 @@ def scale(path, n):
         for llm in app.get("args", {}).get("llm_configs", []):
             llm["engine_kwargs"].pop("kv_offloading_size", None)
     return cfg
-'''
-GOOD_MODULE = '''
+"""
+GOOD_MODULE = """
 from serve_app import deploy_config
 def scale(path, n):
     cfg = deploy_config.without_engine_kwargs(deploy_config.load(path), ["kv_offloading_size"])
     args = {"applications": 1}  # a dict literal is not an edit of a loaded config
     return deploy_config.scaled(cfg, n), args["num"]
-'''
+"""
 
 
 def test_the_scan_catches_a_planted_hand_edit_and_passes_its_good_twin(tmp_path):
@@ -509,7 +567,12 @@ def test_the_scan_catches_a_planted_hand_edit_and_passes_its_good_twin(tmp_path)
     (tmp_path / "benchmarks" / "bad.py").write_text(BAD_MODULE)
     found = scan(tmp_path)
     assert {p.split(": ", 1)[1].split()[0] for p in found} == {
-        "'applications'", "'deployments'", "'args'", "'llm_configs'", "'engine_kwargs'"}, found
+        "'applications'",
+        "'deployments'",
+        "'args'",
+        "'llm_configs'",
+        "'engine_kwargs'",
+    }, found
     assert all(p.startswith("benchmarks/bad.py:") for p in found)
     (tmp_path / "benchmarks" / "bad.py").write_text(GOOD_MODULE)
     assert scan(tmp_path) == []

@@ -44,7 +44,7 @@ COMMAND = re.compile(r"python\s+-m\s+([A-Za-z_][\w.]*)([^\n`#|)]*)")
 FLAG = re.compile(r"(?<![\w-])(--[a-z][\w-]*)")
 CODE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-DOTTED = re.compile(r"^(?:%s)(?:\.\w+)+$" % "|".join(PACKAGES))
+DOTTED = re.compile(r"^(?:{})(?:\.\w+)+$".format("|".join(PACKAGES)))
 
 
 def module_file(name: str, run: bool = True) -> Path | None:
@@ -65,15 +65,16 @@ def upstream_test_path(path: str) -> bool:
     from testkit.upstream_vllm import AREAS
 
     parts = Path(path).parts
-    return parts[0] == "tests" and (any(path.startswith(p) for area in AREAS.values() for p in area.paths)
-                                    or (len(parts) > 2 and not (REPO / parts[0] / parts[1]).exists()))
+    return parts[0] == "tests" and (
+        any(path.startswith(p) for area in AREAS.values() for p in area.paths)
+        or (len(parts) > 2 and not (REPO / parts[0] / parts[1]).exists())
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def help_flags(module: str) -> frozenset[str]:
     """The flags ``python -m module --help`` prints."""
-    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=300,
-                       cwd=REPO)
+    r = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, timeout=300, cwd=REPO)
     assert r.returncode == 0, f"python -m {module} --help failed: {r.stderr[-1000:]}"
     return frozenset(FLAG.findall(r.stdout))
 
@@ -89,8 +90,9 @@ def command_problems(text: str) -> list[str]:
         if module_file(module) is None:
             problems.append(f"python -m {module}: no such module")
         elif flags and module.split(".")[0] in PACKAGES:
-            problems += [f"python -m {module} {flag}: not in its --help" for flag in flags
-                         if flag not in help_flags(module)]
+            problems += [
+                f"python -m {module} {flag}: not in its --help" for flag in flags if flag not in help_flags(module)
+            ]
     return problems
 
 
@@ -115,8 +117,9 @@ def _defines(source: str, name: str) -> bool:
     for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
             return True
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, ast.AnnAssign) else []
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        )
         if any(isinstance(t, ast.Name) and t.id == name for t in targets):
             return True
     return False
@@ -170,9 +173,11 @@ def test_the_checks_find_a_planted_false_command_flag_path_and_name():
 
 
 def test_true_claims_pass():
-    text = ("`python -m load_tests --scenario smoke --url http://x`, `serve_app/cluster_env.py`, "
-            "[serve](serve.md#request-routing), `patches.metrics.LYING_CONNECTOR_KINDS`, `out/stress/report.md`, "
-            "`python -m pytest tests/test_docs.py`")
+    text = (
+        "`python -m load_tests --scenario smoke --url http://x`, `serve_app/cluster_env.py`, "
+        "[serve](serve.md#request-routing), `patches.metrics.LYING_CONNECTOR_KINDS`, `out/stress/report.md`, "
+        "`python -m pytest tests/test_docs.py`"
+    )
     assert problems_of(REPO / "docs" / "x.md", text) == []
 
 
@@ -183,8 +188,10 @@ def test_every_page_says_what_the_code_does(page):
 
 # A project module named in prose: ``load_tests.observe.scraper`` (a module, or a module and a name it defines) or
 # ``load_tests/observe/scraper.py``. Files named by other suffixes (``docs/patches.md``) are paths, checked above.
-MODULE_NAMED = re.compile(r"(?<![\w./-])((?:%s)(?:\.[A-Za-z_]\w*)+)" % "|".join(p for p in PACKAGES if p != "tests"))
-FILE_NAMED = re.compile(r"(?<![\w./-])((?:%s)/[\w/]+\.py)\b" % "|".join(p for p in PACKAGES if p != "tests"))
+MODULE_NAMED = re.compile(
+    r"(?<![\w./-])((?:{})(?:\.[A-Za-z_]\w*)+)".format("|".join(p for p in PACKAGES if p != "tests"))
+)
+FILE_NAMED = re.compile(r"(?<![\w./-])((?:{})/[\w/]+\.py)\b".format("|".join(p for p in PACKAGES if p != "tests")))
 NOT_MODULES = (".md", ".json", ".yaml", ".yml", ".py", ".sh", ".txt", ".png")
 
 
@@ -223,7 +230,11 @@ def test_every_module_named_in_code_docstrings_and_docs_exists():
 
 
 def test_the_module_check_finds_a_moved_module_in_a_docstring():
-    planted = '"""Counts are read by :mod:`load_tests.scraper` (now load_tests/observe/scraper.py), see load_tests/x.py."""'
-    assert dead_module_paths(planted) == ["load_tests.scraper: load_tests has no module or name scraper",
-                                          "load_tests/x.py: no such file"]
+    planted = (
+        '"""Counts are read by :mod:`load_tests.scraper` (now load_tests/observe/scraper.py), see load_tests/x.py."""'
+    )
+    assert dead_module_paths(planted) == [
+        "load_tests.scraper: load_tests has no module or name scraper",
+        "load_tests/x.py: no such file",
+    ]
     assert dead_module_paths("load_tests.observe.scraper.scrape and `docs/patches.md` and patches.md") == []

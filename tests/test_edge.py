@@ -27,11 +27,17 @@ async def reached(request: Request):
 EDGE = TestClient(RefuseRayControlHeaders(Starlette(routes=[Route("/{p:path}", reached, methods=["GET", "POST"])])))
 
 
-@pytest.mark.parametrize("header, value", [
-    ("x-request-timeout-seconds", "0"), ("X-Request-Timeout-Seconds", "-1"), ("x_request_timeout_seconds", "nan"),
-    ("x-request-timeout-seconds", "1e9"), ("x-request-disconnect-disabled", "?1"),
-    ("X_REQUEST_DISCONNECT_DISABLED", "?1"),
-])
+@pytest.mark.parametrize(
+    "header, value",
+    [
+        ("x-request-timeout-seconds", "0"),
+        ("X-Request-Timeout-Seconds", "-1"),
+        ("x_request_timeout_seconds", "nan"),
+        ("x-request-timeout-seconds", "1e9"),
+        ("x-request-disconnect-disabled", "?1"),
+        ("X_REQUEST_DISCONNECT_DISABLED", "?1"),
+    ],
+)
 def test_a_header_that_would_change_rays_limits_gets_400_naming_it(header, value):
     for method, path in (("POST", "/v1/completions"), ("GET", "/health"), ("POST", "/internal/route")):
         r = EDGE.request(method, path, headers={header: value}, json={"model": "m"})
@@ -52,11 +58,16 @@ def test_the_callback_returns_what_serve_accepts():
     assert validate_http_proxy_callback_return(middlewares())[0].cls is RefuseRayControlHeaders
 
 
-@pytest.mark.parametrize("header, param", [
-    ("X-Session-ID", "x-session-id"), ("x_session_id", "x-session-id"), ("X_Session_Id", "x-session-id"),
-    ("serve_multiplexed_model_id", "serve-multiplexed-model-id"),
-    ("Serve-Multiplexed-Model-Id", "serve-multiplexed-model-id"),
-])
+@pytest.mark.parametrize(
+    "header, param",
+    [
+        ("X-Session-ID", "x-session-id"),
+        ("x_session_id", "x-session-id"),
+        ("X_Session_Id", "x-session-id"),
+        ("serve_multiplexed_model_id", "serve-multiplexed-model-id"),
+        ("Serve-Multiplexed-Model-Id", "serve-multiplexed-model-id"),
+    ],
+)
 def test_engine_reserved_headers_are_refused_in_every_spelling(header, param):
     r = client().post("/v1/completions", json={"model": "m", "prompt": "p"}, headers={header: "x"})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

@@ -33,14 +33,18 @@ def test_an_engine_core_child_is_found_by_name_and_its_pinning_read():
     """A child named as vLLM names its EngineCore, pinned to one core, under a parent: found, with that core; a
     child of another name is not an engine."""
     core = min(os.sched_getaffinity(0))
-    kid = ("import os, sys, time, ctypes; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0); "
-           "os.sched_setaffinity(0, {int(sys.argv[2])}); print('ready', flush=True); time.sleep(60)")
+    kid = (
+        "import os, sys, time, ctypes; ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0); "
+        "os.sched_setaffinity(0, {int(sys.argv[2])}); print('ready', flush=True); time.sleep(60)"
+    )
     # a parent of its own (as a replica is): the pytest process may have other engines under it (a session
     # engine fixture's EngineCore), which are not this test's
-    code = ("import subprocess, sys; kids = [subprocess.Popen([sys.executable, '-c', sys.argv[1], n, sys.argv[2]], "
-            "stdout=subprocess.PIPE, text=True) for n in ('VLLM::EngineCore', 'not-an-engine')]; "
-            "[k.stdout.readline() for k in kids]; print(*[k.pid for k in kids], flush=True); "
-            "[k.wait() for k in kids]")
+    code = (
+        "import subprocess, sys; kids = [subprocess.Popen([sys.executable, '-c', sys.argv[1], n, sys.argv[2]], "
+        "stdout=subprocess.PIPE, text=True) for n in ('VLLM::EngineCore', 'not-an-engine')]; "
+        "[k.stdout.readline() for k in kids]; print(*[k.pid for k in kids], flush=True); "
+        "[k.wait() for k in kids]"
+    )
     parent = subprocess.Popen([sys.executable, "-c", code, kid, str(core)], stdout=subprocess.PIPE, text=True)
     try:
         engine, other = map(int, parent.stdout.readline().split())
@@ -66,28 +70,34 @@ def test_the_view_a_run_records_names_replicas_whose_engines_share_a_core():
     overlap is recorded; both pinned to one core, the pair is named for their node."""
     from load_tests.observe.engine_cores import engine_cores_view
 
-    code = ("import os, sys, time, ctypes, subprocess; "
-            "kid = subprocess.Popen([sys.executable, '-c', 'import os, sys, time, ctypes; "
-            "ctypes.CDLL(None).prctl(15, b\"VLLM::EngineCore\", 0, 0, 0); "
-            "os.sched_setaffinity(0, {int(sys.argv[1])}); print(\"ready\", flush=True); time.sleep(60)', sys.argv[1]]); "
-            "time.sleep(60)")
+    code = (
+        "import os, sys, time, ctypes, subprocess; "
+        "kid = subprocess.Popen([sys.executable, '-c', 'import os, sys, time, ctypes; "
+        'ctypes.CDLL(None).prctl(15, b"VLLM::EngineCore", 0, 0, 0); '
+        'os.sched_setaffinity(0, {int(sys.argv[1])}); print("ready", flush=True); time.sleep(60)\', sys.argv[1]]); '
+        "time.sleep(60)"
+    )
     a, b = sorted(os.sched_getaffinity(0))[:2]
 
     def replicas(cores):
-        procs = [subprocess.Popen([sys.executable, "-c", code, str(c)], stdout=subprocess.PIPE, text=True)
-                 for c in cores]
+        procs = [
+            subprocess.Popen([sys.executable, "-c", code, str(c)], stdout=subprocess.PIPE, text=True) for c in cores
+        ]
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
-        records = [{"name": f"SERVE_REPLICA::app#LLMServer:fixture#r{i}", "pid": p.pid, "node_id": "n" * 10}
-                   for i, p in enumerate(procs)]
+        records = [
+            {"name": f"SERVE_REPLICA::app#LLMServer:fixture#r{i}", "pid": p.pid, "node_id": "n" * 10}
+            for i, p in enumerate(procs)
+        ]
         return procs, records
 
     for cores, want in (((a, b), {}), ((a, a), {"nnnnnnnn": [("r0", "r1")]})):
         procs, records = replicas(cores)
         try:
             view = engine_cores_view(records)
-            assert sorted(v["engines"] and next(iter(v["engines"].values())) for v in view["replicas"].values()) \
-                == sorted([[c] for c in cores])
+            assert sorted(
+                v["engines"] and next(iter(v["engines"].values())) for v in view["replicas"].values()
+            ) == sorted([[c] for c in cores])
             assert {n: [tuple(p) for p in pairs] for n, pairs in view["overlapping"].items()} == want, view
         finally:
             for p in procs:

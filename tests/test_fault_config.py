@@ -30,8 +30,17 @@ def test_inert_on_a_connector_config_that_is_not_a_mapping():
     assert _config_of(cfg).lying_rate == 0.5, "and a real setting is still read"
 
 
-@pytest.mark.parametrize("bad", [{"load_failure_rate": 1.5}, {"load_failure_rate": -0.1}, {"lying_rate": 2},
-                                 {"load_delay_ms": -1}, {"lying_modes": ["sideways"]}, {"load_failure_rte": 0.1}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"load_failure_rate": 1.5},
+        {"load_failure_rate": -0.1},
+        {"lying_rate": 2},
+        {"load_delay_ms": -1},
+        {"lying_modes": ["sideways"]},
+        {"load_failure_rte": 0.1},
+    ],
+)
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ValidationError):
         fault_config_from({"fuzzserve_faults": bad})
@@ -43,8 +52,9 @@ def test_load_faults_are_seeded_and_near_the_rate():
     seq_a = [a.next_load() for _ in range(2000)]
     assert seq_a == [b.next_load() for _ in range(2000)]
     assert 150 < a.failed < 250 and all(0 <= d <= 0.005 for _, d in seq_a)
-    assert [f for f, _ in seq_a] != [f for f, _ in (LoadFaults(cfg.model_copy(update={"seed": 4})).next_load()
-                                                     for _ in range(2000))]
+    assert [f for f, _ in seq_a] != [
+        f for f, _ in (LoadFaults(cfg.model_copy(update={"seed": 4})).next_load() for _ in range(2000))
+    ]
 
 
 def test_lying_reports_tell_every_kind_of_lie():
@@ -68,9 +78,12 @@ def test_the_connector_config_is_the_one_vllm_reads_and_faults_are_validated_whe
     from patches.fault_config import CONFIG_KEY, offloading_connector_config
 
     cfg = offloading_connector_config(256 << 20, {"seed": 7, "lying_rate": 0.1})
-    assert cfg == {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
-                   "kv_connector_extra_config": {"cpu_bytes_to_use": 268435456,
-                                                 CONFIG_KEY: {"seed": 7, "lying_rate": 0.1}}}
+    assert cfg == {
+        "kv_connector": "OffloadingConnector",
+        "kv_role": "kv_both",
+        "kv_load_failure_policy": "recompute",
+        "kv_connector_extra_config": {"cpu_bytes_to_use": 268435456, CONFIG_KEY: {"seed": 7, "lying_rate": 0.1}},
+    }
     assert fault_config_from(cfg["kv_connector_extra_config"]).lying_rate == 0.1
     assert CONFIG_KEY not in offloading_connector_config(1 << 20)["kv_connector_extra_config"]
     with pytest.raises(ValueError, match="lying_rat"):

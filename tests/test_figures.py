@@ -16,9 +16,9 @@ import aiohttp
 from hypothesis import given
 from hypothesis import strategies as st
 
+from load_tests.judge.figures import latency, throughput
 from load_tests.load.client import RequestResult, carries_token, send
 from load_tests.plan.slo import Slo
-from load_tests.judge.figures import latency, throughput
 from load_tests.plan.workload import RequestSpec
 from testkit import echo_server
 
@@ -27,8 +27,12 @@ TTFT_MS, ITL_MS, TOKENS = 150.0, 5.0, 8
 
 def spec(i: int, prompt: str, stream: bool, chat: bool) -> RequestSpec:
     route = "/v1/chat/completions" if chat else "/v1/completions"
-    body = {"model": "fixture", "max_tokens": TOKENS, "stream": stream,
-            **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})}
+    body = {
+        "model": "fixture",
+        "max_tokens": TOKENS,
+        "stream": stream,
+        **({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt}),
+    }
     if stream:
         body["stream_options"] = {"include_usage": True}
     return RequestSpec(i, route, body, stream=stream)
@@ -44,8 +48,9 @@ async def send_all(specs: list[RequestSpec]) -> list[RequestResult]:
 
 
 def test_empty_text_tokens_and_unstreamed_requests_all_have_their_figures_and_count_for_goodput():
-    kinds = [(p, stream, chat) for p in ("count 1 2", "!empty-text") for stream in (True, False)
-             for chat in (False, True)]
+    kinds = [
+        (p, stream, chat) for p in ("count 1 2", "!empty-text") for stream in (True, False) for chat in (False, True)
+    ]
     results = asyncio.run(send_all([spec(i, *k) for i, k in enumerate(kinds)]))
     assert [r.outcome for r in results] == ["ok"] * len(kinds)
     streams = [r for r in results if r.spec["stream"]]
@@ -83,8 +88,9 @@ def test_which_chunks_carry_a_token():
 
 
 def made(stream: bool, e2e: float, tokens: int, ttft: float | None = None, outcome: str = "ok") -> RequestResult:
-    return RequestResult(index=0, outcome=outcome, ttft=ttft, e2e=e2e, completion_tokens=tokens,
-                         spec={"stream": stream})
+    return RequestResult(
+        index=0, outcome=outcome, ttft=ttft, e2e=e2e, completion_tokens=tokens, spec={"stream": stream}
+    )
 
 
 def test_the_rule_for_requests_without_a_ttft():
@@ -98,8 +104,13 @@ def test_the_rule_for_requests_without_a_ttft():
     assert not slo.met(made(False, e2e=0.1, tokens=10, outcome="cancelled")), "only complete answers count"
 
 
-@given(ttft=st.floats(0.0, 5.0), tpot=st.floats(0.0, 0.5), tokens=st.integers(1, 200),
-       ttft_s=st.floats(0.1, 5.0), tpot_s=st.floats(0.01, 0.5))
+@given(
+    ttft=st.floats(0.0, 5.0),
+    tpot=st.floats(0.0, 0.5),
+    tokens=st.integers(1, 200),
+    ttft_s=st.floats(0.1, 5.0),
+    tpot_s=st.floats(0.01, 0.5),
+)
 def test_an_answer_is_judged_alike_streamed_or_not(ttft, tpot, tokens, ttft_s, tpot_s):
     """A stream that meets TTFT and TPOT ends within the budget a non-streamed answer of its length is given:
     switching streaming off never turns a met request into a missed one."""

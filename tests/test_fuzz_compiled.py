@@ -23,8 +23,9 @@ def compiled_pair(start_engine, tmp_path_factory):
     cache_root = str(tmp_path_factory.mktemp("vllm-cache"))
     # The stock engine runs with the environment the plugin gives a patched one
     # (VLLM_USE_V2_MODEL_RUNNER=0), so vLLM's own cache key cannot tell them apart.
-    stock = start_engine({OFF_ENV: ALL, "VLLM_CACHE_ROOT": cache_root,
-                          "VLLM_USE_V2_MODEL_RUNNER": "0"}, enforce_eager=False)
+    stock = start_engine(
+        {OFF_ENV: ALL, "VLLM_CACHE_ROOT": cache_root, "VLLM_USE_V2_MODEL_RUNNER": "0"}, enforce_eager=False
+    )
     stock_out = {
         "neutral": ids(stock.generate(PROMPTS, greedy())),
         "scale1": ids(stock.generate(PROMPTS, greedy(scale(1.0)))),
@@ -44,7 +45,7 @@ def test_compiled_patched_engine_fuzzes(compiled_pair):
     stock_out, patched = compiled_pair
     assert ids(patched.generate(PROMPTS, greedy())) == stock_out["neutral"]
     fuzzed = ids(patched.generate(PROMPTS, greedy(scale(1.0))))
-    assert all(f != s for f, s in zip(fuzzed, stock_out["neutral"]))
+    assert all(f != s for f, s in zip(fuzzed, stock_out["neutral"], strict=False))
     [stats] = patched.rpc(worker_stats)
     assert stats["installed"] and stats["tokens_fuzzed"] > 0
 
@@ -55,7 +56,7 @@ def test_compiled_mixed_batch_and_determinism(compiled_pair):
     mixed = ids(patched.generate(PROMPTS, [greedy(x) for x in settings]))
     again = ids(patched.generate(PROMPTS[::-1], [greedy(x) for x in settings[::-1]]))[::-1]
     assert mixed == again
-    for out, ref, x in zip(mixed, stock_out["neutral"], settings):
+    for out, ref, x in zip(mixed, stock_out["neutral"], settings, strict=False):
         if x is None or x["fuzz_strength"] == 0:
             assert out == ref
         else:

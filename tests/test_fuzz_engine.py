@@ -8,6 +8,7 @@ fail if the patch leaked into neutral requests.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -41,7 +42,7 @@ def test_neutral_requests_match_stock_vllm(patched_engine, stock_engine):
 def test_strong_fuzz_changes_every_output(patched_engine, stock_engine, xargs):
     stock = ids(stock_engine.generate(PROMPTS, greedy()))
     fuzzed = ids(patched_engine.generate(PROMPTS, greedy(xargs)))
-    assert all(f != s for f, s in zip(fuzzed, stock)), "every prompt's output should change"
+    assert all(f != s for f, s in zip(fuzzed, stock, strict=False)), "every prompt's output should change"
     # and stock vLLM ignores the same argument entirely
     assert ids(stock_engine.generate(PROMPTS, greedy(xargs))) == stock
 
@@ -50,13 +51,13 @@ def test_mixed_batch_each_request_gets_its_own_perturbation(patched_engine, stoc
     settings = [None, scale(1.0), gauss(1.0, seed=1), scale(0.0), gauss(1.0, seed=2), scale(0.9)] * 2
     mixed = ids(patched_engine.generate(PROMPTS, [greedy(x) for x in settings]))
     # the same request run alone (one-prompt batches) gives the same output
-    alone = [ids(patched_engine.generate([p], greedy(x)))[0] for p, x in zip(PROMPTS, settings)]
+    alone = [ids(patched_engine.generate([p], greedy(x)))[0] for p, x in zip(PROMPTS, settings, strict=False)]
     assert mixed == alone
     stock = ids(stock_engine.generate(PROMPTS, greedy()))
-    for out, ref, x in zip(mixed, stock, settings):
+    for out, ref, x in zip(mixed, stock, settings, strict=False):
         if x is None or x["fuzz_strength"] == 0:
             assert out == ref, "a neutral request must not be perturbed by its batch neighbours"
-    assert sum(out != ref for out, ref in zip(mixed, stock)) >= 6
+    assert sum(out != ref for out, ref in zip(mixed, stock, strict=False)) >= 6
 
 
 def test_gaussian_is_reproducible_and_seeded(patched_engine):
@@ -78,7 +79,7 @@ def test_perturbation_happens_where_the_model_runs(patched_engine, stock_engine)
     [after] = patched_engine.rpc(worker_stats)
     # every token the fuzzed requests fed the model (prompt + all generated but
     # the last), and none of the neutral request's
-    expected = sum(n + MAX_TOKENS - 1 for n, p in zip(n_prompt, mixed) if p["extra_args"])
+    expected = sum(n + MAX_TOKENS - 1 for n, p in zip(n_prompt, mixed, strict=False) if p["extra_args"])
     assert after["tokens_fuzzed"] - before["tokens_fuzzed"] == expected
     assert after["buffer_ptr"] == before["buffer_ptr"], "buffers keep their address"
     [stock] = stock_engine.rpc(worker_stats)
@@ -176,6 +177,6 @@ def test_accuracy_falls_as_strength_grows(patched_engine):
         acc = [p.accuracy for p in points if p.mode == mode]
         assert acc[0] >= 0.6, f"{mode}: the fixture task should mostly work unfuzzed ({acc})"
         assert acc[-1] <= 0.1, f"{mode}: the strongest setting should break the task ({acc})"
-        assert all(b <= a + 0.1 for a, b in zip(acc, acc[1:])), f"{mode}: accuracy should fall ({acc})"
+        assert all(b <= a + 0.1 for a, b in itertools.pairwise(acc)), f"{mode}: accuracy should fall ({acc})"
         div = [p.token_divergence for p in points if p.mode == mode]
         assert div[0] == 0 and div[-1] > 0.5

@@ -37,10 +37,16 @@ class _Buf:  # what CPUModelRunner._make_buffer gives: .gpu aliases .cpu
 
 
 def _runner():
-    r = types.SimpleNamespace(max_num_tokens=MAX_TOKENS, max_num_reqs=MAX_REQS, device=torch.device("cpu"),
-                              _make_buffer=lambda n, dtype: _Buf(n, dtype), requests={})
-    r.input_batch = types.SimpleNamespace(num_reqs=0, req_ids=[],
-                                          num_computed_tokens_cpu=np.zeros(MAX_REQS, dtype=np.int32))
+    r = types.SimpleNamespace(
+        max_num_tokens=MAX_TOKENS,
+        max_num_reqs=MAX_REQS,
+        device=torch.device("cpu"),
+        _make_buffer=lambda n, dtype: _Buf(n, dtype),
+        requests={},
+    )
+    r.input_batch = types.SimpleNamespace(
+        num_reqs=0, req_ids=[], num_computed_tokens_cpu=np.zeros(MAX_REQS, dtype=np.int32)
+    )
     return r
 
 
@@ -48,15 +54,21 @@ XARGS = st.one_of(
     st.none(),
     st.just({"fuzz_strength": 0.0}),
     st.builds(lambda s: {"fuzz_strength": s}, st.sampled_from([0.25, 1.0, 3.0])),
-    st.builds(lambda s, seed: {"fuzz_strength": s, "fuzz_mode": "gaussian", "fuzz_seed": seed},
-              st.sampled_from([1e-4, 0.5, 2.0]), st.integers(-(2**63), 2**63 - 1)),
+    st.builds(
+        lambda s, seed: {"fuzz_strength": s, "fuzz_mode": "gaussian", "fuzz_seed": seed},
+        st.sampled_from([1e-4, 0.5, 2.0]),
+        st.integers(-(2**63), 2**63 - 1),
+    ),
     st.just({"fuzz_strength": "bad"}),  # invalid: served neutral, never an error in the worker
 )
 
 # One step: which of the live requests are in the batch (in which order), and tokens per request.
-STEP = st.tuples(st.permutations(range(MAX_REQS)), st.integers(0, MAX_REQS),
-                 st.lists(st.integers(1, 24), min_size=MAX_REQS, max_size=MAX_REQS),
-                 st.lists(st.integers(0, 900), min_size=MAX_REQS, max_size=MAX_REQS))
+STEP = st.tuples(
+    st.permutations(range(MAX_REQS)),
+    st.integers(0, MAX_REQS),
+    st.lists(st.integers(1, 24), min_size=MAX_REQS, max_size=MAX_REQS),
+    st.lists(st.integers(0, 900), min_size=MAX_REQS, max_size=MAX_REQS),
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -72,13 +84,13 @@ def test_fill_matches_a_per_token_reference(xargs, steps):
         n = max(1, n)
         ids = [f"r{i}" for i in order[:n]]
         batch = runner.input_batch
-        batch.num_reqs, batch.req_ids = n, ids + ["stale"]  # rows past num_reqs must be ignored
+        batch.num_reqs, batch.req_ids = n, [*ids, "stale"]  # rows past num_reqs must be ignored
         batch.num_computed_tokens_cpu[:n] = computed[:n]
-        sched = np.array(counts[:n] + [99], dtype=np.int32)
+        sched = np.array([*counts[:n], 99], dtype=np.int32)
         state.fill(runner, sched)
 
         mult, std, key = [], [], []
-        for rid, c, done in zip(ids, counts, computed):
+        for rid, c, done in zip(ids, counts, computed, strict=False):
             spec, _ = parse_or_neutral(runner.requests[rid].sampling_params.extra_args)
             base = fm.seed_base(spec.seed) if spec.noise_std else 0
             for p in range(done, done + c):
@@ -86,7 +98,7 @@ def test_fill_matches_a_per_token_reference(xargs, steps):
                 std.append(spec.noise_std)
                 key.append(int(fm.token_keys(np.array([base], dtype=np.uint64), np.array([p]))[0]))
         total = len(mult)
-        fuzzed = any(m != 1.0 or s != 0.0 for m, s in zip(mult, std))
+        fuzzed = any(m != 1.0 or s != 0.0 for m, s in zip(mult, std, strict=False))
         assert emb.fuzz_active == fuzzed
         if fuzzed:
             assert np.array_equal(state.mult.np[:total], np.array(mult, dtype=np.float32))
@@ -109,7 +121,8 @@ def test_fill_recomputes_request_values_only_when_the_batch_changes():
     runner = _runner()
     for i in range(3):
         runner.requests[f"r{i}"] = types.SimpleNamespace(
-            sampling_params=types.SimpleNamespace(extra_args={"fuzz_strength": 0.5}))
+            sampling_params=types.SimpleNamespace(extra_args={"fuzz_strength": 0.5})
+        )
     state = fuzz._RunnerFuzzState(runner, "emb", torch.nn.Embedding(10, H), H)
     batch = runner.input_batch
     batch.num_reqs, batch.req_ids = 2, ["r0", "r1"]

@@ -50,7 +50,7 @@ def test_paired_dims_are_independent_and_odd_sizes_work():
     keys = torch.from_numpy(fm.token_keys(np.full(n, fm.seed_base(3), dtype=np.uint64), np.arange(n)))
     z = fm.gaussian_noise(keys, fm.dim_codes(H))
     half = H // 2
-    corr = ((z[:, :half] * z[:, half:]).mean(0))  # per pair of dims: E[cos-normal * sin-normal] = 0
+    corr = (z[:, :half] * z[:, half:]).mean(0)  # per pair of dims: E[cos-normal * sin-normal] = 0
     assert corr.abs().max().item() < 0.05 and abs(corr.mean().item()) < 0.01
     dims = torch.corrcoef(z[:, :8].T)  # and distinct pairs do not correlate either
     assert (dims - torch.eye(8)).abs().max().item() < 0.05
@@ -80,8 +80,10 @@ def test_noise_depends_only_on_seed_and_position():
     z_alone = fm.gaussian_noise(torch.from_numpy(alone), codes)
     z_batched = fm.gaussian_noise(torch.from_numpy(batched), codes)[5:]
     assert torch.equal(z_alone, z_batched)
-    assert not torch.equal(z_alone, fm.gaussian_noise(torch.from_numpy(
-        fm.token_keys(np.full(10, fm.seed_base(100), dtype=np.uint64), pos)), codes))
+    assert not torch.equal(
+        z_alone,
+        fm.gaussian_noise(torch.from_numpy(fm.token_keys(np.full(10, fm.seed_base(100), dtype=np.uint64), pos)), codes),
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1, -1, 2**63 - 1, -(2**63)])
@@ -119,7 +121,11 @@ def test_compiled_graph_reads_buffers_updated_in_place():
         mod.std[:8] = 1.0
         mod.key[:16] = torch.arange(16) * 7919
         out = compiled(ids)
-        assert torch.allclose(out, mod(ids), atol=1e-5) and not torch.allclose(out[:8], ref[:8]) and torch.equal(out[8:], ref[8:])
+        assert (
+            torch.allclose(out, mod(ids), atol=1e-5)
+            and not torch.allclose(out[:8], ref[:8])
+            and torch.equal(out[8:], ref[8:])
+        )
 
 
 def test_sparse_noise_equals_the_full_arithmetic():
@@ -130,8 +136,9 @@ def test_sparse_noise_equals_the_full_arithmetic():
     rows = torch.tensor([3, 4, 20, 31])
     std[rows] = torch.tensor([0.1, 1.0, 5.0, 1000.0])
     mult[[0, 7]] = torch.tensor([0.0, 0.25])
-    assert torch.equal(fm.perturb_sparse(e, mult, std, key, fm.dim_codes(H), rows),
-                       fm.perturb(e, mult, std, key, fm.dim_codes(H)))
+    assert torch.equal(
+        fm.perturb_sparse(e, mult, std, key, fm.dim_codes(H), rows), fm.perturb(e, mult, std, key, fm.dim_codes(H))
+    )
     assert torch.equal(fm.perturb_sparse(e, *_buffers(32), fm.dim_codes(H), torch.tensor([], dtype=torch.long)), e)
 
 
@@ -144,7 +151,11 @@ def test_a_seed_keeps_its_noise():
     keys = torch.from_numpy(fm.token_keys(np.full(3, fm.seed_base(7), dtype=np.uint64), np.arange(3)))
     assert keys.tolist() == [2568027473, 455152482, 122047722]
     z = fm.gaussian_noise(keys, fm.dim_codes(8))
-    expected = torch.tensor([[-0.732, 0.4024, -0.8283, 0.6348, 1.0105, 1.1692, 1.2488, 1.3919],
-                             [-0.333, -1.005, -1.5089, 1.1521, -0.6079, -0.4664, -1.1697, 1.3525],
-                             [-1.114, 0.3039, 1.8166, 0.0966, -1.2528, 0.8939, 0.2145, -1.463]])
+    expected = torch.tensor(
+        [
+            [-0.732, 0.4024, -0.8283, 0.6348, 1.0105, 1.1692, 1.2488, 1.3919],
+            [-0.333, -1.005, -1.5089, 1.1521, -0.6079, -0.4664, -1.1697, 1.3525],
+            [-1.114, 0.3039, 1.8166, 0.0966, -1.2528, 0.8939, 0.2145, -1.463],
+        ]
+    )
     assert torch.allclose(z, expected, atol=1e-4)

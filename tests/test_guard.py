@@ -18,7 +18,8 @@ from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
 from serve_app.fuzz_traffic import labels
 from serve_app.guard import GuardConfig, RequestGuard
 from serve_app.route_policy import DEFAULT_ROUTES
-from testkit.guard_app import echo, guarded_client as client
+from testkit.guard_app import echo
+from testkit.guard_app import guarded_client as client
 
 
 def test_valid_fuzz_request_passes_unchanged():
@@ -28,15 +29,18 @@ def test_valid_fuzz_request_passes_unchanged():
 
 
 @pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
-@pytest.mark.parametrize("xargs, param", [
-    ({"fuzz_strength": -1}, "vllm_xargs.fuzz_strength"),
-    ({"fuzz_strength": "x"}, "vllm_xargs.fuzz_strength"),
-    ({"fuzz_mode": "other", "fuzz_strength": 1}, "vllm_xargs.fuzz_mode"),
-    ({"fuzz_seed": 1.5, "fuzz_strength": 1}, "vllm_xargs.fuzz_seed"),
-    ({"kv_transfer_params": {"do_remote_prefill": True}}, "vllm_xargs.kv_transfer_params"),
-    ({"session_id": "s"}, "vllm_xargs.session_id"),
-    ({"unknown": 1}, "vllm_xargs.unknown"),
-])
+@pytest.mark.parametrize(
+    "xargs, param",
+    [
+        ({"fuzz_strength": -1}, "vllm_xargs.fuzz_strength"),
+        ({"fuzz_strength": "x"}, "vllm_xargs.fuzz_strength"),
+        ({"fuzz_mode": "other", "fuzz_strength": 1}, "vllm_xargs.fuzz_mode"),
+        ({"fuzz_seed": 1.5, "fuzz_strength": 1}, "vllm_xargs.fuzz_seed"),
+        ({"kv_transfer_params": {"do_remote_prefill": True}}, "vllm_xargs.kv_transfer_params"),
+        ({"session_id": "s"}, "vllm_xargs.session_id"),
+        ({"unknown": 1}, "vllm_xargs.unknown"),
+    ],
+)
 def test_bad_xargs_get_400_naming_the_field(route, xargs, param):
     r = client().post(route, json={"model": "m", "prompt": "p", "messages": [], "vllm_xargs": xargs})
     assert r.status_code == 400, r.text
@@ -51,11 +55,16 @@ def test_admitted_requests_are_counted_by_fuzz_setting_and_refused_ones_are_not(
     auth = {"Authorization": "Bearer k1"}
     c.post("/v1/completions", json={"prompt": "p"}, headers=auth)
     c.post("/v1/chat/completions", json={"messages": [], "vllm_xargs": {"fuzz_strength": 0.003}}, headers=auth)
-    c.post("/v1/completions", json={"prompt": "p", "vllm_xargs": {"fuzz_strength": 5, "fuzz_mode": "gaussian"}},
-           headers=auth)
-    assert [labels(s) for s in seen] == [{"fuzz_mode": "none", "fuzz_strength": "0"},
-                                         {"fuzz_mode": "scale", "fuzz_strength": "1e-02"},
-                                         {"fuzz_mode": "gaussian", "fuzz_strength": "1e+01"}]
+    c.post(
+        "/v1/completions",
+        json={"prompt": "p", "vllm_xargs": {"fuzz_strength": 5, "fuzz_mode": "gaussian"}},
+        headers=auth,
+    )
+    assert [labels(s) for s in seen] == [
+        {"fuzz_mode": "none", "fuzz_strength": "0"},
+        {"fuzz_mode": "scale", "fuzz_strength": "1e-02"},
+        {"fuzz_mode": "gaussian", "fuzz_strength": "1e+01"},
+    ]
     # refused (bad field, no key, route not served) or not a generate request (tokenize): not counted
     assert c.post("/v1/completions", json={"vllm_xargs": {"fuzz_strength": -1}}, headers=auth).status_code == 400
     assert c.post("/v1/completions", json={"prompt": "p"}).status_code == 401
@@ -65,8 +74,18 @@ def test_admitted_requests_are_counted_by_fuzz_setting_and_refused_ones_are_not(
     assert len(seen) == 3
 
 
-@pytest.mark.parametrize("strength, bound", [(1e-9, "1e-04"), (1e-4, "1e-04"), (1.0001e-4, "1e-03"), (0.5, "1e+00"),
-                                             (1.0, "1e+00"), (999.0, "1e+03"), (MAX_STRENGTH, "1e+03")])
+@pytest.mark.parametrize(
+    "strength, bound",
+    [
+        (1e-9, "1e-04"),
+        (1e-4, "1e-04"),
+        (1.0001e-4, "1e-03"),
+        (0.5, "1e+00"),
+        (1.0, "1e+00"),
+        (999.0, "1e+03"),
+        (MAX_STRENGTH, "1e+03"),
+    ],
+)
 def test_strength_label_is_the_decade_bound_at_or_above(strength, bound):
     assert labels(FuzzSpec(strength=strength, mode="gaussian")) == {"fuzz_mode": "gaussian", "fuzz_strength": bound}
 
@@ -76,7 +95,8 @@ def test_top_level_kv_transfer_params_refused_or_stripped():
     r = client().post("/v1/completions", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == "kv_transfer_params"
     r = client(xargs={"reserved": "strip"}).post(
-        "/v1/completions", json={**body, "vllm_xargs": {"fuzz_strength": 1, "ec_transfer_params": 1}})
+        "/v1/completions", json={**body, "vllm_xargs": {"fuzz_strength": 1, "ec_transfer_params": 1}}
+    )
     assert r.status_code == 200
     forwarded = r.json()
     assert forwarded["body"] == {"model": "m", "prompt": "p", "vllm_xargs": {"fuzz_strength": 1}}
@@ -128,8 +148,18 @@ def test_only_switched_on_routes_are_served():
     for path in ("/v1/models", "/v1/models/fixture", "/metrics", "/health", "/ping"):
         assert c.get(path).status_code == 200, path
     # unknown, refused, or known but not switched on: 404 from the guard, whatever the app would answer
-    for path in ("/other", "/docs", "/openapi.json", "/inference/v1/generate", "/v1/responses/abc",
-                 "/v1/chat/completions/batch", "/v1/responses", "/v1/messages", "/invocations", "/tokenize"):
+    for path in (
+        "/other",
+        "/docs",
+        "/openapi.json",
+        "/inference/v1/generate",
+        "/v1/responses/abc",
+        "/v1/chat/completions/batch",
+        "/v1/responses",
+        "/v1/messages",
+        "/invocations",
+        "/tokenize",
+    ):
         r = c.post(path, json={"prompt": "p"})
         assert r.status_code == 404, path
         assert r.json()["error"]["type"] == "not_found_error" and path in r.json()["error"]["message"]
@@ -162,14 +192,17 @@ GENERATE_ROUTES = ("/v1/chat/completions/batch", "/v1/responses", "/v1/messages"
 
 
 @pytest.mark.parametrize("route", GENERATE_ROUTES)
-@pytest.mark.parametrize("body, param", [
-    ({"kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
-    ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, "vllm_xargs.kv_transfer_params"),
-    ({"vllm_xargs": {"kv_load_tiers": ["cpu"]}}, "vllm_xargs.kv_load_tiers"),
-    ({"session_id": "s1"}, "session_id"),
-    ({"vllm_xargs": {"fuzz_strength": -1}}, "vllm_xargs.fuzz_strength"),
-    ({"n": 9}, "n"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"kv_transfer_params": {"do_remote_prefill": True}}, "kv_transfer_params"),
+        ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, "vllm_xargs.kv_transfer_params"),
+        ({"vllm_xargs": {"kv_load_tiers": ["cpu"]}}, "vllm_xargs.kv_load_tiers"),
+        ({"session_id": "s1"}, "session_id"),
+        ({"vllm_xargs": {"fuzz_strength": -1}}, "vllm_xargs.fuzz_strength"),
+        ({"n": 9}, "n"),
+    ],
+)
 def test_every_generate_route_gets_the_same_policy_once_switched_on(route, body, param):
     c = client(routes=(*DEFAULT_ROUTES, *GENERATE_ROUTES))
     r = c.post(route, json={"model": "m", "messages": [[{"role": "user", "content": "x"}]], **body})
@@ -184,20 +217,40 @@ def test_session_header_is_refused(route):
     assert r.status_code == 400 and r.json()["error"]["param"] == "x-session-id"
 
 
-@pytest.mark.parametrize("body, param, config", [
-    ({"n": 9}, "n", {}),
-    ({"best_of": 100}, "best_of", {}),
-    ({"n": 16384}, "n", {}),
-    ({"use_beam_search": True, "n": 2}, "use_beam_search", {}),
-    ({"use_beam_search": True, "n": 5}, "n", {"limits": {"beam_search": True}}),
-    ({"messages": [[{"role": "user", "content": "x"}]] * 17}, "messages", {"routes": ("/v1/chat/completions/batch",)}),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["x" * 100] * 200}}}},
-     "response_format", {"limits": {"structured_outputs": True}}),
-    ({"structured_outputs": {"regex": "a" * 20000}}, "structured_outputs", {"limits": {"structured_outputs": True}}),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"enum": ["x" * 100] * 200}}}],
-      "tool_choice": "required"}, "tools", {"limits": {"structured_outputs": True}}),
-    ({"n": 3}, "n", {"limits": {"max_n": 2}}),
-])
+@pytest.mark.parametrize(
+    "body, param, config",
+    [
+        ({"n": 9}, "n", {}),
+        ({"best_of": 100}, "best_of", {}),
+        ({"n": 16384}, "n", {}),
+        ({"use_beam_search": True, "n": 2}, "use_beam_search", {}),
+        ({"use_beam_search": True, "n": 5}, "n", {"limits": {"beam_search": True}}),
+        (
+            {"messages": [[{"role": "user", "content": "x"}]] * 17},
+            "messages",
+            {"routes": ("/v1/chat/completions/batch",)},
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": {"enum": ["x" * 100] * 200}}}},
+            "response_format",
+            {"limits": {"structured_outputs": True}},
+        ),
+        (
+            {"structured_outputs": {"regex": "a" * 20000}},
+            "structured_outputs",
+            {"limits": {"structured_outputs": True}},
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"enum": ["x" * 100] * 200}}}],
+                "tool_choice": "required",
+            },
+            "tools",
+            {"limits": {"structured_outputs": True}},
+        ),
+        ({"n": 3}, "n", {"limits": {"max_n": 2}}),
+    ],
+)
 def test_expensive_parameters_are_capped(body, param, config):
     route = "/v1/chat/completions/batch" if "routes" in config else "/v1/chat/completions"
     r = client(**config).post(route, json={"model": "m", "messages": [], **body})
@@ -207,8 +260,13 @@ def test_expensive_parameters_are_capped(body, param, config):
 
 def test_caps_let_ordinary_requests_through():
     c = client(limits={"beam_search": True})
-    for body in ({"n": 8}, {"best_of": 8}, {"use_beam_search": True, "n": 4}, {"response_format": {"type": "text"}},
-                 {"n": True}):  # a bool n is vLLM's to refuse, not a count
+    for body in (
+        {"n": 8},
+        {"best_of": 8},
+        {"use_beam_search": True, "n": 4},
+        {"response_format": {"type": "text"}},
+        {"n": True},
+    ):  # a bool n is vLLM's to refuse, not a count
         assert c.post("/v1/chat/completions", json={"model": "m", "messages": [], **body}).status_code == 200, body
 
 
@@ -216,8 +274,10 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
 SPECS = [  # (body, the field that carries a spec vLLM may compile into a grammar)
     ({"structured_outputs": {"regex": "([a-z]{0,50}){0,50}"}}, "structured_outputs"),
     ({"structured_outputs": {"json": {"type": "string"}}}, "structured_outputs"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}},
-     "response_format"),
+    (
+        {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string"}}}},
+        "response_format",
+    ),
     ({"response_format": {"type": "structural_tag", "format": {}}}, "response_format"),
     ({"response_format": {"type": "json_object"}}, "response_format"),  # JSON mode: a 500 on this stack
     ({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}, "text"),
@@ -228,8 +288,13 @@ SPECS = [  # (body, the field that carries a spec vLLM may compile into a gramma
     # "auto" (or no tool_choice) compiles the tools where a tool parser is configured and a tool is strict
     ({"tools": [{**TOOL, "function": {**TOOL["function"], "strict": True}}], "tool_choice": "auto"}, "tools"),
     ({"tools": [TOOL]}, "tools"),
-    ({"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "auto",
-                                                                   "disable_parallel_tool_use": True}}, "tools"),
+    (
+        {
+            "tools": [{"name": "f", "input_schema": {}}],
+            "tool_choice": {"type": "auto", "disable_parallel_tool_use": True},
+        },
+        "tools",
+    ),
 ]
 
 
@@ -238,26 +303,44 @@ def test_structured_outputs_are_off_by_default_naming_the_field(body, param):
     r = client().post("/v1/chat/completions", json={"model": "m", "messages": [], **body})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and "structured outputs are off" in r.json()["error"]["message"]
-    on = client(limits={"structured_outputs": True}).post("/v1/chat/completions",
-                                                          json={"model": "m", "messages": [], **body})
+    on = client(limits={"structured_outputs": True}).post(
+        "/v1/chat/completions", json={"model": "m", "messages": [], **body}
+    )
     assert on.status_code == 200, on.text
 
 
-@pytest.mark.parametrize("body", [
-    {"response_format": {"type": "text"}},
-    {"text": {"format": {"type": "text"}}}, {"text": {"verbosity": "low"}}, {"text": "hi"},
-    {"output_config": {"effort": "low"}},
-    {"tools": [TOOL], "tool_choice": "none"},
-    {"tools": [{"name": "f", "input_schema": {}}], "tool_choice": {"type": "none", "disable_parallel_tool_use": False}},
-    {"tool_choice": "required"},  # no tools: nothing to compile (vLLM's to refuse)
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"response_format": {"type": "text"}},
+        {"text": {"format": {"type": "text"}}},
+        {"text": {"verbosity": "low"}},
+        {"text": "hi"},
+        {"output_config": {"effort": "low"}},
+        {"tools": [TOOL], "tool_choice": "none"},
+        {
+            "tools": [{"name": "f", "input_schema": {}}],
+            "tool_choice": {"type": "none", "disable_parallel_tool_use": False},
+        },
+        {"tool_choice": "required"},  # no tools: nothing to compile (vLLM's to refuse)
+    ],
+)
 def test_what_compiles_no_client_spec_passes_with_structured_outputs_off(body):
     r = client().post("/v1/chat/completions", json={"model": "m", "messages": [], **body})
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.parametrize("field", ["guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                                   "guided_decoding_backend", "guided_whitespace_pattern"])
+@pytest.mark.parametrize(
+    "field",
+    [
+        "guided_json",
+        "guided_regex",
+        "guided_choice",
+        "guided_grammar",
+        "guided_decoding_backend",
+        "guided_whitespace_pattern",
+    ],
+)
 @pytest.mark.parametrize("limits", [{}, {"structured_outputs": True}])
 def test_removed_guided_fields_are_refused_not_silently_ignored(field, limits):
     """vLLM 0.32 ignores them (200, unconstrained output): the client is told, whatever the limits."""
@@ -274,7 +357,7 @@ def test_deeply_nested_json_is_a_400_not_a_crash():
 def test_routes_config_is_checked_when_loaded():
     with pytest.raises(ValueError, match="unknown route"):
         GuardConfig(routes=("/v1/completions", "/nope"))
-    with pytest.raises(ValueError, match="cannot be switched on.*token-in generation"):
+    with pytest.raises(ValueError, match=r"cannot be switched on.*token-in generation"):
         GuardConfig(routes=("/inference/v1/generate",))
     assert GuardConfig().routes == DEFAULT_ROUTES
 
@@ -282,8 +365,14 @@ def test_routes_config_is_checked_when_loaded():
 def test_keys_are_compared_as_digests_of_any_length():
     c = client("short,a-much-longer-key-" + "x" * 100)
     body = {"model": "m", "prompt": "p"}
-    for key, status in (("short", 200), ("a-much-longer-key-" + "x" * 100, 200), ("shor", 401), ("shortt", 401),
-                        ("a-much-longer-key-", 401), ("", 401)):
+    for key, status in (
+        ("short", 200),
+        ("a-much-longer-key-" + "x" * 100, 200),
+        ("shor", 401),
+        ("shortt", 401),
+        ("a-much-longer-key-", 401),
+        ("", 401),
+    ):
         headers = {"Authorization": f"Bearer {key}"}
         assert c.post("/v1/completions", json=body, headers=headers).status_code == status, key
     guard = c.app
@@ -293,8 +382,10 @@ def test_keys_are_compared_as_digests_of_any_length():
 def test_a_slow_body_gets_408():
     import asyncio
 
-    guard = RequestGuard(Starlette(routes=[Route("/v1/completions", echo, methods=["POST"])]),
-                         GuardConfig(api_keys_env=None, body_timeout_s=0.2))
+    guard = RequestGuard(
+        Starlette(routes=[Route("/v1/completions", echo, methods=["POST"])]),
+        GuardConfig(api_keys_env=None, body_timeout_s=0.2),
+    )
     sent = []
 
     async def receive():
@@ -306,18 +397,31 @@ def test_a_slow_body_gets_408():
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"host", b"localhost")],
-             "root_path": ""}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/completions",
+        "headers": [(b"host", b"localhost")],
+        "root_path": "",
+    }
     asyncio.run(asyncio.wait_for(guard(scope, receive, send), 5))
     start = next(m for m in sent if isinstance(m, dict) and m["type"] == "http.response.start")
     assert start["status"] == 408
 
 
-@pytest.mark.parametrize("host, keys, allow, ok", [
-    ("127.0.0.1", "", False, True), ("localhost", "", False, True), ("::1", "", False, True),
-    ("0.0.0.0", "", False, False), ("10.1.2.3", "", False, False), ("myhost", "", False, False),
-    ("0.0.0.0", "k1", False, True), ("0.0.0.0", "", True, True),
-])
+@pytest.mark.parametrize(
+    "host, keys, allow, ok",
+    [
+        ("127.0.0.1", "", False, True),
+        ("localhost", "", False, True),
+        ("::1", "", False, True),
+        ("0.0.0.0", "", False, False),
+        ("10.1.2.3", "", False, False),
+        ("myhost", "", False, False),
+        ("0.0.0.0", "k1", False, True),
+        ("0.0.0.0", "", True, True),
+    ],
+)
 def test_no_auth_only_on_loopback_unless_allowed(host, keys, allow, ok):
     from serve_app.guard import require_auth
 
@@ -355,14 +459,25 @@ def test_a_stream_that_fails_midway_ends_with_an_error_event():
 
     out = asyncio.run(collect(dying()))
     assert out[0].startswith('data: {"choices"') and out[-1] == "data: [DONE]\n\n"
-    err = json.loads(out[1][len("data: "):])["error"]
+    err = json.loads(out[1][len("data: ") :])["error"]
     assert err["code"] == 500 and "ActorDiedError" in err["message"]
     assert asyncio.run(collect(healthy())) == ["data: 1\n\n", "data: [DONE]\n\n"]
 
 
-@pytest.mark.parametrize("host, ok", [("127.0.0.1:8000", True), ("localhost:8000", True), ("[::1]:8000", True),
-                                      ("127.0.0.2", True), ("LOCALHOST", True), ("evil.example:8000", False),
-                                      ("10.0.0.5:8000", False), ("", False), ("localhost.evil.example", False)])
+@pytest.mark.parametrize(
+    "host, ok",
+    [
+        ("127.0.0.1:8000", True),
+        ("localhost:8000", True),
+        ("[::1]:8000", True),
+        ("127.0.0.2", True),
+        ("LOCALHOST", True),
+        ("evil.example:8000", False),
+        ("10.0.0.5:8000", False),
+        ("", False),
+        ("localhost.evil.example", False),
+    ],
+)
 def test_without_keys_only_requests_addressed_to_this_machine_are_answered(host, ok):
     """DNS rebinding: a page whose name resolves to 127.0.0.1 makes the browser send that name as Host."""
     r = client("").post("/v1/completions", json={"model": "m"}, headers={"host": host})
@@ -371,6 +486,7 @@ def test_without_keys_only_requests_addressed_to_this_machine_are_answered(host,
         assert r.json()["error"]["param"] == "Host"
     assert client("").get("/health", headers={"host": "evil.example"}).status_code == 200, "probes stay open"
     # with keys, the key decides and any Host is fine (a gateway in front names itself)
-    keyed = client("k1").post("/v1/completions", json={"model": "m"},
-                              headers={"host": host or "x", "authorization": "Bearer k1"})
+    keyed = client("k1").post(
+        "/v1/completions", json={"model": "m"}, headers={"host": host or "x", "authorization": "Bearer k1"}
+    )
     assert keyed.status_code == 200

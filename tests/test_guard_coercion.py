@@ -14,11 +14,20 @@ from serve_app.xargs_policy import RequestLimits, RequestRejected, check_limits,
 from testkit.guard_app import guarded_client as client
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"n": "64"}, "n"), ({"n": 64.0}, "n"), ({"n": "6_4"}, "n"), ({"n": " 64 "}, "n"), ({"best_of": "100"}, "best_of"),
-    ({"use_beam_search": 1}, "use_beam_search"), ({"use_beam_search": "true"}, "use_beam_search"),
-    ({"use_beam_search": "yes"}, "use_beam_search"), ({"use_beam_search": "on"}, "use_beam_search"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"n": "64"}, "n"),
+        ({"n": 64.0}, "n"),
+        ({"n": "6_4"}, "n"),
+        ({"n": " 64 "}, "n"),
+        ({"best_of": "100"}, "best_of"),
+        ({"use_beam_search": 1}, "use_beam_search"),
+        ({"use_beam_search": "true"}, "use_beam_search"),
+        ({"use_beam_search": "yes"}, "use_beam_search"),
+        ({"use_beam_search": "on"}, "use_beam_search"),
+    ],
+)
 def test_coerced_values_are_judged_as_vllm_reads_them(body, param):
     for route in ("/v1/completions", "/v1/chat/completions"):
         payload = {"model": "m", **({"prompt": "count 1"} if route == "/v1/completions" else {"messages": []}), **body}
@@ -26,21 +35,35 @@ def test_coerced_values_are_judged_as_vllm_reads_them(body, param):
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, body, r.text)
 
 
-@pytest.mark.parametrize("prompt, count", [
-    ("count 1 2", 1), ([1, 2, 3], 1), (["1", 2], 1), ([True, 1], 1), (["a", "b", "c"], 3), ([[1], [2, 3]], 2),
-    ([["1"], [2]], 2), ([], 1), (None, 1), ({"not": "a prompt"}, 1),
-])
+@pytest.mark.parametrize(
+    "prompt, count",
+    [
+        ("count 1 2", 1),
+        ([1, 2, 3], 1),
+        (["1", 2], 1),
+        ([True, 1], 1),
+        (["a", "b", "c"], 3),
+        ([[1], [2, 3]], 2),
+        ([["1"], [2]], 2),
+        ([], 1),
+        (None, 1),
+        ({"not": "a prompt"}, 1),
+    ],
+)
 def test_a_completions_prompt_counts_as_vllm_reads_it(prompt, count):
     assert prompt_count(prompt) == count
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": ["count 1"] * 17}, "prompt"),  # more prompts than max_batch
-    ({"prompt": [[5, 6]] * 17}, "prompt"),
-    ({"prompt": ["count 1"] * 4, "n": 5}, "prompt"),  # 20 sequences > 16
-    ({"prompt": ["count 1"] * 2, "n": "8", "best_of": 8}, None),  # exactly 16: allowed
-    ({"prompt": list(range(1000)), "n": 8}, None),  # one prompt of 1000 token ids
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": ["count 1"] * 17}, "prompt"),  # more prompts than max_batch
+        ({"prompt": [[5, 6]] * 17}, "prompt"),
+        ({"prompt": ["count 1"] * 4, "n": 5}, "prompt"),  # 20 sequences > 16
+        ({"prompt": ["count 1"] * 2, "n": "8", "best_of": 8}, None),  # exactly 16: allowed
+        ({"prompt": list(range(1000)), "n": 8}, None),  # one prompt of 1000 token ids
+    ],
+)
 def test_sequences_per_request_are_capped_on_every_generate_route(body, param):
     r = client().post("/v1/completions", json={"model": "m", **body})
     if param is None:
@@ -50,8 +73,9 @@ def test_sequences_per_request_are_capped_on_every_generate_route(body, param):
         assert "prompt" in r.json()["error"]["message"]
     # the batch route: conversations x n
     batch = client(routes=("/v1/chat/completions/batch",))
-    r = batch.post("/v1/chat/completions/batch", json={"model": "m", "n": 3,
-                                                       "messages": [[{"role": "user", "content": "x"}]] * 6})
+    r = batch.post(
+        "/v1/chat/completions/batch", json={"model": "m", "n": 3, "messages": [[{"role": "user", "content": "x"}]] * 6}
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == "messages" and "18" in r.json()["error"]["message"]
 
 
@@ -78,8 +102,9 @@ def test_the_guards_adapters_read_values_exactly_as_vllms_request_models():
         assert xp._as(xp._INT, value) == vllm_n, value
     for value in (1, 0, "true", "True", "yes", "on", "t", "y", "1", "false", "no", "off", 2, "maybe", None):
         try:
-            vllm_beam = ChatCompletionRequest.model_validate({"model": "m", "messages": [],
-                                                              "use_beam_search": value}).use_beam_search
+            vllm_beam = ChatCompletionRequest.model_validate(
+                {"model": "m", "messages": [], "use_beam_search": value}
+            ).use_beam_search
         except ValidationError:
             vllm_beam = None
         assert xp._as(xp._BOOL, value) == vllm_beam, value
@@ -105,18 +130,24 @@ def test_the_guards_reading_of_grammars_is_vllms():
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     for choice in ("none", "auto", "required", {"type": "function", "function": {"name": "f"}}):
-        request = ChatCompletionRequest.model_validate({"model": "m", "messages": [], "tools": tools,
-                                                        "tool_choice": choice})
+        request = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [], "tools": tools, "tool_choice": choice}
+        )
         forced = get_json_schema_from_tools(request.tool_choice, request.tools) is not None
         counted = "tools" in grammar_specs({"tools": tools, "tool_choice": choice})
         assert counted == (choice != "none"), choice
         assert counted or not forced, choice  # never misses what vLLM compiles
-    for fmt, spec in (({"type": "text"}, None), ({"type": "json_object"}, "json_object"),
-                      ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "json")):
-        params = ChatCompletionRequest.model_validate({"model": "m", "messages": [],
-                                                       "response_format": fmt}).extract_structured_outputs()
-        set_fields = [] if params is None else [k for k in ("json", "json_object") if getattr(params, k)
-                                                  not in (None, False)]
+    for fmt, spec in (
+        ({"type": "text"}, None),
+        ({"type": "json_object"}, "json_object"),
+        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}, "json"),
+    ):
+        params = ChatCompletionRequest.model_validate(
+            {"model": "m", "messages": [], "response_format": fmt}
+        ).extract_structured_outputs()
+        set_fields = (
+            [] if params is None else [k for k in ("json", "json_object") if getattr(params, k) not in (None, False)]
+        )
         assert set_fields == ([] if spec is None else [spec]), fmt
         assert ("response_format" in grammar_specs({"response_format": fmt})) == (spec is not None), fmt
     assert set(REMOVED_GUIDED_FIELDS) == set(_REMOVED_GUIDED_FIELDS)

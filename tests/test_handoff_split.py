@@ -16,8 +16,16 @@ from patches.switches import ALL, OFF_ENV
 
 
 def _record(arrival=0.0, sent=0.002, queued=0.010, scheduled=0.0101, core_out=0.020, got=0.021, ttft=None):
-    rec = {"rid": "r", "arrival": arrival, "sent": sent, "queued": queued, "scheduled": scheduled,
-           "core_out": core_out, "got": got, "done": got + 0.0002}
+    rec = {
+        "rid": "r",
+        "arrival": arrival,
+        "sent": sent,
+        "queued": queued,
+        "scheduled": scheduled,
+        "core_out": core_out,
+        "got": got,
+        "done": got + 0.0002,
+    }
     rec["ttft"] = (got - arrival) if ttft is None else ttft
     return rec
 
@@ -70,7 +78,12 @@ def test_summarize_means_the_parts_and_reads_the_step_cycle_inside_the_run():
 def test_each_request_is_set_against_its_own_engines_steps_when_replicas_share_a_trace():
     # replica 1 sent at 2 ms and its engine's step ended at 9 ms; replica 2's engine ended a step at 9.5 ms
     reqs = [{**_record(), "pid": 1}]
-    steps = [{"step": 0.009, "pid": 1}, {"step": 0.0095, "pid": 2}, {"step": 0.012, "pid": 1}, {"step": 0.0125, "pid": 2}]
+    steps = [
+        {"step": 0.009, "pid": 1},
+        {"step": 0.0095, "pid": 2},
+        {"step": 0.012, "pid": 1},
+        {"step": 0.0125, "pid": 2},
+    ]
     out = hs.summarize(reqs, steps)
     assert out["in_step"] == pytest.approx(7.0) and out["to_core"] == pytest.approx(1.0)
     assert out["step_cycle_ms"] == pytest.approx(3.0)  # not the 0.5 ms between the two engines' steps
@@ -79,8 +92,10 @@ def test_each_request_is_set_against_its_own_engines_steps_when_replicas_share_a
 
 
 def test_partition_gives_each_run_its_own_requests_in_order_and_refuses_a_count_that_does_not_match():
-    reqs = [_record(arrival=t, sent=t + 0.002, queued=t + 0.01, scheduled=t + 0.0101, core_out=t + 0.02,
-                    got=t + 0.021) for t in (0.0, 1.0, 2.0, 3.0)]
+    reqs = [
+        _record(arrival=t, sent=t + 0.002, queued=t + 0.01, scheduled=t + 0.0101, core_out=t + 0.02, got=t + 0.021)
+        for t in (0.0, 1.0, 2.0, 3.0)
+    ]
     steps = [{"step": t + 0.009} for t in (0.0, 1.0, 2.0, 3.0)]
     warm, run1 = hs.partition(reqs, steps, [1, 3])
     assert warm[0] == reqs[:1] and run1[0] == reqs[1:]
@@ -91,11 +106,30 @@ def test_partition_gives_each_run_its_own_requests_in_order_and_refuses_a_count_
 
 def test_by_arm_takes_the_median_over_runs_and_leaves_void_runs_out():
     def result(arm, pair, front_in, void=None):
-        return {"arm": arm, "pair": pair, "label": "c8", "void": void, "split": {
-            "requests": 10, **{k: 1.0 for k in hs.PARTS}, "front_in": front_in, "server": 6.0, "check": 0.0,
-            "waited_share": 0.5, "step_cycle_ms": 2.0}}
-    table = hs.by_arm([result("plain", 0, 1.0), result("plain", 1, 3.0), result("plain", 2, 100.0, void="hits"),
-                       result("engine", 0, 2.0)])
+        return {
+            "arm": arm,
+            "pair": pair,
+            "label": "c8",
+            "void": void,
+            "split": {
+                "requests": 10,
+                **dict.fromkeys(hs.PARTS, 1.0),
+                "front_in": front_in,
+                "server": 6.0,
+                "check": 0.0,
+                "waited_share": 0.5,
+                "step_cycle_ms": 2.0,
+            },
+        }
+
+    table = hs.by_arm(
+        [
+            result("plain", 0, 1.0),
+            result("plain", 1, 3.0),
+            result("plain", 2, 100.0, void="hits"),
+            result("engine", 0, 2.0),
+        ]
+    )
     assert table["c8"]["plain"]["front_in"] == 2.0 and table["c8"]["plain"]["runs"] == 2
     assert table["c8"]["plain"]["requests"] == 20 and table["c8"]["engine"]["front_in"] == 2.0
 
@@ -106,8 +140,11 @@ def test_every_arm_is_traced_through_its_environment_and_nothing_else_is(tmp_pat
 
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     server = hs.traced(VllmServer("plain", tmp_path, tmp_path, [], {OFF_ENV: ALL}), tmp_path / "t")
-    assert server.env == {OFF_ENV: ALL, TRACE_ENV: str(tmp_path / "t"),
-                          "PYTHONPATH": f"{os.pathsep.join([str(PLUGIN_DIR), '/elsewhere'])}"}
+    assert server.env == {
+        OFF_ENV: ALL,
+        TRACE_ENV: str(tmp_path / "t"),
+        "PYTHONPATH": f"{os.pathsep.join([str(PLUGIN_DIR), '/elsewhere'])}",
+    }
     shipped = hs.traced(Shipped(tmp_path / "config.yaml", tmp_path), tmp_path / "s")
     assert shipped.env[TRACE_ENV] == str(tmp_path / "s") and shipped.env["PYTHONPATH"].startswith(str(PLUGIN_DIR))
     with pytest.raises(ProtocolError, match="not an arm"):
@@ -127,9 +164,11 @@ def test_vllm_loads_the_hooks_as_a_plugin_only_where_the_benchmark_puts_them(tmp
     names = {ep.name for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
     assert "handoff_trace" not in names and names, "the installed environment must not load the hooks"
     trace = tmp_path / "trace.jsonl"
-    probe = ("from vllm.plugins import load_general_plugins; load_general_plugins(); "
-             "from vllm.v1.engine.output_processor import OutputProcessor; "
-             "print(getattr(OutputProcessor.process_outputs, '_handoff_traced', False))")
+    probe = (
+        "from vllm.plugins import load_general_plugins; load_general_plugins(); "
+        "from vllm.v1.engine.output_processor import OutputProcessor; "
+        "print(getattr(OutputProcessor.process_outputs, '_handoff_traced', False))"
+    )
     env = {**os.environ, **plugin_env(trace, os.environ.get("PYTHONPATH")), OFF_ENV: ALL}
     out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -157,10 +196,17 @@ def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes
     assert OutputProcessor.process_outputs._handoff_traced
 
     request = EngineCoreRequest(
-        request_id="r1", prompt_token_ids=[1, 2, 3], mm_features=None,
+        request_id="r1",
+        prompt_token_ids=[1, 2, 3],
+        mm_features=None,
         sampling_params=SamplingParams(max_tokens=4, detokenize=False, output_kind=RequestOutputKind.DELTA),
-        pooling_params=None, arrival_time=time.time(), lora_request=None, cache_salt=None, data_parallel_rank=None,
-        external_req_id="r1")
+        pooling_params=None,
+        arrival_time=time.time(),
+        lora_request=None,
+        cache_salt=None,
+        data_parallel_rank=None,
+        external_req_id="r1",
+    )
 
     class Client:  # the socket side of AsyncMPClient, which needs a running EngineCore
         client_index = 0
@@ -175,10 +221,13 @@ def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes
     processor = OutputProcessor(None, log_stats=True)
     processor.add_request(request, None)
     t = time.monotonic()
-    events = [EngineCoreEvent(EngineCoreEventType.QUEUED, t + 0.001), EngineCoreEvent(EngineCoreEventType.SCHEDULED,
-                                                                                       t + 0.002)]
-    processor.process_outputs([EngineCoreOutput(request_id="r1", new_token_ids=[7], events=events)], t + 0.010,
-                              IterationStats())
+    events = [
+        EngineCoreEvent(EngineCoreEventType.QUEUED, t + 0.001),
+        EngineCoreEvent(EngineCoreEventType.SCHEDULED, t + 0.002),
+    ]
+    processor.process_outputs(
+        [EngineCoreOutput(request_id="r1", new_token_ids=[7], events=events)], t + 0.010, IterationStats()
+    )
     processor.process_outputs([EngineCoreOutput(request_id="r1", new_token_ids=[8])], t + 0.012, IterationStats())
     lines = [json.loads(line) for line in trace.read_text().splitlines()]
     steps = [r for r in lines if "step" in r]

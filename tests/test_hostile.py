@@ -45,9 +45,18 @@ def test_hostile_requests_are_drawn_only_with_a_hostile_share_and_leave_other_dr
 
 
 def result(i, outcome, start, tags, status=200, param=None, expect_param=None):
-    return RequestResult(index=i, outcome=outcome, start=start, e2e=1.0, ttft=0.1, chunks=3, completion_tokens=3,
-                         status=status, error_param=param,
-                         spec={"tags": tags, "expect_status": 400 if expect_param else None, "expect_param": expect_param})
+    return RequestResult(
+        index=i,
+        outcome=outcome,
+        start=start,
+        e2e=1.0,
+        ttft=0.1,
+        chunks=3,
+        completion_tokens=3,
+        status=status,
+        error_param=param,
+        spec={"tags": tags, "expect_status": 400 if expect_param else None, "expect_param": expect_param},
+    )
 
 
 def run_results(hostile_ok_per_window=10, calm_ok=10, answered=None):
@@ -60,7 +69,8 @@ def run_results(hostile_ok_per_window=10, calm_ok=10, answered=None):
             i += 1
         if kind == "hostile":
             for hk, _c, _h, status, param in HOSTILE_REQUESTS:
-                outcome, code, named = (answered or (lambda k: ("rejected", status, param)))(hk)
+                answer = answered or (lambda k, status=status, param=param: ("rejected", status, param))
+                outcome, code, named = answer(hk)
                 out.append(result(i, outcome, start + 2, {"kind": "hostile", "hostile": hk}, code, named, param))
                 i += 1
     return out
@@ -70,10 +80,14 @@ def closed(kind, after, answer=""):
     return HostileConnection(kind, 10.0, after, answer)
 
 
-CONNS = [closed("idle", 30.1), closed("trickle", 30.2), closed("stalled_reader", 31.0),
-         closed("replica_trickle", 30.1, "HTTP/1.1 408 Request Timeout"),
-         closed("replica_oversized", 0.2, "HTTP/1.1 431 Request Header Fields Too Large"),
-         closed("probe_withheld", 0.01, "HTTP/1.1 413 Request Entity Too Large")]
+CONNS = [
+    closed("idle", 30.1),
+    closed("trickle", 30.2),
+    closed("stalled_reader", 31.0),
+    closed("replica_trickle", 30.1, "HTTP/1.1 408 Request Timeout"),
+    closed("replica_oversized", 0.2, "HTTP/1.1 431 Request Header Fields Too Large"),
+    closed("probe_withheld", 0.01, "HTTP/1.1 413 Request Entity Too Large"),
+]
 
 
 def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
@@ -84,23 +98,47 @@ def test_a_run_that_holds_passes_and_its_figures_are_the_windows():
     assert v.connections["stalled_reader"]["slowest_close_s"] == 31.0
 
 
-@pytest.mark.parametrize("results, conns, problem", [
-    (run_results(hostile_ok_per_window=8), CONNS, "normal goodput fell 20% under attack"),
-    (run_results(answered=lambda k: ("unexpected_ok", 200, None) if k == "n_as_string" else ("rejected", 400, {
-        **{hk: p for hk, *_r, p in HOSTILE_REQUESTS}}[k])), CONNS, "hostile n_as_string: 2 of 2 not refused"),
-    (run_results(answered=lambda k: ("rejected", 400, "model")), CONNS, "not refused naming"),
-    (run_results(), [closed("idle", 30.1), closed("trickle", None), closed("stalled_reader", 31.0)],
-     "trickle connection(s) not closed by the server within 35 s"),
-    (run_results(), [closed("idle", 36.0), closed("trickle", 1.0), closed("stalled_reader", 31.0)],
-     "idle connection(s) not closed"),
-    (run_results(), CONNS[:2] + CONNS[3:], "no stalled_reader connection was opened"),
-    (run_results(), [*CONNS[:4], closed("replica_oversized", 0.2, ""), CONNS[5]],
-     "replica_oversized connection(s) not answered 431 by the server within 5 s"),
-    (run_results(), [*CONNS[:5], closed("probe_withheld", 6.0, "HTTP/1.1 413 x")],
-     "probe_withheld connection(s) not answered 413"),
-    (run_results(), CONNS[:3], "no replica_trickle connection was opened"),
-    ([r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], CONNS, "no hostile request was sent"),
-])
+@pytest.mark.parametrize(
+    "results, conns, problem",
+    [
+        (run_results(hostile_ok_per_window=8), CONNS, "normal goodput fell 20% under attack"),
+        (
+            run_results(
+                answered=lambda k: (
+                    ("unexpected_ok", 200, None)
+                    if k == "n_as_string"
+                    else ("rejected", 400, {**{hk: p for hk, *_r, p in HOSTILE_REQUESTS}}[k])
+                )
+            ),
+            CONNS,
+            "hostile n_as_string: 2 of 2 not refused",
+        ),
+        (run_results(answered=lambda k: ("rejected", 400, "model")), CONNS, "not refused naming"),
+        (
+            run_results(),
+            [closed("idle", 30.1), closed("trickle", None), closed("stalled_reader", 31.0)],
+            "trickle connection(s) not closed by the server within 35 s",
+        ),
+        (
+            run_results(),
+            [closed("idle", 36.0), closed("trickle", 1.0), closed("stalled_reader", 31.0)],
+            "idle connection(s) not closed",
+        ),
+        (run_results(), CONNS[:2] + CONNS[3:], "no stalled_reader connection was opened"),
+        (
+            run_results(),
+            [*CONNS[:4], closed("replica_oversized", 0.2, ""), CONNS[5]],
+            "replica_oversized connection(s) not answered 431 by the server within 5 s",
+        ),
+        (
+            run_results(),
+            [*CONNS[:5], closed("probe_withheld", 6.0, "HTTP/1.1 413 x")],
+            "probe_withheld connection(s) not answered 413",
+        ),
+        (run_results(), CONNS[:3], "no replica_trickle connection was opened"),
+        ([r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], CONNS, "no hostile request was sent"),
+    ],
+)
 def test_each_thing_the_judgement_looks_for_fails_the_run(results, conns, problem):
     v = judge_hostile(PLAN, results, conns, WINDOWS, Slo())
     assert any(problem in p for p in v.problems), v.problems
@@ -121,6 +159,7 @@ def test_refused_as_expected_needs_the_status_and_the_name():
 def test_the_attackers_tell_a_server_that_closes_from_one_that_holds_the_socket():
     """Against two local servers: one closes a connection 1 s after it opens (whatever the client sends), one
     holds it open; the attacker measures the first and reports the second as still open."""
+
     async def scenario():
         async def closes(reader, writer):
             await asyncio.sleep(1.0)
@@ -134,9 +173,12 @@ def test_the_attackers_tell_a_server_that_closes_from_one_that_holds_the_socket(
         p1, p2 = s1.sockets[0].getsockname()[1], s2.sockets[0].getsockname()[1]
         try:
             return await asyncio.gather(
-                attack("idle", f"http://127.0.0.1:{p1}", 0.0, 5.0), attack("trickle", f"http://127.0.0.1:{p1}", 0.0, 5.0),
+                attack("idle", f"http://127.0.0.1:{p1}", 0.0, 5.0),
+                attack("trickle", f"http://127.0.0.1:{p1}", 0.0, 5.0),
                 attack("stalled_reader", f"http://127.0.0.1:{p1}", 0.0, 4.0),
-                attack("idle", f"http://127.0.0.1:{p2}", 0.0, 2.0), attack("trickle", f"http://127.0.0.1:{p2}", 0.0, 2.0))
+                attack("idle", f"http://127.0.0.1:{p2}", 0.0, 2.0),
+                attack("trickle", f"http://127.0.0.1:{p2}", 0.0, 2.0),
+            )
         finally:
             s1.close()
             s2.close()
@@ -171,8 +213,11 @@ def test_the_replica_attacks_see_a_bounded_listener_and_an_unbounded_one():
     def serve(protocol):
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(RequestGuard(app, {"api_keys_env": "NO_SUCH_ENV"}), http=protocol,
-                                               lifespan="off", log_level="critical"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                RequestGuard(app, {"api_keys_env": "NO_SUCH_ENV"}), http=protocol, lifespan="off", log_level="critical"
+            )
+        )
         threading.Thread(target=lambda: asyncio.run(server.serve(sockets=[sock])), daemon=True).start()
         while not server.started:
             time.sleep(0.02)
@@ -180,15 +225,24 @@ def test_the_replica_attacks_see_a_bounded_listener_and_an_unbounded_one():
 
     bounded, unbounded = serve(Quick), serve(HttpToolsProtocol)
     try:
+
         async def scenario():
-            return await asyncio.gather(*(attack(kind, url, 0.0, 4.0) for url in (bounded[1], unbounded[1])
-                                          for kind in ("replica_trickle", "replica_oversized", "probe_withheld")))
+            return await asyncio.gather(
+                *(
+                    attack(kind, url, 0.0, 4.0)
+                    for url in (bounded[1], unbounded[1])
+                    for kind in ("replica_trickle", "replica_oversized", "probe_withheld")
+                )
+            )
 
         trickle, oversized, withheld, held, read_whole, unguarded = asyncio.run(scenario())
     finally:
         bounded[0].should_exit = unbounded[0].should_exit = True
-    assert trickle.closed_after_s is not None and trickle.closed_after_s < 2.5 and trickle.answer.startswith(
-        "HTTP/1.1 408")
+    assert (
+        trickle.closed_after_s is not None
+        and trickle.closed_after_s < 2.5
+        and trickle.answer.startswith("HTTP/1.1 408")
+    )
     assert oversized.closed_after_s < 2.0 and oversized.answer.startswith("HTTP/1.1 431")
     assert withheld.closed_after_s < 1.0 and withheld.answer.startswith("HTTP/1.1 413")
     assert held.closed_after_s is None, "uvicorn as Ray ran it holds a trickled head"
@@ -208,7 +262,7 @@ def test_the_drop_is_all_hostile_windows_against_all_calm_ones_and_each_block_is
     """A drift over the run (calm windows 12 then 8, hostile 10 and 10 between them: a linear slide) is no drop:
     the ABBA order cancels it; the block's own drop is reported beside."""
     results, i = [], 0
-    for (kind, start, _end), n in zip(WINDOWS, (12, 10, 10, 8)):
+    for (_kind, start, _end), n in zip(WINDOWS, (12, 10, 10, 8), strict=False):
         for _ in range(n):
             results.append(result(i, "ok", start + 1, {"kind": "completion"}))
             i += 1
@@ -221,8 +275,7 @@ def test_the_aa_control_sends_nothing_hostile_and_asks_for_nothing_hostile():
     assert aa.hostile.share == 0 and aa.hostile.connections == 0
     assert aa.hostile.model_copy(update={"share": 0.2, "connections": 4}) == SCENARIOS["hostile"].hostile
     assert aa.profile == SCENARIOS["hostile"].profile and aa.mix == SCENARIOS["hostile"].mix
-    v = judge_hostile(aa.hostile, [r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], [], WINDOWS,
-                      Slo())
+    v = judge_hostile(aa.hostile, [r for r in run_results() if r.spec["tags"]["kind"] != "hostile"], [], WINDOWS, Slo())
     assert v.problems == [], v.problems
 
 

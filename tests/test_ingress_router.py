@@ -11,14 +11,17 @@ import json
 import types
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from serve_app.ingress_router import routing_view
 from serve_app.routing import DEFAULT_PREFIX_CHARS, request_text, routing_key
 
-json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-                           lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=8), kids,
-                                                                                      max_size=5), max_leaves=30)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=5) | st.dictionaries(st.text(max_size=8), kids, max_size=5),
+    max_leaves=30,
+)
 
 
 def _pending(body: dict):
@@ -31,9 +34,14 @@ def test_the_view_routes_like_the_body():
     bodies = [
         {"model": "fixture", "prompt": long, "vllm_xargs": {"fuzz_strength": 0.5, "fuzz_mode": "scale"}},
         {"model": "fixture", "prompt": "short"},
-        {"model": "fixture", "messages": [{"role": "system", "content": "S" * 300},
-                                          {"role": "user", "content": [{"type": "text", "text": "T" * 400}]}],
-         "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 3}},
+        {
+            "model": "fixture",
+            "messages": [
+                {"role": "system", "content": "S" * 300},
+                {"role": "user", "content": [{"type": "text", "text": "T" * 400}]},
+            ],
+            "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 3},
+        },
         {"model": "fixture", "prompt": [1, 2, 3] * 400},
     ]
     for body in bodies:
@@ -52,19 +60,45 @@ def test_big_bodies_give_a_small_view():
     assert view == {"messages": [{"content": "y" * DEFAULT_PREFIX_CHARS}]}
 
 
-@pytest.mark.parametrize("body", [
-    b"", b"{", b'{"prompt": "cut by HAProxy', b"[" * 100_000, b'{"a":' * 50_000, b"\xff\xfe", b"null", b"[1, 2]",
-    b'"just a string"', json.dumps({"messages": 1}).encode(), json.dumps({"messages": {"a": 1}}).encode(),
-    json.dumps({"prompt": None, "messages": None}).encode(), json.dumps({"model": 5, "prompt": ""}).encode(),
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{",
+        b'{"prompt": "cut by HAProxy',
+        b"[" * 100_000,
+        b'{"a":' * 50_000,
+        b"\xff\xfe",
+        b"null",
+        b"[1, 2]",
+        b'"just a string"',
+        json.dumps({"messages": 1}).encode(),
+        json.dumps({"messages": {"a": 1}}).encode(),
+        json.dumps({"prompt": None, "messages": None}).encode(),
+        json.dumps({"model": 5, "prompt": ""}).encode(),
+    ],
+)
 def test_unusable_bodies_give_an_empty_view_and_never_raise(body):
     """Cut, not JSON, nested past the recursion limit, wrong types: LLMRouter gets nothing and routes on load."""
     assert routing_view(body) == b""
 
 
 def test_xargs_keep_only_fuzz_keys():
-    view = json.loads(routing_view(json.dumps({"prompt": "p", "vllm_xargs": {
-        "fuzz_strength": 1, "kv_transfer_params": {"x": 1}, "fuzz_mode": ["bad"], "other": "y"}}).encode()))
+    view = json.loads(
+        routing_view(
+            json.dumps(
+                {
+                    "prompt": "p",
+                    "vllm_xargs": {
+                        "fuzz_strength": 1,
+                        "kv_transfer_params": {"x": 1},
+                        "fuzz_mode": ["bad"],
+                        "other": "y",
+                    },
+                }
+            ).encode()
+        )
+    )
     assert view == {"prompt": "p", "vllm_xargs": {"fuzz_strength": 1}}
 
 
@@ -104,13 +138,17 @@ def test_the_route_serve_freezes_can_resolve_every_name_it_uses():
 
     from serve_app.ingress_router import FuzzIngressRouter
 
-    frozen = [c.cell_contents for c in FuzzIngressRouter.__init__.__closure__ or ()
-              if isinstance(c.cell_contents, FastAPI)]
+    frozen = [
+        c.cell_contents for c in FuzzIngressRouter.__init__.__closure__ or () if isinstance(c.cell_contents, FastAPI)
+    ]
     assert frozen, "Serve's ingress wrapper keeps the frozen app in its __init__'s closure"
     [route] = [r for r in frozen[0].routes if getattr(r, "path", None) == "/internal/route"]
     fn = route.endpoint
-    missing = [n for n in fn.__code__.co_names if n not in fn.__globals__ and not hasattr(builtins, n)
-               and n not in ("body", "route")]  # attribute names (request.body(), LLMRouterBase.route)
+    missing = [
+        n
+        for n in fn.__code__.co_names
+        if n not in fn.__globals__ and not hasattr(builtins, n) and n not in ("body", "route")
+    ]  # attribute names (request.body(), LLMRouterBase.route)
     assert not missing, f"names the frozen route cannot resolve: {missing}"
 
 

@@ -19,15 +19,25 @@ def refused(start: float, outcome: str = "ok") -> RequestResult:
 
 
 def redeploy(t: float = 10.0, converged_t: float | None = 50.0) -> Redeployed:
-    return Redeployed(t=t, step=Redeploy(after_s=0), by="serve deploy", replicas_before=["A"],
-                      converged=converged_t is not None, converged_t=converged_t)
+    return Redeployed(
+        t=t,
+        step=Redeploy(after_s=0),
+        by="serve deploy",
+        replicas_before=["A"],
+        converged=converged_t is not None,
+        converged_t=converged_t,
+    )
 
 
-@pytest.mark.parametrize("start, excused", [
-    (9.9, False),  # just before the change began
-    (10.0, True), (50.0 + AFTER_CHANGE_S, True),  # the window's two ends
-    (50.0 + AFTER_CHANGE_S + 0.1, False),  # just after it closed
-])
+@pytest.mark.parametrize(
+    "start, excused",
+    [
+        (9.9, False),  # just before the change began
+        (10.0, True),
+        (50.0 + AFTER_CHANGE_S, True),  # the window's two ends
+        (50.0 + AFTER_CHANGE_S + 0.1, False),  # just after it closed
+    ],
+)
 def test_a_refusal_is_excused_only_inside_the_changes_window(start, excused):
     ir = ingress_retries([refused(start)], [redeploy()])
     assert (ir.in_change_windows, ir.outside_change_windows) == ((1, 0) if excused else (0, 1))
@@ -49,10 +59,10 @@ def test_a_step_that_never_converged_keeps_its_window_open():
 def test_the_budget_bounds_what_the_windows_excuse():
     within = [refused(20.0)] * BUDGET_PER_CHANGE
     assert not ingress_problems(ingress_retries(within, [redeploy()]))
-    over = ingress_problems(ingress_retries(within + [refused(21.0)], [redeploy()]))
+    over = ingress_problems(ingress_retries([*within, refused(21.0)], [redeploy()]))
     assert over and "over the budget" in over[0]
     two_changes = [redeploy(), redeploy(t=200.0, converged_t=250.0)]
-    assert not ingress_problems(ingress_retries(within + [refused(210.0)], two_changes)), "the budget is per change"
+    assert not ingress_problems(ingress_retries([*within, refused(210.0)], two_changes)), "the budget is per change"
 
 
 def test_with_the_retry_off_a_refusal_is_the_requests_outcome():

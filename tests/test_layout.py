@@ -56,8 +56,13 @@ def imported(source: str) -> set[str]:
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
-              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             names.add(node.args[0].value)
     return names
 
@@ -88,32 +93,49 @@ def violations(root: Path) -> dict[str, list[str]]:
     return bad
 
 
-@pytest.mark.parametrize("package, source, want", [
-    ("load_tests", "from testkit.echo_server import start", ["testkit.echo_server", "testkit.echo_server.start"]),
-    ("monitoring", "def f():\n    from testkit.monitoring import e2e", ["testkit.monitoring", "testkit.monitoring.e2e"]),
-    ("serve_app", "from fixture_model.build import ensure_model",
-     ["fixture_model.build", "fixture_model.build.ensure_model"]),
-    ("serve_app", "import load_tests.cli", ["load_tests.cli"]),
-    ("patches", "import importlib\nimportlib.import_module('serve_app.app')", ["serve_app.app"]),
-    ("fixture_model", "import benchmarks.host", ["benchmarks.host"]),
-    ("testkit", "from benchmarks import host", ["benchmarks", "benchmarks.host"]),
-    ("benchmarks", "import tests.markers", ["tests.markers"]),
-    ("serve_app", "from patches._framework import OFF_ENV", ["patches._framework", "patches._framework.OFF_ENV"]),
-    ("tests", "from patches import _framework", []),  # the tests of the plumbing itself
-    ("tests", "from tests.test_fuzz_engine import PROMPTS", ["tests.test_fuzz_engine", "tests.test_fuzz_engine.PROMPTS"]),
-    ("tests", "from tests import test_plugin", ["tests.test_plugin"]),
-    ("tests", "from tests.conftest import X", ["tests.conftest", "tests.conftest.X"]),
-])
+@pytest.mark.parametrize(
+    "package, source, want",
+    [
+        ("load_tests", "from testkit.echo_server import start", ["testkit.echo_server", "testkit.echo_server.start"]),
+        (
+            "monitoring",
+            "def f():\n    from testkit.monitoring import e2e",
+            ["testkit.monitoring", "testkit.monitoring.e2e"],
+        ),
+        (
+            "serve_app",
+            "from fixture_model.build import ensure_model",
+            ["fixture_model.build", "fixture_model.build.ensure_model"],
+        ),
+        ("serve_app", "import load_tests.cli", ["load_tests.cli"]),
+        ("patches", "import importlib\nimportlib.import_module('serve_app.app')", ["serve_app.app"]),
+        ("fixture_model", "import benchmarks.host", ["benchmarks.host"]),
+        ("testkit", "from benchmarks import host", ["benchmarks", "benchmarks.host"]),
+        ("benchmarks", "import tests.markers", ["tests.markers"]),
+        ("serve_app", "from patches._framework import OFF_ENV", ["patches._framework", "patches._framework.OFF_ENV"]),
+        ("tests", "from patches import _framework", []),  # the tests of the plumbing itself
+        (
+            "tests",
+            "from tests.test_fuzz_engine import PROMPTS",
+            ["tests.test_fuzz_engine", "tests.test_fuzz_engine.PROMPTS"],
+        ),
+        ("tests", "from tests import test_plugin", ["tests.test_plugin"]),
+        ("tests", "from tests.conftest import X", ["tests.conftest", "tests.conftest.X"]),
+    ],
+)
 def test_the_rule_catches_what_it_forbids(package, source, want):
     assert forbidden(source, package) == want
 
 
-@pytest.mark.parametrize("package, source", [
-    ("load_tests", "from serve_app.routers import ROUTERS\nfrom fixture_model.tasks import held_out_examples"),
-    ("benchmarks", "from testkit.engine_host import EngineHost\nfrom load_tests.judge.summary import percentiles"),
-    ("tests", "from tests.markers import classify\nfrom testkit.engine_host import EngineHost"),
-    ("serve_app", "from .guard import GuardConfig\nimport ray"),
-])
+@pytest.mark.parametrize(
+    "package, source",
+    [
+        ("load_tests", "from serve_app.routers import ROUTERS\nfrom fixture_model.tasks import held_out_examples"),
+        ("benchmarks", "from testkit.engine_host import EngineHost\nfrom load_tests.judge.summary import percentiles"),
+        ("tests", "from tests.markers import classify\nfrom testkit.engine_host import EngineHost"),
+        ("serve_app", "from .guard import GuardConfig\nimport ray"),
+    ],
+)
 def test_the_rule_allows_the_directions_of_the_table(package, source):
     assert forbidden(source, package) == []
 
@@ -133,10 +155,18 @@ def test_every_package_imports_only_below_it():
 def calls_to_tests(source: str) -> list[str]:
     """The tests a test module calls itself (a test calling another runs it twice and ties it to file order)."""
     tree = ast.parse(source)
-    tests = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-             and n.name.startswith("test_")}
-    return sorted({n.func.id for n in ast.walk(tree)
-                   if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in tests})
+    tests = {
+        n.name
+        for n in tree.body
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test_")
+    }
+    return sorted(
+        {
+            n.func.id
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in tests
+        }
+    )
 
 
 def test_a_test_calling_another_is_found():
@@ -145,6 +175,7 @@ def test_a_test_calling_another_is_found():
 
 
 def test_no_test_calls_another():
-    bad = {f.name: found for f in sorted((REPO / "tests").glob("test_*.py"))
-           if (found := calls_to_tests(f.read_text()))}
+    bad = {
+        f.name: found for f in sorted((REPO / "tests").glob("test_*.py")) if (found := calls_to_tests(f.read_text()))
+    }
     assert not bad, f"share a helper instead: {bad}"

@@ -25,9 +25,25 @@ pytestmark = [pytest.mark.engine, pytest.mark.serve]
 def chaos_lite(out, *extra: str) -> subprocess.CompletedProcess:
     from serve_app.ports import free_port
 
-    return subprocess.run([sys.executable, "-m", "load_tests", "--scenario", "chaos-lite", "--out", str(out),
-                           "--http-port", str(free_port()), "--no-progress", "--no-sweep", *extra],
-                          capture_output=True, text=True, timeout=1500)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "load_tests",
+            "--scenario",
+            "chaos-lite",
+            "--out",
+            str(out),
+            "--http-port",
+            str(free_port()),
+            "--no-progress",
+            "--no-sweep",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +118,9 @@ def test_with_stock_accounting_it_fails_and_names_what_broke(stock_run):
     broken = [f for f in failures if "invariant violation(s)" in f]
     assert deaths or broken, failures
     if deaths:
-        assert summary["unexpected_replica_deaths"] and all(r in deaths[0] for r in summary["unexpected_replica_deaths"])
+        assert summary["unexpected_replica_deaths"] and all(
+            r in deaths[0] for r in summary["unexpected_replica_deaths"]
+        )
         assert any("unexpected error" in f and "EngineCore" in f for f in failures), failures
     report = (out / "report.md").read_text()
     assert "**FAILED**" in report and (deaths or broken)[0] in report

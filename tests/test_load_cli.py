@@ -62,7 +62,7 @@ def test_a_broken_target_fails_the_run_naming_what_broke(tmp_path, fault):
     code, summary = run_cli(tmp_path, fault)
     assert code == 1 and not summary["passed"]
     assert any(EXPECTED[fault] in f for f in summary["failures"]), summary["failures"]
-    assert f"**FAILED**" in (tmp_path / "report.md").read_text()
+    assert "**FAILED**" in (tmp_path / "report.md").read_text()
 
 
 def test_a_replica_reported_by_two_endpoints_fails_the_run(tmp_path):
@@ -73,12 +73,25 @@ def test_a_replica_reported_by_two_endpoints_fails_the_run(tmp_path):
 @pytest.mark.parametrize("fault, code", [(None, 0), ("decreasing_counter", 1)])
 def test_the_command_line_exit_code(tmp_path, fault, code):
     """`python -m load_tests` itself, as README and CI run it."""
-    server = subprocess.Popen([sys.executable, "-m", "testkit.echo_server", "--port", "0", "--itl-ms", "5",
-                               *(["--fault", fault] if fault else [])], stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "testkit.echo_server",
+            "--port",
+            "0",
+            "--itl-ms",
+            "5",
+            *(["--fault", fault] if fault else []),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         port = int(server.stdout.readline().rsplit(":", 1)[-1])
-        proc = subprocess.run([sys.executable, "-m", "load_tests", *cli_args(port, tmp_path)], capture_output=True,
-                              text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "load_tests", *cli_args(port, tmp_path)], capture_output=True, text=True, timeout=300
+        )
     finally:
         server.terminate()
         server.wait(30)
@@ -111,10 +124,32 @@ def run_redeploy_by_hand(tmp_path, operator_acts: bool):
     logging.getLogger("fuzzserve.load_tests").addHandler(handler)
     url = f"http://127.0.0.1:{server.port}"
     try:
-        code = cli.main(["--scenario", "redeploy-lite", "--url", url, "--metrics-url", f"{url}/metrics",
-                         "--concurrency", "8", "--mix", '{"bad": 0}', "--no-sweep", "--no-progress",
-                         "--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3",
-                         "--converge-timeout", "10", "--out", str(tmp_path)])
+        code = cli.main(
+            [
+                "--scenario",
+                "redeploy-lite",
+                "--url",
+                url,
+                "--metrics-url",
+                f"{url}/metrics",
+                "--concurrency",
+                "8",
+                "--mix",
+                '{"bad": 0}',
+                "--no-sweep",
+                "--no-progress",
+                "--scrape-interval",
+                "0.3",
+                "--settle-interval",
+                "0.3",
+                "--settle-timeout",
+                "3",
+                "--converge-timeout",
+                "10",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     finally:
         logging.getLogger("fuzzserve.load_tests").removeHandler(handler)
         server.close()

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from testkit import echo_server
 from load_tests.load.client import send
-from load_tests.plan.profiles import Profile
 from load_tests.load.drive import drive
+from load_tests.plan.profiles import Profile
 from load_tests.plan.workload import BAD_REQUESTS, FUZZ_LEVELS, MODES, Mix, RequestSpec, draw
+from testkit import echo_server
 
 
 def spec(i, prompt="count 1 2", stream=True, cancel=None, expect="ok", max_tokens=6, route="/v1/completions"):
@@ -31,7 +31,7 @@ async def handlers_done(server, timeout_s: float = 60.0) -> None:
     """Until every request handler of the server has returned (a cancelled stream's handler notices the client
     left only at its next write): the server's own count, not a guess at how long that takes."""
     async with asyncio.timeout(timeout_s):
-        while server.stats["in_flight"]:
+        while server.stats["in_flight"]:  # noqa: ASYNC110 -- polls another object's counter, which sets no event
             await asyncio.sleep(0.01)
 
 
@@ -44,18 +44,21 @@ async def with_server(fn, itl_ms=0.0):
         await runner.cleanup()
 
 
-@pytest.mark.parametrize("prompt, stream, cancel, expect, outcome", [
-    ("count 1 2", True, None, "ok", "ok"),
-    ("count 1 2", False, None, "ok", "ok"),
-    ("count 1 2", True, 2, "ok", "cancelled"),
-    ("!400", False, None, "4xx", "rejected"),
-    ("!400", False, None, "ok", "unexpected_4xx"),
-    ("count", False, None, "4xx", "unexpected_ok"),
-    ("!500", True, None, "ok", "server_error"),
-    ("!truncate", True, None, "ok", "truncated"),
-    ("!drop", True, None, "ok", "truncated"),
-    ("!error-event", True, None, "ok", "stream_error"),
-])
+@pytest.mark.parametrize(
+    "prompt, stream, cancel, expect, outcome",
+    [
+        ("count 1 2", True, None, "ok", "ok"),
+        ("count 1 2", False, None, "ok", "ok"),
+        ("count 1 2", True, 2, "ok", "cancelled"),
+        ("!400", False, None, "4xx", "rejected"),
+        ("!400", False, None, "ok", "unexpected_4xx"),
+        ("count", False, None, "4xx", "unexpected_ok"),
+        ("!500", True, None, "ok", "server_error"),
+        ("!truncate", True, None, "ok", "truncated"),
+        ("!drop", True, None, "ok", "truncated"),
+        ("!error-event", True, None, "ok", "stream_error"),
+    ],
+)
 def test_each_outcome_is_classified(prompt, stream, cancel, expect, outcome):
     async def go(session, base, server):
         return await send(session, base, spec(0, prompt, stream, cancel, expect), t0=0.0)
@@ -90,8 +93,9 @@ def test_a_refused_connection_is_a_transport_error():
 
 def test_cancellation_drops_the_connection_server_side():
     async def go(session, base, server):
-        results = await asyncio.gather(*(send(session, base, spec(i, "!slow", cancel=2, max_tokens=30), t0=0.0)
-                                         for i in range(5)))
+        results = await asyncio.gather(
+            *(send(session, base, spec(i, "!slow", cancel=2, max_tokens=30), t0=0.0) for i in range(5))
+        )
         await handlers_done(server)
         return results, dict(server.stats)
 
@@ -100,11 +104,14 @@ def test_cancellation_drops_the_connection_server_side():
     assert stats["disconnected"] == 5 and stats["completed"] == 0
 
 
-@pytest.mark.parametrize("profile", [
-    Profile(kind="fixed", concurrency=7, max_requests=60),
-    Profile(kind="ramp", concurrency=5, ramp_s=0.2, max_requests=40),
-    Profile(kind="poisson", rate=400, concurrency=8, max_requests=50),
-])
+@pytest.mark.parametrize(
+    "profile",
+    [
+        Profile(kind="fixed", concurrency=7, max_requests=60),
+        Profile(kind="ramp", concurrency=5, ramp_s=0.2, max_requests=40),
+        Profile(kind="poisson", rate=400, concurrency=8, max_requests=50),
+    ],
+)
 def test_every_started_request_ends_as_one_result(profile):
     mix = Mix(bad=0.2, cancel=0.3, stream=0.6, chat=0.3)
 
@@ -117,8 +124,9 @@ def test_every_started_request_ends_as_one_result(profile):
             flight["max"] = max(flight["max"], flight["now"])
             s = draw(mix, 3, i)
             if s.expect == "4xx":  # the echo server knows nothing of our rules: ask it to refuse
-                s = RequestSpec(i, "/v1/completions", {"model": "fixture", "prompt": "!400", "max_tokens": 2},
-                                expect="4xx")
+                s = RequestSpec(
+                    i, "/v1/completions", {"model": "fixture", "prompt": "!400", "max_tokens": 2}, expect="4xx"
+                )
             results.append(await send(session, base, s, t0=0.0))
             flight["now"] -= 1
 
@@ -179,10 +187,16 @@ def test_draw_is_reproducible_and_well_formed(seed, index):
 
 def _bad_request_drawn(s) -> int:
     """Which entry of BAD_REQUESTS a drawn bad request is (its change applied to the base body, or its raw bytes)."""
-    [i] = [i for i, (change, status, param) in enumerate(BAD_REQUESTS)
-           if (s.raw_body == change if isinstance(change, bytes) else
-               s.body is not None and all(s.body.get(k) == v for k, v in change.items()))
-           and (s.expect_status, s.expect_param) == (status, param)]
+    [i] = [
+        i
+        for i, (change, status, param) in enumerate(BAD_REQUESTS)
+        if (
+            s.raw_body == change
+            if isinstance(change, bytes)
+            else s.body is not None and all(s.body.get(k) == v for k, v in change.items())
+        )
+        and (s.expect_status, s.expect_param) == (status, param)
+    ]
     return i
 
 
@@ -224,10 +238,17 @@ async def with_ingress(refusals: int, fn, status: int = 503, reason: str | None 
     async def handle(request):
         seen.append(await request.json())
         if len(seen) <= refusals:
-            return web.Response(status=status, text=f"Ingress request router failed: {reason}",
-                                headers={"X-Serve-Reason": reason} if reason else {})
-        return web.json_response({"choices": [{"text": " 1", "finish_reason": "length"}],
-                                  "usage": {"prompt_tokens": 3, "completion_tokens": 1}})
+            return web.Response(
+                status=status,
+                text=f"Ingress request router failed: {reason}",
+                headers={"X-Serve-Reason": reason} if reason else {},
+            )
+        return web.json_response(
+            {
+                "choices": [{"text": " 1", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": 1},
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/completions", handle)
@@ -283,8 +304,15 @@ def test_the_operators_own_requests_are_sent_again_after_a_refusal_at_the_ingres
 
     async def go(session, base):
         target = SimpleNamespace(base_url=base, headers={}, cluster=None)
-        op = Operator(OperationPlan(steps=(Scale(after_s=0, replicas=1),)), target, InvariantChecker(), 0.0,
-                      asyncio.Event(), [], "fixture")
+        op = Operator(
+            OperationPlan(steps=(Scale(after_s=0, replicas=1),)),
+            target,
+            InvariantChecker(),
+            0.0,
+            asyncio.Event(),
+            [],
+            "fixture",
+        )
         status, _ = await op.complete(session, {"model": "fixture", "prompt": "probe", "max_tokens": 1})
         return status, op.completed
 

@@ -30,9 +30,16 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors"}), frozenset({"plan", "observe"}), frozenset({"load"}), frozenset({"results"}),
-    frozenset({"operate"}), frozenset({"judge"}), frozenset({"report"}), frozenset({"runner"}),
-    frozenset({"cli"}), frozenset({"__main__"}),
+    frozenset({"errors"}),
+    frozenset({"plan", "observe"}),
+    frozenset({"load"}),
+    frozenset({"results"}),
+    frozenset({"operate"}),
+    frozenset({"judge"}),
+    frozenset({"report"}),
+    frozenset({"runner"}),
+    frozenset({"cli"}),
+    frozenset({"__main__"}),
 )
 LEVEL = {role: i for i, roles in enumerate(LAYERS) for role in roles}
 
@@ -48,7 +55,7 @@ def resolve(node: ast.ImportFrom | ast.Import, module: str, is_package: bool) ->
         return [a.name for a in node.names if a.name.split(".")[0] == "load_tests"]
     if node.level:
         base = module.split(".") if is_package else module.split(".")[:-1]
-        base = base[:len(base) - node.level + 1]
+        base = base[: len(base) - node.level + 1]
         prefix = ".".join(base + ([node.module] if node.module else []))
     else:
         prefix = node.module or ""
@@ -121,8 +128,11 @@ def plant(tmp_path: Path, files: dict[str, str]) -> Path:
     return tmp_path
 
 
-GOOD = {"plan/steps.py": "X = 1\n", "results/events.py": "from ..plan.steps import X\n",
-        "judge/verdict.py": "from load_tests.results import events\nfrom ..plan import steps\n"}
+GOOD = {
+    "plan/steps.py": "X = 1\n",
+    "results/events.py": "from ..plan.steps import X\n",
+    "judge/verdict.py": "from load_tests.results import events\nfrom ..plan import steps\n",
+}
 
 
 def test_a_tree_that_keeps_the_rules_passes(tmp_path):
@@ -131,14 +141,21 @@ def test_a_tree_that_keeps_the_rules_passes(tmp_path):
     assert not upward(graph) and not circle(graph) and not hidden
 
 
-@pytest.mark.parametrize("planted, finds", [
-    ({"plan/steps.py": "from ..results.events import Y\n"}, "upward"),  # plan reads results: back up
-    ({"observe/monitor.py": "from ..plan.steps import X\n"}, "upward"),  # across the ground floor
-    ({"results/models.py": "from .events import Z\n", "results/events.py": "from .models import W\n"}, "circle"),
-    ({"judge/summary.py": "def f():\n    from ..runner import loop\n"}, "hidden"),
-    ({"judge/summary.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..results import events\n"},
-     "hidden"),
-])
+@pytest.mark.parametrize(
+    "planted, finds",
+    [
+        ({"plan/steps.py": "from ..results.events import Y\n"}, "upward"),  # plan reads results: back up
+        ({"observe/monitor.py": "from ..plan.steps import X\n"}, "upward"),  # across the ground floor
+        ({"results/models.py": "from .events import Z\n", "results/events.py": "from .models import W\n"}, "circle"),
+        ({"judge/summary.py": "def f():\n    from ..runner import loop\n"}, "hidden"),
+        (
+            {
+                "judge/summary.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..results import events\n"  # noqa: E501
+            },
+            "hidden",
+        ),
+    ],
+)
 def test_each_rule_catches_its_bad_case(tmp_path, planted, finds):
     graph, hidden = imports(plant(tmp_path, {**GOOD, **planted}))
     found = {"upward": bool(upward(graph)), "circle": bool(circle(graph)), "hidden": bool(hidden)}

@@ -19,7 +19,7 @@ from tests.markers import classify
 
 REPO = Path(__file__).resolve().parents[1]
 
-CASES = textwrap.dedent('''
+CASES = textwrap.dedent("""
     import os, select, subprocess, sys
     import pytest
 
@@ -79,7 +79,7 @@ CASES = textwrap.dedent('''
     @pytest.mark.engine
     def test_starts_nothing_marked_engine():
         _start("python")
-''')
+""")
 
 CONFTEST = "from tests.markers import *  # noqa: F401,F403\n"
 
@@ -87,33 +87,51 @@ CONFTEST = "from tests.markers import *  # noqa: F401,F403\n"
 def test_the_check_fails_unmarked_tests_and_passes_their_marked_twins(tmp_path):
     (tmp_path / "test_cases.py").write_text(CASES)
     (tmp_path / "conftest.py").write_text(CONFTEST)
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", str(tmp_path)],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=300,
-                       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "PYTHONPATH": str(REPO)},
+    )
     out = r.stdout
     assert r.returncode == 1, out[-3000:]
     failed = {line.split("::")[1].split()[0] for line in out.splitlines() if line.startswith(("FAILED", "ERROR"))}
-    assert failed == {"test_uses_the_model_unmarked", "test_starts_an_engine_unmarked",
-                      "test_starts_a_ray_node_marked_engine_only", "test_starts_nothing_marked_engine"}, out[-3000:]
+    assert failed == {
+        "test_uses_the_model_unmarked",
+        "test_starts_an_engine_unmarked",
+        "test_starts_a_ray_node_marked_engine_only",
+        "test_starts_nothing_marked_engine",
+    }, out[-3000:]
     assert "a pure test belongs in the fast suite" in out
     assert "uses fixture_model but is not marked engine" in out
     assert "without the 'engine' marker" in out and "without the 'serve' marker" in out
-    for ok in ("test_uses_the_model_marked", "test_starts_an_engine_marked", "test_starts_a_ray_node_marked",
-               "test_starts_nothing"):
+    for ok in (
+        "test_uses_the_model_marked",
+        "test_starts_an_engine_marked",
+        "test_starts_a_ray_node_marked",
+        "test_starts_nothing",
+    ):
         assert f"PASSED test_cases.py::{ok}" in out, out[-3000:]
 
 
 def test_what_counts_as_an_engine_or_a_cluster():
     import torch  # noqa: F401  (so that this process has libtorch loaded, as an EngineCore has)
 
-    assert classify(["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "python") == "engine"
-    assert classify(["/venv/bin/python", "-m", "patches.matrix.engine_run", "job.json", "out.json"], "python") == "engine"
+    assert (
+        classify(["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m"], "python") == "engine"
+    )
+    assert (
+        classify(["/venv/bin/python", "-m", "patches.matrix.engine_run", "job.json", "out.json"], "python") == "engine"
+    )
     assert classify(["VLLM::EngineCore"], "VLLM::EngineCor", psutil.Process().pid) == "engine", "this process has torch"
     assert classify(["/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet", "--x"], "raylet") == "serve"
     assert classify(["/venv/bin/python", "/venv/bin/ray", "start", "--block", "--head"], "ray") == "serve"
     assert classify(["/venv/bin/python", "-m", "testkit.echo_server"], "python") is None
-    assert classify(["/venv/bin/python", "-c", "...", "VLLM::EngineCore"], "python", pid=_bare_pid()) is None, \
+    assert classify(["/venv/bin/python", "-c", "...", "VLLM::EngineCore"], "python", pid=_bare_pid()) is None, (
         "a bare process that only takes the title (test_core_binding's) is not an engine"
+    )
 
 
 def _bare_pid() -> int:

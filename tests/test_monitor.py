@@ -12,24 +12,45 @@ from __future__ import annotations
 
 import pytest
 
-from load_tests.load.client import RequestResult
+from load_tests.judge.departures import unexpected_deaths
 from load_tests.judge.evidence import check_planned_faults
-from load_tests.observe.monitor import DEATH_BOUND, SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
-from load_tests.observe.counters import ReplicaCounters
 from load_tests.judge.summary import server_cross_check, summarize
+from load_tests.load.client import RequestResult
+from load_tests.observe.counters import ReplicaCounters
+from load_tests.observe.monitor import DEATH_BOUND, SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
+from load_tests.plan.slo import Slo
 from load_tests.plan.steps import Redeploy
 from load_tests.results.events import OperationFailed, Redeployed, ReplicaKilled
-from load_tests.plan.slo import Slo
-from load_tests.judge.departures import unexpected_deaths
 
 
-def rc(replica="r1", prompt=100.0, local=60.0, hit=30.0, ext=10.0, cached=40.0, finished=None, violations=None,
-       running=0.0, alive=True, healthy=None, node="n", **fields):
-    return ReplicaCounters(replica=replica, node=node, prompt_tokens=prompt, prompt_tokens_cached=cached,
-                           running=running, by_source={"local_compute": local, "local_cache_hit": hit,
-                                                        "external_kv_transfer": ext},
-                           requests_finished=finished or {"length": 4.0}, violations=violations or {},
-                           gauges=alive, healthy=healthy, **fields)
+def rc(
+    replica="r1",
+    prompt=100.0,
+    local=60.0,
+    hit=30.0,
+    ext=10.0,
+    cached=40.0,
+    finished=None,
+    violations=None,
+    running=0.0,
+    alive=True,
+    healthy=None,
+    node="n",
+    **fields,
+):
+    return ReplicaCounters(
+        replica=replica,
+        node=node,
+        prompt_tokens=prompt,
+        prompt_tokens_cached=cached,
+        running=running,
+        by_source={"local_compute": local, "local_cache_hit": hit, "external_kv_transfer": ext},
+        requests_finished=finished or {"length": 4.0},
+        violations=violations or {},
+        gauges=alive,
+        healthy=healthy,
+        **fields,
+    )
 
 
 def snaps(history, dead=frozenset(), errors=None):
@@ -74,15 +95,21 @@ def test_decrease_within_one_replica():
 
 
 def test_a_counter_that_vanishes_is_a_decrease():
-    c = run([{"r1": rc(violations={"connector_negative": 0.0}, finished={"length": 4, "stop": 2})},
-             {"r1": rc(finished={"length": 4})}])
+    c = run(
+        [
+            {"r1": rc(violations={"connector_negative": 0.0}, finished={"length": 4, "stop": 2})},
+            {"r1": rc(finished={"length": 4})},
+        ]
+    )
     assert kinds(c) == ["decrease"] and "requests_finished{stop}" in c.violations[0].counter
 
 
 def test_a_restarted_replica_is_a_new_series_not_a_reset():
     """The replacement replica starts from zero under a new ReplicaId: no violation."""
-    h = [{"r1": rc(prompt=500, local=460)},
-         {"r1": rc(prompt=500, local=460), "r2": rc("r2", prompt=10, local=10, hit=0, ext=0, cached=0)}]
+    h = [
+        {"r1": rc(prompt=500, local=460)},
+        {"r1": rc(prompt=500, local=460), "r2": rc("r2", prompt=10, local=10, hit=0, ext=0, cached=0)},
+    ]
     assert run(h).ok
     # ... while the same id going back to zero is exactly what must be caught
     reset = run([{"r1": rc(prompt=500, local=460)}, {"r1": rc(prompt=10, local=10, hit=0, ext=0, cached=0)}])
@@ -92,8 +119,7 @@ def test_a_restarted_replica_is_a_new_series_not_a_reset():
 def test_stale_series_of_a_dead_replica_is_recognised():
     """r1 died mid-flight: its frozen counters break the identity but it is left out of quiescence checks."""
     mid_flight = rc(prompt=120, local=60)  # parts sum to 100, not 120
-    c = run([{"r1": mid_flight, "r2": rc("r2")}], dead=frozenset({"r1"}),
-            quiescent={"r1": mid_flight, "r2": rc("r2")})
+    c = run([{"r1": mid_flight, "r2": rc("r2")}], dead=frozenset({"r1"}), quiescent={"r1": mid_flight, "r2": rc("r2")})
     assert c.ok and c.stale == {"r1"}
     # the same numbers on a live replica are a violation
     live = run([{"r1": mid_flight}], quiescent={"r1": mid_flight})
@@ -103,7 +129,7 @@ def test_stale_series_of_a_dead_replica_is_recognised():
 def test_sum_mismatch_and_cached_exceeding_total_at_quiescence():
     c = run([{"r1": rc()}], quiescent={"r1": rc(prompt=100, local=61, cached=101)})
     assert kinds(c) == ["cached_exceeds_total", "sum_mismatch"]
-    msg = [v.message for v in c.violations if v.kind == "sum_mismatch"][0]
+    msg = next(v.message for v in c.violations if v.kind == "sum_mismatch")
     assert "101" in msg and "100" in msg
 
 
@@ -175,8 +201,9 @@ def test_one_failed_scrape_is_recorded_two_in_a_row_fail_the_run():
     ok = {"r1": rc()}
     once = run([ok, ok, ok], errors={1: {"http://n1/metrics": "ReadTimeout"}})
     assert once.ok and len(once.scrape_errors) == 1, "a single failed scrape is tolerated, and recorded"
-    twice = run([ok, ok, ok, ok], errors={1: {"http://n1/metrics": "ReadTimeout"},
-                                          2: {"http://n1/metrics": "ReadTimeout"}})
+    twice = run(
+        [ok, ok, ok, ok], errors={1: {"http://n1/metrics": "ReadTimeout"}, 2: {"http://n1/metrics": "ReadTimeout"}}
+    )
     assert SCRAPE_FAILURE_BOUND == 2 and kinds(twice) == ["scrape_failed"]
     v = twice.violations[0]
     assert v.counter == "http://n1/metrics" and "from t = 1 s" in v.message and "ReadTimeout" in v.message
@@ -192,11 +219,14 @@ def test_an_endpoint_that_never_answers_fails_the_run_once_per_outage():
 # ---------------------------------------------------------------- deaths
 
 
-@pytest.mark.parametrize("gone", [
-    {"r2": rc("r2", alive=False)},                       # Ray: counters kept, gauges aged out
-    {"r2": rc("r2", healthy=0.0)},                       # Serve's controller marked it unhealthy / stopping
-    {},                                                  # every series gone while its endpoint answered
-])
+@pytest.mark.parametrize(
+    "gone",
+    [
+        {"r2": rc("r2", alive=False)},  # Ray: counters kept, gauges aged out
+        {"r2": rc("r2", healthy=0.0)},  # Serve's controller marked it unhealthy / stopping
+        {},  # every series gone while its endpoint answered
+    ],
+)
 def test_a_replica_that_dies_mid_run_is_seen_in_the_data(gone):
     alive = {"r1": rc(), "r2": rc("r2", healthy=1.0)}
     c = run([alive, alive] + [{"r1": rc(), **gone}] * DEATH_BOUND)
@@ -245,9 +275,17 @@ def test_an_unplanned_death_fails_the_run_and_is_named():
 
 
 def result(i, outcome, start=0.0, e2e=1.0, **kw):
-    return RequestResult(index=i, outcome=outcome, start=start, e2e=e2e, ttft=0.1, chunks=5, completion_tokens=5,
-                         spec={"expect": "4xx" if outcome == "rejected" else "ok", "stream": True, **kw.pop("spec", {})},
-                         **kw)
+    return RequestResult(
+        index=i,
+        outcome=outcome,
+        start=start,
+        e2e=e2e,
+        ttft=0.1,
+        chunks=5,
+        completion_tokens=5,
+        spec={"expect": "4xx" if outcome == "rejected" else "ok", "stream": True, **kw.pop("spec", {})},
+        **kw,
+    )
 
 
 def test_cross_check_client_against_engine_counters():
@@ -283,8 +321,10 @@ def test_a_request_counts_as_the_engine_requests_it_becomes():
     assert server_cross_check(res, {"r1": rc(finished={"length": 17.0})}, False).problems == []
     assert server_cross_check(res, {"r1": rc(finished={"length": 16.0})}, False).problems, "one completion missing"
     unweighed = [result(0, "ok"), result(1, "ok")]
-    assert "got past the router" in server_cross_check(unweighed, {"r1": rc(finished={"length": 17.0})},
-                                                       False).problems[-1]
+    assert (
+        "got past the router"
+        in server_cross_check(unweighed, {"r1": rc(finished={"length": 17.0})}, False).problems[-1]
+    )
 
 
 def summary_of(results, started=None, checker=None, faults=(), fault_checks=()):
@@ -292,19 +332,32 @@ def summary_of(results, started=None, checker=None, faults=(), fault_checks=()):
     if checker is None:
         n_ok = sum(r.outcome == "ok" for r in results)
         checker = run([{}, {"r1": rc(finished={"length": float(n_ok)})}])  # baseline scrape, then the end
-    return summarize(results, len(results) if started is None else started, checker, list(faults), 10.0, Slo(),
-                     unexpected_deaths(checker, list(faults)), list(fault_checks))
+    return summarize(
+        results,
+        len(results) if started is None else started,
+        checker,
+        list(faults),
+        10.0,
+        Slo(),
+        unexpected_deaths(checker, list(faults)),
+        list(fault_checks),
+    )
 
 
 def test_verdict_fails_on_lost_and_unexpected_requests():
     ok = [result(i, "ok") for i in range(3)]
     assert summary_of(ok).passed
     assert not summary_of(ok, started=4).passed, "a request started but never finished is lost"
-    truncated = summary_of(ok + [result(3, "truncated")])
+    truncated = summary_of([*ok, result(3, "truncated")])
     assert not truncated.passed and "lost" in truncated.failures[0]
-    err = summary_of(ok + [result(3 + i, "server_error", start=5.0, error=f"Internal Server Error (Request ID: {rid})")
-                           for i, rid in enumerate(("0b2c-e4f1", "9a7d-03bc"))]
-                     + [result(9, "stream_error", start=5.0, error="EngineCore encountered an issue.")])
+    err = summary_of(
+        ok
+        + [
+            result(3 + i, "server_error", start=5.0, error=f"Internal Server Error (Request ID: {rid})")
+            for i, rid in enumerate(("0b2c-e4f1", "9a7d-03bc"))
+        ]
+        + [result(9, "stream_error", start=5.0, error="EngineCore encountered an issue.")]
+    )
     assert not err.passed and err.errors_by_kind == {"server_error": 2, "stream_error": 1}
     line = next(f for f in err.failures if "unexpected error" in f)
     assert "(2x) server_error: Internal Server Error (Request ID: N)" in line, "ids blanked: one kind of error"
@@ -316,19 +369,32 @@ def test_refusals_at_the_ingress_fail_a_run_that_changed_no_replica():
     broken; during a redeploy (HAProxy reloading its router and replica lists) it is what Serve does."""
     ok = [result(i, "ok") for i in range(3)]
     retried = result(3, "ok", ingress_refusals=["router_unreachable"])
-    still = result(4, "server_error", status=503, error="Ingress request router failed: router_unreachable",
-                   ingress_refusals=["router_unreachable"] * 3)
-    steady = summary_of(ok + [retried])
-    assert steady.ingress_retries.model_dump() == {"requests": 1, "refusals": {"router_unreachable": 1},
-                                                   "answered": 1, "in_change_windows": 0,
-                                                   "outside_change_windows": 1, "budget": 0, "windows": []}
+    still = result(
+        4,
+        "server_error",
+        status=503,
+        error="Ingress request router failed: router_unreachable",
+        ingress_refusals=["router_unreachable"] * 3,
+    )
+    steady = summary_of([*ok, retried])
+    assert steady.ingress_retries.model_dump() == {
+        "requests": 1,
+        "refusals": {"router_unreachable": 1},
+        "answered": 1,
+        "in_change_windows": 0,
+        "outside_change_windows": 1,
+        "budget": 0,
+        "windows": [],
+    }
     assert not steady.passed and "refused at the ingress" in steady.failures[0]
     redeploy = Redeployed(t=0.0, step=Redeploy(after_s=0), by="serve deploy", replicas_before=[])
-    assert summary_of(ok + [retried], faults=[redeploy]).passed, "answered on a retry while replicas changed"
-    failed = summary_of(ok + [retried, still], faults=[redeploy])
+    assert summary_of([*ok, retried], faults=[redeploy]).passed, "answered on a retry while replicas changed"
+    failed = summary_of([*ok, retried, still], faults=[redeploy])
     assert failed.ingress_retries.answered == 1 and failed.ingress_retries.refusals == {"router_unreachable": 4}
     assert not failed.passed and failed.errors_by_kind == {"server_error": 1}, "refused after every retry"
-    assert not summary_of(ok + [retried], faults=[OperationFailed(t=1.0, step="redeploy", error="StepError: no")]).passed
+    assert not summary_of(
+        [*ok, retried], faults=[OperationFailed(t=1.0, step="redeploy", error="StepError: no")]
+    ).passed
 
 
 def test_every_replica_changing_operation_may_meet_ingress_refusals():
@@ -353,21 +419,31 @@ def test_streams_cut_by_a_planned_kill_are_explained_not_lost():
     """Direct streaming: a killed replica cuts its streams (no error event); in flight at the kill = explained."""
     fault = ReplicaKilled(t=5.0, replica="r9", pid=1)
     cut = [result(1, "truncated", start=3.0, e2e=2.5), result(2, "transport_error", start=4.0, e2e=1.5)]
-    s = summary_of([result(0, "ok")] + cut, faults=[fault])
+    s = summary_of([result(0, "ok"), *cut], faults=[fault])
     assert s.passed, s.failures
     assert s.errors_explained_by_faults == {"truncated": 1, "transport_error": 1}
     before = summary_of([result(0, "ok"), result(1, "truncated", start=1.0, e2e=2.0)], faults=[fault])
     assert not before.passed and "lost" in before.failures[0], "a stream cut before the kill is lost"
-    no_kill = summary_of([result(0, "ok")] + cut)
+    no_kill = summary_of([result(0, "ok"), *cut])
     assert not no_kill.passed, "without a planned kill the same cuts are failures"
 
 
 def test_bad_request_must_name_its_field():
-    good = result(0, "rejected", status=400, error="vllm_xargs.fuzz_strength must be >= 0",
-                  error_param="vllm_xargs.fuzz_strength",
-                  spec={"expect_status": 400, "expect_param": "vllm_xargs.fuzz_strength"})
-    vague = result(1, "rejected", status=400, error="bad request",
-                   spec={"expect_status": 400, "expect_param": "vllm_xargs.fuzz_mode"})
+    good = result(
+        0,
+        "rejected",
+        status=400,
+        error="vllm_xargs.fuzz_strength must be >= 0",
+        error_param="vllm_xargs.fuzz_strength",
+        spec={"expect_status": 400, "expect_param": "vllm_xargs.fuzz_strength"},
+    )
+    vague = result(
+        1,
+        "rejected",
+        status=400,
+        error="bad request",
+        spec={"expect_status": 400, "expect_param": "vllm_xargs.fuzz_mode"},
+    )
     ok = result(2, "ok")
     assert summary_of([good, ok]).passed
     s = summary_of([good, vague, ok])
@@ -407,8 +483,10 @@ def fault_run(end: dict[str, ReplicaCounters], start: dict[str, ReplicaCounters]
 FIRED = {
     "load_failures": dict(injections={"load_failure": 5.0}, corrections={"after_load_failure": 3.0}),
     "load_delays": dict(injections={"load_delay": 40.0}),
-    "lying_connector": dict(injections={"lie_negative": 2.0, "lie_exceeds_prompt": 1.0, "lie_changing": 1.0},
-                            violations={"connector_negative": 2.0, "connector_exceeds_prompt": 1.0}),
+    "lying_connector": dict(
+        injections={"lie_negative": 2.0, "lie_exceeds_prompt": 1.0, "lie_changing": 1.0},
+        violations={"connector_negative": 2.0, "connector_exceeds_prompt": 1.0},
+    ),
     "preemption_storm": dict(preemptions=7.0),
 }
 
@@ -434,8 +512,9 @@ def test_a_fault_that_could_not_show_because_its_replica_died_says_so():
 
 def test_a_fault_injected_before_the_run_does_not_count():
     before = {"r1": rc(injections={"load_delay": 40.0}, finished={"length": 0.0})}
-    [check] = check_planned_faults(("load_delays",), fault_run({"r1": rc(injections={"load_delay": 40.0})}, before),
-                                   [], accounting_on=True)
+    [check] = check_planned_faults(
+        ("load_delays",), fault_run({"r1": rc(injections={"load_delay": 40.0})}, before), [], accounting_on=True
+    )
     assert not check.fired
 
 
@@ -489,10 +568,19 @@ def test_replica_kill_needs_the_victim_dead_and_a_replacement_serving():
 def test_scenarios_plan_what_they_inject():
     from load_tests.plan.scenarios import SCENARIOS
 
-    assert SCENARIOS["chaos"].planned_faults == ("load_failures", "load_delays", "lying_connector",
-                                                 "preemption_storm", "replica_kill")
-    assert SCENARIOS["chaos-lite"].planned_faults == ("load_failures", "load_delays", "lying_connector",
-                                                      "preemption_storm")
+    assert SCENARIOS["chaos"].planned_faults == (
+        "load_failures",
+        "load_delays",
+        "lying_connector",
+        "preemption_storm",
+        "replica_kill",
+    )
+    assert SCENARIOS["chaos-lite"].planned_faults == (
+        "load_failures",
+        "load_delays",
+        "lying_connector",
+        "preemption_storm",
+    )
     assert SCENARIOS["smoke"].planned_faults == () and SCENARIOS["smoke"].expected_violation_kinds == ()
     assert "connector_negative" in SCENARIOS["chaos"].expected_violation_kinds
     with pytest.raises(ValueError, match="load_failure_rte"):

@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from monitoring import dashboard as dashboard_mod
+from monitoring.files import DASHBOARD_FILE, RULES_FILE
 from testkit.monitoring.fixtures import fixture_samples, ramped_series
 from testkit.monitoring.grafana_schema import schema_problems
 from testkit.monitoring.promtool import ExprCase, promtool, run_rule_tests
-from monitoring.files import DASHBOARD_FILE, RULES_FILE
 
 # Grafana's variables, replaced by what PromQL can evaluate: every replica, and a rate window
 # longer than two of the fixture's 15 s steps.
@@ -58,8 +58,11 @@ def substitute(expr: str) -> str:
 
 
 def parse_check(exprs: list[str], tmp_path: Path):
-    rules = {"groups": [{"name": "dashboard", "rules": [{"record": f"dashboard:expr_{i}", "expr": e}
-                                                         for i, e in enumerate(exprs)]}]}
+    rules = {
+        "groups": [
+            {"name": "dashboard", "rules": [{"record": f"dashboard:expr_{i}", "expr": e} for i, e in enumerate(exprs)]}
+        ]
+    }
     path = tmp_path / "dashboard_exprs.yml"
     path.write_text(yaml.safe_dump(rules))
     return promtool("check", "rules", str(path))
@@ -70,14 +73,21 @@ def unknown_series(exprs: list[str]) -> set[str]:
 
     The data check alone cannot see a wrong name on the losing side of an ``or``; this one can."""
     known = {name for name, _labels in fixture_samples()}
-    known |= {r["record"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"] if "record" in r}
+    known |= {
+        r["record"] for g in yaml.safe_load(RULES_FILE.read_text())["groups"] for r in g["rules"] if "record" in r
+    }
     return {name for e in exprs for name in SERIES_NAME.findall(e)} - known
 
 
 def data_check(exprs: list[str]):
     """Each expression must return at least one sample over the captured series: ``absent(expr)`` must be empty."""
-    case = ExprCase("dashboard queries over the captured export", ramped_series(fixture_samples()), "9m",
-                    [f"absent({e})" for e in exprs], expect=[])
+    case = ExprCase(
+        "dashboard queries over the captured export",
+        ramped_series(fixture_samples()),
+        "9m",
+        [f"absent({e})" for e in exprs],
+        expect=[],
+    )
     return run_rule_tests([case])
 
 
@@ -89,16 +99,24 @@ def test_dashboard_is_valid_in_grafanas_schema():
     assert schema_problems(committed()) == []
 
 
-@pytest.mark.parametrize("edit, expected", [
-    (lambda d: d.update(pannels=[]), "$.pannels: not a field"),
-    (lambda d: d["panels"][1]["gridPos"].update(w="12"), "grid_pos.w: '12' is not a int"),
-    (lambda d: d.update(graphTooltip=7), "graph_tooltip: 7 is not"),
-    (lambda d: d["panels"][1]["options"]["legend"].update(displayMode="tabel"), "display_mode: 'tabel'"),
-    (lambda d: d["panels"][1]["fieldConfig"]["defaults"]["custom"].update(drawStyle="squiggle"), "draw_style"),
-    (lambda d: d["panels"][1].update(datasource={"type": "nosuchdb"}) or
-     [t.pop("datasource") for t in d["panels"][1]["targets"]], "no known data-source type"),
-    (lambda d: d["panels"][1].update(gridPos=[0, 0, 12, 8]), "$.panels[1]"),
-])
+@pytest.mark.parametrize(
+    "edit, expected",
+    [
+        (lambda d: d.update(pannels=[]), "$.pannels: not a field"),
+        (lambda d: d["panels"][1]["gridPos"].update(w="12"), "grid_pos.w: '12' is not a int"),
+        (lambda d: d.update(graphTooltip=7), "graph_tooltip: 7 is not"),
+        (lambda d: d["panels"][1]["options"]["legend"].update(displayMode="tabel"), "display_mode: 'tabel'"),
+        (lambda d: d["panels"][1]["fieldConfig"]["defaults"]["custom"].update(drawStyle="squiggle"), "draw_style"),
+        (
+            lambda d: (
+                d["panels"][1].update(datasource={"type": "nosuchdb"})
+                or [t.pop("datasource") for t in d["panels"][1]["targets"]]
+            ),
+            "no known data-source type",
+        ),
+        (lambda d: d["panels"][1].update(gridPos=[0, 0, 12, 8]), "$.panels[1]"),
+    ],
+)
 def test_the_schema_check_catches_a_broken_dashboard(edit, expected):
     bad = copy.deepcopy(committed())
     edit(bad)
@@ -127,7 +145,8 @@ def test_every_series_a_query_names_is_exported_or_recorded():
     exprs = expressions(committed())
     assert unknown_series(exprs) == set()
     assert {"ray_vllm_prompt_tokens_by_source_total", "fuzzserve:prompt_tokens_unaccounted"} <= {
-        n for e in exprs for n in SERIES_NAME.findall(e)}
+        n for e in exprs for n in SERIES_NAME.findall(e)
+    }
 
 
 def test_the_name_check_catches_a_wrong_name_the_data_check_misses():

@@ -44,8 +44,14 @@ from testkit.monitoring.promtool import alerting_rules
 from testkit.monitoring.twins import Planted, promql_agrees, promql_fires, python_fires
 
 BY_NAME = {i.name: i for i in INVARIANTS}
-LABELS = {"ReplicaId": "r1", "WorkerId": "w1", "engine": "0", "model_name": "fixture", "instance": "127.0.0.1:8089",
-          "job": "ray"}
+LABELS = {
+    "ReplicaId": "r1",
+    "WorkerId": "w1",
+    "engine": "0",
+    "model_name": "fixture",
+    "instance": "127.0.0.1:8089",
+    "job": "ray",
+}
 SERVE = {"application": "fuzzserve", "deployment": "LLMServer:fixture", "instance": "127.0.0.1:8089", "job": "ray"}
 
 
@@ -67,8 +73,11 @@ def ramp(start: float, step: float, n: int) -> list[float | None]:
 
 def parts(n: int, local_compute=None, local_cache_hit=None, external_kv_transfer=None) -> dict[str, list]:
     values = dict(zip(SOURCES, (local_compute, local_cache_hit, external_kv_transfer), strict=True))
-    return {vllm(BY_SOURCE, source=s): (v if isinstance(v, list) else const(v, n)) for s, v in values.items()
-            if v is not None}
+    return {
+        vllm(BY_SOURCE, source=s): (v if isinstance(v, list) else const(v, n))
+        for s, v in values.items()
+        if v is not None
+    }
 
 
 def healthy(n: int, *replicas: str) -> dict[str, list]:
@@ -79,9 +88,13 @@ def healthy(n: int, *replicas: str) -> dict[str, list]:
 def died(n: int, at: int) -> dict[str, list]:
     """Two replicas exporting prompt tokens, both healthy; r2 fails a health check at step ``at`` and is healthy no
     more, its counters frozen (Ray keeps them)."""
-    return {vllm(PROMPT): const(500, n), vllm(PROMPT, "r2"): const(700, n), **healthy(n, "r1"),
-            serve(HEALTH_GAUGE, "r2"): const(1, at) + const(0, n - at),
-            serve(HEALTH_CHECK_FAILURES, "r2"): const(None, at) + const(1, n - at)}
+    return {
+        vllm(PROMPT): const(500, n),
+        vllm(PROMPT, "r2"): const(700, n),
+        **healthy(n, "r1"),
+        serve(HEALTH_GAUGE, "r2"): const(1, at) + const(0, n - at),
+        serve(HEALTH_CHECK_FAILURES, "r2"): const(None, at) + const(1, n - at),
+    }
 
 
 N = 12  # 3 minutes: enough for the per-scrape checks
@@ -95,42 +108,76 @@ TWINS: dict[str, list[Planted]] = {
         Planted("counters counting up from 0", {vllm(PROMPT): ramp(0, 10, N), **healthy(N, "r1")}, False),
     ],
     "FuzzserveCounterWentBackwards": [
-        Planted("a labelled counter going from 50 to 42",
-                {vllm(SUCCESS, finished_reason="stop"): [0, 10, 20, 30, 40, 50, 42, 52, 62, 72], **healthy(10, "r1")},
-                True),
-        Planted("a counter going backwards while others grow",
-                {vllm(PROMPT): ramp(0, 100, N), vllm(CACHED): ramp(0, 10, 6) + ramp(40, 10, N - 6),
-                 **healthy(N, "r1")}, True),
-        Planted("monotone counters, and a restart as a new ReplicaId",
-                {vllm(SUCCESS, finished_reason="stop"): ramp(0, 10, 8) + const(None, 8),
-                 vllm(SUCCESS, "r2", finished_reason="stop"): const(None, 8) + ramp(0, 1, 8)}, False),
+        Planted(
+            "a labelled counter going from 50 to 42",
+            {vllm(SUCCESS, finished_reason="stop"): [0, 10, 20, 30, 40, 50, 42, 52, 62, 72], **healthy(10, "r1")},
+            True,
+        ),
+        Planted(
+            "a counter going backwards while others grow",
+            {vllm(PROMPT): ramp(0, 100, N), vllm(CACHED): ramp(0, 10, 6) + ramp(40, 10, N - 6), **healthy(N, "r1")},
+            True,
+        ),
+        Planted(
+            "monotone counters, and a restart as a new ReplicaId",
+            {
+                vllm(SUCCESS, finished_reason="stop"): ramp(0, 10, 8) + const(None, 8),
+                vllm(SUCCESS, "r2", finished_reason="stop"): const(None, 8) + ramp(0, 1, 8),
+            },
+            False,
+        ),
     ],
     "FuzzservePromptTokensDoNotSum": [
-        Planted("parts 10 short of the total at rest",
-                {vllm(PROMPT): const(100, REST), **parts(REST, 60, 30), **healthy(REST, "r1")}, True),
-        Planted("prompt tokens and no source series at all",
-                {vllm(PROMPT): const(100, REST), **healthy(REST, "r1")}, True),
-        Planted("parts that sum at rest",
-                {vllm(PROMPT): const(100, REST), **parts(REST, 60, 30, 10), **healthy(REST, "r1")}, False),
-        Planted("parts lagging the total by one export while admitting, then catching up",
-                {vllm(PROMPT): ramp(0, 100, 17) + const(1600, 20),
-                 **parts(37, [0, *ramp(0, 100, 16), *const(1600, 20)]), **healthy(37, "r1")}, False),
+        Planted(
+            "parts 10 short of the total at rest",
+            {vllm(PROMPT): const(100, REST), **parts(REST, 60, 30), **healthy(REST, "r1")},
+            True,
+        ),
+        Planted(
+            "prompt tokens and no source series at all", {vllm(PROMPT): const(100, REST), **healthy(REST, "r1")}, True
+        ),
+        Planted(
+            "parts that sum at rest",
+            {vllm(PROMPT): const(100, REST), **parts(REST, 60, 30, 10), **healthy(REST, "r1")},
+            False,
+        ),
+        Planted(
+            "parts lagging the total by one export while admitting, then catching up",
+            {
+                vllm(PROMPT): ramp(0, 100, 17) + const(1600, 20),
+                **parts(37, [0, *ramp(0, 100, 16), *const(1600, 20)]),
+                **healthy(37, "r1"),
+            },
+            False,
+        ),
     ],
     "FuzzservePromptTokensCachedExceedTotal": [
-        Planted("120 cached of 100 prompted, at rest",
-                {vllm(PROMPT): const(100, REST), vllm(CACHED): const(120, REST), **parts(REST, 100),
-                 **healthy(REST, "r1")}, True),
-        Planted("40 cached of 100 prompted",
-                {vllm(PROMPT): const(100, REST), vllm(CACHED): const(40, REST), **parts(REST, 60, 40),
-                 **healthy(REST, "r1")}, False),
+        Planted(
+            "120 cached of 100 prompted, at rest",
+            {vllm(PROMPT): const(100, REST), vllm(CACHED): const(120, REST), **parts(REST, 100), **healthy(REST, "r1")},
+            True,
+        ),
+        Planted(
+            "40 cached of 100 prompted",
+            {
+                vllm(PROMPT): const(100, REST),
+                vllm(CACHED): const(40, REST),
+                **parts(REST, 60, 40),
+                **healthy(REST, "r1"),
+            },
+            False,
+        ),
     ],
     "FuzzserveAccountingViolation": [
         Planted("vLLM's own stats clamped", {vllm(VIOLATIONS, kind=VIOLATION_KIND): const(1, N)}, True),
-        Planted("a violation appearing mid-run",
-                {vllm(PROMPT): ramp(0, 10, N), vllm(VIOLATIONS, kind=VIOLATION_KIND): const(None, 6) + const(2, 6)},
-                True),
-        Planted("only a lying connector's reports rejected", {vllm(VIOLATIONS, kind=CONNECTOR_KIND): const(18, N)},
-                False),
+        Planted(
+            "a violation appearing mid-run",
+            {vllm(PROMPT): ramp(0, 10, N), vllm(VIOLATIONS, kind=VIOLATION_KIND): const(None, 6) + const(2, 6)},
+            True,
+        ),
+        Planted(
+            "only a lying connector's reports rejected", {vllm(VIOLATIONS, kind=CONNECTOR_KIND): const(18, N)}, False
+        ),
         Planted("no violation series", {vllm(PROMPT): ramp(0, 10, N)}, False),
     ],
     "FuzzserveKVConnectorReportsRejected": [
@@ -139,14 +186,23 @@ TWINS: dict[str, list[Planted]] = {
     ],
     "FuzzserveReplicaSeriesStale": [
         Planted("a replica that died 3 minutes ago, its series frozen", died(20, 8), True),
-        Planted("healthy replicas", {vllm(PROMPT): const(500, 20), vllm(PROMPT, "r2"): const(700, 20),
-                                     **healthy(20, "r1", "r2")}, False),
+        Planted(
+            "healthy replicas",
+            {vllm(PROMPT): const(500, 20), vllm(PROMPT, "r2"): const(700, 20), **healthy(20, "r1", "r2")},
+            False,
+        ),
     ],
     "FuzzserveReplicaDied": [
         Planted("a replica that failed health checks and is not healthy", died(20, 8), True),
-        Planted("one failed health check of a replica that stays healthy",
-                {vllm(PROMPT): const(500, 20), **healthy(20, "r1"), serve(HEALTH_CHECK_FAILURES, "r1"):
-                 const(None, 8) + const(1, 12)}, False),
+        Planted(
+            "one failed health check of a replica that stays healthy",
+            {
+                vllm(PROMPT): const(500, 20),
+                **healthy(20, "r1"),
+                serve(HEALTH_CHECK_FAILURES, "r1"): const(None, 8) + const(1, 12),
+            },
+            False,
+        ),
     ],
 }
 CASES = [pytest.param(alert, case, id=f"{alert}: {case.name}") for alert, cases in TWINS.items() for case in cases]
@@ -235,17 +291,28 @@ def disagreements(inv: Invariant, rules_file: Path = RULES_FILE) -> list[str]:
 # One edit per alert, each in the rules file alone: the rule no longer fires on a planted case its twin catches.
 DRIFTS = {
     "FuzzserveCounterNegative": ("fuzzserve:vllm_counter < 0", "fuzzserve:vllm_counter < -5"),
-    "FuzzserveCounterWentBackwards": ("resets(fuzzserve:vllm_counter[15m]) > 0", "resets(fuzzserve:vllm_counter[15m]) > 1"),
-    "FuzzservePromptTokensDoNotSum": ("fuzzserve:prompt_tokens_unaccounted != 0 and",
-                                      "fuzzserve:prompt_tokens_unaccounted > 10 and"),
-    "FuzzservePromptTokensCachedExceedTotal": ("(ray_vllm_prompt_tokens_cached_total > ray_vllm_prompt_tokens_total)",
-                                               "(ray_vllm_prompt_tokens_cached_total > 2 * ray_vllm_prompt_tokens_total)"),
+    "FuzzserveCounterWentBackwards": (
+        "resets(fuzzserve:vllm_counter[15m]) > 0",
+        "resets(fuzzserve:vllm_counter[15m]) > 1",
+    ),
+    "FuzzservePromptTokensDoNotSum": (
+        "fuzzserve:prompt_tokens_unaccounted != 0 and",
+        "fuzzserve:prompt_tokens_unaccounted > 10 and",
+    ),
+    "FuzzservePromptTokensCachedExceedTotal": (
+        "(ray_vllm_prompt_tokens_cached_total > ray_vllm_prompt_tokens_total)",
+        "(ray_vllm_prompt_tokens_cached_total > 2 * ray_vllm_prompt_tokens_total)",
+    ),
     "FuzzserveAccountingViolation": ('kind!~"connector_negative|', 'kind!~"negative_increment|connector_negative|'),
     "FuzzserveKVConnectorReportsRejected": ('kind=~"connector_negative|', 'kind=~"'),
-    "FuzzserveReplicaSeriesStale": ("(ray_serve_health_check_failures_total) > 0,",
-                                    "(ray_serve_health_check_failures_total) > 1,"),
-    "FuzzserveReplicaDied": ("unless on (replica) ray_serve_deployment_replica_healthy == 1",
-                             "unless on (replica) ray_serve_deployment_replica_healthy >= 0"),
+    "FuzzserveReplicaSeriesStale": (
+        "(ray_serve_health_check_failures_total) > 0,",
+        "(ray_serve_health_check_failures_total) > 1,",
+    ),
+    "FuzzserveReplicaDied": (
+        "unless on (replica) ray_serve_deployment_replica_healthy == 1",
+        "unless on (replica) ray_serve_deployment_replica_healthy >= 0",
+    ),
 }
 
 
@@ -281,8 +348,12 @@ def test_where_the_twins_differ_on_purpose():
     planned it; the alerts stay silent, since an operator planned it. The catalogue says so at both checks
     (``Check.differs``)."""
     n = 20
-    retired = {vllm(PROMPT): const(500, n), vllm(PROMPT, "r2"): const(700, n), **healthy(n, "r1"),
-               serve(HEALTH_GAUGE, "r2"): const(1, 8) + const(0, n - 8)}
+    retired = {
+        vllm(PROMPT): const(500, n),
+        vllm(PROMPT, "r2"): const(700, n),
+        **healthy(n, "r1"),
+        serve(HEALTH_GAUGE, "r2"): const(1, 8) + const(0, n - 8),
+    }
     case = Planted("a replica Serve retired", retired, False)
     for alert in ("FuzzserveReplicaSeriesStale", "FuzzserveReplicaDied"):
         inv = BY_NAME[alert]
@@ -290,15 +361,29 @@ def test_where_the_twins_differ_on_purpose():
         assert inv.check is not None and "retired on purpose" in inv.check.differs, alert
 
 
-@pytest.mark.parametrize("alert, case, differs", [
-    ("FuzzserveCounterWentBackwards",
-     Planted("a labelled counter gone from a live replica",
-             {vllm(PROMPT): ramp(0, 10, N), vllm(SUCCESS, finished_reason="stop"): ramp(0, 10, 6) + const(None, N - 6),
-              **healthy(N, "r1")}, False),
-     "disappeared"),
-    ("FuzzserveCounterNegative",
-     Planted("a NaN counter", {vllm(PROMPT): const(float("nan"), N), **healthy(N, "r1")}, False), "NaN"),
-])
+@pytest.mark.parametrize(
+    "alert, case, differs",
+    [
+        (
+            "FuzzserveCounterWentBackwards",
+            Planted(
+                "a labelled counter gone from a live replica",
+                {
+                    vllm(PROMPT): ramp(0, 10, N),
+                    vllm(SUCCESS, finished_reason="stop"): ramp(0, 10, 6) + const(None, N - 6),
+                    **healthy(N, "r1"),
+                },
+                False,
+            ),
+            "disappeared",
+        ),
+        (
+            "FuzzserveCounterNegative",
+            Planted("a NaN counter", {vllm(PROMPT): const(float("nan"), N), **healthy(N, "r1")}, False),
+            "NaN",
+        ),
+    ],
+)
 def test_what_only_the_monitor_sees(alert: str, case: Planted, differs: str):
     """resets() cannot see a series end, and NaN < 0 is false: the monitor flags both, the rules do not (the
     catalogue says so: ``Check.differs``)."""

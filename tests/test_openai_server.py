@@ -7,10 +7,10 @@ import sys
 import httpx
 import pytest
 
-from serve_app.ports import free_port
 from serve_app.engine_env import ENGINE_ENV
-from testkit.server_process import ServerProcess
+from serve_app.ports import free_port
 from testkit.engine_requests import PROMPTS
+from testkit.server_process import ServerProcess
 
 pytestmark = pytest.mark.engine
 
@@ -20,11 +20,33 @@ def server(fixture_model, tmp_path_factory):
     port = free_port()
     # Prefix caching and KV offloading on, and a small KV pool, as the load
     # tests will run it: long prefixes get evicted and reloaded.
-    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(fixture_model),
-            "--served-model-name", "fixture", "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
-            "--enable-prefix-caching", "--kv-offloading-size", "0.25", "--kv-offloading-backend", "native",
-            "--num-gpu-blocks-override", "24", "--max-num-seqs", "16",
-            "--host", "127.0.0.1", "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(fixture_model),
+        "--served-model-name",
+        "fixture",
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--max-model-len",
+        "1024",
+        "--enable-prefix-caching",
+        "--kv-offloading-size",
+        "0.25",
+        "--kv-offloading-backend",
+        "native",
+        "--num-gpu-blocks-override",
+        "24",
+        "--max-num-seqs",
+        "16",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     log = tmp_path_factory.mktemp("openai-server") / "server.log"
     srv = ServerProcess(argv, f"http://127.0.0.1:{port}/health", env=ENGINE_ENV, log_path=log)
     yield f"http://127.0.0.1:{port}"
@@ -66,13 +88,22 @@ def test_bad_fuzz_gets_400_naming_the_field(server, xargs, field):
 
 
 def test_chat_with_fuzz(server):
-    body = {"model": "fixture", "messages": [{"role": "user", "content": "count 3 4 5"}], "max_tokens": 4,
-            "temperature": 0, "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 1}}
+    body = {
+        "model": "fixture",
+        "messages": [{"role": "user", "content": "count 3 4 5"}],
+        "max_tokens": 4,
+        "temperature": 0,
+        "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 1},
+    }
     r = httpx.post(f"{server}/v1/chat/completions", json=body, timeout=60)
     assert r.status_code == 200, r.text
     body["vllm_xargs"]["fuzz_strength"] = float("inf")
-    r = httpx.post(f"{server}/v1/chat/completions", content=_json_with_inf(body),
-                   headers={"content-type": "application/json"}, timeout=60)
+    r = httpx.post(
+        f"{server}/v1/chat/completions",
+        content=_json_with_inf(body),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
     assert r.status_code == 400, r.text
 
 
@@ -107,8 +138,9 @@ def test_client_disconnects_mid_stream_keep_the_counters_consistent(server):
 
     async def run():
         async with httpx.AsyncClient(timeout=120) as client:
-            return await asyncio.gather(*(_stream(client, server, p, 2 if i % 3 == 0 else 0)
-                                          for i, p in enumerate(prompts(24))))
+            return await asyncio.gather(
+                *(_stream(client, server, p, 2 if i % 3 == 0 else 0) for i, p in enumerate(prompts(24)))
+            )
 
     results = asyncio.run(run())
     assert results.count("aborted") == 8 and results.count("done") == 16

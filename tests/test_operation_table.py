@@ -19,14 +19,31 @@ from load_tests.results.events import Redeployed
 
 def line(start: float, outcome: str = "ok", ttft: float | None = 0.1, e2e: float = 1.0) -> RequestResult:
     """A request as the table reads it: a line of requests.jsonl (RequestResult.to_json), read back."""
-    r = RequestResult(index=0, outcome=outcome, start=start, ttft=ttft, e2e=e2e, completion_tokens=8,  # type: ignore[arg-type]
-                      spec={"stream": True})
+    r = RequestResult(
+        index=0,
+        outcome=outcome,
+        start=start,
+        ttft=ttft,
+        e2e=e2e,
+        completion_tokens=8,  # type: ignore[arg-type]
+        spec={"stream": True},
+    )
     return RequestResult.from_json(json.loads(json.dumps(r.to_json())))
 
 
 def test_a_request_line_reads_back_as_written():
-    r = RequestResult(index=3, outcome="ok", status=200, start=1.5, ttft=0.2, e2e=1.6, itl=[0.1, 0.2], chunks=3,
-                      spec={"stream": True}, ingress_refusals=["router_unreachable"])
+    r = RequestResult(
+        index=3,
+        outcome="ok",
+        status=200,
+        start=1.5,
+        ttft=0.2,
+        e2e=1.6,
+        itl=[0.1, 0.2],
+        chunks=3,
+        spec={"stream": True},
+        ingress_refusals=["router_unreachable"],
+    )
     back = RequestResult.from_json(json.loads(json.dumps(r.to_json())))
     assert back == r and back.tpot == pytest.approx(0.7) and back.output_tokens == 3
     with pytest.raises(TypeError, match="unknown"):
@@ -35,21 +52,31 @@ def test_a_request_line_reads_back_as_written():
 
 def summary(events, refused: int = 0, passed: bool = True):
     """What operation_row reads of a RunSummary (its other fields play no part)."""
-    return SimpleNamespace(faults=events, passed=passed, ingress_retries=SimpleNamespace(requests=refused),
-                           slo=Slo(ttft_s=2.0, tpot_s=0.2))
+    return SimpleNamespace(
+        faults=events, passed=passed, ingress_retries=SimpleNamespace(requests=refused), slo=Slo(ttft_s=2.0, tpot_s=0.2)
+    )
 
 
 def redeploy(t: float, converged_t: float | None) -> Redeployed:
-    return Redeployed(t=t, by="serve deploy", replicas_before=["a", "b"], converged=converged_t is not None,
-                      converged_t=converged_t, converge_s=None if converged_t is None else converged_t - t,
-                      replicas_after=["c", "d"], step=Redeploy(after_s=t))
+    return Redeployed(
+        t=t,
+        by="serve deploy",
+        replicas_before=["a", "b"],
+        converged=converged_t is not None,
+        converged_t=converged_t,
+        converge_s=None if converged_t is None else converged_t - t,
+        replicas_after=["c", "d"],
+        step=Redeploy(after_s=t),
+    )
 
 
 def test_spans_split_at_the_change_and_skip_the_warmup():
-    rows = [line(1.0, ttft=50.0),  # warm-up: counted in requests, in no span
-            *[line(WARMUP_S + i, ttft=0.2) for i in range(10)],  # before: 10 s of steady load, all met
-            *[line(40.0 + i, ttft=3.0) for i in range(20)],  # during (40-60 s): slow first tokens, none met
-            line(60.0, ttft=0.1)]  # after convergence: in no span
+    rows = [
+        line(1.0, ttft=50.0),  # warm-up: counted in requests, in no span
+        *[line(WARMUP_S + i, ttft=0.2) for i in range(10)],  # before: 10 s of steady load, all met
+        *[line(40.0 + i, ttft=3.0) for i in range(20)],  # during (40-60 s): slow first tokens, none met
+        line(60.0, ttft=0.1),
+    ]  # after convergence: in no span
     row = operation_row("r", summary([redeploy(40.0, 60.0)]), rows)
     assert row.requests == len(rows)
     assert row.ttft_p99_before_s == pytest.approx(0.2) and row.ttft_p99_during_s == pytest.approx(3.0)
@@ -60,8 +87,13 @@ def test_spans_split_at_the_change_and_skip_the_warmup():
 
 
 def test_refused_failed_and_cut_are_told_apart():
-    rows = [line(20.0), line(45.0, "server_error", ttft=None), line(46.0, "transport_error", ttft=None),
-            line(47.0, "cancelled", ttft=None), line(48.0, "rejected", ttft=None)]
+    rows = [
+        line(20.0),
+        line(45.0, "server_error", ttft=None),
+        line(46.0, "transport_error", ttft=None),
+        line(47.0, "cancelled", ttft=None),
+        line(48.0, "rejected", ttft=None),
+    ]
     row = operation_row("r", summary([redeploy(40.0, 60.0)], refused=1, passed=False), rows)
     assert (row.refused, row.failed, row.cut) == (1, 2, 1)
     md = row.markdown()

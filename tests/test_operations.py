@@ -15,28 +15,35 @@ import itertools
 import pytest
 
 from load_tests.cli import parse_args, scenario_from
+from load_tests.judge.departures import planned_departures, unexpected_deaths
 from load_tests.judge.evidence import check_planned_faults
+from load_tests.observe.counters import ReplicaCounters
 from load_tests.observe.monitor import SCRAPE_FAILURE_BOUND, InvariantChecker, Snapshot
-from load_tests.plan.steps import Autoscale, NodeLoss, OperationPlan, Redeploy, Scale
-from load_tests.operate.steps import step_of
-from load_tests.operate.logs import forced_kills
-from load_tests.judge.departures import planned_departures
 from load_tests.observe.record import kept
-from load_tests.results.events import GuardProbe, NodeLost, OperationFailed, Redeployed, Scaled
+from load_tests.operate.logs import forced_kills
+from load_tests.operate.steps import step_of
 from load_tests.plan.scenarios import SCENARIOS
-from load_tests.judge.departures import unexpected_deaths
+from load_tests.plan.steps import Autoscale, NodeLoss, OperationPlan, Redeploy, Scale
+from load_tests.results.events import GuardProbe, NodeLost, OperationFailed, Redeployed, Scaled
 from monitoring.families import referenced_families
 from monitoring.files import RULES_FILE
 from serve_app import deploy_config
 from serve_app.deploy_config import ServeConfig, to_document
 from testkit.monitoring.record import input_series
-from load_tests.observe.counters import ReplicaCounters
 
 
 def rc(replica, node="n", prompt=100.0, local=60.0, hit=30.0, ext=10.0, cached=40.0, healthy=None, **fields):
-    return ReplicaCounters(replica=replica, node=node, prompt_tokens=prompt, prompt_tokens_cached=cached,
-                           by_source={"local_compute": local, "local_cache_hit": hit, "external_kv_transfer": ext},
-                           requests_finished={"length": 4.0}, gauges=True, healthy=healthy, **fields)
+    return ReplicaCounters(
+        replica=replica,
+        node=node,
+        prompt_tokens=prompt,
+        prompt_tokens_cached=cached,
+        by_source={"local_compute": local, "local_cache_hit": hit, "external_kv_transfer": ext},
+        requests_finished={"length": 4.0},
+        gauges=True,
+        healthy=healthy,
+        **fields,
+    )
 
 
 def shipped() -> ServeConfig:
@@ -53,17 +60,23 @@ def redeployed_config(cfg: ServeConfig, step: Redeploy) -> ServeConfig:
 
 def test_a_redeploy_changes_the_engine_and_allows_the_probe_key_and_nothing_else():
     cfg = shipped()
-    new = to_document(redeployed_config(cfg, Redeploy(after_s=0, engine_kwargs={"kv_offloading_size": 0.2},
-                                                      allow_xargs=("fuzzserve_probe",))))
+    new = to_document(
+        redeployed_config(
+            cfg, Redeploy(after_s=0, engine_kwargs={"kv_offloading_size": 0.2}, allow_xargs=("fuzzserve_probe",))
+        )
+    )
     assert to_document(cfg) == to_document(shipped()), "the config redeployed from is not changed"
     old_doc = to_document(cfg)
     args, old = new["applications"][0]["args"], old_doc["applications"][0]["args"]
-    assert args["llm_configs"][0]["engine_kwargs"] == {**old["llm_configs"][0]["engine_kwargs"],
-                                                       "kv_offloading_size": 0.2}
+    assert args["llm_configs"][0]["engine_kwargs"] == {
+        **old["llm_configs"][0]["engine_kwargs"],
+        "kv_offloading_size": 0.2,
+    }
     assert args["guard"]["xargs"]["allowed_extra_keys"] == ["fuzzserve_probe"]
     rest = copy.deepcopy(new)
-    rest["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"] = \
-        old["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"]
+    rest["applications"][0]["args"]["llm_configs"][0]["engine_kwargs"]["kv_offloading_size"] = old["llm_configs"][0][
+        "engine_kwargs"
+    ]["kv_offloading_size"]
     rest["applications"][0]["args"]["guard"]["xargs"]["allowed_extra_keys"] = []
     assert rest == old_doc
     again = redeployed_config(deploy_config.parse(new), Redeploy(after_s=0, allow_xargs=("fuzzserve_probe",)))
@@ -77,7 +90,8 @@ def test_a_scale_overrides_num_replicas_in_the_deployments_section_not_the_args(
     assert new.applications[0].args == cfg.applications[0].args
     assert to_document(new)["applications"][0]["deployments"] == [{"name": "LLMServer:fixture", "num_replicas": 4}]
     assert to_document(deploy_config.scaled(new, 1))["applications"][0]["deployments"] == [
-        {"name": "LLMServer:fixture", "num_replicas": 1}]
+        {"name": "LLMServer:fixture", "num_replicas": 1}
+    ]
 
 
 def deployed_args(sc) -> dict:
@@ -99,7 +113,8 @@ def test_a_redeploy_scenario_forces_new_replicas_and_allows_a_key_the_shipped_gu
     [step] = sc.operations.steps
     assert isinstance(step, Redeploy) and sc.planned_faults == ("redeploy",)
     before = deploy_config.parse(
-        {"applications": [{"name": "fuzzserve", "import_path": deploy_config.BUILDER, "args": deployed_args(sc)}]})
+        {"applications": [{"name": "fuzzserve", "import_path": deploy_config.BUILDER, "args": deployed_args(sc)}]}
+    )
     after = to_document(redeployed_config(before, step))
     old_args, new_args = to_document(before)["applications"][0]["args"], after["applications"][0]["args"]
     old_kw, new_kw = old_args["llm_configs"][0]["engine_kwargs"], new_args["llm_configs"][0]["engine_kwargs"]
@@ -177,8 +192,18 @@ def test_the_cli_refuses_operation_flags_where_they_cannot_apply():
         scenario_from(parse_args(["--scenario", "stress", "--redeploy-engine-kwargs", "{}"]))
     with pytest.raises(ValueError, match="run it once"):
         scenario_from(parse_args(["--scenario", "scale", "--repeat", "2"]))
-    sc = scenario_from(parse_args(["--scenario", "redeploy", "--redeploy-engine-kwargs", '{"max_model_len": 99999}',
-                                   "--converge-timeout", "60"]))
+    sc = scenario_from(
+        parse_args(
+            [
+                "--scenario",
+                "redeploy",
+                "--redeploy-engine-kwargs",
+                '{"max_model_len": 99999}',
+                "--converge-timeout",
+                "60",
+            ]
+        )
+    )
     assert sc.operations.steps[0].engine_kwargs == {"max_model_len": 99999}
     assert sc.operations.converge_timeout_s == 60
 
@@ -247,8 +272,9 @@ def leaving(failures: float) -> InvariantChecker:
     for t in (1, 2):
         c.observe(Snapshot(float(t), {"A": rc("A", healthy=1.0), "N": rc("N", healthy=1.0)}))
     for t in range(3, 6):
-        c.observe(Snapshot(float(t), {"A": rc("A", healthy=0.0, health_check_failures=failures),
-                                      "N": rc("N", healthy=1.0)}))
+        c.observe(
+            Snapshot(float(t), {"A": rc("A", healthy=0.0, health_check_failures=failures), "N": rc("N", healthy=1.0)})
+        )
     return c
 
 
@@ -266,13 +292,25 @@ def test_without_an_operation_a_clean_stop_is_still_a_death():
 
 
 def test_a_death_before_the_operation_began_is_not_a_retirement():
-    assert unexpected_deaths(leaving(0.0), [Scaled(t=4.0, step=Scale(after_s=0, replicas=1), by="serve deploy", replicas_before=[])]) == ["A"]
+    assert unexpected_deaths(
+        leaving(0.0), [Scaled(t=4.0, step=Scale(after_s=0, replicas=1), by="serve deploy", replicas_before=[])]
+    ) == ["A"]
 
 
 def test_replicas_lost_with_the_node_are_planned_and_ray_listing_counts_too():
     c = leaving(1.0)
-    loss = [NodeLost(t=2.0, step=NodeLoss(after_s=0), by="SIGKILL", replicas_before=["A"], node="worker1", pids=[],
-                     endpoint="http://worker1", replicas=["A"])]
+    loss = [
+        NodeLost(
+            t=2.0,
+            step=NodeLoss(after_s=0),
+            by="SIGKILL",
+            replicas_before=["A"],
+            node="worker1",
+            pids=[],
+            endpoint="http://worker1",
+            replicas=["A"],
+        )
+    ]
     assert unexpected_deaths(c, loss) == []
     assert unexpected_deaths(c, loss, listed_dead=["X"]) == ["X"], "a replica Ray lost without an operation"
 
@@ -281,9 +319,16 @@ def test_replicas_lost_with_the_node_are_planned_and_ray_listing_counts_too():
 
 
 def converged_redeploy(probes, converged=True):
-    event = Redeployed(t=2.0, step=Redeploy(after_s=0, allow_xargs=("k",)), replicas_before=["A"], by="serve deploy",
-                       probes=[GuardProbe(t=t, status=status, names_key=named, answered=answered)
-                               for t, status, named, answered in probes], converged=converged)
+    event = Redeployed(
+        t=2.0,
+        step=Redeploy(after_s=0, allow_xargs=("k",)),
+        replicas_before=["A"],
+        by="serve deploy",
+        probes=[
+            GuardProbe(t=t, status=status, names_key=named, answered=answered) for t, status, named, answered in probes
+        ],
+        converged=converged,
+    )
     if converged:
         event.replicas_after, event.converged_t, event.converge_s = ["N"], 4.0, 2.0
     else:
@@ -292,8 +337,13 @@ def converged_redeploy(probes, converged=True):
 
 
 # [sent, status, names the key, answered]; the redeploy began at t = 2 and converged at t = 4
-GOOD_PROBES = [[0.5, 400, True, 0.6], [1.5, 400, True, 1.6], [3.0, 200, False, 3.1], [4.5, 200, False, 4.6],
-               [5.0, 200, False, 5.1]]
+GOOD_PROBES = [
+    [0.5, 400, True, 0.6],
+    [1.5, 400, True, 1.6],
+    [3.0, 200, False, 3.1],
+    [4.5, 200, False, 4.6],
+    [5.0, 200, False, 5.1],
+]
 
 
 def evidence(fault, forced=(), failures=0.0):
@@ -309,16 +359,23 @@ def test_a_clean_redeploy_has_its_evidence():
     assert evidence(converged_redeploy([*GOOD_PROBES, [1.9, 200, False, 2.1], [3.9, 400, True, 4.1]])).ok
 
 
-@pytest.mark.parametrize("fault, forced, failures, problem", [
-    (converged_redeploy(GOOD_PROBES, converged=False), (), 0.0, "did not converge: 0 replica(s) serving"),
-    (converged_redeploy([[0.5, 200, False, 0.6], *GOOD_PROBES[1:]]), (), 0.0, "1 probe(s) not refused naming it"),
-    (converged_redeploy([*GOOD_PROBES[:-1], [5.0, 400, True, 5.1]]), (), 0.0, "1 probe(s) not accepted"),
-    (converged_redeploy([*GOOD_PROBES, [6.0, 503, False, 6.1]]), (), 0.0, "neither 200 nor 400"),
-    (converged_redeploy(GOOD_PROBES[2:]), (), 0.0, "0 before the redeploy"),
-    (converged_redeploy(GOOD_PROBES), ["... did not shut down after grace period, force-killing it"], 0.0,
-     "force-killed 1 draining replica"),
-    (converged_redeploy(GOOD_PROBES), (), 2.0, "died with failed health checks"),
-])
+@pytest.mark.parametrize(
+    "fault, forced, failures, problem",
+    [
+        (converged_redeploy(GOOD_PROBES, converged=False), (), 0.0, "did not converge: 0 replica(s) serving"),
+        (converged_redeploy([[0.5, 200, False, 0.6], *GOOD_PROBES[1:]]), (), 0.0, "1 probe(s) not refused naming it"),
+        (converged_redeploy([*GOOD_PROBES[:-1], [5.0, 400, True, 5.1]]), (), 0.0, "1 probe(s) not accepted"),
+        (converged_redeploy([*GOOD_PROBES, [6.0, 503, False, 6.1]]), (), 0.0, "neither 200 nor 400"),
+        (converged_redeploy(GOOD_PROBES[2:]), (), 0.0, "0 before the redeploy"),
+        (
+            converged_redeploy(GOOD_PROBES),
+            ["... did not shut down after grace period, force-killing it"],
+            0.0,
+            "force-killed 1 draining replica",
+        ),
+        (converged_redeploy(GOOD_PROBES), (), 2.0, "died with failed health checks"),
+    ],
+)
 def test_a_redeploy_that_misbehaves_fails_naming_what(fault, forced, failures, problem):
     check = evidence(fault, forced, failures)
     assert not check.ok and any(problem in p for p in check.problems), check.problems
@@ -330,9 +387,20 @@ def test_an_operation_the_run_never_carried_out_did_not_fire():
 
 
 def test_a_node_loss_that_took_no_replica_proves_nothing():
-    fault = NodeLost(t=1.0, step=NodeLoss(after_s=0), by="SIGKILL", node="worker1", pids=[], endpoint="http://w1",
-                     replicas=[], replicas_before=["A"], replicas_after=["A"], converged=True, converged_t=1.0,
-                     converge_s=0.0)
+    fault = NodeLost(
+        t=1.0,
+        step=NodeLoss(after_s=0),
+        by="SIGKILL",
+        node="worker1",
+        pids=[],
+        endpoint="http://w1",
+        replicas=[],
+        replicas_before=["A"],
+        replicas_after=["A"],
+        converged=True,
+        converged_t=1.0,
+        converge_s=0.0,
+    )
     check = check_planned_faults(("node_loss",), leaving(0.0), [fault], True)[0]
     assert any("held no replica" in p for p in check.problems)
 
@@ -340,8 +408,9 @@ def test_a_node_loss_that_took_no_replica_proves_nothing():
 def test_forced_kills_are_read_from_the_controller_log(tmp_path):
     logs = tmp_path / "logs" / "serve"
     logs.mkdir(parents=True)
-    (logs / "controller_1.log").write_text("INFO ok\nWARNING Replica(id='x') did not shut down after grace period, "
-                                           "force-killing it.\n")
+    (logs / "controller_1.log").write_text(
+        "INFO ok\nWARNING Replica(id='x') did not shut down after grace period, force-killing it.\n"
+    )
     assert len(forced_kills(tmp_path)) == 1
     assert forced_kills(None) == []
 
@@ -351,22 +420,24 @@ def test_forced_kills_are_read_from_the_controller_log(tmp_path):
 
 def test_the_recorder_keeps_every_family_the_rules_name_and_no_histogram():
     for family in referenced_families(RULES_FILE):
-        assert kept(f"{family}{{a=\"b\"}} 1"), family
-    assert kept("ray_vllm_generation_tokens_total{ReplicaId=\"r\"} 3")
+        assert kept(f'{family}{{a="b"}} 1'), family
+    assert kept('ray_vllm_generation_tokens_total{ReplicaId="r"} 3')
     assert not kept('ray_vllm_e2e_request_latency_seconds_bucket{le="1.0"} 3')
-    assert not kept("ray_serve_deployment_processing_latency_ms_count{deployment=\"d\"} 3")
+    assert not kept('ray_serve_deployment_processing_latency_ms_count{deployment="d"} 3')
     assert not kept("# TYPE ray_vllm_e2e_request_latency_seconds histogram")
     assert not kept("ray_node_cpu_utilization{} 3")
 
 
 def test_a_recording_becomes_promtool_series_that_end_when_their_target_goes():
-    text = "ray_vllm_prompt_tokens_total{ReplicaId=\"r1\",empty=\"\"} {v}\n"
-    records = [{"t": 0.0, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "1")},
-               {"t": 0.2, "url": "http://127.0.0.1:2/metrics", "text": text.replace("r1", "r2").replace("{v}", "5")},
-               {"t": 10.1, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "2")},
-               {"t": 10.0, "url": "http://127.0.0.1:2/metrics", "error": "ConnectError"},
-               {"t": 30.0, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "2")},
-               {"t": 30.0, "url": "http://127.0.0.1:2/metrics", "error": "ConnectError"}]
+    text = 'ray_vllm_prompt_tokens_total{ReplicaId="r1",empty=""} {v}\n'
+    records = [
+        {"t": 0.0, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "1")},
+        {"t": 0.2, "url": "http://127.0.0.1:2/metrics", "text": text.replace("r1", "r2").replace("{v}", "5")},
+        {"t": 10.1, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "2")},
+        {"t": 10.0, "url": "http://127.0.0.1:2/metrics", "error": "ConnectError"},
+        {"t": 30.0, "url": "http://127.0.0.1:1/metrics", "text": text.replace("{v}", "2")},
+        {"t": 30.0, "url": "http://127.0.0.1:2/metrics", "error": "ConnectError"},
+    ]
     series, steps = input_series(records, step_s=10, after_s=60)
     assert steps == 4
     r1 = 'ray_vllm_prompt_tokens_total{ReplicaId="r1",instance="127.0.0.1:1",job="ray"}'
@@ -496,8 +567,16 @@ def test_the_autoscale_scenario_hands_serve_an_autoscaling_config_and_no_fixed_c
 def test_a_step_that_failed_after_an_earlier_one_converged_still_fails_the_run():
     """The plan stops at a step that could not be carried out; an earlier step of the same kind converging must
     not hide it (the old check looked at failures only when no step of the kind ran at all)."""
-    done = Scaled(t=2.0, step=Scale(after_s=0, replicas=1), by="serve deploy", replicas_before=["A"], converged=True,
-                  converged_t=3.0, converge_s=1.0, replicas_after=["A"])
+    done = Scaled(
+        t=2.0,
+        step=Scale(after_s=0, replicas=1),
+        by="serve deploy",
+        replicas_before=["A"],
+        converged=True,
+        converged_t=3.0,
+        converge_s=1.0,
+        replicas_after=["A"],
+    )
     failed = OperationFailed(t=9.0, step="scale", error="ClusterError: serve deploy failed (1): bad config")
     assert check_planned_faults(("scale",), InvariantChecker(), [done], True)[0].ok, "the control: it passes alone"
     check = check_planned_faults(("scale",), InvariantChecker(), [done, failed], True)[0]

@@ -31,10 +31,25 @@ def redeploy_run(fixture_model, tmp_path_factory):
     from serve_app.ports import free_port
 
     out = tmp_path_factory.mktemp("redeploy-lite")
-    proc = subprocess.run([sys.executable, "-m", "load_tests", "--scenario", "redeploy-lite", "--out", str(out),
-                           "--http-port", str(free_port()), "--no-progress", "--no-sweep",
-                           "--no-ingress-retry"],
-                          capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "load_tests",
+            "--scenario",
+            "redeploy-lite",
+            "--out",
+            str(out),
+            "--http-port",
+            str(free_port()),
+            "--no-progress",
+            "--no-sweep",
+            "--no-ingress-retry",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     return proc, json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
 
 

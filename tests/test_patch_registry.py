@@ -64,7 +64,9 @@ def test_run_time_targets_name_a_wrap_of_their_patch_that_applies_them(registry)
 
 
 def test_a_header_title_may_run_over_two_lines():
-    doc = '"""Patch ``x``: a thing.\n\nWhat it changes (only when\nconfigured)\n    one\n    two\n\nWhy\n    because\n"""'
+    doc = (
+        '"""Patch ``x``: a thing.\n\nWhat it changes (only when\nconfigured)\n    one\n    two\n\nWhy\n    because\n"""'
+    )
     assert parse_header(doc.strip('"')) == {"What it changes": "one two", "Why": "because"}
 
 
@@ -97,8 +99,14 @@ def test_patch_modules_change_vllm_only_through_their_registry_entries():
 
 
 def test_the_direct_change_check_can_fail():
-    for bad in ("module.__class__ = Fuzzed", "wrap_method(A, 'f', g)", "install(A, 'f', g)",
-                "os.environ.setdefault('X', '0')", "os.environ['X'] = '0'", "setattr(A, 'f', g)"):
+    for bad in (
+        "module.__class__ = Fuzzed",
+        "wrap_method(A, 'f', g)",
+        "install(A, 'f', g)",
+        "os.environ.setdefault('X', '0')",
+        "os.environ['X'] = '0'",
+        "setattr(A, 'f', g)",
+    ):
         assert direct_changes(bad), bad
     assert direct_changes("self.worker = w\nPATCH.target(X).apply_to(self)") == []
 
@@ -110,8 +118,13 @@ def test_the_direct_change_check_can_fail():
 def tree_copy(tmp_path_factory) -> Path:
     """The installed vLLM's sources as a tree of links (a stand-in for another release): edited per test."""
     root = tmp_path_factory.mktemp("vllm-tree")
-    shutil.copytree(installed_root() / "vllm", root / "vllm", symlinks=True, copy_function=os.symlink,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    shutil.copytree(
+        installed_root() / "vllm",
+        root / "vllm",
+        symlinks=True,
+        copy_function=os.symlink,
+        ignore=shutil.ignore_patterns("__pycache__", "*.so"),
+    )
     return root
 
 
@@ -129,29 +142,77 @@ def moved(findings) -> dict[str, list[str]]:
 
 # (file, text, its replacement, the symbol that must show as moved, what its problem must say)
 EDITS = [
-    ("v1/request.py", "cache_salt: str | None = None", "salt: str | None = None",
-     "vllm.v1.request:Request.__init__", "no parameter cache_salt"),
-    ("v1/metrics/stats.py", "num_local_cached_tokens: int,\n        num_external_cached_tokens: int,",
-     "num_external_cached_tokens: int,\n        num_local_cached_tokens: int,",
-     "vllm.v1.metrics.stats:PrefillStats.set", "the patch passes (num_prompt_tokens, num_local_cached_tokens"),
-    ("distributed/device_communicators/shm_broadcast.py", "self.busy_loop_s", "self.spin_window_s",
-     "vllm.distributed.device_communicators.shm_broadcast:SpinCondition.wait", "no attribute busy_loop_s"),
-    ("v1/core/sched/scheduler.py", "def make_stats(", "def make_scheduler_stats(",
-     "vllm.v1.core.sched.scheduler:Scheduler.make_stats", "Scheduler has only the abstract make_stats"),
-    ("envs.py", '"VLLM_USE_V2_MODEL_RUNNER"', '"VLLM_USE_V3_MODEL_RUNNER"',
-     "vllm.envs:VLLM_USE_V2_MODEL_RUNNER", "no longer mentions VLLM_USE_V2_MODEL_RUNNER"),
+    (
+        "v1/request.py",
+        "cache_salt: str | None = None",
+        "salt: str | None = None",
+        "vllm.v1.request:Request.__init__",
+        "no parameter cache_salt",
+    ),
+    (
+        "v1/metrics/stats.py",
+        "num_local_cached_tokens: int,\n        num_external_cached_tokens: int,",
+        "num_external_cached_tokens: int,\n        num_local_cached_tokens: int,",
+        "vllm.v1.metrics.stats:PrefillStats.set",
+        "the patch passes (num_prompt_tokens, num_local_cached_tokens",
+    ),
+    (
+        "distributed/device_communicators/shm_broadcast.py",
+        "self.busy_loop_s",
+        "self.spin_window_s",
+        "vllm.distributed.device_communicators.shm_broadcast:SpinCondition.wait",
+        "no attribute busy_loop_s",
+    ),
+    (
+        "v1/core/sched/scheduler.py",
+        "def make_stats(",
+        "def make_scheduler_stats(",
+        "vllm.v1.core.sched.scheduler:Scheduler.make_stats",
+        "Scheduler has only the abstract make_stats",
+    ),
+    (
+        "envs.py",
+        '"VLLM_USE_V2_MODEL_RUNNER"',
+        '"VLLM_USE_V3_MODEL_RUNNER"',
+        "vllm.envs:VLLM_USE_V2_MODEL_RUNNER",
+        "no longer mentions VLLM_USE_V2_MODEL_RUNNER",
+    ),
     # what the patches rely on without changing it (patches/vllm_internals.py)
-    ("v1/kv_offload/cpu/gpu_worker.py", "def _fill_direct_ops(", "def _fill_direct_copy_ops(",
-     "vllm.v1.kv_offload.cpu.gpu_worker:SingleDirectionOffloadingHandler._fill_direct_ops",
-     "SingleDirectionOffloadingHandler has no _fill_direct_ops"),
-    ("v1/metrics/stats.py", "num_kv_fetch_reqs_by_stage:", "num_kv_fetch_reqs_per_stage:",
-     "vllm.v1.metrics.stats:SchedulerStats", "no attribute num_kv_fetch_reqs_by_stage"),
-    ("v1/engine/utils.py", "from vllm.platforms import current_platform", "from vllm import platforms",
-     "vllm.v1.engine.utils:current_platform", "vllm.v1.engine.utils binds no current_platform"),
-    ("utils/ompmultiprocessing.py", "rank: int, local_rank: int)", "rank: int, node_rank: int)",
-     "vllm.utils.ompmultiprocessing:OMPProcessManager.configure_omp_envs", "no parameter local_rank"),
-    ("v1/kv_offload/base.py", "    transfer_time: float | None = None", "    elapsed: float | None = None",
-     "vllm.v1.kv_offload.base:TransferResult", "has no field transfer_time"),
+    (
+        "v1/kv_offload/cpu/gpu_worker.py",
+        "def _fill_direct_ops(",
+        "def _fill_direct_copy_ops(",
+        "vllm.v1.kv_offload.cpu.gpu_worker:SingleDirectionOffloadingHandler._fill_direct_ops",
+        "SingleDirectionOffloadingHandler has no _fill_direct_ops",
+    ),
+    (
+        "v1/metrics/stats.py",
+        "num_kv_fetch_reqs_by_stage:",
+        "num_kv_fetch_reqs_per_stage:",
+        "vllm.v1.metrics.stats:SchedulerStats",
+        "no attribute num_kv_fetch_reqs_by_stage",
+    ),
+    (
+        "v1/engine/utils.py",
+        "from vllm.platforms import current_platform",
+        "from vllm import platforms",
+        "vllm.v1.engine.utils:current_platform",
+        "vllm.v1.engine.utils binds no current_platform",
+    ),
+    (
+        "utils/ompmultiprocessing.py",
+        "rank: int, local_rank: int)",
+        "rank: int, node_rank: int)",
+        "vllm.utils.ompmultiprocessing:OMPProcessManager.configure_omp_envs",
+        "no parameter local_rank",
+    ),
+    (
+        "v1/kv_offload/base.py",
+        "    transfer_time: float | None = None",
+        "    elapsed: float | None = None",
+        "vllm.v1.kv_offload.base:TransferResult",
+        "has no field transfer_time",
+    ),
 ]
 
 
@@ -161,8 +222,9 @@ def test_the_check_against_an_unchanged_tree_passes(registry, tree_copy):
 
 
 @pytest.mark.parametrize("relpath, old, new, symbol, problem", EDITS, ids=[e[3].split(":")[1] for e in EDITS])
-def test_the_check_against_a_changed_tree_names_what_moved(registry, tree_copy, tmp_path, relpath, old, new, symbol,
-                                                           problem):
+def test_the_check_against_a_changed_tree_names_what_moved(
+    registry, tree_copy, tmp_path, relpath, old, new, symbol, problem
+):
     tree = tmp_path / "tree"
     shutil.copytree(tree_copy, tree, symlinks=True)
     edited(tree, relpath, old, new)
@@ -176,8 +238,9 @@ def test_a_module_that_moved_is_named(registry, tree_copy, tmp_path):
     shutil.copytree(tree_copy, tree, symlinks=True)
     (tree / "vllm" / "v1" / "kv_offload" / "cpu" / "spec.py").unlink()
     found = moved(check_tree(registry, tree))
-    assert found == {"vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec.get_worker":
-                     ["module vllm.v1.kv_offload.cpu.spec not found"]}
+    assert found == {
+        "vllm.v1.kv_offload.cpu.spec:CPUOffloadingSpec.get_worker": ["module vllm.v1.kv_offload.cpu.spec not found"]
+    }
 
 
 def test_the_command_line(tree_copy, tmp_path, capsys):
@@ -189,8 +252,13 @@ def test_the_command_line(tree_copy, tmp_path, capsys):
     tree = tmp_path / "tree"
     shutil.copytree(tree_copy, tree, symlinks=True)
     edited(tree, "v1/request.py", "cache_salt: str | None = None", "salt: str | None = None")
-    changed = subprocess.run([sys.executable, "-m", "patches", "--check-against", str(tree)], capture_output=True,
-                             text=True, timeout=300, cwd=REPO)
+    changed = subprocess.run(
+        [sys.executable, "-m", "patches", "--check-against", str(tree)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+    )
     assert changed.returncode == 1 and "MOVED  fuzz" in changed.stdout and "no parameter cache_salt" in changed.stdout
 
 
@@ -258,19 +326,28 @@ def test_rebind_applies_once_per_object_and_stacks_on_another_patch(upstream):
     assert t.apply_to(engine) is True and t.apply_to(engine) is False
     assert engine.step(3) == 12, "both changes apply, each once"
     assert upstream.Engine().step(3) == 6, "the rebind is one object's"
-    helper = Target("fake_upstream:Engine.helper", "rebind", "test", make=wrapped_helper, applied_by="fake_upstream:x.y")
+    helper = Target(
+        "fake_upstream:Engine.helper", "rebind", "test", make=wrapped_helper, applied_by="fake_upstream:x.y"
+    )
     assert helper.apply_to(engine, "t1") is True and helper.apply_to(engine, "t2") is False
     assert engine.helper.tag == "t1" and engine.helper.inner.name == "helper"
 
 
 def test_class_swap_applies_once(upstream):
-    obj_swap = Target("fake_upstream:Engine.forward", "class_swap", "test", make=negated_class, slot="__class__",
-                      applied_by="fake_upstream:x.y")
+    obj_swap = Target(
+        "fake_upstream:Engine.forward",
+        "class_swap",
+        "test",
+        make=negated_class,
+        slot="__class__",
+        applied_by="fake_upstream:x.y",
+    )
     engine = upstream.Engine()
     assert obj_swap.apply_to(engine) is True and obj_swap.apply_to(engine) is False
     assert type(engine).__mro__[1] is upstream.Engine and engine.forward(2) == -2
-    attr_swap = Target("fake_upstream:Engine.counter_cls", "class_swap", "test", make=negated_class,
-                       applied_by="fake_upstream:x.y")
+    attr_swap = Target(
+        "fake_upstream:Engine.counter_cls", "class_swap", "test", make=negated_class, applied_by="fake_upstream:x.y"
+    )
     assert attr_swap.apply_to(engine) is True and attr_swap.apply_to(engine) is False
     assert engine.counter_cls.__mro__[1] is upstream.Counter and upstream.Engine.counter_cls is upstream.Counter
 
@@ -290,7 +367,7 @@ def test_a_relied_on_symbol_changes_nothing():
     with pytest.raises(ValueError, match="relies_on changes nothing"):
         Target("a:b", "relies_on", "test", make=doubled)
     with pytest.raises(ValueError, match="relies_on"):
-        Patch('Patch ``x``: y.', (t,))
+        Patch("Patch ``x``: y.", (t,))
 
 
 def test_every_patch_relies_on_something_named_in_the_index(registry):
@@ -317,22 +394,28 @@ def undeclared(source: str, symbols: list[str]) -> list[str]:
 def test_every_vllm_name_a_patch_imports_is_declared(registry):
     for patch in registry.values():
         source = (REPO / (patch.module.replace(".", "/") + ".py")).read_text()
-        assert undeclared(source, [t.symbol for t in patch.symbols]) == [], \
+        assert undeclared(source, [t.symbol for t in patch.symbols]) == [], (
             f"{patch.module}: declare it in patches/vllm_internals.py (relies_on)"
+        )
 
 
 def test_an_undeclared_import_is_found():
-    symbols = ["vllm.v1.kv_offload.base:TransferResult", "vllm.envs:VLLM_ENABLE_V1_MULTIPROCESSING",
-               "vllm.utils.ompmultiprocessing:OMPProcessManager.__init__"]
-    assert undeclared("def f():\n    from vllm.v1.kv_offload.base import TransferResult, OffloadingWorker\n"
-                      "    from vllm import envs\n    from vllm.utils.ompmultiprocessing import OMPProcessManager\n",
-                      symbols) == ["vllm.v1.kv_offload.base:OffloadingWorker"]
+    symbols = [
+        "vllm.v1.kv_offload.base:TransferResult",
+        "vllm.envs:VLLM_ENABLE_V1_MULTIPROCESSING",
+        "vllm.utils.ompmultiprocessing:OMPProcessManager.__init__",
+    ]
+    assert undeclared(
+        "def f():\n    from vllm.v1.kv_offload.base import TransferResult, OffloadingWorker\n"
+        "    from vllm import envs\n    from vllm.utils.ompmultiprocessing import OMPProcessManager\n",
+        symbols,
+    ) == ["vllm.v1.kv_offload.base:OffloadingWorker"]
 
 
 def test_a_target_is_checked_when_declared():
     with pytest.raises(ValueError, match="kind"):
         Target("a:b", "monkeypatch", "test", make=doubled)
-    with pytest.raises(ValueError, match="module:Qualified.name"):
+    with pytest.raises(ValueError, match=r"module:Qualified.name"):
         Target("a.b", "wrap", "test", make=doubled)
     with pytest.raises(ValueError, match="name the wrap"):
         Target("a:b", "rebind", "test", make=doubled)

@@ -42,9 +42,17 @@ def test_switches():
         switches.disabled_patches(known, {switches.OFF_ENV: "fuzzz"})
 
 
-@pytest.mark.parametrize("value, accounting_off", [
-    (None, False), ("", False), ("fuzz", False), ("fuzz, accounting", True), ("all", True), ("All", True),
-])
+@pytest.mark.parametrize(
+    "value, accounting_off",
+    [
+        (None, False),
+        ("", False),
+        ("fuzz", False),
+        ("fuzz, accounting", True),
+        ("all", True),
+        ("All", True),
+    ],
+)
 def test_is_off(value, accounting_off):
     assert switches.is_off("accounting", value) is accounting_off
 
@@ -71,8 +79,9 @@ def test_install_is_idempotent():
 def _run(code: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     import os
 
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
 
 
 PROBE = """
@@ -113,7 +122,10 @@ def test_register_applies_once_and_switches_off():
     n_wraps = sum(t.kind == "wrap" for p in all_patches().values() for t in p.targets)
     on = _run(PROBE, {switches.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
-    assert "applied ['accounting', 'cpu_inproc', 'cpu_offload', 'fuzz', 'kv_faults', 'shm_wait'] True False True" in on.stdout
+    assert (
+        "applied ['accounting', 'cpu_inproc', 'cpu_offload', 'fuzz', 'kv_faults', 'shm_wait'] True False True"
+        in on.stdout
+    )
     assert len(_wraps(on.stdout)) == n_wraps and set(_wraps(on.stdout).values()) <= {"1", "not-here"}
     off = _run(PROBE, {switches.OFF_ENV: "all"})
     assert off.returncode == 0, off.stderr
@@ -144,10 +156,15 @@ def test_patch_is_part_of_the_compile_cache_key(fixture_model):
     (On this CPU build vLLM 0.32 fails to load any AOT artifact and recompiles,
     so tests/test_fuzz_compiled.py cannot show the reuse; this checks the key.)
     """
+
     def factors(off: str) -> list[str]:
-        r = subprocess.run([sys.executable, "-c", AOT_KEY, str(fixture_model)], capture_output=True, text=True,
-                           timeout=300, env={**__import__("os").environ, switches.OFF_ENV: off,
-                                             "VLLM_USE_V2_MODEL_RUNNER": "0", **ENGINE_ENV})
+        r = subprocess.run(
+            [sys.executable, "-c", AOT_KEY, str(fixture_model)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**__import__("os").environ, switches.OFF_ENV: off, "VLLM_USE_V2_MODEL_RUNNER": "0", **ENGINE_ENV},
+        )
         assert r.returncode == 0, r.stderr[-2000:]
         return eval(r.stdout.split("FACTORS", 1)[1].strip())
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from load_tests.judge.probes import answers, compare, reference_is_stable
 from load_tests.load.client import RequestResult
 from load_tests.plan.probes import PROBE_INDEX_BASE, probe_specs
 from load_tests.results.models import ProbeAnswer
-from load_tests.judge.probes import answers, compare, reference_is_stable
 
 
 def test_the_probe_set_is_fixed_greedy_and_tagged():

@@ -16,6 +16,7 @@ def sums(rc: ReplicaCounters) -> list[str]:
     """The counters' identities that hold at rest (never negative, parts summing to the total), as messages."""
     return [f.message for f in negative(rc) + quiescence(rc)]
 
+
 RAY = """\
 # HELP ray_vllm_prompt_tokens_total Number of prefill tokens processed.
 # TYPE ray_vllm_prompt_tokens_total counter
@@ -68,11 +69,14 @@ def test_plain_vllm_server_is_one_replica():
     assert reps["vllm"].prompt_tokens == 12 and reps["vllm"].waiting == 1 and sums(reps["vllm"]) == []
 
 
-@pytest.mark.parametrize("bad, needle", [
-    (ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 6, "local_cache_hit": -1}), "= -1"),
-    (ReplicaCounters("r", prompt_tokens=5, prompt_tokens_cached=6, by_source={"local_compute": 5}), "cached"),
-    (ReplicaCounters("r", prompt_tokens=float("nan")), "nan"),
-])
+@pytest.mark.parametrize(
+    "bad, needle",
+    [
+        (ReplicaCounters("r", prompt_tokens=5, by_source={"local_compute": 6, "local_cache_hit": -1}), "= -1"),
+        (ReplicaCounters("r", prompt_tokens=5, prompt_tokens_cached=6, by_source={"local_compute": 5}), "cached"),
+        (ReplicaCounters("r", prompt_tokens=float("nan")), "nan"),
+    ],
+)
 def test_sum_checker_catches_bad_snapshots(bad, needle):
     assert any(needle in p for p in sums(bad)), sums(bad)
 
@@ -100,8 +104,13 @@ ray_serve_deployment_replica_healthy{application="fuzzserve",deployment="FuzzIng
 
 
 def test_one_scrape_of_every_endpoint_merges_replicas_health_and_errors():
-    result = merge_pages([("http://head/metrics", RAY + HEALTH), ("http://worker/metrics", VLLM),
-                          ("http://gone/metrics", ConnectionError("refused"))])
+    result = merge_pages(
+        [
+            ("http://head/metrics", RAY + HEALTH),
+            ("http://worker/metrics", VLLM),
+            ("http://gone/metrics", ConnectionError("refused")),
+        ]
+    )
     assert set(result.replicas) == {"r1", "r2", "vllm"}, "the ingress has a health gauge but no engine: not a replica"
     r1, r2 = result.replicas["r1"], result.replicas["r2"]
     assert (r1.healthy, r1.alive) == (1.0, True)
@@ -113,14 +122,16 @@ def test_one_scrape_of_every_endpoint_merges_replicas_health_and_errors():
 
 def test_a_replica_reported_by_two_endpoints_is_an_error():
     result = merge_pages([("http://a/metrics", RAY), ("http://b/metrics", RAY)])
-    assert result.duplicates == {"r1": ["http://a/metrics", "http://b/metrics"],
-                                 "r2": ["http://a/metrics", "http://b/metrics"]}
+    assert result.duplicates == {
+        "r1": ["http://a/metrics", "http://b/metrics"],
+        "r2": ["http://a/metrics", "http://b/metrics"],
+    }
     assert result.replicas["r1"].node == "http://a/metrics", "kept once, from the first endpoint"
     assert any("replica r1 reported by 2 endpoints" in p for p in result.problems())
 
 
 def test_unparsable_text_is_an_unreadable_endpoint():
-    result = merge_pages([("http://x/metrics", "ray_vllm_prompt_tokens_total{ReplicaId=\"r1\" 5\n")])
+    result = merge_pages([("http://x/metrics", 'ray_vllm_prompt_tokens_total{ReplicaId="r1" 5\n')])
     assert list(result.errors) == ["http://x/metrics"] and "unparsable" in result.errors["http://x/metrics"]
 
 
@@ -140,8 +151,8 @@ def test_the_counters_cli_exits_1_on_any_problem(tmp_path, capsys):
     import asyncio
     import threading
 
-    from testkit import echo_server
     from load_tests.observe.replica_metrics import main
+    from testkit import echo_server
 
     loop = asyncio.new_event_loop()
     runner, server, port = loop.run_until_complete(echo_server.start(fault="sum_mismatch", fault_after=0))

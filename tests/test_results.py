@@ -9,8 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from load_tests.load.outcomes import FAILURE_OUTCOMES, OK_OUTCOMES, OUTCOMES
-from load_tests.results.models import EXIT_FAILED, EXIT_PASSED, RunSummary, schema_json
 from load_tests.plan.scenarios import SCENARIOS
+from load_tests.results.models import EXIT_FAILED, EXIT_PASSED, RunSummary, schema_json
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -31,20 +31,50 @@ def test_outcomes_are_partitioned():
 def minimal(failures: list[str]) -> dict:
     pct = dict.fromkeys(("p50", "p90", "p95", "p99", "mean")) | {"count": 0, "requests": 0}
     return {
-        "wall_s": 1.0, "started": 1, "outcomes": {"ok": 1},
-        "throughput": {"completed": 1, "requests_per_s": 1.0, "output_tokens_per_s": 1.0, "slo_met": 1,
-                       "goodput_requests_per_s": 1.0},
-        "slo": {}, "latency_s": {k: pct for k in ("ttft", "itl", "tpot", "e2e")}, "errors_by_kind": {},
-        "errors_by_message": {}, "errors_explained_by_faults": {},
-        "ingress_retries": {"requests": 0, "refusals": {}, "answered": 0}, "first_unexpected_errors": [],
-        "bad_requests": {"sent": 0, "rejected_naming_the_field": 0, "problems": []}, "faults": [],
-        "invariants": {"ok": True, "violations": 0, "by_kind": {}, "first_violation": None,
-                       "expected_accounting_violations": {}, "scrapes": 2, "scrape_errors": [], "failed_scrapes": 0,
-                       "scrape_seconds": pct, "first_scrape_t": 0.0, "last_scrape_t": 1.0},
-        "replicas": {}, "unexpected_replica_deaths": [], "planned_faults": [],
-        "client_server": {"client_ok": 1, "client_cancelled": 0, "engine_completed": 1, "engine_finished": 1,
-                          "sent_past_router": 1},
-        "failures": failures, "scenario": SCENARIOS["chaos"].model_dump(),
+        "wall_s": 1.0,
+        "started": 1,
+        "outcomes": {"ok": 1},
+        "throughput": {
+            "completed": 1,
+            "requests_per_s": 1.0,
+            "output_tokens_per_s": 1.0,
+            "slo_met": 1,
+            "goodput_requests_per_s": 1.0,
+        },
+        "slo": {},
+        "latency_s": dict.fromkeys(("ttft", "itl", "tpot", "e2e"), pct),
+        "errors_by_kind": {},
+        "errors_by_message": {},
+        "errors_explained_by_faults": {},
+        "ingress_retries": {"requests": 0, "refusals": {}, "answered": 0},
+        "first_unexpected_errors": [],
+        "bad_requests": {"sent": 0, "rejected_naming_the_field": 0, "problems": []},
+        "faults": [],
+        "invariants": {
+            "ok": True,
+            "violations": 0,
+            "by_kind": {},
+            "first_violation": None,
+            "expected_accounting_violations": {},
+            "scrapes": 2,
+            "scrape_errors": [],
+            "failed_scrapes": 0,
+            "scrape_seconds": pct,
+            "first_scrape_t": 0.0,
+            "last_scrape_t": 1.0,
+        },
+        "replicas": {},
+        "unexpected_replica_deaths": [],
+        "planned_faults": [],
+        "client_server": {
+            "client_ok": 1,
+            "client_cancelled": 0,
+            "engine_completed": 1,
+            "engine_finished": 1,
+            "sent_past_router": 1,
+        },
+        "failures": failures,
+        "scenario": SCENARIOS["chaos"].model_dump(),
     }
 
 

@@ -7,8 +7,10 @@ import datetime as dt
 
 from load_tests.report.router_linger import SERVE_DEFAULT_DRAIN_S, late_calls, read_logs, router_stops
 
-STOP = ("INFO 2026-11-27 10:16:16,293 controller 25119 -- Stopping Replica(id='33pupt9m', deployment='LLMRouter', "
-        "app='fuzzserve') (currently ReplicaState.RUNNING).\n")
+STOP = (
+    "INFO 2026-11-27 10:16:16,293 controller 25119 -- Stopping Replica(id='33pupt9m', deployment='LLMRouter', "
+    "app='fuzzserve') (currently ReplicaState.RUNNING).\n"
+)
 ENGINE_STOP = STOP.replace("'33pupt9m', deployment='LLMRouter'", "'abcd1234', deployment='LLMServer:fixture'")
 
 
@@ -19,8 +21,14 @@ def call(stamp: str, status: int = 200) -> str:
 def test_only_calls_past_the_default_drain_count():
     [(router, stopped)] = router_stops([STOP, ENGINE_STOP]).items()  # an engine's stop is not a router's
     assert router == "33pupt9m" and stopped == dt.datetime(2026, 11, 27, 10, 16, 16, 293000)
-    lines = [call("10:16:10,000"), call("10:16:18,000"), call("10:16:18,400"), call("10:16:29,172"),
-             call("10:16:29,500", status=503), "INFO 2026-11-27 10:16:46,297 ... Drained ongoing requests\n"]
+    lines = [
+        call("10:16:10,000"),
+        call("10:16:18,000"),
+        call("10:16:18,400"),
+        call("10:16:29,172"),
+        call("10:16:29,500", status=503),
+        "INFO 2026-11-27 10:16:46,297 ... Drained ongoing requests\n",
+    ]
     late = late_calls(router, stopped, lines)
     # 10:16:18,000 is 1.707 s after the stop (within Serve's default), the 503 is no answered routing call
     assert [round(s, 3) for s in late.late_s] == [2.107, 12.879]

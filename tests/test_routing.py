@@ -15,8 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.routing import (FuzzAffinityRouter, affinity_key, choose, rendezvous, request_text,
-                               routing_key)
+from serve_app.routing import FuzzAffinityRouter, affinity_key, choose, rendezvous, request_text, routing_key
 
 
 def test_fuzz_affinity_key():
@@ -24,10 +23,12 @@ def test_fuzz_affinity_key():
     assert affinity_key("abc", {"fuzz_strength": 0}) == "abc", "s = 0 shares KV with unfuzzed requests"
     a = affinity_key("abc", {"fuzz_strength": 0.5})
     assert a.endswith("abc") and a != "abc"
-    assert affinity_key("abc", {"fuzz_strength": 1.0}) == affinity_key("abc", {"fuzz_strength": 7.0}), \
+    assert affinity_key("abc", {"fuzz_strength": 1.0}) == affinity_key("abc", {"fuzz_strength": 7.0}), (
         "scale s >= 1 all zero the embeddings: one salt"
-    assert affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 1}) != \
-        affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 2})
+    )
+    assert affinity_key("abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 1}) != affinity_key(
+        "abc", {"fuzz_strength": 1, "fuzz_mode": "gaussian", "fuzz_seed": 2}
+    )
     assert affinity_key("abc", {"fuzz_strength": -1}) == "abc", "invalid settings never reach routing; no crash"
 
 
@@ -39,9 +40,17 @@ def pending(**body):
 def test_request_text_of_completions_and_chats():
     assert request_text(types.SimpleNamespace(prompt="count 1 2")) == "count 1 2"
     assert request_text(types.SimpleNamespace(prompt=["a ", "b"])) == "a b"
-    assert request_text(types.SimpleNamespace(messages=[{"role": "system", "content": "S"},
-                                                        {"role": "user", "content": [{"type": "text", "text": "U"}]}
-                                                        ])) == "SU"
+    assert (
+        request_text(
+            types.SimpleNamespace(
+                messages=[
+                    {"role": "system", "content": "S"},
+                    {"role": "user", "content": [{"type": "text", "text": "U"}]},
+                ]
+            )
+        )
+        == "SU"
+    )
     assert request_text(types.SimpleNamespace(model="x")) is None
 
 
@@ -68,8 +77,11 @@ def test_rendezvous_is_stable_and_moves_only_a_removed_replicas_keys():
     assert moved and all(before[k] == "r3" for k in moved), "only the removed replica's keys move"
 
 
-@given(st.dictionaries(st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.integers(0, 50)), min_size=1),
-       st.sampled_from(["a", "b", "c"]), st.integers(0, 20))
+@given(
+    st.dictionaries(st.sampled_from(["a", "b", "c"]), st.one_of(st.none(), st.integers(0, 50)), min_size=1),
+    st.sampled_from(["a", "b", "c"]),
+    st.integers(0, 20),
+)
 @settings(max_examples=200, deadline=None)
 def test_load_fallback(lens, preferred, threshold):
     lens = {preferred: lens.get(preferred), **lens}
@@ -116,12 +128,15 @@ PREFERRED = rendezvous(routing_key(REQ, 512), ["A", "B"])
 OTHER = "B" if PREFERRED == "A" else "A"
 
 
-@pytest.mark.parametrize("threshold, lens", [
-    (8, {"A": 0, "B": 0}),
-    (8, {"A": 20, "B": 20}),
-    (8, {PREFERRED: 10, OTHER: 2}),
-    (None, {PREFERRED: 50, OTHER: 0}),  # affinity alone
-])
+@pytest.mark.parametrize(
+    "threshold, lens",
+    [
+        (8, {"A": 0, "B": 0}),
+        (8, {"A": 20, "B": 20}),
+        (8, {PREFERRED: 10, OTHER: 2}),
+        (None, {PREFERRED: 50, OTHER: 0}),  # affinity alone
+    ],
+)
 def test_router_keeps_affinity_while_balanced(threshold, lens, queue_lens):
     queue_lens.update(lens)
     assert route(REQ, imbalanced_threshold=threshold) == PREFERRED

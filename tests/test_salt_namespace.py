@@ -7,20 +7,36 @@ real engine's prefix cache.
 
 from __future__ import annotations
 
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from patches.fuzz import salted
 from patches.fuzz_params import NEUTRAL, FuzzSpec
 
 specs = st.one_of(
     st.just(NEUTRAL),
-    st.builds(FuzzSpec, strength=st.sampled_from([0.0, 0.5, 1.0, 2.0]), mode=st.sampled_from(["scale", "gaussian"]),
-              seed=st.integers(-3, 3)),
+    st.builds(
+        FuzzSpec,
+        strength=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+        mode=st.sampled_from(["scale", "gaussian"]),
+        seed=st.integers(-3, 3),
+    ),
 )
 # client salts, including ones shaped like the engine's own salts
-salts = st.one_of(st.none(), st.text(max_size=40),
-                  st.sampled_from(["fuzz:scale:1.0", "fuzz:gaussian:2.0:1", "client:3:abc", "client:3:abc|fuzz:scale:1.0",
-                                   "x|fuzz:scale:0.5", "|"]))
+salts = st.one_of(
+    st.none(),
+    st.text(max_size=40),
+    st.sampled_from(
+        [
+            "fuzz:scale:1.0",
+            "fuzz:gaussian:2.0:1",
+            "client:3:abc",
+            "client:3:abc|fuzz:scale:1.0",
+            "x|fuzz:scale:0.5",
+            "|",
+        ]
+    ),
+)
 
 
 @given(salts, specs, salts, specs)

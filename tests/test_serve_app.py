@@ -16,11 +16,11 @@ import types
 import httpx
 import pytest
 
-from load_tests.observe.monitor import InvariantChecker, Monitor
 from load_tests.observe.counters import ReplicaCounters
 from load_tests.observe.invariants import negative, quiescence
-from testkit.serve import SERVE_API_KEY
+from load_tests.observe.monitor import InvariantChecker, Monitor
 from testkit.engine_requests import PROMPTS
+from testkit.serve import SERVE_API_KEY
 
 pytestmark = [pytest.mark.engine, pytest.mark.serve]
 
@@ -70,20 +70,27 @@ def check_api_key_auth(cluster) -> None:
 
 
 def check_streaming(cluster, route: str, body: dict) -> None:
-    payload = {"model": "fixture", "max_tokens": 6, "temperature": 0, "stream": True,
-               "vllm_xargs": {"fuzz_strength": 0.5}, **body}
+    payload = {
+        "model": "fixture",
+        "max_tokens": 6,
+        "temperature": 0,
+        "stream": True,
+        "vllm_xargs": {"fuzz_strength": 0.5},
+        **body,
+    }
     events = []
     with httpx.stream("POST", f"{cluster.base_url}{route}", json=payload, headers=AUTH, timeout=120) as r:
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/event-stream")
         for line in r.iter_lines():
             if line.startswith("data: "):
-                events.append(line[len("data: "):])
+                events.append(line[len("data: ") :])
     assert events[-1] == "[DONE]"
     chunks = [json.loads(e) for e in events[:-1]]
     assert len(chunks) >= 2, "tokens arrive as separate events"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length" or any(
-        c["choices"] and c["choices"][0].get("finish_reason") for c in chunks)
+        c["choices"] and c["choices"][0].get("finish_reason") for c in chunks
+    )
 
 
 def test_probes_and_models(serve_cluster):
@@ -93,17 +100,28 @@ def test_probes_and_models(serve_cluster):
 def test_completion_and_chat(serve_cluster):
     r = complete(serve_cluster, PROMPTS[0])
     assert text(r).strip() and r.json()["usage"]["completion_tokens"] == 8
-    chat = post(serve_cluster, "/v1/chat/completions", {
-        "model": "fixture", "messages": [{"role": "user", "content": "count 3 4 5"}], "max_tokens": 4,
-        "temperature": 0, "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 1}})
+    chat = post(
+        serve_cluster,
+        "/v1/chat/completions",
+        {
+            "model": "fixture",
+            "messages": [{"role": "user", "content": "count 3 4 5"}],
+            "max_tokens": 4,
+            "temperature": 0,
+            "vllm_xargs": {"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": 1},
+        },
+    )
     assert chat.status_code == 200, chat.text
     assert chat.json()["choices"][0]["message"]["role"] == "assistant"
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/completions", {"prompt": "count 3 4 5"}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc a b c"}]}),
-])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/completions", {"prompt": "count 3 4 5"}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "abc a b c"}]}),
+    ],
+)
 def test_streaming(serve_cluster, route, body):
     check_streaming(serve_cluster, route, body)
 
@@ -112,17 +130,28 @@ def test_openai_client_with_fuzz(serve_cluster):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{serve_cluster.base_url}/v1", api_key=SERVE_API_KEY, max_retries=0)
-    out = client.completions.create(model="fixture", prompt=PROMPTS[1], max_tokens=6, temperature=0,
-                                    extra_body={"vllm_xargs": {"fuzz_strength": 0.3, "fuzz_mode": "gaussian"}})
+    out = client.completions.create(
+        model="fixture",
+        prompt=PROMPTS[1],
+        max_tokens=6,
+        temperature=0,
+        extra_body={"vllm_xargs": {"fuzz_strength": 0.3, "fuzz_mode": "gaussian"}},
+    )
     assert out.choices[0].text.strip()
-    stream = client.chat.completions.create(model="fixture", messages=[{"role": "user", "content": "count 1 2"}],
-                                            max_tokens=4, stream=True, extra_body={"vllm_xargs": {"fuzz_strength": 1}})
+    stream = client.chat.completions.create(
+        model="fixture",
+        messages=[{"role": "user", "content": "count 1 2"}],
+        max_tokens=4,
+        stream=True,
+        extra_body={"vllm_xargs": {"fuzz_strength": 1}},
+    )
     assert sum(1 for _ in stream) >= 2
     import openai
 
     with pytest.raises(openai.BadRequestError) as ei:
-        client.completions.create(model="fixture", prompt="x", max_tokens=2,
-                                  extra_body={"vllm_xargs": {"fuzz_strength": -3}})
+        client.completions.create(
+            model="fixture", prompt="x", max_tokens=2, extra_body={"vllm_xargs": {"fuzz_strength": -3}}
+        )
     assert "fuzz_strength" in str(ei.value)
 
 
@@ -132,20 +161,23 @@ def test_fuzz_effect_is_visible_over_http(serve_cluster):
     neutral = [text(complete(serve_cluster, p, {"fuzz_strength": 0})) for p in PROMPTS]
     zeroed = [text(complete(serve_cluster, p, {"fuzz_strength": 1})) for p in PROMPTS]
     assert neutral == plain
-    changed = sum(a != b for a, b in zip(plain, zeroed))
+    changed = sum(a != b for a, b in zip(plain, zeroed, strict=False))
     assert changed >= len(PROMPTS) - 1, (plain, zeroed)
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"vllm_xargs": {"fuzz_strength": -1}}, "vllm_xargs.fuzz_strength"),
-    ({"vllm_xargs": {"fuzz_strength": "high"}}, "vllm_xargs.fuzz_strength"),
-    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_mode": "wild"}}, "vllm_xargs.fuzz_mode"),
-    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_seed": 0.5}}, "vllm_xargs.fuzz_seed"),
-    ({"vllm_xargs": {"fuzz_strenght": 1}}, "vllm_xargs.fuzz_strenght"),
-    ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, "vllm_xargs.kv_transfer_params"),
-    ({"vllm_xargs": {"kv_cache_report_mode": "x"}}, "vllm_xargs.kv_cache_report_mode"),
-    ({"kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"vllm_xargs": {"fuzz_strength": -1}}, "vllm_xargs.fuzz_strength"),
+        ({"vllm_xargs": {"fuzz_strength": "high"}}, "vllm_xargs.fuzz_strength"),
+        ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_mode": "wild"}}, "vllm_xargs.fuzz_mode"),
+        ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_seed": 0.5}}, "vllm_xargs.fuzz_seed"),
+        ({"vllm_xargs": {"fuzz_strenght": 1}}, "vllm_xargs.fuzz_strenght"),
+        ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, "vllm_xargs.kv_transfer_params"),
+        ({"vllm_xargs": {"kv_cache_report_mode": "x"}}, "vllm_xargs.kv_cache_report_mode"),
+        ({"kv_transfer_params": {"do_remote_decode": True}}, "kv_transfer_params"),
+    ],
+)
 def test_bad_fuzz_and_reserved_keys_get_400_naming_the_field(serve_cluster, body, param):
     r = post(serve_cluster, "/v1/completions", {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2, **body})
     assert r.status_code == 400, r.text
@@ -182,8 +214,14 @@ KV = {"do_remote_prefill": True, "remote_block_ids": [1, 2]}
 @pytest.mark.parametrize("route", OFF_GENERATE_ROUTES)
 def test_generate_routes_not_switched_on_are_404_whatever_they_carry(serve_cluster, route):
     for extra in ({}, {"kv_transfer_params": KV}, {"vllm_xargs": {"kv_transfer_params": KV}}):
-        body = {"model": "fixture", "input": "count 1", "prompt": "count 1", "max_tokens": 2,
-                "messages": [{"role": "user", "content": "count 1"}], **extra}
+        body = {
+            "model": "fixture",
+            "input": "count 1",
+            "prompt": "count 1",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "count 1"}],
+            **extra,
+        }
         r = post(serve_cluster, route, body)
         assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", (route, extra, r.text)
 
@@ -201,25 +239,50 @@ def test_internal_and_documentation_routes_are_404(serve_cluster):
 
 def test_sessions_and_expensive_parameters_are_refused_naming_the_field(serve_cluster):
     body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2}
-    for extra, headers, param in (({"session_id": "other"}, AUTH, "session_id"),
-                                  ({}, {**AUTH, "X-Session-ID": "other"}, "x-session-id"),
-                                  ({"n": 9}, AUTH, "n"),
-                                  ({"use_beam_search": True, "n": 2}, AUTH, "use_beam_search"),
-                                  ({"structured_outputs": {"regex": "a" * 20_000}}, AUTH, "structured_outputs"),
-                                  # a 49-byte schema that compiles for minutes on a real model's vocabulary
-                                  # (docs/security.md): structured outputs are off in the shipped config
-                                  ({"response_format": {"type": "json_schema", "json_schema": {
-                                      "name": "x", "schema": {"type": "string", "pattern": "([a-z]{0,50}){0,50}"}}}},
-                                   AUTH, "response_format")):
+    for extra, headers, param in (
+        ({"session_id": "other"}, AUTH, "session_id"),
+        ({}, {**AUTH, "X-Session-ID": "other"}, "x-session-id"),
+        ({"n": 9}, AUTH, "n"),
+        ({"use_beam_search": True, "n": 2}, AUTH, "use_beam_search"),
+        ({"structured_outputs": {"regex": "a" * 20_000}}, AUTH, "structured_outputs"),
+        # a 49-byte schema that compiles for minutes on a real model's vocabulary
+        # (docs/security.md): structured outputs are off in the shipped config
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "([a-z]{0,50}){0,50}"}},
+                }
+            },
+            AUTH,
+            "response_format",
+        ),
+    ):
         r = post(serve_cluster, "/v1/completions", {**body, **extra}, headers=headers)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
     assert post(serve_cluster, "/v1/completions", {**body, "n": 2}).status_code == 200
     # JSON mode ended in a 500 on this stack (the engine's grammar rejected its own sampled token): off too
-    json_mode = post(serve_cluster, "/v1/chat/completions", {"model": "fixture", "max_tokens": 2, "messages": [
-        {"role": "user", "content": "count 1 2"}], "response_format": {"type": "json_object"}})
+    json_mode = post(
+        serve_cluster,
+        "/v1/chat/completions",
+        {
+            "model": "fixture",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "count 1 2"}],
+            "response_format": {"type": "json_object"},
+        },
+    )
     assert json_mode.status_code == 400 and json_mode.json()["error"]["param"] == "response_format", json_mode.text
-    plain = post(serve_cluster, "/v1/chat/completions", {"model": "fixture", "max_tokens": 2, "messages": [
-        {"role": "user", "content": "count 1 2"}], "response_format": {"type": "text"}})
+    plain = post(
+        serve_cluster,
+        "/v1/chat/completions",
+        {
+            "model": "fixture",
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "count 1 2"}],
+            "response_format": {"type": "text"},
+        },
+    )
     assert plain.status_code == 200, plain.text
 
 
@@ -228,16 +291,18 @@ def test_coerced_caps_prompt_lists_and_limit_headers_are_refused_deployed(serve_
     sequences than allowed, and the headers with which Ray would lift its own request timeout: each gets 400
     naming the field or header on the deployed config; an ordinary request on the same connection pool is served."""
     body = {"model": "fixture", "prompt": "count 1 2", "max_tokens": 2}
-    for extra, headers, param in (({"n": "64"}, AUTH, "n"), ({"n": 64.0}, AUTH, "n"),
-                                  ({"use_beam_search": "true"}, AUTH, "use_beam_search"),
-                                  ({"use_beam_search": 1}, AUTH, "use_beam_search"),
-                                  ({"prompt": ["count 1"] * 17}, AUTH, "prompt"),
-                                  ({"prompt": ["count 1"] * 4, "n": 5}, AUTH, "prompt"),
-                                  ({}, {**AUTH, "x-request-timeout-seconds": "0"}, "x-request-timeout-seconds"),
-                                  ({}, {**AUTH, "X_Request_Timeout_Seconds": "-1"}, "x-request-timeout-seconds"),
-                                  ({}, {**AUTH, "x-request-disconnect-disabled": "?1"},
-                                   "x-request-disconnect-disabled"),
-                                  ({}, {**AUTH, "x_session_id": "other"}, "x-session-id")):
+    for extra, headers, param in (
+        ({"n": "64"}, AUTH, "n"),
+        ({"n": 64.0}, AUTH, "n"),
+        ({"use_beam_search": "true"}, AUTH, "use_beam_search"),
+        ({"use_beam_search": 1}, AUTH, "use_beam_search"),
+        ({"prompt": ["count 1"] * 17}, AUTH, "prompt"),
+        ({"prompt": ["count 1"] * 4, "n": 5}, AUTH, "prompt"),
+        ({}, {**AUTH, "x-request-timeout-seconds": "0"}, "x-request-timeout-seconds"),
+        ({}, {**AUTH, "X_Request_Timeout_Seconds": "-1"}, "x-request-timeout-seconds"),
+        ({}, {**AUTH, "x-request-disconnect-disabled": "?1"}, "x-request-disconnect-disabled"),
+        ({}, {**AUTH, "x_session_id": "other"}, "x-session-id"),
+    ):
         # (serve_multiplexed_model_id: with several replicas HAProxy deletes it before any replica sees it; a
         # single replica's guard refuses it: tests/test_edge.py)
         r = post(serve_cluster, "/v1/completions", {**body, **extra}, headers=headers)
@@ -262,8 +327,11 @@ def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
     assert sockets, f"Serve's admin socket is not under {d}: {list(d.iterdir())}"
     import psutil
 
-    configs = [p.info["cmdline"][p.info["cmdline"].index("-f") + 1] for p in psutil.process_iter(["cmdline"])
-               if p.info["cmdline"] and "haproxy" in p.info["cmdline"][0] and "-f" in p.info["cmdline"]]
+    configs = [
+        p.info["cmdline"][p.info["cmdline"].index("-f") + 1]
+        for p in psutil.process_iter(["cmdline"])
+        if p.info["cmdline"] and "haproxy" in p.info["cmdline"][0] and "-f" in p.info["cmdline"]
+    ]
     assert configs and all(Path(c).is_relative_to(d) for c in configs), configs
     token = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
     assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
@@ -272,12 +340,20 @@ def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
     # directories stay there, with the edits of their day
     for path in set(configs):
         cfg = Path(path).read_text()
-        for line in ("timeout http-request 30s", "timeout client 30s", "timeout http-keep-alive 30s",
-                     "bind 127.0.0.1:9101", "bind 127.0.0.1:8404"):
+        for line in (
+            "timeout http-request 30s",
+            "timeout client 30s",
+            "timeout http-keep-alive 30s",
+            "bind 127.0.0.1:9101",
+            "bind 127.0.0.1:8404",
+        ):
             assert f"\n    {line}\n" in cfg or f"\n  {line}\n" in cfg, f"{line!r} missing from {path}"
 
-    listening = {c.laddr for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
-                 and c.laddr.port in (8404, 9101)}
+    listening = {
+        c.laddr
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port in (8404, 9101)
+    }
     assert listening and {a.ip for a in listening} == {"127.0.0.1"}, listening
 
 
@@ -287,8 +363,14 @@ def test_the_routers_own_port_refuses_a_large_body_before_reading_it(serve_clust
     import psutil
 
     routers = [p for p in psutil.process_iter(["cmdline"]) if "LLMRouter" in " ".join(p.info["cmdline"] or [])]
-    ports = sorted({c.laddr.port for p in routers for c in p.net_connections("tcp")
-                    if c.status == psutil.CONN_LISTEN and 30000 <= c.laddr.port <= 31000})
+    ports = sorted(
+        {
+            c.laddr.port
+            for p in routers
+            for c in p.net_connections("tcp")
+            if c.status == psutil.CONN_LISTEN and 30000 <= c.laddr.port <= 31000
+        }
+    )
     assert ports, "no ingress request router listening on Serve's direct-ingress ports"
     for port in ports:
         url = f"http://127.0.0.1:{port}/internal/route"
@@ -300,19 +382,18 @@ def test_the_routers_own_port_refuses_a_large_body_before_reading_it(serve_clust
 
 def _closed_after(sock, trickle: bytes = b"", limit_s: float = 60) -> tuple[float, bytes]:
     """Seconds until the server closes (or answers) ``sock``, sending ``trickle`` one byte every 0.5 s meanwhile."""
-    import socket
 
     t0 = time.monotonic()
     sock.settimeout(0.5)
     for i in range(int(limit_s / 0.5)):
         if i < len(trickle):
             try:
-                sock.send(trickle[i:i + 1])
+                sock.send(trickle[i : i + 1])
             except OSError:
                 return time.monotonic() - t0, b""
         try:
             return time.monotonic() - t0, sock.recv(200)
-        except socket.timeout:
+        except TimeoutError:
             continue
     return time.monotonic() - t0, b"still open"
 
@@ -323,7 +404,6 @@ def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(ser
     hour for the idle one, no bound at all for the trickle); a stream whose reader stops reading does not hold its
     engine; requests meanwhile are served."""
     import socket
-
     from urllib.parse import urlparse
 
     port = urlparse(serve_cluster.base_url).port
@@ -331,10 +411,21 @@ def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(ser
     trickle = socket.create_connection(("127.0.0.1", port))
     stalled = socket.create_connection(("127.0.0.1", port))
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    body = json.dumps({"model": "fixture", "prompt": "count 1 2", "max_tokens": 900, "ignore_eos": True,
-                       "stream": True, "temperature": 0}).encode()
-    stalled.send(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                 + f"Authorization: {AUTH['Authorization']}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    body = json.dumps(
+        {
+            "model": "fixture",
+            "prompt": "count 1 2",
+            "max_tokens": 900,
+            "ignore_eos": True,
+            "stream": True,
+            "temperature": 0,
+        }
+    ).encode()
+    stalled.send(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: {AUTH['Authorization']}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
     sent_at = time.monotonic()
     # both watched at once from their common start, so the trickle is trickling the whole time HAProxy's timer runs
     from concurrent.futures import ThreadPoolExecutor
@@ -342,7 +433,8 @@ def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(ser
     with ThreadPoolExecutor(2) as pool:
         idle_closed = pool.submit(_closed_after, idle)
         trickle_closed = pool.submit(
-            _closed_after, trickle, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200)
+            _closed_after, trickle, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200
+        )
         for took, answer in (idle_closed.result(), trickle_closed.result()):
             assert took < 35 and (answer == b"" or b"408" in answer), (took, answer)
     assert complete(serve_cluster, "count 1 2").status_code == 200, "others are served meanwhile"
@@ -350,8 +442,9 @@ def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(ser
     # socket buffers on the way, so the engine finishes it and frees its KV whatever the reader does, and HAProxy
     # then holds an idle connection for at most keep-alive (30 s); an answer too big for the buffers is cut by
     # "timeout client" (30 s; both measured on HAProxy 2.8.25 alone, docs/security.md)
-    assert sum(c.running for c in wait_quiet(serve_cluster, timeout=60).values()) == 0, \
+    assert sum(c.running for c in wait_quiet(serve_cluster, timeout=60).values()) == 0, (
         "a stalled reader's request still holds its engine"
+    )
     assert time.monotonic() - sent_at < 90
     stalled.close()
 
@@ -380,14 +473,16 @@ def _serve_http_listeners(cluster) -> dict[int, str]:
 
     from load_tests.operate.replica_ports import replica_http_ports
 
-    found = {port: "replica" for port in replica_http_ports(int(r["pid"]) for r in cluster.replicas())}
+    found = dict.fromkeys(replica_http_ports(int(r["pid"]) for r in cluster.replicas()), "replica")
     mine = [p for node in cluster.nodes for p in node.descendants()]
     routers = [p.pid for p in mine if "LLMRouter" in " ".join(p.cmdline())]
-    found |= {port: "router" for port in replica_http_ports(routers)}
+    found |= dict.fromkeys(replica_http_ports(routers), "router")
     for p in mine:
         try:
-            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == RAY_SERVE_FALLBACK_PROXY_HTTP_PORT
-                   for c in p.net_connections("tcp")):
+            if any(
+                c.status == psutil.CONN_LISTEN and c.laddr.port == RAY_SERVE_FALLBACK_PROXY_HTTP_PORT
+                for c in p.net_connections("tcp")
+            ):
                 found[RAY_SERVE_FALLBACK_PROXY_HTTP_PORT] = "proxy"
         except psutil.Error:
             continue
@@ -408,12 +503,16 @@ def test_every_listener_serve_opens_bounds_a_request_head(serve_cluster):
     ports = list(listeners)
     kinds = list(listeners.values())
     assert kinds.count("replica") == 2 and kinds.count("router") >= 1 and "proxy" in kinds, listeners
-    bound = {c.laddr.ip for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN
-             and c.laddr.port in listeners}
+    bound = {
+        c.laddr.ip
+        for c in psutil.net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN and c.laddr.port in listeners
+    }
     assert bound == {"127.0.0.1"}, f"Serve's listeners bind http_options.host (loopback here): {bound}"
     with ThreadPoolExecutor(len(ports)) as pool:
-        halves = {p: pool.submit(_closed_after, socket.create_connection(("127.0.0.1", p)), b"GET /v1/mod")
-                  for p in ports}
+        halves = {
+            p: pool.submit(_closed_after, socket.create_connection(("127.0.0.1", p)), b"GET /v1/mod") for p in ports
+        }
         assert complete(serve_cluster, "count 1 2").status_code == 200, "others are served meanwhile"
         for port, done in halves.items():
             took, answer = done.result()
@@ -456,9 +555,14 @@ def test_a_number_the_guard_cannot_parse_gets_its_400_through_the_router(serve_c
     a traceback), through HAProxy and the ingress request router of this two-replica deployment, whose routing
     path reads the same value and must route it as neutral instead of raising."""
     body = '{"model": "fixture", "prompt": "count 1 2", "max_tokens": 2, "vllm_xargs": {"fuzz_strength": %s}}' % (
-        "9" * 401)
-    r = httpx.post(f"{serve_cluster.base_url}/v1/completions", content=body,
-                   headers={**AUTH, "Content-Type": "application/json"}, timeout=60)
+        "9" * 401
+    )
+    r = httpx.post(
+        f"{serve_cluster.base_url}/v1/completions",
+        content=body,
+        headers={**AUTH, "Content-Type": "application/json"},
+        timeout=60,
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == "vllm_xargs.fuzz_strength" and "401 digits" in err["message"], err
@@ -480,7 +584,9 @@ def test_hostile_bodies_before_auth_leave_other_clients_served(serve_cluster, re
         statuses = []
         for _ in range(3):
             try:
-                r = await client.post(f"{base}/v1/completions", content=body, headers={"content-type": "application/json"})
+                r = await client.post(
+                    f"{base}/v1/completions", content=body, headers={"content-type": "application/json"}
+                )
                 statuses.append(r.status_code)
             except httpx.TransportError as e:  # the replica answered 401 and closed before the upload ended
                 statuses.append(type(e).__name__)
@@ -488,8 +594,11 @@ def test_hostile_bodies_before_auth_leave_other_clients_served(serve_cluster, re
 
     async def normal(client, i):
         t = time.monotonic()
-        r = await client.post(f"{base}/v1/completions", headers=AUTH, json={
-            "model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8, "temperature": 0})
+        r = await client.post(
+            f"{base}/v1/completions",
+            headers=AUTH,
+            json={"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 8, "temperature": 0},
+        )
         return r.status_code, time.monotonic() - t
 
     async def run():
@@ -509,22 +618,33 @@ def test_hostile_bodies_before_auth_leave_other_clients_served(serve_cluster, re
         assert all(not isinstance(s, int) or 400 <= s < 500 for s in statuses), attacks
     # with a key, the same malformed bodies get the guard's 400 (or 413), not a server error
     for body in hostile:
-        r = httpx.post(f"{base}/v1/completions", content=body, headers={**AUTH, "content-type": "application/json"},
-                       timeout=120)
+        r = httpx.post(
+            f"{base}/v1/completions", content=body, headers={**AUTH, "content-type": "application/json"}, timeout=120
+        )
         assert r.status_code in (400, 413), (body[:40], r.status_code, r.text[:200])
 
 
 def test_replicas_on_both_nodes_report_their_own_counters(serve_cluster):
     replicas = serve_cluster.replicas()
-    assert len(replicas) == 2 and len({r["node_id"] for r in replicas}) == 2, \
+    assert len(replicas) == 2 and len({r["node_id"] for r in replicas}) == 2, (
         f"one engine replica per node expected: {[(r['pid'], r['node_id']) for r in replicas]}"
+    )
 
     async def burst():
         async with httpx.AsyncClient(timeout=120, headers=AUTH) as client:
-            bodies = [{"model": "fixture", "prompt": p, "max_tokens": 8, "temperature": 0,
-                       "vllm_xargs": {"fuzz_strength": 0.1 * (i % 4)}} for i, p in enumerate(PROMPTS * 5)]
-            return await asyncio.gather(*(client.post(f"{serve_cluster.base_url}/v1/completions", json=b)
-                                          for b in bodies))
+            bodies = [
+                {
+                    "model": "fixture",
+                    "prompt": p,
+                    "max_tokens": 8,
+                    "temperature": 0,
+                    "vllm_xargs": {"fuzz_strength": 0.1 * (i % 4)},
+                }
+                for i, p in enumerate(PROMPTS * 5)
+            ]
+            return await asyncio.gather(
+                *(client.post(f"{serve_cluster.base_url}/v1/completions", json=b) for b in bodies)
+            )
 
     assert all(r.status_code == 200 for r in asyncio.run(burst()))
     counters = wait_quiet(serve_cluster)
@@ -547,25 +667,29 @@ def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_pred
     with it, and sends the request where the policy said.
     """
     from fixture_model.tasks import LETTERS, NUMBERS
-    from serve_app.routing import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
-
     from serve_app.names import replica_id
+    from serve_app.routing import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
 
     replicas = {r["name"]: replica_id(r["name"]) for r in serve_cluster.replicas()}
     assert len(replicas) == 2
     prefix = " ".join((LETTERS + NUMBERS)[i % 30] for i in range(400))
     assert len(prefix) > DEFAULT_PREFIX_CHARS
-    settings = [None, {"fuzz_strength": 0.5}, {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 3},
-                *({"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": s} for s in range(20))]
+    settings = [
+        None,
+        {"fuzz_strength": 0.5},
+        {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 3},
+        *({"fuzz_strength": 2.0, "fuzz_mode": "gaussian", "fuzz_seed": s} for s in range(20)),
+    ]
 
     def home(xargs) -> str:
-        key = routing_key(types.SimpleNamespace(args=[types.SimpleNamespace(prompt=prefix, vllm_xargs=xargs)]),
-                          DEFAULT_PREFIX_CHARS)
+        key = routing_key(
+            types.SimpleNamespace(args=[types.SimpleNamespace(prompt=prefix, vllm_xargs=xargs)]), DEFAULT_PREFIX_CHARS
+        )
         return replicas[rendezvous(key, sorted(replicas))]
 
     # the first settings up to one whose key lives on the other replica than the first's
     first = home(settings[0])
-    groups = settings[:next(i for i, x in enumerate(settings) if home(x) != first) + 1]
+    groups = settings[: next(i for i, x in enumerate(settings) if home(x) != first) + 1]
     for xargs in groups:
         before = wait_quiet(serve_cluster)
         for i in range(4):
@@ -617,12 +741,16 @@ def test_admitted_requests_are_counted_by_fuzz_setting(serve_cluster):
         return out
 
     def delta(before, after):
-        return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in {*before, *after}
-                if after.get(k, 0.0) != before.get(k, 0.0)}
+        return {
+            k: after.get(k, 0.0) - before.get(k, 0.0)
+            for k in {*before, *after}
+            if after.get(k, 0.0) != before.get(k, 0.0)
+        }
 
     before = counts()
-    sent = [({"fuzz_strength": 5, "fuzz_mode": "gaussian", "fuzz_seed": 1}, ("gaussian", "1e+01"))] * 3 + \
-           [({"fuzz_strength": 0.003}, ("scale", "1e-02"))] * 2
+    sent = [({"fuzz_strength": 5, "fuzz_mode": "gaussian", "fuzz_seed": 1}, ("gaussian", "1e+01"))] * 3 + [
+        ({"fuzz_strength": 0.003}, ("scale", "1e-02"))
+    ] * 2
     for xargs, _ in sent:
         text(complete(serve_cluster, PROMPTS[0], xargs, max_tokens=2))
     assert complete(serve_cluster, PROMPTS[0], {"fuzz_strength": -1}).status_code == 400
@@ -653,8 +781,15 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
     streaming = [asyncio.Event() for _ in range(n)]
 
     async def one(client, i):
-        body = {"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": 200, "temperature": 0,
-                "ignore_eos": True, "stream": True, "logprobs": 0}
+        body = {
+            "model": "fixture",
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_tokens": 200,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "logprobs": 0,
+        }
         received, done = 0, False
         try:
             async with client.stream("POST", f"{serve_cluster.base_url}/v1/completions", json=body) as r:
@@ -689,8 +824,10 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
     kinds = [k for k, _ in results]
     assert "ok" in kinds, results
     assert "truncated" not in kinds, f"a stream ended without [DONE] and without an error: {results}"
-    assert all(k in ("ok", "http_error", "stream_error") or (k, detail) == ("transport_error", "RemoteProtocolError")
-               for k, detail in results), results
+    assert all(
+        k in ("ok", "http_error", "stream_error") or (k, detail) == ("transport_error", "RemoteProtocolError")
+        for k, detail in results
+    ), results
     assert all(n == 200 for k, n in results if k == "ok"), results
 
     # Serve replaces the replica; the killed replica's engine processes are gone, not orphaned.
@@ -733,8 +870,15 @@ def scaled_down(serve_cluster):
     started = [asyncio.Event() for _ in range(n)]
 
     async def one(client, i):
-        body = {"model": "fixture", "prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": tokens, "temperature": 0,
-                "ignore_eos": True, "stream": True, "logprobs": 0}
+        body = {
+            "model": "fixture",
+            "prompt": PROMPTS[i % len(PROMPTS)],
+            "max_tokens": tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "logprobs": 0,
+        }
         received, done = 0, False
         async with client.stream("POST", f"{serve_cluster.base_url}/v1/completions", json=body) as r:
             if r.status_code != 200:
@@ -778,25 +922,27 @@ def test_generate_routes_switched_on_by_a_redeploy_are_checked(serve_cluster, sc
     assert_switched_on_generate_routes_are_checked(serve_cluster)
 
 
-
-
 def assert_switched_on_generate_routes_are_checked(cluster):
     """The generate routes of vLLM's app, switched on in guard.routes, serve and get the same request policy."""
     bodies = {
         "/v1/responses": {"model": "fixture", "input": "count 3 4 5", "max_output_tokens": 4},
         "/v1/messages": {"model": "fixture", "max_tokens": 4, "messages": [{"role": "user", "content": "count 3 4"}]},
-        "/v1/chat/completions/batch": {"model": "fixture", "max_tokens": 4,
-                                       "messages": [[{"role": "user", "content": "count 1 2"}],
-                                                    [{"role": "user", "content": "abc a b"}]]},
+        "/v1/chat/completions/batch": {
+            "model": "fixture",
+            "max_tokens": 4,
+            "messages": [[{"role": "user", "content": "count 1 2"}], [{"role": "user", "content": "abc a b"}]],
+        },
         "/invocations": {"model": "fixture", "prompt": "count 3 4 5", "max_tokens": 4},
     }
     for route, body in bodies.items():
         ok = post(cluster, route, {**body, "vllm_xargs": {"fuzz_strength": 0.5}})
         assert ok.status_code == 200, (route, ok.text[:300])
-        for extra, param in (({"kv_transfer_params": KV}, "kv_transfer_params"),
-                             ({"vllm_xargs": {"kv_transfer_params": KV}}, "vllm_xargs.kv_transfer_params"),
-                             ({"vllm_xargs": {"kv_load_tiers": ["cpu"]}}, "vllm_xargs.kv_load_tiers"),
-                             ({"session_id": "s"}, "session_id")):
+        for extra, param in (
+            ({"kv_transfer_params": KV}, "kv_transfer_params"),
+            ({"vllm_xargs": {"kv_transfer_params": KV}}, "vllm_xargs.kv_transfer_params"),
+            ({"vllm_xargs": {"kv_load_tiers": ["cpu"]}}, "vllm_xargs.kv_load_tiers"),
+            ({"session_id": "s"}, "session_id"),
+        ):
             r = post(cluster, route, {**body, **extra})
             assert r.status_code == 400 and r.json()["error"]["param"] == param, (route, extra, r.text[:300])
 
@@ -824,8 +970,9 @@ def test_the_router_path_deploys_and_checks_requests_the_same_way(serve_cluster)
     fuzz, streaming. Runs last: it replaces the shipped app."""
     from serve_app import deploy_config
 
-    cfg = deploy_config.with_builder_args(serve_cluster.effective_config(http_port=serve_cluster.http_port),
-                                          {"ingress": "router", "engine_replicas": 1})
+    cfg = deploy_config.with_builder_args(
+        serve_cluster.effective_config(http_port=serve_cluster.http_port), {"ingress": "router", "engine_replicas": 1}
+    )
     serve_cluster.deploy(cfg)
     deployments = serve_cluster.serve_status()["applications"]["fuzzserve"]["deployments"]
     assert any(name.startswith("FuzzIngress") for name in deployments), deployments

@@ -63,7 +63,9 @@ def test_config_parses_at_every_layer(name, kind, built_fixture):
         assert llm.engine_kwargs["enable_prefix_caching"] is True
         assert llm.engine_kwargs["kv_offloading_backend"] == "native" and llm.engine_kwargs["kv_offloading_size"] > 0
         # cpu: sized to the cluster (a 4-core node holds 2); cuda: 2 GPU replicas
-        assert (llm.deployment_config.get("num_replicas") or llm.deployment_config["autoscaling_config"]["min_replicas"]) == 2
+        assert (
+            llm.deployment_config.get("num_replicas") or llm.deployment_config["autoscaling_config"]["min_replicas"]
+        ) == 2
     # what both configs ship: the direct path, fuzz-aware routing
     assert (args.ingress, args.routing) == ("direct", "fuzz_affinity")
     assert app_module is not None
@@ -81,20 +83,24 @@ def test_shipped_cpu_config_is_the_fast_stack():
     assert args.engine_replicas == "fit"
     assert not args.ingress_deployment_config, "the direct path has no ingress deployment to configure"
     [llm] = args.llm_configs
-    assert "num_cpus" not in llm.to_dict()["deployment_config"].get("ray_actor_options", {}), \
+    assert "num_cpus" not in llm.to_dict()["deployment_config"].get("ray_actor_options", {}), (
         "the replica's frontend keeps ray.serve.llm's default reservation (1 CPU), which fit counts"
+    )
 
 
-@pytest.mark.parametrize("node_cpus, cores, replicas", [
-    ([2.0], 1, 1),        # this host: one replica
-    ([4.0], 1, 2),
-    ([3.0], 1, 1),
-    ([2.0, 2.0], 1, 2),   # per node: one per 2-CPU node
-    ([3.0, 3.0], 1, 2),   # leftovers of two nodes do not add up to a replica
-    ([16.0], 3, 4),       # 3 engine cores + 1 frontend each
-    ([1.0], 1, 1),        # never fewer than one
-    ([8.0], None, 4),     # vLLM's auto binding counts as one engine core
-])
+@pytest.mark.parametrize(
+    "node_cpus, cores, replicas",
+    [
+        ([2.0], 1, 1),  # this host: one replica
+        ([4.0], 1, 2),
+        ([3.0], 1, 1),
+        ([2.0, 2.0], 1, 2),  # per node: one per 2-CPU node
+        ([3.0, 3.0], 1, 2),  # leftovers of two nodes do not add up to a replica
+        ([16.0], 3, 4),  # 3 engine cores + 1 frontend each
+        ([1.0], 1, 1),  # never fewer than one
+        ([8.0], None, 4),  # vLLM's auto binding counts as one engine core
+    ],
+)
 def test_fit_counts_engine_and_frontend_cpus_per_node(node_cpus, cores, replicas):
     from serve_app.app import fit_replicas
 
@@ -127,10 +133,17 @@ def test_fit_needs_a_cluster():
         cluster_node_cpus()
 
 
-@pytest.mark.parametrize("deployment_config, most", [
-    ({}, 1), ({"num_replicas": 1}, 1), ({"num_replicas": 3}, 3), ({"num_replicas": "auto"}, float("inf")),
-    ({"autoscaling_config": {"min_replicas": 1, "max_replicas": 5}}, 5), ({"autoscaling_config": {"min_replicas": 1}}, 1),
-])
+@pytest.mark.parametrize(
+    "deployment_config, most",
+    [
+        ({}, 1),
+        ({"num_replicas": 1}, 1),
+        ({"num_replicas": 3}, 3),
+        ({"num_replicas": "auto"}, float("inf")),
+        ({"autoscaling_config": {"min_replicas": 1, "max_replicas": 5}}, 5),
+        ({"autoscaling_config": {"min_replicas": 1}}, 1),
+    ],
+)
 def test_max_replicas(deployment_config, most):
     from serve_app.app import max_replicas
 
@@ -148,11 +161,14 @@ def test_cpu_config_resolves_the_fixture_model(built_fixture):
     assert application.runtime_env["env_vars"] == ENGINE_ENV, "serve_config.yaml repeats serve_app.engine_env's table"
 
 
-@pytest.mark.parametrize("source, exists, want", [
-    ("/abs/model", False, "/abs/model"),
-    ("Qwen/Qwen2.5-1.5B-Instruct", False, "Qwen/Qwen2.5-1.5B-Instruct"),  # a model hub id
-    ("models/m", True, "ROOT/models/m"),
-])
+@pytest.mark.parametrize(
+    "source, exists, want",
+    [
+        ("/abs/model", False, "/abs/model"),
+        ("Qwen/Qwen2.5-1.5B-Instruct", False, "Qwen/Qwen2.5-1.5B-Instruct"),  # a model hub id
+        ("models/m", True, "ROOT/models/m"),
+    ],
+)
 def test_model_source_resolution(tmp_path, source, exists, want):
     from serve_app.app import resolve_model_source
 
@@ -164,7 +180,7 @@ def test_model_source_resolution(tmp_path, source, exists, want):
 def test_a_missing_fixture_model_names_the_build(tmp_path):
     from serve_app.app import resolve_model_source
 
-    with pytest.raises(ValueError, match="python -m fixture_model.build"):
+    with pytest.raises(ValueError, match=r"python -m fixture_model.build"):
         resolve_model_source(".cache/models/fixture", root=tmp_path)
 
 
@@ -201,8 +217,10 @@ def test_routing_choice_sets_the_request_router(routing, cls):
     from serve_app.app import FuzzServeArgs, resolve_llm_configs
 
     llm = {"model_loading_config": {"model_id": "m", "model_source": "/m"}}
-    for args in (FuzzServeArgs(llm_configs=[llm], routing=routing, engine_replicas=2),
-                 FuzzServeArgs(llm_configs=[llm], routing=routing, ingress="router")):
+    for args in (
+        FuzzServeArgs(llm_configs=[llm], routing=routing, engine_replicas=2),
+        FuzzServeArgs(llm_configs=[llm], routing=routing, ingress="router"),
+    ):
         [cfg] = resolve_llm_configs(args)
         # always explicit (the direct path's default would be round robin), and Serve can import it
         got = cfg["deployment_config"]["request_router_config"]
@@ -212,8 +230,9 @@ def test_routing_choice_sets_the_request_router(routing, cls):
     assert "request_router_config" not in cfg["deployment_config"]
     # a router named by the model's own deployment_config wins
     own = {"request_router_config": {"request_router_class": "x.Y"}, "num_replicas": 2}
-    args = FuzzServeArgs(llm_configs=[{"model_loading_config": {"model_id": "m"}, "deployment_config": own}],
-                         routing=routing)
+    args = FuzzServeArgs(
+        llm_configs=[{"model_loading_config": {"model_id": "m"}, "deployment_config": own}], routing=routing
+    )
     assert resolve_llm_configs(args)[0]["deployment_config"] == own
 
 
@@ -238,11 +257,14 @@ class _OwnServer(LLMServer):  # stands in for a user's own server class (LLMConf
     pass
 
 
-@pytest.mark.parametrize("server_cls, cores, expected", [
-    (None, 1, "EngineServer"),
-    (None, None, "EngineServer"),
-    ("tests.test_serve_config:_OwnServer", None, "_OwnServer"),
-])
+@pytest.mark.parametrize(
+    "server_cls, cores, expected",
+    [
+        (None, 1, "EngineServer"),
+        (None, None, "EngineServer"),
+        ("tests.test_serve_config:_OwnServer", None, "_OwnServer"),
+    ],
+)
 def test_engine_deployment_class(server_cls, cores, expected):
     """The router path uses EngineServer (deployment still named LLMServer:<model>), or the model's own server_cls."""
     from ray.serve.llm import LLMConfig
@@ -264,26 +286,33 @@ def test_core_binding_with_the_models_own_server_class_is_refused():
 
     from serve_app.app import engine_deployment
 
-    cfg = LLMConfig.model_validate({"model_loading_config": {"model_id": "m", "model_source": "/m"},
-                                    "accelerator_config": {"kind": "cpu"},
-                                    "server_cls": "tests.test_serve_config:_OwnServer"})
+    cfg = LLMConfig.model_validate(
+        {
+            "model_loading_config": {"model_id": "m", "model_source": "/m"},
+            "accelerator_config": {"kind": "cpu"},
+            "server_cls": "tests.test_serve_config:_OwnServer",
+        }
+    )
     with pytest.raises(ValueError, match="engine_cores_per_replica, shm_wait need the default server class"):
         engine_deployment(cfg, {"engine_cores_per_replica": 1, "shm_wait": False})
-    with pytest.raises(ValueError, match="_OwnServer.>; shm_wait need the default server class"):
+    with pytest.raises(ValueError, match=r"_OwnServer.>; shm_wait need the default server class"):
         engine_deployment(cfg, {"engine_cores_per_replica": None, "shm_wait": False})
 
 
 HAPROXY_ON = {HAPROXY: "1", FORWARD_BODY: "1"}
 
 
-@pytest.mark.parametrize("env, body_aware, missing", [
-    ({}, False, [f"{HAPROXY}=1"]),
-    ({}, True, [f"{HAPROXY}=1", f"{FORWARD_BODY}=1"]),
-    ({HAPROXY: "1"}, True, [f"{FORWARD_BODY}=1"]),
-    ({HAPROXY: "true"}, False, [f"{HAPROXY}=1"]),  # Serve reads only "1"
-    ({HAPROXY: "1"}, False, []),
-    (HAPROXY_ON, True, []),
-])
+@pytest.mark.parametrize(
+    "env, body_aware, missing",
+    [
+        ({}, False, [f"{HAPROXY}=1"]),
+        ({}, True, [f"{HAPROXY}=1", f"{FORWARD_BODY}=1"]),
+        ({HAPROXY: "1"}, True, [f"{FORWARD_BODY}=1"]),
+        ({HAPROXY: "true"}, False, [f"{HAPROXY}=1"]),  # Serve reads only "1"
+        ({HAPROXY: "1"}, False, []),
+        (HAPROXY_ON, True, []),
+    ],
+)
 def test_direct_path_refuses_a_cluster_without_haproxy(env, body_aware, missing):
     from serve_app.app import require_haproxy
 
@@ -318,7 +347,8 @@ def test_direct_graph(monkeypatch, built_fixture):
 
     assert router.name == "LLMRouter" and issubclass(router.func_or_class, LLMRouterBase)
     assert "FuzzIngressRouter" in router.func_or_class.__qualname__ or "FuzzIngressRouter" in str(
-        router.func_or_class.__mro__), "Ray's LLMRouter behind the bounded body view (serve_app/ingress_router.py)"
+        router.func_or_class.__mro__
+    ), "Ray's LLMRouter behind the bounded body view (serve_app/ingress_router.py)"
     assert router.init_kwargs["server"] is graph, "the router picks among this deployment's replicas"
     from serve_app.direct_server import ROUTER_LINGER_S
 
@@ -328,8 +358,10 @@ def test_direct_graph(monkeypatch, built_fixture):
     assert router._deployment_config.graceful_shutdown_timeout_s > 2 * ROUTER_LINGER_S
     assert server._deployment_config.request_router_config.request_router_class.endswith("FuzzAffinityRouter")
     with pytest.raises(ValueError, match="exactly one model"):
-        second = {**application.args["llm_configs"][0], "model_loading_config": {"model_id": "other",
-                                                                                   "model_source": "/other"}}
+        second = {
+            **application.args["llm_configs"][0],
+            "model_loading_config": {"model_id": "other", "model_source": "/other"},
+        }
         build_app({**application.args, "llm_configs": [*application.args["llm_configs"], second]})
 
 
@@ -347,7 +379,9 @@ def test_direct_graph_of_a_single_replica_has_no_router(monkeypatch, built_fixtu
     server = graph._bound_deployment
     assert "FuzzServer" in server.func_or_class.__name__ and server._deployment_config.num_replicas == 1
     assert getattr(graph, "_ingress_request_router", None) is None
-    assert server._deployment_config.request_router_config.request_router_class.endswith("PowerOfTwoChoicesRequestRouter")
+    assert server._deployment_config.request_router_config.request_router_class.endswith(
+        "PowerOfTwoChoicesRequestRouter"
+    )
 
 
 def test_router_path_graph(monkeypatch, built_fixture):
@@ -355,8 +389,14 @@ def test_router_path_graph(monkeypatch, built_fixture):
     from serve_app.app import build_app
 
     [application] = load("serve_config.yaml").applications
-    graph = build_app({**application.args, "ingress": "router", "ingress_deployment_config": {"num_replicas": 1},
-                       "engine_replicas": 2})
+    graph = build_app(
+        {
+            **application.args,
+            "ingress": "router",
+            "ingress_deployment_config": {"num_replicas": 1},
+            "engine_replicas": 2,
+        }
+    )
     ingress = graph._bound_deployment
     assert "FuzzIngress" in ingress.func_or_class.__name__ and ingress.num_replicas == 1
     engine = ingress.init_kwargs["llm_deployments"]["fixture"]._bound_deployment

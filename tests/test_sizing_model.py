@@ -14,8 +14,16 @@ def test_parse_arch(text, want):
     assert sizing.parse_arch(text) == want
 
 
-@pytest.mark.parametrize("text, field", [("1024", "HIDDENxLAYERS"), ("100x4", "multiple of 64"),
-                                         ("0x4", "multiple of 64"), ("1024x0", "layers"), ("1024x65", "layers")])
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        ("1024", "HIDDENxLAYERS"),
+        ("100x4", "multiple of 64"),
+        ("0x4", "multiple of 64"),
+        ("1024x0", "layers"),
+        ("1024x65", "layers"),
+    ],
+)
 def test_parse_arch_refuses_shapes_the_cpu_backend_cannot_run(text, field):
     with pytest.raises(ValueError, match=field):
         sizing.parse_arch(text)

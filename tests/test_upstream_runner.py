@@ -16,14 +16,17 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 <testcase classname="tests.v1.a" name="test_ok" time="0.1"/>
 <testcase classname="tests.v1.a" name="test_gpu" time="0.1"><skipped message="Requires CUDA">x</skipped></testcase>
 <testcase classname="tests.v1.a" name="test_boom" time="0.1"><failure message="assert 1 == 2">E assert</failure></testcase>
-</testsuite></testsuites>"""
+</testsuite></testsuites>"""  # noqa: E501
 
 
 def test_junit_outcomes(tmp_path):
     (tmp_path / "j.xml").write_text(JUNIT)
     got = up.read_junit(tmp_path / "j.xml")
-    assert {k: v[0] for k, v in got.items()} == {"tests.v1.a::test_ok": "passed", "tests.v1.a::test_gpu": "skipped",
-                                                 "tests.v1.a::test_boom": "failed"}
+    assert {k: v[0] for k, v in got.items()} == {
+        "tests.v1.a::test_ok": "passed",
+        "tests.v1.a::test_gpu": "skipped",
+        "tests.v1.a::test_boom": "failed",
+    }
 
 
 def rows(on, off):
@@ -31,10 +34,13 @@ def rows(on, off):
 
 
 def test_same_outcomes_pass_or_are_not_applicable_never_counted_as_passes():
-    on = off = {"t::ok": ("passed", ""), "t::gpu": ("skipped", "Requires CUDA"),
-                "t::hub": ("failed", "LocalEntryNotFoundError: Cannot find an appropriate cached snapshot"),
-                "t::pkg": ("error", "ModuleNotFoundError: No module named 'nixl'"),
-                "t::bug": ("failed", "assert 3 == 4")}
+    on = off = {
+        "t::ok": ("passed", ""),
+        "t::gpu": ("skipped", "Requires CUDA"),
+        "t::hub": ("failed", "LocalEntryNotFoundError: Cannot find an appropriate cached snapshot"),
+        "t::pkg": ("error", "ModuleNotFoundError: No module named 'nixl'"),
+        "t::bug": ("failed", "assert 3 == 4"),
+    }
     r = rows(on, off)
     assert r["t::ok"]["verdict"] == "passed"
     assert {r[t]["verdict"] for t in ("t::gpu", "t::hub", "t::pkg")} == {"not applicable"}

@@ -125,7 +125,7 @@ def test_plain_vllm_refuses_to_start_or_go_on_while_ray_is_alive(tmp_path):
     with pytest.raises(ProtocolError, match="alone on the host") as e:
         plain_vllm(config, tmp_path / "model", tmp_path, find_ray=lambda: ["4242 raylet"]).__enter__()
     assert "4242 raylet" in str(e.value) and "ray stop" in str(e.value)
-    require_no_ray("now", lambda: [])  # nothing alive: fine
+    require_no_ray("now", list)  # nothing alive: fine
     # a Ray process that appears during the plain phase voids it
     plain = plain_vllm(config, tmp_path / "model", tmp_path, find_ray=lambda: ["7 ray::ServeController"])
     with pytest.raises(ProtocolError, match="after the run"):
@@ -140,7 +140,7 @@ def test_shipped_phase_must_leave_no_ray_process(monkeypatch, tmp_path):
     monkeypatch.setattr(arms, "ray_processes", lambda: ["9 raylet"])
     with pytest.raises(arms.ProtocolError, match="left Ray processes behind"):
         phase.__exit__(None, None, None)
-    monkeypatch.setattr(arms, "ray_processes", lambda: [])
+    monkeypatch.setattr(arms, "ray_processes", list)
     phase.__exit__(None, None, None)
 
 
@@ -164,8 +164,12 @@ def test_arms_take_their_settings_from_the_config():
     assert engine.env[KV_CACHE_SPACE] == config.applications[0].env_vars[KV_CACHE_SPACE]
     assert engine.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and engine.engine_cores == [0]
     bare = make_arm("engine-nooffload", config, Path("/m"), Path("/tmp/arms-test"))
-    assert [f for f in engine.flags if f not in bare.flags] == ["--kv-offloading-size", str(kwargs[
-        "kv_offloading_size"]), "--kv-offloading-backend", "native"]
+    assert [f for f in engine.flags if f not in bare.flags] == [
+        "--kv-offloading-size",
+        str(kwargs["kv_offloading_size"]),
+        "--kv-offloading-backend",
+        "native",
+    ]
     twin = without_offloading(config).applications[0].fuzz_args.llm_configs[0].engine_kwargs
     assert set(kwargs) - set(twin) == {"kv_offloading_size", "kv_offloading_backend"}
     assert "kv_offloading_size" in kwargs, "without_offloading copies; the config itself is unchanged"
@@ -219,11 +223,26 @@ def test_engine_flags_are_ones_vllms_server_parses():
 
     parser = FlexibleArgumentParser()
     AsyncEngineArgs.add_cli_args(parser)
-    args = parser.parse_args(engine_flags({"dtype": "float32", "enforce_eager": False, "enable_prefix_caching": True,
-                                           "kv_offloading_size": 0.25, "kv_offloading_backend": "native",
-                                           "max_model_len": 1024}))
-    assert (args.dtype, args.enforce_eager, args.enable_prefix_caching, args.kv_offloading_size,
-            args.kv_offloading_backend, args.max_model_len) == ("float32", False, True, 0.25, "native", 1024)
+    args = parser.parse_args(
+        engine_flags(
+            {
+                "dtype": "float32",
+                "enforce_eager": False,
+                "enable_prefix_caching": True,
+                "kv_offloading_size": 0.25,
+                "kv_offloading_backend": "native",
+                "max_model_len": 1024,
+            }
+        )
+    )
+    assert (
+        args.dtype,
+        args.enforce_eager,
+        args.enable_prefix_caching,
+        args.kv_offloading_size,
+        args.kv_offloading_backend,
+        args.max_model_len,
+    ) == ("float32", False, True, 0.25, "native", 1024)
 
 
 def test_phases_interleave_in_blocks_abc_cba():
@@ -246,20 +265,40 @@ def test_pairs_are_even_and_at_least_six_unless_a_smoke_run():
 def _run(stack, pair, label, req_per_s, cpu, completed=100, ttft=1.0, void=None, failed=0, ttft_p99=None):
     from benchmarks.vs_vllm import Run
 
-    return Run(stack=stack, pair=pair, label=label, concurrency=32, completed=completed, failed=failed,
-               duration_s=1.0, req_per_s=req_per_s, output_tok_per_s=0.0,
-               ttft_ms={"p50": ttft, "p99": 2 * ttft if ttft_p99 is None else ttft_p99},
-               tpot_ms={"p50": 1, "p99": 2}, itl_ms={"p50": 1, "p99": 2}, e2el_ms={"p50": 70, "p99": 90},
-               window_s=1.0, host_cpu_s=cpu * completed, host_cpu_s_per_request=cpu, host_busy_cores=2.0, void=void)
+    return Run(
+        stack=stack,
+        pair=pair,
+        label=label,
+        concurrency=32,
+        completed=completed,
+        failed=failed,
+        duration_s=1.0,
+        req_per_s=req_per_s,
+        output_tok_per_s=0.0,
+        ttft_ms={"p50": ttft, "p99": 2 * ttft if ttft_p99 is None else ttft_p99},
+        tpot_ms={"p50": 1, "p99": 2},
+        itl_ms={"p50": 1, "p99": 2},
+        e2el_ms={"p50": 70, "p99": 90},
+        window_s=1.0,
+        host_cpu_s=cpu * completed,
+        host_cpu_s_per_request=cpu,
+        host_busy_cores=2.0,
+        void=void,
+    )
 
 
 def test_ratios_are_pairwise_with_a_bootstrap_interval_that_covers_the_median():
     from benchmarks.vs_vllm import compare
 
-    runs = [_run("plain", 0, "c32", 100, 0.020), _run("shipped", 0, "c32", 90, 0.022, ttft=2.0),
-            _run("shipped", 1, "c32", 120, 0.017), _run("plain", 1, "c32", 100, 0.020),
-            _run("plain", 2, "c32", 50, 0.040), _run("shipped", 2, "c32", 50, 0.040),
-            _run("plain", 3, "c32", 80, 0.025)]  # an unpaired run counts nowhere
+    runs = [
+        _run("plain", 0, "c32", 100, 0.020),
+        _run("shipped", 0, "c32", 90, 0.022, ttft=2.0),
+        _run("shipped", 1, "c32", 120, 0.017),
+        _run("plain", 1, "c32", 100, 0.020),
+        _run("plain", 2, "c32", 50, 0.040),
+        _run("shipped", 2, "c32", 50, 0.040),
+        _run("plain", 3, "c32", 80, 0.025),
+    ]  # an unpaired run counts nowhere
     r = compare(runs)["c32"]["shipped/plain"]
     assert r["figures"]["req_per_s"]["ratios"] == pytest.approx([0.9, 1.2, 1.0])
     assert r["figures"]["req_per_s"]["median"] == pytest.approx(1.0)
@@ -273,9 +312,14 @@ def test_ratios_are_pairwise_with_a_bootstrap_interval_that_covers_the_median():
 def test_three_arms_compare_each_with_plain_and_shipped_with_engine_and_void_runs_count_nowhere():
     from benchmarks.vs_vllm import compare
 
-    runs = [_run("plain", 0, "c1", 10, 0.1), _run("engine", 0, "c1", 12, 0.1), _run("shipped", 0, "c1", 9, 0.1),
-            _run("shipped", 1, "c1", 8, 0.1), _run("engine", 1, "c1", 16, 0.1),
-            _run("plain", 1, "c1", 8, 0.1, void="cold run with cache hits")]
+    runs = [
+        _run("plain", 0, "c1", 10, 0.1),
+        _run("engine", 0, "c1", 12, 0.1),
+        _run("shipped", 0, "c1", 9, 0.1),
+        _run("shipped", 1, "c1", 8, 0.1),
+        _run("engine", 1, "c1", 16, 0.1),
+        _run("plain", 1, "c1", 8, 0.1, void="cold run with cache hits"),
+    ]
     r = compare(runs)["c1"]
     assert set(r) == {"engine/plain", "shipped/plain", "shipped/engine"}
     assert r["engine/plain"]["figures"]["req_per_s"]["ratios"] == pytest.approx([1.2])  # pair 1's plain is void
@@ -290,16 +334,25 @@ def test_the_ttft_split_takes_the_median_over_runs_of_each_parts_mean_and_derive
         r.counters = {"latency_mean_ms": {"server_ttft": server, "queue": queue, "prefill": prefill}}
         return r
 
-    runs = [timed(_run("engine", 0, "c8", 10, 0.1), 40.0, 30.0, 5.0, 10.0),
-            timed(_run("engine", 1, "c8", 10, 0.1), 50.0, 34.0, 7.0, 12.0),
-            timed(_run("engine", 2, "c8", 10, 0.1), 60.0, 38.0, 9.0, 14.0),
-            timed(_run("engine", 3, "c8", 10, 0.1, void="cold run with cache hits"), 900.0, 900.0, 0.0, 0.0),
-            timed(_run("plain", 0, "c8", 10, 0.1), 30.0, None, None, None)]  # a server that times nothing
+    runs = [
+        timed(_run("engine", 0, "c8", 10, 0.1), 40.0, 30.0, 5.0, 10.0),
+        timed(_run("engine", 1, "c8", 10, 0.1), 50.0, 34.0, 7.0, 12.0),
+        timed(_run("engine", 2, "c8", 10, 0.1), 60.0, 38.0, 9.0, 14.0),
+        timed(_run("engine", 3, "c8", 10, 0.1, void="cold run with cache hits"), 900.0, 900.0, 0.0, 0.0),
+        timed(_run("plain", 0, "c8", 10, 0.1), 30.0, None, None, None),
+    ]  # a server that times nothing
     split = ttft_split(runs)["c8"]
-    assert split["engine"] == pytest.approx({"client": 50.0, "server": 34.0, "queue": 7.0, "prefill": 12.0,
-                                             "outside": 16.0, "handoffs": 15.0})  # the void run counts nowhere
-    assert split["plain"] == {"client": 30.0, "server": None, "queue": None, "prefill": None, "outside": None,
-                              "handoffs": None}
+    assert split["engine"] == pytest.approx(
+        {"client": 50.0, "server": 34.0, "queue": 7.0, "prefill": 12.0, "outside": 16.0, "handoffs": 15.0}
+    )  # the void run counts nowhere
+    assert split["plain"] == {
+        "client": 30.0,
+        "server": None,
+        "queue": None,
+        "prefill": None,
+        "outside": None,
+        "handoffs": None,
+    }
 
 
 def test_a_cold_run_with_any_cache_hit_is_void_and_a_reuse_run_is_not():
@@ -316,9 +369,16 @@ def test_summarize_run_takes_the_host_cpu_of_the_clients_own_window():
     from benchmarks.vs_vllm import summarize_run
 
     sampler = types.SimpleNamespace(busy_between=lambda t0, t1: (t0, t1))
-    data = {"start_times": [5.0, 5.5, 6.0], "latencies": [1.0, 2.0, 0.0], "errors": ["", "", "boom"],
-            "completed": 2, "failed": 1, "duration": 3.0, "request_throughput": 0.66,
-            "output_throughput": 10.0}
+    data = {
+        "start_times": [5.0, 5.5, 6.0],
+        "latencies": [1.0, 2.0, 0.0],
+        "errors": ["", "", "boom"],
+        "completed": 2,
+        "failed": 1,
+        "duration": 3.0,
+        "request_throughput": 0.66,
+        "output_throughput": 10.0,
+    }
     captured = {}
 
     def busy(t0, t1):
@@ -356,8 +416,9 @@ def test_the_client_is_vllms_own_and_sends_exactly_our_prompts_in_order(tmp_path
     assert [s.prompt for s in samples] == list(prompts.prompts)
     assert {s.prompt_len for s in samples} == {128} and {s.expected_output_len for s in samples} == {64}
     assert args.request_rate == float("inf"), "no --request-rate: vLLM's default, every request at once"
-    rated = parser.parse_args(bench_argv("http://127.0.0.1:1", tmp_path, 8, dataset, 25, 64, tmp_path, "r.json",
-                                         request_rate=12.5)[3:])
+    rated = parser.parse_args(
+        bench_argv("http://127.0.0.1:1", tmp_path, 8, dataset, 25, 64, tmp_path, "r.json", request_rate=12.5)[3:]
+    )
     assert (rated.request_rate, rated.max_concurrency, rated.seed) == (12.5, 8, args.seed)
 
 
@@ -366,7 +427,10 @@ def test_arms_split_on_commas_before_an_arms_name_only():
 
     assert split_arms("plain,engine,shipped") == ["plain", "engine", "shipped"]
     assert split_arms("plain,engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait+pin=none,shipped-nooffload") == [
-        "plain", "engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait+pin=none", "shipped-nooffload"]
+        "plain",
+        "engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait+pin=none",
+        "shipped-nooffload",
+    ]
     assert split_arms("engine+X=plain,shipped") == ["engine+X=plain", "shipped"]
     assert split_arms("engine+X=a,plainly") == ["engine+X=a,plainly"], "a word that begins like an arm is no arm"
 
@@ -381,8 +445,9 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
 
     config = load_config(REPO / "serve_config.yaml")
     stock = make_arm("stock", config, Path("/m"), Path("/tmp/arms-test"))
-    assert isinstance(stock, Shipped) and stock.replica_class == replica_class_prefix(STOCK_APP,
-                                                                                      ENGINE_DEPLOYMENT_PREFIX)
+    assert isinstance(stock, Shipped) and stock.replica_class == replica_class_prefix(
+        STOCK_APP, ENGINE_DEPLOYMENT_PREFIX
+    )
     [app] = stock.config.applications
     assert (app.import_path, app.route_prefix) == ("ray.serve.llm:build_openai_app", "/")
     assert app.env_vars[OFF_ENV] == ALL and app.env_vars["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] == "1"
@@ -406,8 +471,10 @@ def test_a_run_with_a_failed_request_or_a_stall_is_void_whatever_its_arm():
     clean = CacheCounters(requests=100, prompt_tokens=12800)
     assert void_reason("cold", clean, _run("plain", 0, "c8", 10, 0.1, ttft=30, ttft_p99=210)) is None
     assert void_reason("cold", clean, _run("plain", 0, "c8", 10, 0.1, failed=1)) == "1 failed request(s)"
-    assert "stalled: TTFT p99 1463 ms is over 10x its p50 (28 ms)" == void_reason(
-        "cold", clean, _run("plain", 0, "c8", 10, 0.1, ttft=28, ttft_p99=1463))
+    assert (
+        void_reason("cold", clean, _run("plain", 0, "c8", 10, 0.1, ttft=28, ttft_p99=1463))
+        == "stalled: TTFT p99 1463 ms is over 10x its p50 (28 ms)"
+    )
     assert "failed" in void_reason("reuse", clean, _run("shipped", 0, "ws1x", 10, 0.1, failed=3))
 
 
@@ -429,8 +496,11 @@ def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met
 
     runs = []
     for p in range(2):
-        runs += [_run("plain", p, "c8", 100, 0.02, ttft=20), _run("stock", p, "c8", 60, 0.03, ttft=25),
-                 _run("shipped", p, "c8", 100, 0.02, ttft=30)]
+        runs += [
+            _run("plain", p, "c8", 100, 0.02, ttft=20),
+            _run("stock", p, "c8", 60, 0.03, ttft=25),
+            _run("shipped", p, "c8", 100, 0.02, ttft=30),
+        ]
     runs.append(_run("plain", 1, "chat8", 90, 0.02, void="1 failed request(s)"))
     ratios = compare(runs)
     assert set(ratios["c8"]) == {"stock/plain", "shipped/plain", "shipped/stock"}
@@ -438,14 +508,20 @@ def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met
     assert verdicts[("c8", "TTFT p50 shipped / stock <= 1x")] == "not met"  # 1.2x the peer's
     assert verdicts[("c8", "TTFT p50 shipped / plain <= 1.1x")] == "not met"  # 1.5x plain's
     assert verdicts[("c8", "requests/s shipped / plain >= 1x")] == "met"
-    meta = {"workload": {"name": "cold", "arms": ["plain", "stock", "shipped"]}, "date": "d", "command": "c",
-            "machine": "AMD EPYC, x86_64, 2 CPUs", "protocol": []}
+    meta = {
+        "workload": {"name": "cold", "arms": ["plain", "stock", "shipped"]},
+        "date": "d",
+        "command": "c",
+        "machine": "AMD EPYC, x86_64, 2 CPUs",
+        "protocol": [],
+    }
     md = markdown(meta, runs, ratios)
     assert "| c8 | TTFT p50 shipped / stock <= 1x | 1.20x [1.20, 1.20] | 2 | **not met** |" in md
     assert "| c8 | stock | 60.0 | 25.0 | 50.0 | 70.0 | 30.0 | 2.00 | 2 | 0 |" in md  # absolute, per arm
     assert "| chat8 | plain | - | - | - | - | - | - | 0 | 1 |" in md  # a void run is counted, its figures not
     assert missing_runs(runs, ["plain", "stock", "shipped"], 2, ["c8", "chat8"]) == [
-        f"pair {p} {a} chat8" for p in range(2) for a in ("plain", "stock", "shipped")]
+        f"pair {p} {a} chat8" for p in range(2) for a in ("plain", "stock", "shipped")
+    ]
 
 
 def test_chat_runs_use_vllms_chat_backend_and_label(tmp_path):
@@ -458,8 +534,9 @@ def test_chat_runs_use_vllms_chat_backend_and_label(tmp_path):
     assert Workload(chat={}).runs()[-1] == ("c128", 128) and is_chat("chat8") and not is_chat("c8")
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
-    args = parser.parse_args(bench_argv("http://h:1", tmp_path, 8, tmp_path / "d.jsonl", 5, 64, tmp_path, "r.json",
-                                        chat=True)[3:])
+    args = parser.parse_args(
+        bench_argv("http://h:1", tmp_path, 8, tmp_path / "d.jsonl", 5, 64, tmp_path, "r.json", chat=True)[3:]
+    )
     assert (args.backend, args.endpoint) == ("openai-chat", "/v1/chat/completions")
 
 
@@ -485,7 +562,8 @@ def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_
 
     clean = CacheCounters(requests=128, prompt_tokens=16384)
     assert void_reason("cold", clean, timed("plain", 101.0, 10.5)) == (
-        "stalled outside the engine: client TTFT mean 101 ms, the server's own 10 ms (a reference's frontend starved)")
+        "stalled outside the engine: client TTFT mean 101 ms, the server's own 10 ms (a reference's frontend starved)"
+    )
     assert "stalled outside the engine" in void_reason("cold", clean, timed("stock", 101.0, 10.5))
     assert void_reason("cold", clean, timed("plain", 12.0, 8.3)) is None
     assert void_reason("cold", clean, timed("plain", 25.0, 8.0)) is None, "3x but only 17 ms outside"

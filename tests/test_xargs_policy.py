@@ -22,15 +22,18 @@ def test_reserved_keys_are_refused_or_stripped(key):
     assert fwd == {"fuzz_strength": 1}
 
 
-@pytest.mark.parametrize("xargs, param", [
-    ({"fuzz_strength": -1}, "vllm_xargs.fuzz_strength"),
-    ({"fuzz_strength": float("nan")}, "vllm_xargs.fuzz_strength"),
-    ({"fuzz_mode": "x", "fuzz_strength": 1}, "vllm_xargs.fuzz_mode"),
-    ({"fuzz_seed": "1", "fuzz_strength": 1}, "vllm_xargs.fuzz_seed"),
-    ({"fuzz_strenght": 1}, "vllm_xargs.fuzz_strenght"),
-    ({"temperature_boost": 1}, "vllm_xargs.temperature_boost"),
-    ([1, 2], "vllm_xargs"),
-])
+@pytest.mark.parametrize(
+    "xargs, param",
+    [
+        ({"fuzz_strength": -1}, "vllm_xargs.fuzz_strength"),
+        ({"fuzz_strength": float("nan")}, "vllm_xargs.fuzz_strength"),
+        ({"fuzz_mode": "x", "fuzz_strength": 1}, "vllm_xargs.fuzz_mode"),
+        ({"fuzz_seed": "1", "fuzz_strength": 1}, "vllm_xargs.fuzz_seed"),
+        ({"fuzz_strenght": 1}, "vllm_xargs.fuzz_strenght"),
+        ({"temperature_boost": 1}, "vllm_xargs.temperature_boost"),
+        ([1, 2], "vllm_xargs"),
+    ],
+)
 def test_bad_requests_name_the_field(xargs, param):
     with pytest.raises(RequestRejected) as ei:
         check_xargs(xargs)

@@ -20,8 +20,9 @@ def chaos_scenario(duration_s: float, concurrency: int, kill_at_s: float | None)
     from load_tests.plan.scenarios import SCENARIOS
 
     sc = SCENARIOS["chaos"].model_copy(deep=True)
-    sc.profile = type(sc.profile).model_validate({**sc.profile.model_dump(), "duration_s": duration_s,
-                                                  "concurrency": concurrency})
+    sc.profile = type(sc.profile).model_validate(
+        {**sc.profile.model_dump(), "duration_s": duration_s, "concurrency": concurrency}
+    )
     sc.kill_replica_at_s = kill_at_s
     return sc
 
@@ -30,7 +31,8 @@ def deploy(sc, out: Path, patches_off: str | None):
     """Start a local cluster and deploy serve_config.yaml with ``sc``'s engine settings (the CLI's own deploy)."""
     from rich.console import Console
 
-    from load_tests.operate.deploy import DeploySettings, deploy as load_test_deploy
+    from load_tests.operate.deploy import DeploySettings
+    from load_tests.operate.deploy import deploy as load_test_deploy
 
     return load_test_deploy(sc, DeploySettings(patches_off=patches_off), out, Console(stderr=True))
 
@@ -43,8 +45,20 @@ def smoke_load(base_url: str, metrics_urls: list[str], out: Path, duration_s: fl
     from load_tests.cli import inputs_for
     from load_tests.runner.run import run
 
-    argv = ["--url", base_url, "--scenario", "smoke", "--duration", str(duration_s), "--concurrency",
-            str(concurrency), "--no-sweep", "--no-progress", "--out", str(out),
-            *[a for u in metrics_urls for a in ("--metrics-url", u)]]
+    argv = [
+        "--url",
+        base_url,
+        "--scenario",
+        "smoke",
+        "--duration",
+        str(duration_s),
+        "--concurrency",
+        str(concurrency),
+        "--no-sweep",
+        "--no-progress",
+        "--out",
+        str(out),
+        *[a for u in metrics_urls for a in ("--metrics-url", u)],
+    ]
     log.info("load: python -m load_tests %s", " ".join(argv))
     return run(*inputs_for(argv), Console(stderr=True)).exit_code

@@ -40,7 +40,7 @@ import subprocess
 import threading
 import time
 from collections import Counter
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,9 +59,14 @@ log = logging.getLogger("fuzzserve.monitoring")
 # What stock accounting under the chaos faults must raise and the patches must not: the counter invariants, an
 # internal accounting violation, or (how stock vLLM actually fails on a live cluster: EngineCore dies on a bad
 # connector report before a counter goes wrong) the engine deployment's requests failing.
-JUDGED_ALERTS = ("FuzzserveCounterNegative", "FuzzserveCounterWentBackwards", "FuzzservePromptTokensDoNotSum",
-                 "FuzzservePromptTokensCachedExceedTotal", "FuzzserveAccountingViolation",
-                 "FuzzserveDeploymentRequestsFailing")
+JUDGED_ALERTS = (
+    "FuzzserveCounterNegative",
+    "FuzzserveCounterWentBackwards",
+    "FuzzservePromptTokensDoNotSum",
+    "FuzzservePromptTokensCachedExceedTotal",
+    "FuzzserveAccountingViolation",
+    "FuzzserveDeploymentRequestsFailing",
+)
 
 
 def e2e_config(rules: Path, interval_s: int) -> dict[str, Any]:
@@ -71,8 +76,13 @@ def e2e_config(rules: Path, interval_s: int) -> dict[str, Any]:
     cfg["rule_files"] = [str(rules)]
     for job in cfg["scrape_configs"]:
         job.setdefault("relabel_configs", []).append(
-            {"source_labels": ["__address__"], "regex": "[^:]+:(\\d+)", "replacement": "127.0.0.1:$1",
-             "target_label": "__address__"})
+            {
+                "source_labels": ["__address__"],
+                "regex": "[^:]+:(\\d+)",
+                "replacement": "127.0.0.1:$1",
+                "target_label": "__address__",
+            }
+        )
     return cfg
 
 
@@ -92,15 +102,23 @@ class PrometheusServer:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 60) -> PrometheusServer:
-        self._log = open(self.workdir / "prometheus.log", "ab")
-        self.proc = subprocess.Popen([str(tool("prometheus")), f"--config.file={self.config_path}",
-                                      f"--storage.tsdb.path={self.workdir / 'data'}",
-                                      f"--web.listen-address=127.0.0.1:{self.port}"],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+        self._log = open(self.workdir / "prometheus.log", "ab")  # noqa: SIM115 -- held for the object's life, closed when it stops
+        self.proc = subprocess.Popen(
+            [
+                str(tool("prometheus")),
+                f"--config.file={self.config_path}",
+                f"--storage.tsdb.path={self.workdir / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited ({self.proc.returncode}); log: {self.workdir / 'prometheus.log'}")
+                raise RuntimeError(
+                    f"prometheus exited ({self.proc.returncode}); log: {self.workdir / 'prometheus.log'}"
+                )
             try:
                 if httpx.get(f"{self.url}/-/ready", timeout=2).status_code == 200:
                     return self
@@ -144,26 +162,37 @@ class AlertRecorder(threading.Thread):
         now = time.monotonic() - self.t0
         for a in alerts:
             key = json.dumps(a["labels"], sort_keys=True)
-            rec = self.seen.setdefault(key, {"alertname": a["labels"].get("alertname"), "labels": a["labels"],
-                                             "active_at": a.get("activeAt")})
+            rec = self.seen.setdefault(
+                key, {"alertname": a["labels"].get("alertname"), "labels": a["labels"], "active_at": a.get("activeAt")}
+            )
             rec[f"first_{a['state']}_s"] = rec.get(f"first_{a['state']}_s", round(now, 1))
             rec["last_state"], rec["last_value"], rec["last_seen_s"] = a["state"], a.get("value"), round(now, 1)
             if a["state"] == "firing" and "first_firing_wall" not in rec:
-                rec["first_firing_wall"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+                rec["first_firing_wall"] = datetime.now(UTC).isoformat(timespec="seconds")
                 rec["value_when_firing"] = a.get("value")
-                log.info("alert firing: %s %s = %s", rec["alertname"],
-                         {k: v for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "counter", "deployment")},
-                         a.get("value"))
+                log.info(
+                    "alert firing: %s %s = %s",
+                    rec["alertname"],
+                    {k: v for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "counter", "deployment")},
+                    a.get("value"),
+                )
 
     def run(self) -> None:
         while not self.stop_event.wait(self.interval_s):
             self.poll()
 
 
-def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_at_s: float | None,
-             settle_s: float, interval_s: int) -> dict[str, Any]:
-    from load_tests.runner.loop import RunConfig, run_load
+def run_once(
+    patches: str,
+    out: Path,
+    duration_s: float,
+    concurrency: int,
+    kill_at_s: float | None,
+    settle_s: float,
+    interval_s: int,
+) -> dict[str, Any]:
     from load_tests.operate.target import LoadTarget
+    from load_tests.runner.loop import RunConfig, run_load
 
     out.mkdir(parents=True, exist_ok=True)
     sc = chaos_scenario(duration_s, concurrency, kill_at_s)
@@ -179,8 +208,12 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
         target = LoadTarget(cluster.base_url, cluster.metrics_urls, None, cluster)
         run = asyncio.run(run_load(target, sc, RunConfig(seed=0, progress=False), t0))
         load_end = time.monotonic() - t0
-        log.info("load done after %.0f s; %d requests; holding the cluster at rest for %.0f s", load_end,
-                 run.started, settle_s)
+        log.info(
+            "load done after %.0f s; %d requests; holding the cluster at rest for %.0f s",
+            load_end,
+            run.started,
+            settle_s,
+        )
         time.sleep(settle_s)
         recorder.poll()
         targets = prom.api("targets")["activeTargets"]
@@ -194,13 +227,23 @@ def run_once(patches: str, out: Path, duration_s: float, concurrency: int, kill_
     judged = [a for a in fired if a in JUDGED_ALERTS]
     passed = bool(judged) if patches == "off" else not judged
     result = {
-        "patches": patches, "passed": passed, "fired": fired, "judged_alerts_fired": judged,
-        "alerts": alerts, "load": {"requests": run.started, "outcomes": _outcomes(run.results),
-                                   "load_s": round(run.wall_s, 1), "load_end_s": round(load_end, 1),
-                                   "faults": [f.model_dump(mode="json") for f in run.events],
-                                   "load_test_invariant_violations": len(run.checker.violations)},
+        "patches": patches,
+        "passed": passed,
+        "fired": fired,
+        "judged_alerts_fired": judged,
+        "alerts": alerts,
+        "load": {
+            "requests": run.started,
+            "outcomes": _outcomes(run.results),
+            "load_s": round(run.wall_s, 1),
+            "load_end_s": round(load_end, 1),
+            "faults": [f.model_dump(mode="json") for f in run.events],
+            "load_test_invariant_violations": len(run.checker.violations),
+        },
         "targets": [{"url": t["scrapeUrl"], "health": t["health"], "lastError": t["lastError"]} for t in targets],
-        "scenario": sc.model_dump(), "settle_s": settle_s, "interval_s": interval_s,
+        "scenario": sc.model_dump(),
+        "settle_s": settle_s,
+        "interval_s": interval_s,
         "took_s": round(time.monotonic() - started, 1),
     }
     (out / "alerts.json").write_text(json.dumps(result, indent=2, default=str))
@@ -213,16 +256,26 @@ def _outcomes(results) -> dict[str, int]:
 
 
 def summary_md(result: dict[str, Any]) -> str:
-    lines = [f"## patches {result['patches']}: {'PASSED' if result['passed'] else 'FAILED'}", "",
-             f"{result['load']['requests']} requests over {result['load']['load_s']} s "
-             f"({result['load']['outcomes']}); faults {result['load']['faults']}; "
-             f"cluster held at rest {result['settle_s']:.0f} s after the load; whole run {result['took_s']:.0f} s.", "",
-             "| alert | labels | pending at (s) | firing at (s) | value when firing | last state |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"## patches {result['patches']}: {'PASSED' if result['passed'] else 'FAILED'}",
+        "",
+        (
+            f"{result['load']['requests']} requests over {result['load']['load_s']} s "
+            f"({result['load']['outcomes']}); faults {result['load']['faults']}; "
+            f"cluster held at rest {result['settle_s']:.0f} s after the load; whole run {result['took_s']:.0f} s."
+        ),
+        "",
+        "| alert | labels | pending at (s) | firing at (s) | value when firing | last state |",
+        "|---|---|---|---|---|---|",
+    ]
     for a in result["alerts"]:
-        labels = ", ".join(f"{k}={v}" for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "counter", "deployment"))
-        lines.append(f"| {a['alertname']} | {labels} | {a.get('first_pending_s', '-')} | "
-                     f"{a.get('first_firing_s', '-')} | {a.get('value_when_firing', '-')} | {a.get('last_state')} |")
+        labels = ", ".join(
+            f"{k}={v}" for k, v in a["labels"].items() if k in ("ReplicaId", "kind", "counter", "deployment")
+        )
+        lines.append(
+            f"| {a['alertname']} | {labels} | {a.get('first_pending_s', '-')} | "
+            f"{a.get('first_firing_s', '-')} | {a.get('value_when_firing', '-')} | {a.get('last_state')} |"
+        )
     lines.append("")
     lines.append("Times are seconds from the start of the load (the replica kill, if any, is in `faults`).")
     return "\n".join(lines) + "\n"
@@ -235,15 +288,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=120.0, help="seconds of chaos load")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--kill-at", type=float, default=60.0, help="SIGKILL one replica this far into the load")
-    ap.add_argument("--settle", type=float, default=240.0,
-                    help="seconds to keep the cluster at rest after the load (the at-rest rules need 3 minutes)")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=240.0,
+        help="seconds to keep the cluster at rest after the load (the at-rest rules need 3 minutes)",
+    )
     ap.add_argument("--interval", type=int, default=5, help="scrape and rule-evaluation interval (s)")
     args = ap.parse_args(argv)
     command_logging()
     ok = True
-    for patches in (("off", "on") if args.patches == "both" else (args.patches,)):
-        result = run_once(patches, args.out / f"patches-{patches}", args.duration, args.concurrency, args.kill_at,
-                          args.settle, args.interval)
+    for patches in ("off", "on") if args.patches == "both" else (args.patches,):
+        result = run_once(
+            patches,
+            args.out / f"patches-{patches}",
+            args.duration,
+            args.concurrency,
+            args.kill_at,
+            args.settle,
+            args.interval,
+        )
         print(summary_md(result))
         ok &= result["passed"]
     return 0 if ok else 1

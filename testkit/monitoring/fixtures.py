@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 from load_tests.observe.prom_text import Labels, parse_samples
-
 from monitoring.families import HISTOGRAM_SUFFIXES, referenced_families, trim
 
 from .tools import REPO

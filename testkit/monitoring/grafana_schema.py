@@ -73,7 +73,7 @@ def _round_trip(given: Any, kept: Any, path: str, problems: list[str]) -> None:
         if not isinstance(kept, list) or len(kept) != len(given):
             problems.append(f"{path}: a list of {len(given)} the schema does not keep as such")
             return
-        for i, (g, k) in enumerate(zip(given, kept)):
+        for i, (g, k) in enumerate(zip(given, kept, strict=False)):
             _round_trip(g, k, f"{path}[{i}]", problems)
     elif given != kept or type(given) is not type(kept):
         problems.append(f"{path}: {given!r} does not survive Grafana's schema (becomes {kept!r})")

@@ -79,16 +79,24 @@ def rule_test_file(cases: list[AlertCase | ExprCase], rules_file: Path = RULES_F
     rules = alerting_rules(rules_file)
     tests = []
     for case in cases:
-        group: dict[str, Any] = {"name": case.name, "interval": case.interval,
-                                 "input_series": [{"series": s, "values": v} for s, v in case.series.items()]}
+        group: dict[str, Any] = {
+            "name": case.name,
+            "interval": case.interval,
+            "input_series": [{"series": s, "values": v} for s, v in case.series.items()],
+        }
         if isinstance(case, AlertCase):
             group["alert_rule_test"] = [
-                {"alertname": alert, "eval_time": case.eval_time,
-                 "exp_alerts": [_expected(rules[alert], f) for f in firings]}
-                for alert, firings in case.expect.items()]
+                {
+                    "alertname": alert,
+                    "eval_time": case.eval_time,
+                    "exp_alerts": [_expected(rules[alert], f) for f in firings],
+                }
+                for alert, firings in case.expect.items()
+            ]
         else:
-            group["promql_expr_test"] = [{"expr": e, "eval_time": case.eval_time, "exp_samples": case.expect}
-                                         for e in case.exprs]
+            group["promql_expr_test"] = [
+                {"expr": e, "eval_time": case.eval_time, "exp_samples": case.expect} for e in case.exprs
+            ]
         tests.append(group)
     return {"rule_files": [str(rules_file.resolve())], "evaluation_interval": "15s", "tests": tests}
 

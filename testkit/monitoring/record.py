@@ -37,8 +37,9 @@ def read(path: Path) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def input_series(records: list[dict[str, Any]], step_s: int = STEP_S, after_s: float = 40 * 60
-                 ) -> tuple[dict[str, str], int]:
+def input_series(
+    records: list[dict[str, Any]], step_s: int = STEP_S, after_s: float = 40 * 60
+) -> tuple[dict[str, str], int]:
     """promtool ``input_series`` (selector -> values) of a recording, and how many steps the run covers."""
     t_first = min(r["t"] for r in records)
     steps = max(round((r["t"] - t_first) / step_s) for r in records) + 1
@@ -101,15 +102,25 @@ if __name__ == "__main__":
     sys.exit(main())
 
 
-def replay_test(series: dict[str, str], checks: list[tuple[str, str, list]], rules_file: Path | None = None,
-                interval: str = f"{STEP_S}s") -> dict[str, Any]:
+def replay_test(
+    series: dict[str, str],
+    checks: list[tuple[str, str, list]],
+    rules_file: Path | None = None,
+    interval: str = f"{STEP_S}s",
+) -> dict[str, Any]:
     """A promtool unit-test document over one recording: ``checks`` are (alertname, eval_time, firings) with
     :class:`~testkit.monitoring.promtool.Firing` firings (an empty list: silent)."""
     doc = rule_test_file([], **({"rules_file": rules_file} if rules_file else {}))
     rules = alerting_rules(rules_file) if rules_file else alerting_rules()
-    doc["tests"] = [{"name": "recorded run", "interval": interval,
-                     "input_series": [{"series": s, "values": v} for s, v in series.items()],
-                     "alert_rule_test": [{"alertname": a, "eval_time": t,
-                                          "exp_alerts": [_expected(rules[a], f) for f in firings]}
-                                         for a, t, firings in checks]}]
+    doc["tests"] = [
+        {
+            "name": "recorded run",
+            "interval": interval,
+            "input_series": [{"series": s, "values": v} for s, v in series.items()],
+            "alert_rule_test": [
+                {"alertname": a, "eval_time": t, "exp_alerts": [_expected(rules[a], f) for f in firings]}
+                for a, t, firings in checks
+            ],
+        }
+    ]
     return doc
