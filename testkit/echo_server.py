@@ -9,7 +9,7 @@ and (b) the generator's capacity can be measured without an engine in the way
     python -m testkit.echo_server --port 8100 [--itl-ms 0]
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions`` (stream or
-not; ``max_tokens`` tokens), ``GET /v1/models``, ``GET /stats`` (what it saw),
+not; ``max_tokens`` tokens), ``GET /v1/models``, ``GET /health``, ``GET /stats`` (what it saw),
 ``GET /metrics``. A prompt (or the last chat message) containing one of these
 words asks for a behaviour: ``!400`` (an OpenAI 400 naming
 ``vllm_xargs.fuzz_strength``), ``!500``, ``!truncate`` (a stream that ends
@@ -121,6 +121,7 @@ class EchoServer:
         app.router.add_post("/v1/completions", self.handle)
         app.router.add_post("/v1/chat/completions", self.handle)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)  # as vLLM's server: GuideLLM asks it before it sends
         app.router.add_get("/stats", self.get_stats)
         app.router.add_get("/metrics", self.metrics)
         return app
@@ -201,6 +202,9 @@ class EchoServer:
         for family, (kind, samples) in families.items():
             lines += [f"# TYPE {family} {kind}", *samples]
         return web.Response(text="\n".join(lines) + "\n", content_type="text/plain")
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response()
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fixture", "object": "model"}]})
