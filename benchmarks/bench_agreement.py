@@ -118,6 +118,7 @@ DIVIDES_BY = {
     "vllm": "completed requests / its benchmark duration: the first request sent to the last response",
     "guidellm": guidellm_client.DIVIDES_BY,
 }
+NAMES = {"ours": "ours", "vllm": "vLLM's", "guidellm": "GuideLLM's"}
 T = TypeVar("T")
 
 
@@ -383,7 +384,11 @@ def figure_rows(
 
 def table(result: dict[str, Any]) -> str:
     mine, pairs = result["ours"], result["runs"]
-    lines = figure_rows(result["figures"], mine, result["vllm"], pairs["ours"], pairs["vllm"], "vllm bench serve")
+    lines = (
+        figure_rows(result["figures"], mine, result["vllm"], pairs["ours"], pairs["vllm"], "vllm bench serve")
+        if "vllm" in pairs
+        else []
+    )
     hits = [f"{who} pair {r['pair']}: {r['void']}" for who in pairs for r in pairs[who] if r.get("void")]
     if "figures_guidellm" in result:
         lines += [
@@ -628,7 +633,7 @@ def compare_on(
                     log.warning("%s", e)
             runs[who].append(run)
             log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
-    figures = compare_figures(runs["ours"], runs["vllm"], args.tolerance)
+    figures = compare_figures(runs["ours"], runs["vllm"], args.tolerance) if "vllm" in runs else {}
     against = {who: against_server(runs[who]) for who in runs}
     out = {who: median_figures(runs[who]) for who in runs}
     if "guidellm" in runs:
@@ -637,7 +642,7 @@ def compare_on(
         **out,
         "runs": runs,
         "figures": figures,
-        "verdict": verdict(figures),
+        "verdict": verdict(figures) if figures else "vllm not run",
         "against_server": against,
         "verdict_vs_server": against["ours"]["verdict"],
         "verdicts": [r.get("failures") for r in runs["ours"]],
@@ -703,7 +708,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--ttft-ms", type=float, default=100.0, help="--echo: the server's time to first token")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="--echo: its time between tokens")
-    ap.add_argument("--order", default="vllm,ours", help="which client runs first (flipped every other pair)")
+    ap.add_argument(
+        "--order",
+        default="vllm,ours",
+        help="the clients, the first to run first (the order flipped every other pair); 'ours' alone with "
+        "--guidellm compares ours with GuideLLM only",
+    )
     ap.add_argument(
         "--pairs",
         type=int,
@@ -754,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
     use_engine_env()
     echo = shipped = None
     warmup = args.warmup if args.warmup is not None else (0 if args.echo else 200)
-    clients = ("vllm", "ours", "guidellm") if args.guidellm else ("vllm", "ours")
+    clients = (*args.order.split(","), *(["guidellm"] if args.guidellm else []))
+    if "ours" not in clients or not set(clients) <= {"ours", "vllm", "guidellm"}:
+        ap.error(f"--order: ours and vllm (either first), or ours alone with --guidellm; got {args.order!r}")
     if args.guidellm:
         guidellm_client.ensure_env()
     sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
@@ -816,9 +828,8 @@ def main(argv: list[str] | None = None) -> int:
         + f"\n{result['verdict'].upper()} (tolerance {args.tolerance:.0%}, {args.pairs} pairs"
         + (", below protocol" if result["below_protocol"] else "")
         + ")\n"
-        + f"Against the server: ours {result['against_server']['ours']['verdict'].upper()}, vLLM's "
-        f"{result['against_server']['vllm']['verdict'].upper()}"
-        + (f", GuideLLM's {result['against_server']['guidellm']['verdict'].upper()}" if args.guidellm else "")
+        + "Against the server: "
+        + ", ".join(f"{NAMES[who]} {a['verdict'].upper()}" for who, a in result["against_server"].items())
         + f" (tolerance {SERVER_TOLERANCE:.0%})\n"
     )
     if args.out:

@@ -140,6 +140,10 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
     for b in report["benchmarks"]:
         m = b["metrics"]
 
+        ttft = ms_to_s(m, "time_to_first_token_ms")
+        # GuideLLM times its first token by text: on answers whose tokens decode to empty text (a fuzzed greedy
+        # answer, the echo server's) it reads 0; such a figure is withheld, never reported as 0 ms
+        timed = bool(ttft)
         out.append(
             {
                 "tool": f"guidellm {VERSION}",
@@ -148,9 +152,10 @@ def figures(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "failed": int(m["request_totals"].get("errored", 0)),
                 "requests_per_s": m["requests_per_second"]["successful"]["mean"],
                 "window_s": b["end_time"] - b["start_time"],
-                "ttft_p50_s": ms_to_s(m, "time_to_first_token_ms"),
-                "tpot_p50_s": ms_to_s(m, "inter_token_latency_ms"),  # vLLM's TPOT (see the module doc)
-                "ttft_p99_s": ms_to_s(m, "time_to_first_token_ms", "p99"),
+                "ttft_p50_s": ttft if timed else None,
+                "tpot_p50_s": ms_to_s(m, "inter_token_latency_ms") if timed else None,  # vLLM's TPOT (module doc)
+                "ttft_p99_s": ms_to_s(m, "time_to_first_token_ms", "p99") if timed else None,
+                **({} if timed else {"latency_note": "withheld: GuideLLM timed no first token (0 ms: empty text)"}),
             }
         )
     return out
