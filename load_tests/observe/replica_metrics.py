@@ -1,4 +1,5 @@
-"""``python -m load_tests.observe.replica_metrics``: every replica's prompt-token counters, one scrape of every node, checked.
+"""``python -m load_tests.observe.replica_metrics``: every replica's prompt-token counters, one scrape of every
+node, checked.
 
 Prints one row per engine replica (``--json``: the replicas, unreadable
 endpoints and problems as JSON) and exits 1 on any problem: an endpoint

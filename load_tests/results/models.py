@@ -207,7 +207,8 @@ class ReplicaRecord(Record):
 
 
 class ClientServer(Record):
-    """What the clients saw complete against what the engines counted (``load_tests.judge.summary.server_cross_check``)."""
+    """What the clients saw complete against what the engines counted
+    (``load_tests.judge.summary.server_cross_check``)."""
 
     client_ok: int
     client_cancelled: int
