@@ -48,6 +48,7 @@ log = logging.getLogger("fuzzserve.load_tests")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The CLI's options, one function per concern (the help lists them in the same groups)."""
     ap = argparse.ArgumentParser(
         prog="python -m load_tests", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -57,6 +58,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="smoke",
         help="; ".join(f"{k}: {s.description}" for k, s in SCENARIOS.items()).replace("%", "%%"),
     )
+    _target_args(ap)
+    _deployment_args(ap)
+    _load_args(ap)
+    _operation_args(ap)
+    _monitor_args(ap)
+    _output_args(ap)
+    return ap.parse_args(argv)
+
+
+def _target_args(ap: argparse.ArgumentParser) -> None:
+    """The options of where the load goes."""
     tgt = ap.add_argument_group("target (default: deploy locally)")
     tgt.add_argument("--url", help="base URL of a running deployment, e.g. http://127.0.0.1:8000")
     tgt.add_argument(
@@ -71,6 +83,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a node's metrics endpoint (repeat per node); default: Ray's service discovery file",
     )
     tgt.add_argument("--allow-remote", action="store_true", help="allow a --url that is not on this machine")
+
+
+def _deployment_args(ap: argparse.ArgumentParser) -> None:
+    """The options of how a local deployment is made."""
     dep = ap.add_argument_group("local deployment")
     dep.add_argument("--config", type=Path, default=None, help="Serve config (default: serve_config.yaml)")
     dep.add_argument("--http-port", type=int, default=None, help="override the config's HTTP port")
@@ -90,6 +106,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="the engine replicas' request router (serve_app.routing; default: the config's)",
     )
+
+
+def _load_args(ap: argparse.ArgumentParser) -> None:
+    """The options of what load is sent (overriding the scenario)."""
     load = ap.add_argument_group("load (overrides the scenario)")
     load.add_argument(
         "--profile",
@@ -156,6 +176,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "scenario's, on for soak)",
     )
     load.add_argument("--probe-every", type=float, default=60.0, help="seconds between probe rounds under the load")
+
+
+def _operation_args(ap: argparse.ArgumentParser) -> None:
+    """The options of the operations a run performs beside the load."""
     ops = ap.add_argument_group("operations (redeploy, redeploy-lite, scale, node-loss)")
     ops.add_argument(
         "--redeploy-engine-kwargs",
@@ -185,6 +209,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="tell the monitor which node a node loss killed (--no-declare-lost-nodes: the monitor "
         "must then fail the run on the lost endpoint)",
     )
+
+
+def _monitor_args(ap: argparse.ArgumentParser) -> None:
+    """The options of how the counters are watched."""
     mon = ap.add_argument_group("monitor")
     mon.add_argument("--scrape-interval", type=float, default=2.0, help="seconds between scrapes during the load")
     mon.add_argument(
@@ -200,6 +228,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=90.0,
         help="seconds to wait for quiescence before the final checks run anyway (not_quiescent)",
     )
+
+
+def _output_args(ap: argparse.ArgumentParser) -> None:
+    """The options of what a run writes."""
     out = ap.add_argument_group("output")
     out.add_argument("--out", type=Path, default=None, help="report directory (default: out/<scenario>)")
     out.add_argument(
@@ -217,7 +249,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="save what every node exported of the families monitoring/'s rules use, every 10 s of "
         "the run, to this JSON-lines file (input for promtool: testkit.monitoring.record)",
     )
-    return ap.parse_args(argv)
 
 
 def _positive(value: str) -> int:
