@@ -269,7 +269,7 @@ def _replicas(value: str) -> int | str:
 
 def scenario_from(args: argparse.Namespace) -> Scenario:
     """The scenario the flags ask for: the named one with the load, SLO, fault and operation overrides."""
-    sc = SCENARIOS[args.scenario].model_copy(deep=True)
+    sc = SCENARIOS[args.scenario]
     prof = sc.profile.model_dump()
     for key, val in (
         ("kind", args.profile),
@@ -283,51 +283,58 @@ def scenario_from(args: argparse.Namespace) -> Scenario:
             prof[key] = val
     if args.requests is not None and args.duration is None:
         prof["duration_s"] = None
-    sc.profile = type(sc.profile).model_validate(prof)
-    if args.mix:
-        sc.mix = type(sc.mix).model_validate({**sc.mix.model_dump(), **args.mix})
+    profile = type(sc.profile).model_validate(prof)
+    mix = type(sc.mix).model_validate({**sc.mix.model_dump(), **args.mix}) if args.mix else sc.mix
     if args.prompts_file is not None:
-        if sc.profile.max_requests is None or sc.profile.kind not in ("fixed", "poisson", "ramp"):
+        if profile.max_requests is None or profile.kind not in ("fixed", "poisson", "ramp"):
             raise ValueError("--prompts-file sends each prompt once: give --requests (a fixed number per run)")
-        have, need = len(file_prompts(str(args.prompts_file))), sc.profile.max_requests * args.repeat
+        have, need = len(file_prompts(str(args.prompts_file))), profile.max_requests * args.repeat
         if have < need:
             raise ValueError(
                 f"--prompts-file {args.prompts_file} has {have} prompts; {args.repeat} run(s) of "
-                f"{sc.profile.max_requests} requests need {need} (none is sent twice)"
+                f"{profile.max_requests} requests need {need} (none is sent twice)"
             )
-        sc.mix = sc.mix.model_copy(update={"prompts_file": str(args.prompts_file), "bench_body": True})
-    if args.slo:
-        sc.slo = type(sc.slo).model_validate({**sc.slo.model_dump(), **args.slo})
-    if sc.profile.kind == "sweep" and (sc.kill_replica_at_s is not None or sc.probes):
+        mix = mix.model_copy(update={"prompts_file": str(args.prompts_file), "bench_body": True})
+    slo = type(sc.slo).model_validate({**sc.slo.model_dump(), **args.slo}) if args.slo else sc.slo
+    if profile.kind == "sweep" and (sc.kill_replica_at_s is not None or sc.probes):
         raise ValueError(
             f"scenario {sc.name} kills a replica or sends probes: a capacity search does neither "
             "(pick a scenario without, e.g. stress or bench)"
         )
     if args.repeat > 1 and sc.kill_replica_at_s is not None:
         raise ValueError("--repeat measures figures; a scenario that kills a replica is run once")
-    if args.kill_replica_at is not None:
-        sc.kill_replica_at_s = args.kill_replica_at
-    if sc.operations is not None:
-        if sc.profile.kind == "sweep" or args.repeat > 1:
+    kill_at = args.kill_replica_at if args.kill_replica_at is not None else sc.kill_replica_at_s
+    operations = sc.operations
+    if operations is not None:
+        if profile.kind == "sweep" or args.repeat > 1:
             raise ValueError(f"scenario {sc.name} changes the deployment under the load: run it once, fixed load")
         steps = tuple(
             s.model_copy(update={"engine_kwargs": args.redeploy_engine_kwargs})
             if s.kind == "redeploy" and args.redeploy_engine_kwargs is not None
             else s
-            for s in sc.operations.steps
+            for s in operations.steps
         )
         if args.scale_to is not None:
             steps = scale_steps(steps, args.scale_to, sc.name)
-        sc.operations = sc.operations.model_copy(
+        operations = operations.model_copy(
             update={"steps": steps} | ({"converge_timeout_s": args.converge_timeout} if args.converge_timeout else {})
         )
     elif args.redeploy_engine_kwargs is not None or args.converge_timeout is not None or args.scale_to is not None:
         raise ValueError(
             f"scenario {sc.name} has no operations (--redeploy-engine-kwargs, --scale-to, --converge-timeout)"
         )
-    if args.probes is not None:
-        sc.probes = args.probes
-    return sc.checked()  # the fields were set one by one: the scenario's own check again
+    probes = args.probes if args.probes is not None else sc.probes
+    changed = sc.model_copy(
+        update={
+            "profile": profile,
+            "mix": mix,
+            "slo": slo,
+            "kill_replica_at_s": kill_at,
+            "operations": operations,
+            "probes": probes,
+        }
+    )
+    return changed.checked()  # a copy with fields replaced is not validated: the scenario's own check again
 
 
 def scale_steps(steps: tuple[Operation, ...], counts: list[int], scenario: str) -> tuple[Operation, ...]:

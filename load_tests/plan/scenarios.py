@@ -49,7 +49,7 @@ class ClusterShape(BaseModel):
 
 
 class Scenario(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
     description: str

@@ -41,7 +41,7 @@ class Slo(BaseModel):
       its end-to-end time); a target that is not set bounds nothing.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     ttft_s: float | None = 2.0
     tpot_s: float | None = 0.2

@@ -46,7 +46,7 @@ MODES = ("scale", "gaussian")
 class Mix(BaseModel):
     """Shares of each request kind (each in [0, 1]; independent draws per request)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     fuzz: float = Field(0.6, ge=0, le=1, description="share of requests with a non-zero fuzz strength")
     gaussian: float = Field(0.5, ge=0, le=1, description="share of fuzzed requests in gaussian mode")

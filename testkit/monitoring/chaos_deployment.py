@@ -19,12 +19,11 @@ def chaos_scenario(duration_s: float, concurrency: int, kill_at_s: float | None)
     """The chaos scenario with a shorter load (the faults and the KV pool unchanged)."""
     from load_tests.plan.scenarios import SCENARIOS
 
-    sc = SCENARIOS["chaos"].model_copy(deep=True)
-    sc.profile = type(sc.profile).model_validate(
+    sc = SCENARIOS["chaos"]
+    profile = type(sc.profile).model_validate(
         {**sc.profile.model_dump(), "duration_s": duration_s, "concurrency": concurrency}
     )
-    sc.kill_replica_at_s = kill_at_s
-    return sc
+    return sc.model_copy(update={"profile": profile, "kill_replica_at_s": kill_at_s})
 
 
 def deploy(sc, out: Path, patches_off: str | None):
