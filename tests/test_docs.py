@@ -238,3 +238,47 @@ def test_the_module_check_finds_a_moved_module_in_a_docstring():
         "load_tests/x.py: no such file",
     ]
     assert dead_module_paths("load_tests.observe.scraper.scrape and `docs/patches.md` and patches.md") == []
+
+
+# README is a page (issue 46): at most README_LINES lines, the two commands, and every date or measured figure in a
+# paragraph that names its source (the results log or a raw file under docs/benchmarks/); a table's source may be
+# the paragraph right before it. Fenced code is not read.
+README_LINES = 200
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+FIGURE = re.compile(r"\b\d+(?:\.\d+)?x\b|\breq/s\b|\b\d+(?:\.\d+)? ?ms\b|\b\d+(?:\.\d+)? ?%")
+SOURCE = re.compile(r"\]\((?:docs/)?(?:results_log\.md|benchmarks/[^)\s]+)[^)]*\)")
+
+
+def unsourced(text: str) -> list[str]:
+    """The paragraphs of ``text`` that carry a date or a measured figure without naming where it comes from."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", prose) if p.strip()]
+    problems = []
+    for i, para in enumerate(paragraphs):
+        if not (DATE.search(para) or FIGURE.search(para)) or SOURCE.search(para):
+            continue
+        if para.startswith("|") and i and SOURCE.search(paragraphs[i - 1]):
+            continue
+        problems.append(para.splitlines()[0][:100])
+    return problems
+
+
+def test_readme_is_a_page_with_its_two_commands_and_no_unsourced_date_or_figure():
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= README_LINES
+    assert "scripts/main.sh" in text and "scripts/test.sh" in text
+    assert unsourced(text) == []
+
+
+def test_the_readme_check_finds_a_dated_story_and_an_unsourced_figure():
+    sourced = "Host: 2 cores, run 2026-11-26 ([raw](docs/benchmarks/vs_vllm/vs_vllm.md)):\n\n| x | 1.04x |\n"
+    assert unsourced(sourced) == []
+    story = "A later check (2026-11-27, 2 blocks, below the protocol) found more.\n"
+    figure = "The shipped stack serves 1.5x the stock peer's requests.\n"
+    table = "Shipped / plain:\n\n| in flight | req/s |\n|---|---|\n| 8 | 1.22x |\n"
+    assert unsourced("\n\n".join((story, figure, table))) == [
+        "A later check (2026-11-27, 2 blocks, below the protocol) found more.",
+        "The shipped stack serves 1.5x the stock peer's requests.",
+        "| in flight | req/s |",
+    ]
+    assert unsourced("```bash\nrun 2026-11-26  # 1.5x\n```\n") == [], "code is not read"
