@@ -5,8 +5,12 @@ prompts, and which do the server's own counts support? (issue 47, item 4)
     python -m benchmarks.knee_agreement --url http://127.0.0.1:8000 --metrics-url http://127.0.0.1:8089/metrics
 
 Both tools step through the same concurrencies (1, 2, 4, ... ``--max-concurrency``, ``--step-s`` seconds each) on
-one deployment, one after the other (ours first, then GuideLLM, after the same idle gap), sending the same prompts
-(``--input-len`` tokens of random vocabulary words, exactly ``--output-len`` output tokens, streamed completions).
+one deployment, one after the other (ours first, then GuideLLM, after the same idle gap), sending the same kind of
+prompts (``--input-len`` tokens of random vocabulary words, exactly ``--output-len`` output tokens, streamed
+completions): ours its ``bench`` scenario's own (the capacity search draws as many as its steps need;
+``--prompts-file`` is for fixed-count runs), GuideLLM a file of :class:`benchmarks.prompts.PromptBook` prompts,
+which it reads from its start at every step (so its later steps reuse its earlier prompts, and the prefix cache
+may serve them: the report says how many prompt tokens each run had from a cache).
 Each names its knee by its own rule: ours the highest concurrency whose SLO goodput is within a few percent of the
 best and still meets the SLO (``load_tests.judge.capacity``); GuideLLM 0.8.1's ``knee`` profile fits a rising and
 a flat segment to its output-token throughput (its ``conclusions``, adaptive refinement off).
@@ -39,7 +43,14 @@ from typing import Any
 from rich.console import Console
 
 from benchmarks import guidellm_client
-from benchmarks.bench_agreement import REPO, replica_histograms, save_tokenizer, start_clients, theirs
+from benchmarks.bench_agreement import (
+    REPO,
+    cache_counters,
+    replica_histograms,
+    save_tokenizer,
+    start_clients,
+    theirs,
+)
 from benchmarks.prompts import PromptBook
 from benchmarks.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
@@ -107,7 +118,6 @@ def verdict(ours: int | None, theirs_: int | None, server: dict[str, int | None]
 
 def run_ours(
     url: str,
-    dataset: Path,
     steps: list[int],
     step_s: float,
     output_len: int,
@@ -127,8 +137,6 @@ def run_ours(
         str(steps[-1]),
         "--step-s",
         str(step_s),
-        "--prompts-file",
-        str(dataset),
         "--mix",
         json.dumps({"max_tokens": [output_len, output_len]}),
         "--no-progress",
@@ -192,6 +200,21 @@ def run_guidellm(
     }
 
 
+def cached(run: dict[str, Any]) -> str:
+    c = run.get("cache")
+    if not c or not c["prompt_tokens"]:
+        return "unknown"
+    return f"{c['hit_tokens']:.0f} of {c['prompt_tokens']:.0f} ({c['hit_tokens'] / c['prompt_tokens']:.0%})"
+
+
+def hits(before: Any, after: Any) -> dict[str, float] | None:
+    """The prompt tokens a run asked for and those either cache tier served (None where unreadable)."""
+    if before is None or after is None:
+        return None
+    d = after - before
+    return {"prompt_tokens": d.prompt_tokens, "hit_tokens": d.hit_tokens, "requests": d.requests}
+
+
 def table(result: dict[str, Any]) -> str:
     ours, theirs_ = result["ours"], result["guidellm"]
     lines = [
@@ -217,6 +240,7 @@ def table(result: dict[str, Any]) -> str:
             f"{result['server_knee']['guidellm']} (the lowest step reaching {SERVER_KNEE_SHARE:.0%} of the run's "
             f"highest server rate; none while the top step still gains {STILL_RISING - 1:.0%})"
         ),
+        f"- prompt tokens served from a cache: ours {cached(ours)}, GuideLLM {cached(theirs_)}",
         f"- verdict: {result['verdict']}",
     ]
     return "\n".join(lines)
@@ -275,15 +299,19 @@ def main(argv: list[str] | None = None) -> int:
                     work / "warmup",
                     api_key,
                 )
-            ours_file = prompts.write_jsonl(work / "prompts.jsonl")
             theirs_file = guidellm_client.write_dataset(prompts.prompts, args.output_len, work / "prompts-g.jsonl")
             with RateSampler(metrics, interval_s=1.0) as sampler:
                 time.sleep(args.settle_s)
                 log.info("our capacity search: %s in flight, %.0f s each", steps, args.step_s)
-                ours = run_ours(url, ours_file, steps, args.step_s, args.output_len, metrics, work, sampler, api_key)
+                before = cache_counters(metrics)
+                ours = run_ours(url, steps, args.step_s, args.output_len, metrics, work, sampler, api_key)
                 time.sleep(args.settle_s)
+                ours["cache"] = hits(before, cache_counters(metrics))
                 log.info("GuideLLM's knee profile: the same steps")
+                before = cache_counters(metrics)
                 theirs_ = run_guidellm(url, theirs_file, tokenizer, steps, args.step_s, work, sampler, api_key)
+                time.sleep(args.settle_s)
+                theirs_["cache"] = hits(before, cache_counters(metrics))
             histograms = replica_histograms(metrics)
         finally:
             if shipped is not None:
