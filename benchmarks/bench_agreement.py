@@ -829,7 +829,10 @@ def main(argv: list[str] | None = None) -> int:
         + (", below protocol" if result["below_protocol"] else "")
         + ")\n"
         + "Against the server: "
-        + ", ".join(f"{NAMES[who]} {a['verdict'].upper()}" for who, a in result["against_server"].items())
+        + ", ".join(  # ours first: the verdict that decides
+            f"{NAMES[who]} {a['verdict'].upper()}"
+            for who, a in sorted(result["against_server"].items(), key=lambda item: item[0] != "ours")
+        )
         + f" (tolerance {SERVER_TOLERANCE:.0%})\n"
     )
     if args.out:

@@ -29,13 +29,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from serve_app.engine_env import HF_HUB_OFFLINE
+
 log = logging.getLogger("fuzzserve.benchmarks.guidellm_client")
 REPO = Path(__file__).resolve().parent.parent
 VERSION = "0.8.1"
 TORCH = "torch==2.13.0"  # the CPU wheel pip finds on this machine's disk (the project's own pin)
 ENV = REPO / ".cache" / "guidellm-venv"
 DIVIDES_BY = "successful requests / its benchmark's window: the first request sent to the last completion"
-OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# no model hub: the engines' own switch (serve_app.engine_env), and the datasets and transformers libraries' own
+OFFLINE = {HF_HUB_OFFLINE: "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def guidellm_bin(env: Path = ENV) -> Path:

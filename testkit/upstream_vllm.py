@@ -76,7 +76,7 @@ class Area(NamedTuple):
     patches: tuple[str, ...]
 
 
-# The patched areas. Every patch in patches.PATCH_MODULES is exercised by at least one: a test checks.
+# The patched areas. Every patch in patches.catalogue.PATCH_MODULES is exercised by at least one: a test checks.
 AREAS = {
     "metrics stats": Area(["tests/v1/metrics/test_stats.py"], ("accounting",)),
     "invalid blocks": Area(
