@@ -114,7 +114,9 @@ class FuzzServer(EngineServer):
 
 
 def build_direct(llm_config, guard: GuardConfig, server_kwargs: dict[str, Any], ingress_request_router: bool = True):
-    """The direct-streaming graph: FuzzServer deployment as the ingress, ``LLMRouter`` picking its replicas.
+    """The direct-streaming graph: FuzzServer deployment as the ingress; our ingress request router
+    (:class:`~serve_app.ingress_router.FuzzIngressRouter`) asks the engine deployment's request router (ours,
+    ``routing:``) which replica takes each request.
 
     Without ``ingress_request_router`` (a single replica: nothing to pick)
     HAProxy forwards every request to the replica itself, without the
