@@ -125,6 +125,15 @@ def _defines(source: str, name: str) -> bool:
     return False
 
 
+def project_module(parts: list[str]) -> tuple[int, Path] | None:
+    """The longest prefix of ``parts`` that is a module of this repository: (its length, its file); None if none."""
+    for cut in range(len(parts), 0, -1):
+        path = module_file(".".join(parts[:cut]), run=False)
+        if path is not None and path.is_relative_to(REPO):
+            return cut, path
+    return None
+
+
 def name_problems(text: str) -> list[str]:
     """``package.module.NAME`` in code spans: the longest prefix that is a module, then NAME defined in it."""
     problems = []
@@ -133,13 +142,11 @@ def name_problems(text: str) -> list[str]:
         if not DOTTED.match(token):
             continue
         parts = token.split(".")
-        for cut in range(len(parts), 0, -1):
-            path = module_file(".".join(parts[:cut]), run=False)
-            if path is not None and path.is_relative_to(REPO):
-                break
-        else:
+        found = project_module(parts)
+        if found is None:
             problems.append(f"`{token}`: no such module")
             continue
+        cut, path = found
         rest = parts[cut:]
         if rest and not _defines(path.read_text(), rest[0]):
             problems.append(f"`{token}`: {'.'.join(parts[:cut])} defines no {rest[0]}")
@@ -204,13 +211,11 @@ def dead_module_paths(text: str) -> list[str]:
         if token.endswith(NOT_MODULES):
             continue
         parts = token.split(".")
-        for cut in range(len(parts), 0, -1):
-            path = module_file(".".join(parts[:cut]), run=False)
-            if path is not None and path.is_relative_to(REPO):
-                break
-        else:
+        found = project_module(parts)
+        if found is None:
             problems.append(f"{token}: no such module")
             continue
+        cut, path = found
         if cut == 1 and len(parts) > 1 and not _defines(path.read_text(), parts[1]):
             problems.append(f"{token}: {parts[0]} has no module or name {parts[1]}")
     problems += [f"{m.group(1)}: no such file" for m in FILE_NAMED.finditer(text) if not (REPO / m.group(1)).exists()]
