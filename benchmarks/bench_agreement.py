@@ -13,11 +13,11 @@ workload and **the same request bodies**: streamed greedy completions of
 ``--concurrency`` in flight, ``--requests`` each, each run preceded by the
 same idle gap (``--settle-s``). Only the prompts' words differ between runs:
 every run sends prompts no other run (nor the warm-up) sent
-(:mod:`benchmarks.prompts`), so that neither client's run is served from a
+(:mod:`benchmarks.harness.prompts`), so that neither client's run is served from a
 cache the other filled; vLLM's client reads them through its ``custom``
 dataset in file order, ours through ``--prompts-file``. Where the target has
 prefix-cache counters, each run's hits are read from them
-(:mod:`benchmarks.server_counters`) and a run with any is void.
+(:mod:`benchmarks.harness.server_counters`) and a run with any is void.
 
 Ours is the stress-test CLI's load run: :func:`load_tests.runner.run.run`
 called in this process with the inputs ``python -m load_tests --scenario
@@ -25,10 +25,10 @@ bench --prompts-file ...`` runs with (:func:`load_tests.cli.inputs_for`: the
 CLI's own parser and defaults), its typed
 :class:`~load_tests.results.models.RunSummary` read directly; theirs is
 ``vllm bench serve``, also called in this process
-(:mod:`benchmarks.vllm_bench_serve`: vLLM's parser and
+(:mod:`benchmarks.harness.vllm_bench_serve`: vLLM's parser and
 ``vllm.benchmarks.serve.main``, its result dict). Compared:
 request throughput, TTFT p50 and TPOT p50, each as the median over the pairs
-of ours / vLLM's with its bootstrap 90 % interval (:mod:`benchmarks.pair_stats`,
+of ours / vLLM's with its bootstrap 90 % interval (:mod:`benchmarks.harness.pair_stats`,
 the protocol of ``benchmarks.vs_vllm``). The verdict is fixed before the
 data: a figure **agrees** only if its whole interval lies within
 1 +- ``--tolerance`` (15 %), **disagrees** if it lies wholly outside, and is
@@ -36,7 +36,7 @@ data: a figure **agrees** only if its whole interval lies within
 
 **Against the server** (issue 47), which decides the exit code: during
 every run the server's finished-requests counter is read every
-``--rate-interval`` seconds (:mod:`benchmarks.server_rate`), and each
+``--rate-interval`` seconds (:mod:`benchmarks.harness.server_rate`), and each
 client's requests/s is set against the server's own steady rate over that
 run (its middle, edges left out); our CLI **agrees** when the median of ours
 / server over its runs, with its whole 90 % interval, lies within 5 %
@@ -61,7 +61,7 @@ for quiescence and writes its report. (Counted as child processes, start-up
 included, as this benchmark once did, vLLM's figure was mostly its import.)
 
 ``--guidellm`` adds a third client to every pair, GuideLLM in an environment of its own
-(:mod:`benchmarks.guidellm_client`, built on first use; the project's install never installs it), judged against
+(:mod:`benchmarks.harness.guidellm_client`, built on first use; the project's install never installs it), judged against
 the server the same way, and its figures set against ours in a table of their own.
 
 ``--echo`` starts ``testkit/echo_server.py`` with deterministic latencies
@@ -93,24 +93,25 @@ from typing import Any, TypeVar
 
 from rich.console import Console
 
-from benchmarks import guidellm_client, pair_stats, vllm_bench_serve
-from benchmarks.prompts import PromptBook, PromptSet, check_disjoint
-from benchmarks.server_counters import CacheCounters, read_counters, wait_for_requests
-from benchmarks.server_rate import RateSampler, steady_rate
+from benchmarks.harness import guidellm_client, pair_stats, vllm_bench_serve
+from benchmarks.harness.prompts import PromptBook, PromptSet, check_disjoint
+from benchmarks.harness.server_counters import CacheCounters, read_counters, wait_for_requests
+from benchmarks.harness.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
+from load_tests.command_logs import command_logging
 from load_tests.judge.server_latency import server_latency
 from load_tests.observe.counters import ReplicaCounters
 from load_tests.observe.scraper import ScrapeFailed, scrape
 from load_tests.runner.run import run as load_run
-from serve_app.command_logs import command_logging
-from serve_app.engine_env import use_engine_env
+from serve_app.engine.engine_env import use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.bench_agreement")
 REPO = Path(__file__).resolve().parent.parent
 FIGURES = ("requests_per_s", "ttft_p50_s", "tpot_p50_s")
 TOLERANCE = 0.15
-# Each client's requests/s against the server's own steady rate over its run (benchmarks.server_rate): agrees only
-# if the whole interval of client / server lies within 1 +- this (issue 47: the CLI within 5 % of the server).
+# Each client's requests/s against the server's own steady rate over its run (benchmarks.harness.server_rate):
+# agrees only if the whole interval of client / server lies within 1 +- this (issue 47: the CLI within 5 % of the
+# server).
 SERVER_TOLERANCE = 0.05
 # What each tool divides its requests/s by (both: every request it completed).
 DIVIDES_BY = {
@@ -141,7 +142,8 @@ def theirs(
     api_key: str | None,
 ) -> dict[str, Any]:
     """``vllm bench serve``'s figures (its own result, seconds) over the prompts of a ``custom`` dataset file, run
-    in this process (:mod:`benchmarks.vllm_bench_serve`); what it prints is kept out of this command's output."""
+    in this process (:mod:`benchmarks.harness.vllm_bench_serve`); what it prints is kept out of this command's
+    output."""
     args = vllm_bench_serve.parse_args(
         [
             "--backend",
@@ -324,7 +326,7 @@ def compare_figures(
     ours_runs: list[dict[str, Any]], vllm_runs: list[dict[str, Any]], tolerance: float = TOLERANCE
 ) -> dict[str, dict[str, Any]]:
     """Per figure: the median over the pairs of ours / vLLM's in the same pair, its bootstrap 90 % interval and
-    the verdict (:func:`benchmarks.pair_stats.agreement`). A figure either client did not measure in some pair
+    the verdict (:func:`benchmarks.harness.pair_stats.agreement`). A figure either client did not measure in some pair
     is "not comparable". Void runs' pairs count nowhere."""
     pairs = [(a, b) for a, b in zip(ours_runs, vllm_runs, strict=False) if not a.get("void") and not b.get("void")]
     out: dict[str, dict[str, Any]] = {}
@@ -394,7 +396,7 @@ def table(result: dict[str, Any]) -> str:
         lines += [
             "",
             (
-                "Ours against GuideLLM (its own environment, benchmarks/guidellm_client.py; its CPU is its "
+                "Ours against GuideLLM (its own environment, benchmarks/harness/guidellm_client.py; its CPU is its "
                 "process tree's, start-up included):"
             ),
             "",
@@ -406,7 +408,7 @@ def table(result: dict[str, Any]) -> str:
         "",
         (
             "Against the server's own rate (its finished-requests counter over the middle of each run, "
-            "benchmarks/server_rate.py): client / server, median over the client's runs [90 % interval]:"
+            "benchmarks/harness/server_rate.py): client / server, median over the client's runs [90 % interval]:"
         ),
         "",
         "| client | divides by | server req/s (median) | client / server | verdict | each run |",
@@ -776,7 +778,7 @@ def main(argv: list[str] | None = None) -> int:
                 echo, url = start_echo(args.ttft_ms, args.itl_ms, args.record_bodies)
                 metrics = [f"{url}/metrics"]
             elif args.shipped:
-                from benchmarks.arms import Shipped
+                from benchmarks.harness.arms import Shipped
 
                 shipped = Shipped(args.config, Path(tmp) / "cluster").__enter__()
                 url, metrics = shipped.base_url, shipped.cluster.metrics_urls

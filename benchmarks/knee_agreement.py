@@ -8,7 +8,7 @@ Both tools step through the same concurrencies (1, 2, 4, ... ``--max-concurrency
 one deployment, one after the other (ours first, then GuideLLM, after the same idle gap), sending the same kind of
 prompts (``--input-len`` tokens of random vocabulary words, exactly ``--output-len`` output tokens, streamed
 completions): ours its ``bench`` scenario's own (the capacity search draws as many as its steps need;
-``--prompts-file`` is for fixed-count runs), GuideLLM a file of :class:`benchmarks.prompts.PromptBook` prompts,
+``--prompts-file`` is for fixed-count runs), GuideLLM a file of :class:`benchmarks.harness.prompts.PromptBook` prompts,
 which it reads from its start at every step (so its later steps reuse its earlier prompts, and the prefix cache
 may serve them: the report says how many prompt tokens each run had from a cache).
 Each names its knee by its own rule: ours the highest concurrency whose SLO goodput is within a few percent of the
@@ -16,7 +16,7 @@ best and still meets the SLO (``load_tests.judge.capacity``); GuideLLM 0.8.1's `
 a flat segment to its output-token throughput (its ``conclusions``, adaptive refinement off).
 
 **The server's side**, fixed before the data: during both runs the server's finished-requests counter is read
-every second (:mod:`benchmarks.server_rate`) and each step's server rate is taken over that step's window (ours:
+every second (:mod:`benchmarks.harness.server_rate`) and each step's server rate is taken over that step's window (ours:
 the step's start and length in the run, whose clock starts within a second of the call; GuideLLM: each
 benchmark's start and end times). Over each run, the **server's knee** is the lowest step whose server rate
 reaches 90 % of that run's highest; none when the top step still gains 10 % or more over the step below (the
@@ -24,7 +24,7 @@ server was still rising). Two knees **agree** when they are at most one step apa
 steps counting as the top step (our search names the top step when its best goodput is there: the same reading);
 otherwise the report says which knee lies within one step of the server's.
 
-GuideLLM runs in its own environment (:mod:`benchmarks.guidellm_client`, built on first use). Steps need the
+GuideLLM runs in its own environment (:mod:`benchmarks.harness.guidellm_client`, built on first use). Steps need the
 server's rate to exist: Ray's agent exports every 10 s, so ``--step-s`` of 40 or more.
 """
 
@@ -42,7 +42,6 @@ from typing import Any
 
 from rich.console import Console
 
-from benchmarks import guidellm_client
 from benchmarks.bench_agreement import (
     REPO,
     cache_counters,
@@ -51,12 +50,13 @@ from benchmarks.bench_agreement import (
     start_clients,
     theirs,
 )
-from benchmarks.prompts import PromptBook
-from benchmarks.server_rate import RateSampler, steady_rate
+from benchmarks.harness import guidellm_client
+from benchmarks.harness.prompts import PromptBook
+from benchmarks.harness.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
+from load_tests.command_logs import command_logging
 from load_tests.runner.run import run as load_run
-from serve_app.command_logs import command_logging
-from serve_app.engine_env import use_engine_env
+from serve_app.engine.engine_env import use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.knee_agreement")
 SERVER_KNEE_SHARE = 0.9  # the server's knee: the lowest step whose rate reaches this share of the run's highest
@@ -72,7 +72,7 @@ def steps_up_to(top: int) -> list[int]:
 
 def window_rate(samples: list[tuple[float, float]], start: float, end: float) -> float | None:
     """The server's requests/s over ``[start, end]`` (the sampler's clock), its middle only
-    (:func:`benchmarks.server_rate.steady_rate`)."""
+    (:func:`benchmarks.harness.server_rate.steady_rate`)."""
     inside = [(t, c) for t, c in samples if start <= t <= end]
     got = steady_rate(inside)
     return got["requests_per_s"] if got else None
@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         try:
             if args.shipped:
-                from benchmarks.arms import Shipped
+                from benchmarks.harness.arms import Shipped
 
                 shipped = Shipped(args.config, work / "cluster").__enter__()
                 url, metrics = shipped.base_url, shipped.cluster.metrics_urls

@@ -65,11 +65,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.targets import ENGINE, OFFLOAD
 from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
-from benchmarks.targets import ENGINE, OFFLOAD
+from load_tests.command_logs import command_logging
 from patches.switches import ALL, OFF_ENV
-from serve_app.command_logs import command_logging
-from serve_app.engine_env import ENGINE_ENV
+from serve_app.engine.engine_env import ENGINE_ENV
 
 log = logging.getLogger("fuzzserve.benchmarks")
 

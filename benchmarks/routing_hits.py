@@ -42,10 +42,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from serve_app.command_logs import command_logging
-from serve_app.deploy_config import Application, benchmark_config, to_document_app
-from serve_app.engine_env import use_engine_env
-from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
+from benchmarks.harness.targets import benchmark_config, to_document_app
+from load_tests.command_logs import command_logging
+from serve_app.config.deploy_config import Application
+from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, replica_class_prefix, replica_id
+from serve_app.engine.engine_env import use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.routing_hits")
 
@@ -89,7 +90,7 @@ def workload(
 
 
 def target_applications(kv_blocks: int | None, names: tuple[str, ...] = DEFAULT_TARGETS) -> list[Application]:
-    from benchmarks.targets import shipped_application
+    from benchmarks.harness.targets import shipped_application
 
     apps = []
     for name in names:

@@ -6,7 +6,7 @@ Workload (fixture model): prompts of ``--prompt-tokens`` tokens (128), ``--outpu
 (64) generated with ``ignore_eos``, greedy, fixed concurrency, streamed; a
 ``prefix`` variant puts 256 shared tokens (two KV blocks, four groups) in
 front of each prompt. The targets, the phase each is measured in and what
-each changes are one table, :data:`benchmarks.targets.TARGETS` (``--list``
+each changes are one table, :data:`benchmarks.harness.targets.TARGETS` (``--list``
 prints it); ``S`` is ``serve_config.yaml`` itself, what users deploy.
 
 Each phase is its own Ray cluster; a vLLM server stays up throughout, so
@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_serve_config, table_markdown
+from benchmarks.harness.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_serve_config, table_markdown
+from load_tests.command_logs import command_logging
 from patches.switches import ALL, OFF_ENV
-from serve_app.command_logs import command_logging
-from serve_app.engine_env import ENGINE_ENV, use_engine_env
+from serve_app.engine.engine_env import ENGINE_ENV, use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
@@ -147,7 +147,7 @@ def _stats(
 
 # ----------------------------------------------------------------------------- targets
 def start_vllm_server(model: Path, log_dir: Path):
-    from serve_app.ports import free_port
+    from load_tests.operate.ports import free_port
     from testkit.server_process import ServerProcess
 
     port = free_port()
@@ -303,7 +303,7 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
     """One phase: its own Ray cluster, every target interleaved with ``a`` round by round."""
     from rich.progress import Progress
 
-    from benchmarks import cpu_accounting
+    from benchmarks.harness import cpu_accounting
     from load_tests.operate.local_cluster import LocalCluster
 
     cfg, routes, env = phase_serve_config(phase, model)

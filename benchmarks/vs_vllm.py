@@ -7,19 +7,19 @@ r"""The headline benchmark: the shipped config against plain vLLM, measured the 
 What a user who weighs this project against plain vLLM would run, and nothing
 of ours in the measurement path:
 
-* the **arms** (:mod:`benchmarks.arms`): ``plain`` (vLLM's OpenAI server,
+* the **arms** (:mod:`benchmarks.harness.arms`): ``plain`` (vLLM's OpenAI server,
   vLLM's defaults, every patch off, alone on the host), ``engine`` (the same
   server with our patches and a replica's engine settings: what our engine
   features cost or gain), ``shipped`` (the config exactly as ``ray start`` +
   ``serve deploy`` runs it), ``stock`` (stock ``ray.serve.llm``, the peer a
   Ray user would pick instead); ``*-nooffload`` twins for the reuse workload;
-* the **workloads** (:mod:`benchmarks.prompts`), through vLLM's own
+* the **workloads** (:mod:`benchmarks.harness.prompts`), through vLLM's own
   ``custom`` dataset, every prompt sent in file order:
 
   - ``cold``: every prompt unique within and across runs, warm-ups included
     (each phase is warmed up with prompts of its own); both arms of a pair
     get the same prompts. Each run's cache hits are read from the server's
-    own counters (:mod:`benchmarks.server_counters`), and **a cold run that
+    own counters (:mod:`benchmarks.harness.server_counters`), and **a cold run that
     shows any hit is void** (its figures count nowhere, and the benchmark
     exits 2 naming it);
   - ``reuse``: shared prefixes of whole KV blocks, each request with a suffix
@@ -28,7 +28,7 @@ of ours in the measurement path:
     larger ones that only the offload tier can keep. Each run records the
     prompt tokens served by the local cache and by the offload tier;
 
-* driven by **vLLM's own** ``vllm bench serve`` (:mod:`benchmarks.vllm_bench_serve`),
+* driven by **vLLM's own** ``vllm bench serve`` (:mod:`benchmarks.harness.vllm_bench_serve`),
   greedy, fixed output length (``--ignore-eos``), streamed completions (and
   chat completions, ``openai-chat``, at the ``--chat`` concurrencies); its
   throughput, TTFT and TPOT as it computes them, over every request it sent;
@@ -38,12 +38,12 @@ of ours in the measurement path:
   every arm 1.2-7x), is void, whatever its arm; its phase is run again
   (``--retries``) and every void run is counted in the results;
 * **host-wide CPU seconds per request** from /proc/stat over the client's
-  measured window (:mod:`benchmarks.host`); CPU per process role beside it;
-* the **statistic** (:mod:`benchmarks.pair_stats`, fixed before the data):
+  measured window (:mod:`benchmarks.harness.host`); CPU per process role beside it;
+* the **statistic** (:mod:`benchmarks.harness.pair_stats`, fixed before the data):
   arms in blocks, ABC then CBA, an even number of pairs (at least 6);
   per run label and figure, the ratio of two arms within each pair, the
   median of the ratios and its bootstrap 90 % interval; each goal
-  (:data:`GOALS`) ``met`` or ``not met`` by :func:`benchmarks.pair_stats.goal_verdict`.
+  (:data:`GOALS`) ``met`` or ``not met`` by :func:`benchmarks.harness.pair_stats.goal_verdict`.
 
 Results: ``vs_vllm.json`` (every run, every figure, every counter, the
 protocol checks), ``vs_vllm.md`` (the tables) and ``vs_vllm.png`` in
@@ -65,8 +65,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks import pair_stats
-from benchmarks.arms import (
+from benchmarks.harness import pair_stats
+from benchmarks.harness.arms import (
     ARMS,
     MODEL_NAME,
     ProtocolError,
@@ -78,13 +78,13 @@ from benchmarks.arms import (
     slug,
     split_arms,
 )
-from benchmarks.host import HostCpuSampler
-from benchmarks.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
-from benchmarks.server_counters import CacheCounters, wait_for_requests
-from serve_app import deploy_config
-from serve_app.command_logs import command_logging
-from serve_app.deploy_config import ServeConfig
-from serve_app.engine_env import ENGINE_ENV, KV_CACHE_SPACE, use_engine_env
+from benchmarks.harness.host import HostCpuSampler
+from benchmarks.harness.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
+from benchmarks.harness.server_counters import CacheCounters, wait_for_requests
+from load_tests.command_logs import command_logging
+from serve_app.config import deploy_config
+from serve_app.config.deploy_config import ServeConfig
+from serve_app.engine.engine_env import ENGINE_ENV, KV_CACHE_SPACE, use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.vs_vllm")
 
@@ -272,7 +272,7 @@ def bench_argv(
     return [
         sys.executable,
         "-m",
-        "benchmarks.vllm_bench_serve",
+        "benchmarks.harness.vllm_bench_serve",
         "--backend",
         backend,
         "--base-url",
@@ -316,7 +316,7 @@ def bench_argv(
 
 def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict]:
     """Run the client; return (its result JSON, CPU per role from its main run's start to its results)."""
-    from benchmarks import cpu_accounting
+    from benchmarks.harness import cpu_accounting
 
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **ENGINE_ENV}
@@ -345,7 +345,7 @@ def summarize_run(
     sampler: HostCpuSampler | None,
 ) -> Run:
     """A :class:`Run` from the client's result and the host's CPU over its measured window."""
-    from benchmarks import cpu_accounting
+    from benchmarks.harness import cpu_accounting
 
     starts, latencies = data["start_times"], data["latencies"]
     done = [
@@ -477,7 +477,7 @@ def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]
 
     ``client``: vLLM's bench (request sent until first token received); ``server``: the server's own
     ``vllm:time_to_first_token_seconds`` (arrival at ``AsyncLLM`` until the frontend has the token); ``queue``
-    and ``prefill``: EngineCore's (:mod:`benchmarks.server_counters`). Derived: ``outside`` = client - server
+    and ``prefill``: EngineCore's (:mod:`benchmarks.harness.server_counters`). Derived: ``outside`` = client - server
     (HTTP, parsing, the guard; HAProxy and Ray's streaming on the shipped stack) and ``handoffs`` = server -
     queue - prefill (frontend to EngineCore and back). A part a server does not time is None."""
     import statistics
@@ -515,7 +515,7 @@ def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]
 
 def goals(ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     """Every goal of :data:`GOALS` at every run label where both its arms ran: the ratio, its interval, and
-    ``met`` / ``not met`` (:func:`benchmarks.pair_stats.goal_verdict`)."""
+    ``met`` / ``not met`` (:func:`benchmarks.harness.pair_stats.goal_verdict`)."""
     out = []
     for label, comps in ratios.items():
         for g in GOALS:

@@ -314,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: cached by content hash)")
     ap.add_argument("--force", action="store_true", help="rebuild even if the directory exists")
     args = ap.parse_args(argv)
-    # its own progress at INFO, every library from WARNING up (as serve_app.command_logs does for the others)
+    # its own progress at INFO, every library from WARNING up (as load_tests.command_logs does for the others)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fixture_model").setLevel(logging.INFO)
     path = ensure_model(args.out, args.force)

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None, help="checkpoint directory (default: cached by shape)")
     args = ap.parse_args(argv)
-    # its own progress at INFO, every library from WARNING up (as serve_app.command_logs does for the others)
+    # its own progress at INFO, every library from WARNING up (as load_tests.command_logs does for the others)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fixture_model").setLevel(logging.INFO)
     hidden, layers = parse_arch(f"{args.hidden}x{args.layers}")

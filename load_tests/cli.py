@@ -27,10 +27,10 @@ from typing import NamedTuple
 
 from rich.console import Console
 
+from load_tests.command_logs import command_logging
 from patches.switches import OFF_ENV
-from serve_app.command_logs import command_logging
-from serve_app.engine_env import use_engine_env
-from serve_app.routers import ROUTERS
+from serve_app.engine.engine_env import use_engine_env
+from serve_app.routing.routers import ROUTERS
 
 from .errors import SetupError
 from .observe.monitor import SETTLE_INTERVAL_S
@@ -104,7 +104,7 @@ def _deployment_args(ap: argparse.ArgumentParser) -> None:
         "--routing",
         choices=tuple(ROUTERS),
         default=None,
-        help="the engine replicas' request router (serve_app.routing; default: the config's)",
+        help="the engine replicas' request router (serve_app.routing.fuzz_router; default: the config's)",
     )
 
 

@@ -10,8 +10,8 @@ output is checked against Grafana's schema (:mod:`testkit.monitoring.grafana_sch
 and every expression is run through promtool against a real deployment's
 series (tests/test_monitoring_dashboard.py).
 
-Metric and recording-rule names come from the observability contract (:mod:`serve_app.observability`), which the
-Prometheus rules are written from too (:mod:`monitoring.rules`).
+Metric and recording-rule names come from the observability contract (:mod:`serve_app.observability.contract`),
+which the Prometheus rules are written from too (:mod:`monitoring.rules`).
 
 Queries use two Grafana variables: ``$replica`` (Ray's ``ReplicaId``, multi-
 select, all by default) and Grafana's ``$__rate_interval``; the data source is
@@ -25,8 +25,7 @@ import json
 import sys
 from typing import Any
 
-from serve_app.fuzz_traffic import EXPORTED as ADMITTED
-from serve_app.observability import (
+from serve_app.observability.contract import (
     BY_SOURCE,
     CORRECTIONS,
     DEPLOYMENT_ERRORS,
@@ -40,7 +39,8 @@ from serve_app.observability import (
     VIOLATIONS,
     exported,
 )
-from serve_app.observability import SOURCES as PROMPT_SOURCES
+from serve_app.observability.contract import SOURCES as PROMPT_SOURCES
+from serve_app.observability.fuzz_traffic import EXPORTED as ADMITTED
 
 from .files import DASHBOARD_FILE
 

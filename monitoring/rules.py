@@ -3,8 +3,9 @@
     python -m monitoring.rules            # writes monitoring/prometheus/fuzzserve-rules.yml
     python -m monitoring.rules --check    # exit 1 if the committed file is not what this module makes
 
-The rules are :data:`serve_app.observability.INVARIANTS` (each invariant's alert) and
-:data:`serve_app.observability.RECORD_GROUPS` (the recording rules), the same catalogue the load tests' checks read;
+The rules are :data:`serve_app.observability.contract.INVARIANTS` (each invariant's alert) and
+:data:`serve_app.observability.contract.RECORD_GROUPS` (the recording rules), the same catalogue the load tests'
+checks read;
 tests/test_observability_contract.py holds every alert and its Python twin to the same verdict on planted series.
 The file is YAML that pyyaml writes (multi-line expressions as literal blocks), with each rule's note as a comment
 above it, for the operators who read the file rather than the catalogue.
@@ -18,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from serve_app.observability import INVARIANTS, RECORD_GROUPS, RULES_HEADER, rule_groups
+from serve_app.observability.contract import INVARIANTS, RECORD_GROUPS, RULES_HEADER, rule_groups
 
 from .files import RULES_FILE
 

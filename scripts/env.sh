@@ -13,14 +13,14 @@ export PATH="$ROOT/.venv/bin:$PATH"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 cd "$ROOT"
 # The environment of every command of the project and of `ray start` / `serve
-# run` on every node, from its tables (serve_app/cluster_env.py and
-# serve_app/engine_env.py: no model hub, the CPU engines' KV cache size,
+# run` on every node, from its tables (serve_app/engine/cluster_env.py and
+# serve_app/engine/engine_env.py: no model hub, the CPU engines' KV cache size,
 # Serve's HAProxy and the request body forwarded to the ingress request router,
 # which serve_config.yaml's direct path needs and without which the app
 # refuses to deploy, naming them; Serve's controller loop interval; Ray's token
 # authentication, with a token made if none exists, since `ray start` does not
 # make one and `serve`, `ray` and ray.init must agree on the mode). A value
 # already set wins.
-fuzzserve_exports=$(python -m serve_app.cluster_env) || return 1
+fuzzserve_exports=$(python -m serve_app.engine.cluster_env) || return 1
 eval "$fuzzserve_exports"
 unset fuzzserve_exports

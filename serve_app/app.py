@@ -13,15 +13,15 @@ the engine replicas are ``ray.serve.llm``'s ``LLMServer`` deployments built by
 * ``ingress:`` picks the HTTP path. ``direct`` (the default, what
   ``serve_config.yaml`` ships): Ray's direct streaming through HAProxy, the
   checks and probes inside each engine replica
-  (:mod:`serve_app.direct_server`). ``router``: Serve's default path, a
-  :class:`serve_app.ingress.FuzzIngress` deployment (the HTTP ingress, an
+  (:mod:`serve_app.engine.direct_server`). ``router``: Serve's default path, a
+  :class:`serve_app.ingress.fuzz_ingress.FuzzIngress` deployment (the HTTP ingress, an
   ``OpenAiIngress``) in front of the replicas, costlier per request (docs/serve.md);
-* :class:`serve_app.guard.RequestGuard` outermost on whichever app answers
+* :class:`serve_app.ingress.guard.RequestGuard` outermost on whichever app answers
   HTTP, configured by ``guard:``;
 * ``routing:`` picks the request router of every engine deployment, unless a
   model's ``deployment_config`` names one itself;
 * ``engine_cores_per_replica`` gives each engine replica on a CPU node its
-  own cores (``serve_app.core_binding``);
+  own cores (``serve_app.engine.core_binding``);
 * ``engine_replicas: fit`` sizes the engine deployment to the cluster: as
   many replicas as its nodes' CPUs hold, each counted as its engine's cores
   plus one for its HTTP frontend (:func:`fit_replicas`; docs/serve.md);
@@ -41,12 +41,15 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .cluster_env import HAPROXY_ENV
-from .deploy_config import DeploymentOptions, FuzzServeArgs, ingress_deployment_options
-from .names import ENGINE_DEPLOYMENT_PREFIX
-from .routers import BODY_AWARE, ROUTERS
+from serve_app.config.deploy_config import DeploymentOptions, FuzzServeArgs, ingress_deployment_options
+from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX
+from serve_app.engine.cluster_env import HAPROXY_ENV
+from serve_app.routing.routers import BODY_AWARE, ROUTERS
 
-__all__ = ["FuzzServeArgs", "build_app"]  # FuzzServeArgs lives with the rest of the config (serve_app.deploy_config)
+__all__ = [
+    "FuzzServeArgs",
+    "build_app",
+]  # FuzzServeArgs lives with the rest of the config (serve_app.config.deploy_config)
 
 
 # Where a relative model_source is looked for: the project's root (serve_config.yaml's directory).
@@ -168,7 +171,7 @@ def engine_deployment(llm_config, server_kwargs: dict[str, Any]):
     """One model's engine deployment: :class:`EngineServer`, or the ``server_cls`` the model's config names."""
     from ray.serve.llm import build_llm_deployment
 
-    from .core_binding import EngineServer
+    from serve_app.engine.core_binding import EngineServer
 
     if llm_config.server_cls is not None:  # the user's own server class, as build_openai_app would use it
         changed = sorted(k for k, v in server_kwargs.items() if v != FuzzServeArgs.model_fields[k].default)
@@ -193,7 +196,7 @@ def build_app(args: dict[str, Any]):
     if len({c.model_id for c in llm_configs}) != len(llm_configs):
         raise ValueError("model ids must be unique across llm_configs")
     if parsed.ingress == "direct":
-        from .direct_server import build_direct
+        from serve_app.engine.direct_server import build_direct
 
         if len(llm_configs) != 1 or parsed.ingress_deployment_config:
             raise ValueError(
@@ -233,10 +236,10 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
     from ray.serve.llm.ingress import make_fastapi_ingress
     from starlette.exceptions import HTTPException
 
-    from .fuzz_traffic import FuzzTraffic
-    from .guard import RequestGuard
-    from .ingress import ENDPOINTS, FuzzIngress, openai_http_error
-    from .ray_internals import init_ingress_app, to_model_metadata
+    from serve_app.ingress.fuzz_ingress import ENDPOINTS, FuzzIngress, openai_http_error
+    from serve_app.ingress.guard import RequestGuard
+    from serve_app.observability.fuzz_traffic import FuzzTraffic
+    from serve_app.ray_internals import init_ingress_app, to_model_metadata
 
     app = init_ingress_app()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard, on_admitted=FuzzTraffic().record)  # added last = runs first

@@ -27,7 +27,7 @@ symbol                                      why it is needed
                                             request router. Ray builds it only inside
                                             ``build_openai_app``. ``LLMRouterBase`` is the class
                                             Serve's ingress wrapper wraps (its first base):
-                                            ``serve_app.ingress_router`` serves its ``route``
+                                            ``serve_app.routing.ingress_router`` serves its ``route``
                                             behind a bounded view of the body.
 ``Application._with_ingress_request_router``  attaches that router to the direct ingress
                                             (Serve calls it an "internal-only, unstable hook for
@@ -85,7 +85,7 @@ if not all(hasattr(LLMRouterBase, a) for a in ("route", "_pick_replica")) or LLM
     raise RayInternalsMoved(
         f"Ray {ray.__version__}: LLMRouter is no longer Serve's ingress wrapper around a class "
         f"with route() and _pick_replica(); verified on Ray {VERIFIED_RAY} "
-        "(serve_app/ray_internals.py, serve_app/ingress_router.py)"
+        "(serve_app/ray_internals.py, serve_app/routing/ingress_router.py)"
     )
 add_middleware_to_built_app = _load("ray.llm._internal.serve.core.server.llm_server", "_add_middleware_to_built_app")
 if not hasattr(Application, "_with_ingress_request_router"):

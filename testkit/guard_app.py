@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from serve_app.guard import GuardConfig, RequestGuard
+from serve_app.ingress.guard import GuardConfig, RequestGuard
 
 APP_PATHS = (
     "/v1/completions",

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from patches.switches import OFF_ENV
-from serve_app.engine_env import HF_HUB_OFFLINE
+from serve_app.engine.engine_env import HF_HUB_OFFLINE
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = (REPO / ".cache" / "upstream").resolve()  # real path: pytest's test ids are relative to it

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from patches.switches import ALL, OFF_ENV
-from serve_app.engine_env import ENGINE_ENV, use_engine_env
+from serve_app.engine.engine_env import ENGINE_ENV, use_engine_env
 
 # Before any test module imports vLLM or transformers (pytest imports this first).
 use_engine_env()
@@ -83,7 +83,7 @@ def stock_engine(start_engine) -> EngineHost:
 @pytest.fixture(scope="session")
 def serve_cluster(fixture_model, tmp_path_factory):
     from load_tests.operate.local_cluster import LocalCluster
-    from serve_app.ports import free_port
+    from load_tests.operate.ports import free_port
 
     # head: Serve's controller and proxy, one engine replica;
     # worker: the other replica. An engine replica reserves 2 CPUs (its engine

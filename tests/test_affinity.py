@@ -17,8 +17,8 @@ from load_tests.operate.affinity import PREFIX, AffinityCheck, AffinityKey, affi
 from load_tests.plan.scenarios import SCENARIOS
 from load_tests.plan.steps import Scale
 from load_tests.results.events import Scaled
-from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id, replica_id
-from serve_app.routing import DEFAULT_PREFIX_CHARS, FuzzAffinityRouter
+from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id, replica_id
+from serve_app.routing.fuzz_router import DEFAULT_PREFIX_CHARS, FuzzAffinityRouter
 
 MODEL = "fixture"
 LIVE = ["r1aa", "r2bb", "r3cc", "r4dd"]
@@ -174,7 +174,7 @@ def test_the_scale_scenario_checks_affinity_and_the_cli_can_ask_for_a_scale_that
 
 def test_predicting_a_home_does_not_import_ray_serve():
     """Ray Serve's import reconfigures the process's logging (the scale run's log turned to JSON lines with every
-    scrape's HTTP request in it): the load generator predicts with serve_app.routing_keys alone."""
+    scrape's HTTP request in it): the load generator predicts with serve_app.routing.keys alone."""
     import subprocess
     import sys
 

@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from monitoring.files import RULES_FILE
-from serve_app.observability import HEALTH_CHECK_FAILURES
+from serve_app.observability.contract import HEALTH_CHECK_FAILURES
 from testkit.monitoring.promtool import Firing, alerting_rules, promtool
 from testkit.monitoring.record import OPERATIONS_DIR, STEP_S, input_series, read, replay_test
 

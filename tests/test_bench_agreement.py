@@ -172,7 +172,7 @@ def test_vllms_key_is_set_for_its_run_and_restored_after(monkeypatch):
 
 
 def test_the_servers_steady_rate_leaves_the_edges_out_and_needs_changes_in_the_middle():
-    from benchmarks.server_rate import steady_rate
+    from benchmarks.harness.server_rate import steady_rate
 
     # 100 requests: a slow start (10 in the first 5 s), then 10 per second, a tail: the middle's rate is 10/s
     samples = [(0.0, 0.0), (5.0, 10.0)] + [(5.0 + k, 10.0 + 10 * k) for k in range(1, 9)] + [(20.0, 100.0)]
@@ -193,7 +193,7 @@ def test_a_client_is_judged_against_the_server_over_its_runs():
 
 
 def test_the_rate_sampler_reads_only_the_finished_requests_lines_of_every_endpoint():
-    from benchmarks.server_rate import finished_requests
+    from benchmarks.harness.server_rate import finished_requests
 
     ray = (
         "# HELP ray_vllm_request_success_total x\n# TYPE ray_vllm_request_success_total counter\n"

@@ -1,12 +1,12 @@
-"""The benchmarks' prompts (benchmarks/prompts.py) and the cache counters they are judged by
-(benchmarks/server_counters.py): a cold workload really never repeats a prompt, and the check that says so can
+"""The benchmarks' prompts (benchmarks/harness/prompts.py) and the cache counters they are judged by
+(benchmarks/harness/server_counters.py): a cold workload really never repeats a prompt, and the check that says so can
 fail."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.prompts import KEY_WORDS, PromptBook, PromptSet, check_disjoint, prompt_tokens, read_jsonl
+from benchmarks.harness.prompts import KEY_WORDS, PromptBook, PromptSet, check_disjoint, prompt_tokens, read_jsonl
 
 
 def test_unique_prompts_have_the_asked_length_in_the_servers_tokens():
@@ -100,7 +100,7 @@ vllm:prompt_tokens_total{engine="0",model_name="fixture"} 1280.0
 
 
 def test_counters_are_read_the_same_from_vllm_and_from_rays_agents_summed_over_replicas():
-    from benchmarks.server_counters import parse_counters
+    from benchmarks.harness.server_counters import parse_counters
 
     ray = parse_counters([RAY_EXPORT])
     assert (ray.requests, ray.prefix_cache_hits, ray.external_hits) == (10, 384, 512)
@@ -113,7 +113,7 @@ def test_counters_are_read_the_same_from_vllm_and_from_rays_agents_summed_over_r
 
 
 def test_a_runs_counters_wait_until_the_server_has_counted_its_requests():
-    from benchmarks.server_counters import CacheCounters, wait_for_requests
+    from benchmarks.harness.server_counters import CacheCounters, wait_for_requests
 
     exports = iter([VLLM_EXPORT.replace("10.0", "4.0"), VLLM_EXPORT])  # Ray's agent lags, then catches up
     clock = iter(range(100))
@@ -152,7 +152,7 @@ vllm:request_prefill_time_seconds_count{engine="0",model_name="fixture"} 4.0
 
 
 def test_the_time_to_first_token_splits_by_the_servers_own_histograms_over_a_run():
-    from benchmarks.server_counters import parse_counters
+    from benchmarks.harness.server_counters import parse_counters
 
     before = parse_counters([HISTOGRAMS])
     # two more requests, 30 ms to first token each, 5 of it queued and 10 prefilling

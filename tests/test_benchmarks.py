@@ -15,12 +15,12 @@ import pytest
 
 from patches.shm_wait import NAP_ENV
 from patches.switches import OFF_ENV
-from serve_app.cluster_env import HAPROXY
+from serve_app.engine.cluster_env import HAPROXY
 
 
 @pytest.mark.engine
 def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
-    from benchmarks import loadgen_capacity
+    from benchmarks.investigations import loadgen_capacity
 
     assert (
         loadgen_capacity.main(
@@ -219,7 +219,7 @@ def test_serve_stack_ratios_divide_by_the_same_rounds_a_and_the_ceiling_by_every
 
 def test_profile_stack_folds_stacks_into_categories():
     """Pure parsing of py-spy's collapsed stacks (no profiler run)."""
-    from benchmarks import profile_stack as ps
+    from benchmarks.investigations import profile_stack as ps
 
     raw = "\n".join(
         [
@@ -260,7 +260,7 @@ def test_profile_stack_folds_stacks_into_categories():
 
 
 def test_engine_steps_reads_vllm_and_ray_histograms():
-    from benchmarks.profile_stack import engine_steps
+    from benchmarks.investigations.profile_stack import engine_steps
 
     plain = (
         "# TYPE vllm:iteration_tokens_total histogram\n"
@@ -283,7 +283,7 @@ def test_engine_steps_reads_vllm_and_ray_histograms():
 @pytest.mark.engine
 def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
     """End to end on the cheapest target: py-spy attaches to the vLLM server's two processes and samples them."""
-    from benchmarks import profile_stack
+    from benchmarks.investigations import profile_stack
 
     assert (
         profile_stack.main(
@@ -327,7 +327,7 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
     from pydantic import ValidationError
     from ray.serve.schema import ServeDeploySchema
 
-    from benchmarks import targets as ss
+    from benchmarks.harness import targets as ss
 
     cfg, _, _ = ss.phase_config("levers", tmp_path)  # the schema check below can fail: two targets on one route
     clash = copy.deepcopy(cfg)
@@ -422,7 +422,7 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
     the stock targets it is compared with differ from each other only in the path."""
     import yaml
 
-    from benchmarks import targets as ss
+    from benchmarks.harness import targets as ss
 
     [shipped] = yaml.safe_load(ss.SHIPPED_CONFIG.read_text())["applications"]
     assert shipped["args"]["engine_replicas"] == "fit"
@@ -456,7 +456,7 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
     assert balance["args"]["llm_configs"][0]["deployment_config"] == {
         **s["args"]["llm_configs"][0]["deployment_config"],
         "request_router_config": {
-            "request_router_class": "serve_app.routing.FuzzAffinityRouter",
+            "request_router_class": "serve_app.routing.fuzz_router.FuzzAffinityRouter",
             "request_router_kwargs": {"imbalanced_threshold": 4},
         },
     }
@@ -491,8 +491,8 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
     from ray.serve.schema import ServeDeploySchema
 
     from benchmarks import routing_hits as rh
-    from benchmarks.targets import shipped_app
-    from serve_app.routers import ROUTERS
+    from benchmarks.harness.targets import shipped_app
+    from serve_app.routing.routers import ROUTERS
 
     names = tuple(rh.TARGETS)
     apps = {a["name"]: a for a in rh.target_apps(48, names)}
@@ -524,7 +524,7 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
 def test_guard_cost_times_the_shipped_guard_on_the_headlines_request_and_fails_on_a_refused_one():
     import asyncio
 
-    from benchmarks import guard_cost
+    from benchmarks.investigations import guard_cost
 
     result = guard_cost.measure(requests=50, blocks=2)
     assert [sorted(b) for b in result["per_block_us"]] == [["bare", "guard"]] * 2

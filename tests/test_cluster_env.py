@@ -1,4 +1,4 @@
-"""The environment of `ray start` (serve_app/cluster_env.py): one table, exported by scripts/env.sh, set by
+"""The environment of `ray start` (serve_app/engine/cluster_env.py): one table, exported by scripts/env.sh, set by
 LocalCluster, a value already set winning everywhere."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from serve_app.cluster_env import HAPROXY
+from serve_app.engine.cluster_env import HAPROXY
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,7 @@ def _shell(exports: str, env: dict[str, str]) -> dict[str, str]:
 
 
 def test_exports_set_every_variable_and_keep_a_value_already_set():
-    from serve_app.cluster_env import CLUSTER_ENV, exports
+    from serve_app.engine.cluster_env import CLUSTER_ENV, exports
 
     base = {"PATH": os.environ["PATH"]}
     got = _shell(exports(), base)
@@ -31,7 +31,7 @@ def test_exports_set_every_variable_and_keep_a_value_already_set():
 
 def test_env_sh_evaluates_the_table():
     """scripts/env.sh (what README has users source before `ray start`) exports exactly the table's values."""
-    from serve_app.cluster_env import CLUSTER_ENV
+    from serve_app.engine.cluster_env import CLUSTER_ENV
 
     env = {k: v for k, v in os.environ.items() if k not in CLUSTER_ENV}
     out = subprocess.run(
@@ -47,7 +47,7 @@ def test_env_sh_evaluates_the_table():
 
 def test_local_cluster_uses_the_table_and_lets_its_env_win():
     from load_tests.operate.local_cluster import LocalCluster
-    from serve_app.cluster_env import CLUSTER_ENV
+    from serve_app.engine.cluster_env import CLUSTER_ENV
 
     env = LocalCluster(env={HAPROXY: "0"})._env()
     assert env[HAPROXY] == "0"
@@ -56,7 +56,7 @@ def test_local_cluster_uses_the_table_and_lets_its_env_win():
 
 def test_the_direct_path_check_reads_the_same_names():
     from serve_app.app import require_haproxy
-    from serve_app.cluster_env import CLUSTER_ENV, HAPROXY_ENV
+    from serve_app.engine.cluster_env import CLUSTER_ENV, HAPROXY_ENV
 
     assert set(HAPROXY_ENV) <= set(CLUSTER_ENV)
     require_haproxy(True, dict(CLUSTER_ENV))  # what the table sets passes the builder's check
@@ -66,7 +66,7 @@ def test_every_serve_variable_of_the_table_is_one_ray_serve_reads():
     """A misspelt name would be ignored without a word: each RAY_SERVE_* name is read in Serve's own constants."""
     import ray.serve._private.constants as constants
 
-    from serve_app.cluster_env import CLUSTER_ENV
+    from serve_app.engine.cluster_env import CLUSTER_ENV
 
     source = Path(constants.__file__).read_text()
     names = [k for k in CLUSTER_ENV if k.startswith("RAY_SERVE_")]
@@ -77,7 +77,7 @@ def test_every_serve_variable_of_the_table_is_one_ray_serve_reads():
 
 def test_the_auth_token_is_made_and_kept_readable_by_its_user_only(tmp_path):
     """Ray writes its token 0644 in a 0755 directory; the token is the key to running code on the cluster."""
-    from serve_app.cluster_env import AUTH_MODE, AUTH_TOKEN_PATH, ensure_auth_token
+    from serve_app.engine.cluster_env import AUTH_MODE, AUTH_TOKEN_PATH, ensure_auth_token
 
     token = tmp_path / "ray" / "auth_token"
     token.parent.mkdir(mode=0o755)
@@ -90,7 +90,7 @@ def test_the_auth_token_is_made_and_kept_readable_by_its_user_only(tmp_path):
 
 
 def test_serves_haproxy_files_go_to_a_directory_only_this_user_can_enter(tmp_path):
-    from serve_app.cluster_env import CLUSTER_ENV, ensure_haproxy_dir, haproxy_dir, haproxy_env
+    from serve_app.engine.cluster_env import CLUSTER_ENV, ensure_haproxy_dir, haproxy_dir, haproxy_env
 
     d = ensure_haproxy_dir(tmp_path / "fzs")
     assert d.stat().st_mode & 0o777 == 0o700
@@ -119,7 +119,7 @@ def test_rays_temp_root_is_under_the_private_directory_and_its_listeners_on_loop
     RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 makes Ray take loopback as the node's address, as Ray itself reads it."""
     from ray._common.utils import get_default_ray_temp_dir
 
-    from serve_app.cluster_env import CLUSTER_ENV, RAY_TMPDIR, SINGLE_HOST, haproxy_dir, prepare_node, ray_root
+    from serve_app.engine.cluster_env import CLUSTER_ENV, RAY_TMPDIR, SINGLE_HOST, haproxy_dir, prepare_node, ray_root
 
     assert CLUSTER_ENV[RAY_TMPDIR] == str(haproxy_dir()) and CLUSTER_ENV[SINGLE_HOST] == "0"
     assert ray_root({RAY_TMPDIR: "/x/y"}) == Path("/x/y/ray")
@@ -138,7 +138,7 @@ def test_rays_temp_root_is_under_the_private_directory_and_its_listeners_on_loop
         assert Path(temp) == ray_root(env), "ray_root is where Ray itself puts its files"
         assert cluster == ("False" if env.get(SINGLE_HOST) == "0" else "True"), "Ray reads the single-host switch"
     assert get_default_ray_temp_dir()  # importable here, as in the subprocess
-    from serve_app.cluster_env import AUTH_MODE
+    from serve_app.engine.cluster_env import AUTH_MODE
 
     prepare_node({RAY_TMPDIR: str(tmp_path / "private"), AUTH_MODE: "disabled"})
     assert (tmp_path / "private").stat().st_mode & 0o777 == 0o700
@@ -193,7 +193,7 @@ def test_a_cluster_of_several_nodes_runs_without_the_single_host_switch():
     """Ray refuses worker nodes under its single-host switch, and a loopback-only head is out of their reach: a
     LocalCluster with workers (or meant to get them) runs every node without it; a single one keeps the table's."""
     from load_tests.operate.local_cluster import ClusterError, LocalCluster
-    from serve_app.cluster_env import SINGLE_HOST
+    from serve_app.engine.cluster_env import SINGLE_HOST
 
     assert LocalCluster()._env()[SINGLE_HOST] == "0"
     assert LocalCluster(workers=1)._env()[SINGLE_HOST] == "1"

@@ -1,4 +1,4 @@
-"""A command's console: its own progress and results, library lines only from WARNING up (serve_app.command_logs),
+"""A command's console: its own progress and results, library lines only from WARNING up (load_tests.command_logs),
 and set-up's library JSON lines kept out of the terminal (scripts/env.sh)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import logging
-from serve_app.command_logs import command_logging
+from load_tests.command_logs import command_logging
 command_logging()
 logging.getLogger("fuzzserve.load_tests").info("own progress")
 logging.getLogger("vllm.triton_utils.importing").info("library note")

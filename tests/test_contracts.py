@@ -4,7 +4,7 @@ A contract here is a string that another program reads or writes (an
 environment variable, a metric name, a Ray actor name): typed twice, the two
 copies drift apart silently. Each is defined in its home module and imported
 everywhere else, scripts included (``scripts/env.sh`` evaluates
-``python -m serve_app.cluster_env``). This test reads every Python file of
+``python -m serve_app.engine.cluster_env``). This test reads every Python file of
 the project (a string constant equal to a contract, docstrings aside) and
 every script (a contract's variable name outside comments), and fails on a
 copy outside the home module. Prose that mentions a name inside a longer
@@ -26,7 +26,10 @@ import pytest
 
 from fixture_model import build
 from patches import shm_wait, switches
-from serve_app import cluster_env, engine_env, fuzz_traffic, names, observability
+from serve_app.config import names
+from serve_app.engine import cluster_env, engine_env
+from serve_app.observability import contract as observability
+from serve_app.observability import fuzz_traffic
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model", "testkit", "benchmarks", "tests")
@@ -34,7 +37,7 @@ PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model",
 CONTRACTS: dict[str, tuple[str, ...]] = {
     "patches/switches.py": (switches.OFF_ENV, switches.ALLOW_UNVERIFIED_ENV),
     "patches/shm_wait.py": (shm_wait.NAP_ENV,),
-    "serve_app/cluster_env.py": (
+    "serve_app/engine/cluster_env.py": (
         cluster_env.HAPROXY,
         cluster_env.FORWARD_BODY,
         cluster_env.AUTH_MODE,
@@ -42,15 +45,15 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
         cluster_env.AUTH_TOKEN_PATH,
         "get-auth-token",
     ),
-    "serve_app/engine_env.py": (engine_env.HF_HUB_OFFLINE, engine_env.KV_CACHE_SPACE),
-    "serve_app/names.py": (names.REPLICA_CLASS_PREFIX, names.ENGINE_REPLICA_CLASS, names.PROCESS_TITLE_PREFIX),
-    "serve_app/fuzz_traffic.py": (fuzz_traffic.METRIC, fuzz_traffic.EXPORTED),
-    "serve_app/observability.py": (observability.HEALTH_GAUGE, observability.HEALTH_CHECK_FAILURES),
+    "serve_app/engine/engine_env.py": (engine_env.HF_HUB_OFFLINE, engine_env.KV_CACHE_SPACE),
+    "serve_app/config/names.py": (names.REPLICA_CLASS_PREFIX, names.ENGINE_REPLICA_CLASS, names.PROCESS_TITLE_PREFIX),
+    "serve_app/observability/fuzz_traffic.py": (fuzz_traffic.METRIC, fuzz_traffic.EXPORTED),
+    "serve_app/observability/contract.py": (observability.HEALTH_GAUGE, observability.HEALTH_CHECK_FAILURES),
     "fixture_model/build.py": (build.CACHE_ENV,),
 }
 HOME = {value: home for home, values in CONTRACTS.items() for value in values}
-# Reading a replica's id out of its actor name (``rsplit("#")``) is a contract too: serve_app.names.replica_id.
-REPLICA_ID_HOME = "serve_app/names.py"
+# Reading a replica's id out of its actor name (``rsplit("#")``) is a contract too: serve_app.config.names.replica_id.
+REPLICA_ID_HOME = "serve_app/config/names.py"
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]+$")
 # This file plants copies on purpose, to show that the check finds them.
 SELF = "tests/test_contracts.py"
@@ -153,7 +156,7 @@ def test_the_home_may_spell_it():
 
 def test_scripts_are_read_too():
     assert spelled_in_script("# HF_HUB_OFFLINE is set below\nexport HF_HUB_OFFLINE=1\n") == ["HF_HUB_OFFLINE"]
-    assert spelled_in_script("# HF_HUB_OFFLINE comes from python -m serve_app.cluster_env\n") == []
+    assert spelled_in_script("# HF_HUB_OFFLINE comes from python -m serve_app.engine.cluster_env\n") == []
 
 
 def test_a_planted_class_of_the_same_name_is_found(tmp_path):

@@ -1,4 +1,4 @@
-"""Which cores each engine replica gets (serve_app.core_binding): pure logic.
+"""Which cores each engine replica gets (serve_app.engine.core_binding): pure logic.
 
 That a deployed replica's engine really runs on those cores is checked on a
 real cluster in tests/test_serve_app.py.
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.core_binding import BIND_ENV, bind_engine_threads, replica_cores
+from serve_app.engine.core_binding import BIND_ENV, bind_engine_threads, replica_cores
 
 
 def test_two_cores_one_per_replica_and_a_third_replica_shares():
@@ -89,7 +89,7 @@ def test_engine_core_children_are_pinned_thread_by_thread_and_nothing_else(reque
 
     import psutil
 
-    from serve_app.core_binding import pin_engine_cores
+    from serve_app.engine.core_binding import pin_engine_cores
 
     allowed = sorted(os.sched_getaffinity(0))
     children = [
@@ -129,7 +129,7 @@ def test_shm_wait_false_switches_only_that_patch_off_in_the_replicas_environment
     keeping what the cluster already switched off; the patches' own parser reads the result."""
     from patches import PATCH_MODULES
     from patches.switches import OFF_ENV, disabled_patches
-    from serve_app.core_binding import switch_patch_off
+    from serve_app.engine.core_binding import switch_patch_off
 
     env = {} if before is None else {OFF_ENV: before}
     assert switch_patch_off("shm_wait", env) == after == env[OFF_ENV]
@@ -163,7 +163,7 @@ def test_a_replica_that_serve_renumbers_repins_its_running_engine_and_workers(re
 
     import psutil
 
-    from serve_app.core_binding import EngineServer, replica_cores
+    from serve_app.engine.core_binding import EngineServer, replica_cores
 
     assert "rank" in inspect.signature(EngineServer.reconfigure).parameters, "Serve passes rank only to such a method"
     allowed = sorted(os.sched_getaffinity(0))

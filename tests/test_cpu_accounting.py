@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from benchmarks import cpu_accounting
+from benchmarks.harness import cpu_accounting
 from benchmarks.serve_stack import cpu_columns
 
 

@@ -1,4 +1,4 @@
-"""The typed Serve config (serve_app.deploy_config): lossless loading, each change function fed its good and bad
+"""The typed Serve config (serve_app.config.deploy_config): lossless loading, each change function fed its good and bad
 cases, the load tests' deployed YAML unchanged for every scenario, and no module elsewhere editing the file's keys
 by hand. Pure: nothing is started.
 """
@@ -15,9 +15,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
+from benchmarks.harness import targets
 from patches.switches import ALL, OFF_ENV
-from serve_app import deploy_config as dc
-from serve_app.deploy_config import BUILDER, Application, FuzzServeArgs, LLMSpec, ServeConfig, to_document
+from serve_app.config import deploy_config as dc
+from serve_app.config.deploy_config import BUILDER, Application, FuzzServeArgs, LLMSpec, ServeConfig, to_document
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ("serve_config.yaml", "serve_config.cuda.yaml")
@@ -280,15 +281,15 @@ def test_env_applications_and_names():
 
 def test_a_benchmark_target_is_the_shipped_app_with_only_the_named_changes():
     cfg = shipped()
-    app = unchanged(cfg, lambda c: dc.benchmark_app(c, "S", 2))
+    app = unchanged(cfg, lambda c: targets.benchmark_app(c, "S", 2))
     base = dc.application(cfg)
     assert (app.name, app.route_prefix) == ("S", "/S")
     assert base.fuzz_args.engine_replicas == "fit" and app.fuzz_args.engine_replicas == 2
-    doc = {k: v for k, v in dc.to_document_app(app).items() if k not in ("name", "route_prefix")}
+    doc = {k: v for k, v in targets.to_document_app(app).items() if k not in ("name", "route_prefix")}
     want = copy.deepcopy({k: v for k, v in raw()["applications"][0].items() if k not in ("name", "route_prefix")})
     want["args"]["engine_replicas"] = 2
     assert doc == want
-    tuned = dc.benchmark_app(
+    tuned = targets.benchmark_app(
         cfg,
         "Sb",
         2,
@@ -304,8 +305,8 @@ def test_a_benchmark_target_is_the_shipped_app_with_only_the_named_changes():
     assert router is not None and router["request_router_kwargs"] == {"imbalanced_threshold": 4}
     assert router["request_router_class"].endswith("RoundRobinRouter"), "the router the args name"
     with pytest.raises(ValueError, match="single-application"):
-        dc.benchmark_app(two_apps(), "x", 1)
-    bench = dc.benchmark_config([app, stock_app()])
+        targets.benchmark_app(two_apps(), "x", 1)
+    bench = targets.benchmark_config([app, stock_app()])
     assert to_document(bench)["http_options"] == {"host": "127.0.0.1", "port": 8000, "request_timeout_s": 600.0}
 
 
@@ -477,7 +478,7 @@ def test_the_deployed_yaml_is_what_the_hand_edits_wrote(scenario):
 # ----------------------------------------------------------------------------- nobody else edits the file's keys
 
 # The Serve config file's own keys (and its args'). A subscript, .get, .setdefault or .pop with one of them outside
-# serve_app/deploy_config.py is a hand edit of the file, which the config's functions exist to replace.
+# serve_app/config/deploy_config.py is a hand edit of the file, which the config's functions exist to replace.
 SERVE_KEYS = frozenset(
     {
         "applications",
@@ -499,7 +500,7 @@ SERVE_KEYS = frozenset(
     }
 )
 SCANNED = ("serve_app", "load_tests", "benchmarks", "testkit")
-HOME = Path("serve_app/deploy_config.py")
+HOME = Path("serve_app/config/deploy_config.py")
 # Documents that are not the config file but share a key name with it: (module, key) -> what it reads.
 NOT_THE_CONFIG = {
     (Path("load_tests/operate/local_cluster.py"), "applications"): "`serve status` output",
@@ -538,7 +539,9 @@ def scan(root: Path) -> list[str]:
                 continue
             for line, key in hand_edits(path.read_text()):
                 if (rel, key) not in NOT_THE_CONFIG:
-                    problems.append(f"{rel}:{line}: {key!r} read or written by hand (use serve_app.deploy_config)")
+                    problems.append(
+                        f"{rel}:{line}: {key!r} read or written by hand (use serve_app.config.deploy_config)"
+                    )
     return problems
 
 
@@ -553,7 +556,7 @@ def scale(path, n):
     return cfg
 """
 GOOD_MODULE = """
-from serve_app import deploy_config
+from serve_app.config import deploy_config
 def scale(path, n):
     cfg = deploy_config.without_engine_kwargs(deploy_config.load(path), ["kv_offloading_size"])
     args = {"applications": 1}  # a dict literal is not an edit of a loaded config
@@ -576,7 +579,8 @@ def test_the_scan_catches_a_planted_hand_edit_and_passes_its_good_twin(tmp_path)
     assert all(p.startswith("benchmarks/bad.py:") for p in found)
     (tmp_path / "benchmarks" / "bad.py").write_text(GOOD_MODULE)
     assert scan(tmp_path) == []
-    (tmp_path / "serve_app" / "deploy_config.py").write_text(BAD_MODULE)  # the config's home may
+    (tmp_path / "serve_app" / "config").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "serve_app" / "config" / "deploy_config.py").write_text(BAD_MODULE)  # the config's home may
     assert scan(tmp_path) == []
 
 

@@ -6,7 +6,7 @@ Three kinds of claim, read from the pages' text:
   ``sys.path`` as a file, nothing imported), and every ``--flag`` a command
   of one of this project's modules uses appears in that module's ``--help``;
 * **paths** that start in one of the project's top-level folders or files
-  (``serve_app/cluster_env.py``, ``docs/benchmarks/vs_vllm/``, a link
+  (``serve_app/engine/cluster_env.py``, ``docs/benchmarks/vs_vllm/``, a link
   ``[...](serve.md#anchor)``): they exist (outputs under ``out/`` and
   ``.cache/`` are made by the commands, and are not checked; upstream
   vLLM's own test paths, ``tests/v1/...`` in docs/upstream_tests.md, are
@@ -181,7 +181,7 @@ def test_the_checks_find_a_planted_false_command_flag_path_and_name():
 
 def test_true_claims_pass():
     text = (
-        "`python -m load_tests --scenario smoke --url http://x`, `serve_app/cluster_env.py`, "
+        "`python -m load_tests --scenario smoke --url http://x`, `serve_app/engine/cluster_env.py`, "
         "[serve](serve.md#request-routing), `patches.metrics.LYING_CONNECTOR_KINDS`, `out/stress/report.md`, "
         "`python -m pytest tests/test_docs.py`"
     )

@@ -1,6 +1,6 @@
 """Headers a client must not send (issue: headers that reach Ray before the guard).
 
-``serve_app.edge`` is the middleware Serve applies outermost, before it reads
+``serve_app.ingress.edge`` is the middleware Serve applies outermost, before it reads
 its own per-request limits from the headers: here in front of an app that
 only says it was reached, with a positive control (an ordinary request is
 let through, other headers untouched). Deployed, the same middleware is
@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from serve_app.edge import RAY_CONTROL_HEADERS, RefuseRayControlHeaders, middlewares
+from serve_app.ingress.edge import RAY_CONTROL_HEADERS, RefuseRayControlHeaders, middlewares
 from testkit.guard_app import guarded_client as client
 
 

@@ -1,12 +1,12 @@
-"""benchmarks/grammar_cost.py: its specs are what the guard would admit, and its measurement can see a compile
-that runs past its limit (and one that does not)."""
+"""benchmarks/investigations/grammar_cost.py: its specs are what the guard would admit, and its measurement can see a
+compile that runs past its limit (and one that does not)."""
 
 from __future__ import annotations
 
 import pytest
 
-from benchmarks.grammar_cost import _optional_properties, largest_under, measure, spec_bytes, specs
-from serve_app.xargs_policy import DEFAULT_LIMITS, RequestLimits, RequestRejected, check_limits
+from benchmarks.investigations.grammar_cost import _optional_properties, largest_under, measure, spec_bytes, specs
+from serve_app.ingress.xargs_policy import DEFAULT_LIMITS, RequestLimits, RequestRejected, check_limits
 
 
 def test_every_spec_is_within_the_cap_and_the_largest_are_maximal():

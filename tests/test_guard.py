@@ -15,9 +15,9 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
-from serve_app.fuzz_traffic import labels
-from serve_app.guard import GuardConfig, RequestGuard
-from serve_app.route_policy import DEFAULT_ROUTES
+from serve_app.ingress.guard import GuardConfig, RequestGuard
+from serve_app.ingress.route_policy import DEFAULT_ROUTES
+from serve_app.observability.fuzz_traffic import labels
 from testkit.guard_app import echo
 from testkit.guard_app import guarded_client as client
 
@@ -423,7 +423,7 @@ def test_a_slow_body_gets_408():
     ],
 )
 def test_no_auth_only_on_loopback_unless_allowed(host, keys, allow, ok):
-    from serve_app.guard import require_auth
+    from serve_app.ingress.guard import require_auth
 
     cfg = GuardConfig(allow_no_auth=allow)
     if ok:
@@ -444,7 +444,7 @@ def test_config_is_strict():
 def test_a_stream_that_fails_midway_ends_with_an_error_event():
     import asyncio
 
-    from serve_app.ingress import error_terminated
+    from serve_app.ingress.fuzz_ingress import error_terminated
 
     async def dying():
         yield 'data: {"choices": [{"text": " 4"}]}\n\n'

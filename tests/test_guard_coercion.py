@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.xargs_policy import RequestLimits, RequestRejected, check_limits, prompt_count
+from serve_app.ingress.xargs_policy import RequestLimits, RequestRejected, check_limits, prompt_count
 from testkit.guard_app import guarded_client as client
 
 
@@ -92,7 +92,7 @@ def test_the_guards_adapters_read_values_exactly_as_vllms_request_models():
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    from serve_app import xargs_policy as xp
+    from serve_app.ingress import xargs_policy as xp
 
     for value in ("64", 64.0, "6_4", " 64 ", "+64", True, 3, "1e2", "0x40", 64.5, "x", None):
         try:
@@ -126,7 +126,7 @@ def test_the_guards_reading_of_grammars_is_vllms():
     from vllm.entrypoints.serve.engine.protocol import _REMOVED_GUIDED_FIELDS
     from vllm.tool_parsers.utils import get_json_schema_from_tools
 
-    from serve_app.xargs_policy import REMOVED_GUIDED_FIELDS, grammar_specs
+    from serve_app.ingress.xargs_policy import REMOVED_GUIDED_FIELDS, grammar_specs
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     for choice in ("none", "auto", "required", {"type": "function", "function": {"name": "f"}}):

@@ -1,4 +1,5 @@
-"""The hand-off split (benchmarks.handoff_split) on planted traces, and its hooks on vLLM's real frontend classes."""
+"""The hand-off split (benchmarks.investigations.handoff_split) on planted traces, and its hooks on vLLM's real
+frontend classes."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import time
 
 import pytest
 
-from benchmarks import handoff_split as hs
-from benchmarks.arms import ProtocolError
+from benchmarks.harness.arms import ProtocolError
+from benchmarks.investigations import handoff_split as hs
 from patches.switches import ALL, OFF_ENV
 
 
@@ -135,8 +136,8 @@ def test_by_arm_takes_the_median_over_runs_and_leaves_void_runs_out():
 
 
 def test_every_arm_is_traced_through_its_environment_and_nothing_else_is(tmp_path, monkeypatch):
-    from benchmarks.arms import Shipped, VllmServer
-    from benchmarks.handoff_hooks import PLUGIN_DIR, TRACE_ENV
+    from benchmarks.harness.arms import Shipped, VllmServer
+    from benchmarks.investigations.handoff_hooks import PLUGIN_DIR, TRACE_ENV
 
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     server = hs.traced(VllmServer("plain", tmp_path, tmp_path, [], {OFF_ENV: ALL}), tmp_path / "t")
@@ -159,7 +160,7 @@ def test_vllm_loads_the_hooks_as_a_plugin_only_where_the_benchmark_puts_them(tmp
     import subprocess
     import sys
 
-    from benchmarks.handoff_hooks import plugin_env
+    from benchmarks.investigations.handoff_hooks import plugin_env
 
     names = {ep.name for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
     assert "handoff_trace" not in names and names, "the installed environment must not load the hooks"
@@ -185,7 +186,7 @@ def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes
     from vllm.v1.engine.output_processor import OutputProcessor
     from vllm.v1.metrics.stats import IterationStats
 
-    from benchmarks import handoff_hooks
+    from benchmarks.investigations import handoff_hooks
 
     # the originals come back after the test
     monkeypatch.setattr(OutputProcessor, "process_outputs", OutputProcessor.process_outputs)

@@ -16,7 +16,7 @@ from load_tests.plan.hostile import HEAVY_REQUESTS, HOSTILE_KINDS, HOSTILE_REQUE
 from load_tests.plan.scenarios import SCENARIOS
 from load_tests.plan.slo import Slo
 from load_tests.plan.workload import Mix, draw
-from serve_app.edge import RefuseRayControlHeaders
+from serve_app.ingress.edge import RefuseRayControlHeaders
 from testkit.guard_app import guarded_client
 
 PLAN = HostilePlan(windows=4, window_s=10.0, connections=1)
@@ -200,8 +200,8 @@ def test_the_replica_attacks_see_a_bounded_listener_and_an_unbounded_one():
     import uvicorn
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from serve_app.guard import RequestGuard
-    from serve_app.listener_bounds import BoundedHttpToolsProtocol
+    from serve_app.ingress.guard import RequestGuard
+    from serve_app.ingress.listener_bounds import BoundedHttpToolsProtocol
 
     class Quick(BoundedHttpToolsProtocol):
         header_timeout_s = 1.0

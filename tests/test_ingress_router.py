@@ -1,7 +1,7 @@
 """What the ingress request router reads of a body it gets before any API key is checked (pure logic).
 
-serve_app/ingress_router.py: Ray's LLMRouter routes on a small view of the
-body; serve_app/routing.py: the request router reads at most the first
+serve_app/routing/ingress_router.py: Ray's LLMRouter routes on a small view of the
+body; serve_app/routing/fuzz_router.py: the request router reads at most the first
 ``prefix_chars`` characters. Neither may fail on what a client sends.
 """
 
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.ingress_router import routing_view
-from serve_app.routing import DEFAULT_PREFIX_CHARS, request_text, routing_key
+from serve_app.routing.fuzz_router import DEFAULT_PREFIX_CHARS, request_text, routing_key
+from serve_app.routing.ingress_router import routing_view
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
@@ -136,7 +136,7 @@ def test_the_route_serve_freezes_can_resolve_every_name_it_uses():
 
     from fastapi import FastAPI
 
-    from serve_app.ingress_router import FuzzIngressRouter
+    from serve_app.routing.ingress_router import FuzzIngressRouter
 
     frozen = [
         c.cell_contents for c in FuzzIngressRouter.__init__.__closure__ or () if isinstance(c.cell_contents, FastAPI)
@@ -158,7 +158,7 @@ def _route_app():
     from starlette.responses import JSONResponse
     from starlette.routing import Route
 
-    from serve_app.ingress_router import read_route_body
+    from serve_app.routing.ingress_router import read_route_body
 
     async def route(request):
         body = await read_route_body(request)
@@ -170,7 +170,7 @@ def _route_app():
 def test_the_routers_own_port_refuses_a_body_over_the_bound_before_reading_it():
     from starlette.testclient import TestClient
 
-    from serve_app.ingress_router import ROUTE_BODY_LIMIT
+    from serve_app.routing.ingress_router import ROUTE_BODY_LIMIT
 
     c = TestClient(_route_app())
     assert c.post("/internal/route", content=b"x" * ROUTE_BODY_LIMIT).json() == {"bytes": ROUTE_BODY_LIMIT}
@@ -186,7 +186,7 @@ def test_a_streamed_body_is_cut_off_at_the_bound_without_reading_the_rest():
 
     from starlette.requests import Request
 
-    from serve_app.ingress_router import bounded_body
+    from serve_app.routing.ingress_router import bounded_body
 
     sent = []
 
@@ -204,7 +204,7 @@ def test_a_body_that_never_arrives_gets_408(monkeypatch):
 
     from starlette.requests import Request
 
-    import serve_app.ingress_router as ir
+    import serve_app.routing.ingress_router as ir
 
     monkeypatch.setattr(ir, "ROUTE_BODY_TIMEOUT_S", 0.2)
 

@@ -67,7 +67,7 @@ def report(ttft_ms: float, streams: int = 32) -> dict:
 
 
 def test_guidellms_report_is_read_in_seconds_and_a_0_ms_first_token_is_withheld():
-    from benchmarks.guidellm_client import figures, knee_found
+    from benchmarks.harness.guidellm_client import figures, knee_found
 
     (row,) = figures(report(104.0))
     assert row["requests"] == 640 and row["requests_per_s"] == 38.8 and row["window_s"] == 16.5
@@ -82,7 +82,7 @@ def test_guidellm_is_asked_for_the_same_bodies_and_steps():
     import json
     from pathlib import Path
 
-    from benchmarks.guidellm_client import command, concurrent, knee
+    from benchmarks.harness.guidellm_client import command, concurrent, knee
 
     argv = command(
         "http://h:1",

@@ -14,7 +14,7 @@ serve_app      patches: the production app builder takes its model from its
                config, it does not build the fixture model
 load_tests     patches, serve_app, fixture_model (it deploys and sweeps it)
 monitoring     patches, serve_app: its rules and dashboard read the observability
-               contract (``serve_app.observability``), as the load tests do
+               contract (``serve_app.observability.contract``), as the load tests do
 testkit        the shipped packages above
 benchmarks     the shipped packages and testkit
 ============== ================================================================
@@ -25,11 +25,16 @@ package's own (``patches._framework``): no other package imports it.
 An import is any ``import``/``from ... import`` anywhere in a file (a lazy
 one inside a function too) and ``importlib.import_module("...")`` with a
 literal name.
+
+No module imports another in a circle, anywhere in the repository, these
+imports counted (a lazy import or one under ``TYPE_CHECKING`` does not hide a
+circle from the reader, only from the interpreter).
 """
 
 from __future__ import annotations
 
 import ast
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -109,8 +114,8 @@ def violations(root: Path) -> dict[str, list[str]]:
         ),
         ("serve_app", "import load_tests.cli", ["load_tests.cli"]),
         ("patches", "import importlib\nimportlib.import_module('serve_app.app')", ["serve_app.app"]),
-        ("fixture_model", "import benchmarks.host", ["benchmarks.host"]),
-        ("testkit", "from benchmarks import host", ["benchmarks", "benchmarks.host"]),
+        ("fixture_model", "import benchmarks.harness.host", ["benchmarks.harness.host"]),
+        ("testkit", "from benchmarks.harness import host", ["benchmarks.harness", "benchmarks.harness.host"]),
         ("benchmarks", "import tests.markers", ["tests.markers"]),
         ("serve_app", "from patches._framework import OFF_ENV", ["patches._framework", "patches._framework.OFF_ENV"]),
         ("tests", "from patches import _framework", []),  # the tests of the plumbing itself
@@ -130,7 +135,10 @@ def test_the_rule_catches_what_it_forbids(package, source, want):
 @pytest.mark.parametrize(
     "package, source",
     [
-        ("load_tests", "from serve_app.routers import ROUTERS\nfrom fixture_model.tasks import held_out_examples"),
+        (
+            "load_tests",
+            "from serve_app.routing.routers import ROUTERS\nfrom fixture_model.tasks import held_out_examples",
+        ),
         ("benchmarks", "from testkit.engine_host import EngineHost\nfrom load_tests.judge.summary import percentiles"),
         ("tests", "from tests.markers import classify\nfrom testkit.engine_host import EngineHost"),
         ("serve_app", "from .guard import GuardConfig\nimport ray"),
@@ -143,7 +151,7 @@ def test_the_rule_allows_the_directions_of_the_table(package, source):
 def test_a_planted_bad_import_in_a_tree_is_found(tmp_path):
     for package in (*ALLOWED, "tests"):
         (tmp_path / package).mkdir()
-    (tmp_path / "load_tests" / "ok.py").write_text("from serve_app.ports import free_port\n")
+    (tmp_path / "load_tests" / "ok.py").write_text("from load_tests.operate.ports import free_port\n")
     (tmp_path / "load_tests" / "rig.py").write_text("def start():\n    from testkit import echo_server\n")
     assert violations(tmp_path) == {"load_tests/rig.py": ["testkit", "testkit.echo_server"]}
 
@@ -179,3 +187,53 @@ def test_no_test_calls_another():
         f.name: found for f in sorted((REPO / "tests").glob("test_*.py")) if (found := calls_to_tests(f.read_text()))
     }
     assert not bad, f"share a helper instead: {bad}"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """Every module of the repository's packages -> the repository's modules it imports (relative imports resolved;
+    ``from a.b import c`` names ``a.b.c`` when that is a module, else ``a.b``)."""
+    files = {module_name(p, root): p for package in (*ALLOWED, "tests") for p in sorted((root / package).rglob("*.py"))}
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for module, path in files.items():
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+                prefix = ".".join([*base[: len(base) - node.level + 1], *([node.module] if node.module else [])])
+                names |= {prefix} | {f"{prefix}.{a.name}" for a in node.names}
+        names |= imported(path.read_text())
+        for name in names:
+            parts = name.split(".")
+            target = next((m for m in (".".join(parts[:cut]) for cut in range(len(parts), 0, -1)) if m in files), None)
+            if target is not None and target != module:
+                graph[module].add(target)
+    return graph
+
+
+def circle(graph: dict[str, set[str]]) -> list[str]:
+    """One circle of ``graph`` (its modules in order), or [] if it has none."""
+    try:
+        tuple(TopologicalSorter(graph).static_order())
+    except CycleError as e:
+        return list(e.args[1])
+    return []
+
+
+def test_a_planted_circle_through_a_lazy_import_is_found(tmp_path):
+    for package in (*ALLOWED, "tests"):
+        (tmp_path / package).mkdir()
+    (tmp_path / "serve_app" / "__init__.py").write_text("")
+    (tmp_path / "serve_app" / "a.py").write_text("from serve_app.b import X\n")
+    (tmp_path / "serve_app" / "b.py").write_text("X = 1\n")
+    assert circle(import_graph(tmp_path)) == []
+    (tmp_path / "serve_app" / "b.py").write_text("X = 1\n\n\ndef f():\n    from . import a\n")
+    assert set(circle(import_graph(tmp_path))) == {"serve_app.a", "serve_app.b"}
+
+
+def test_no_import_circle_anywhere():
+    assert circle(import_graph(REPO)) == []

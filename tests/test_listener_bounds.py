@@ -1,8 +1,9 @@
-"""The listener bounds (serve_app/listener_bounds.py) on a real uvicorn server on loopback, raw sockets as the client.
+"""The listener bounds (serve_app/ingress/listener_bounds.py) on a real uvicorn server on loopback, raw sockets as
+the client.
 
 The server is built the way Ray builds its replicas' and proxy's servers
 (``uvicorn.Config`` with the default ``http="auto"``), after
-:func:`serve_app.listener_bounds.install`; the deadline is shortened for the
+:func:`serve_app.ingress.listener_bounds.install`; the deadline is shortened for the
 test (the class attribute), the byte bound is the shipped one. Each refusal
 is checked beside the case it must not touch (a complete request, a large
 body after a small head, a kept-alive second request). The deployed checks,
@@ -23,8 +24,8 @@ import uvicorn
 from uvicorn.protocols.http import auto
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from serve_app import listener_bounds
-from serve_app.listener_bounds import MAX_HEADER_BYTES, BoundedHttpToolsProtocol
+from serve_app.ingress import listener_bounds
+from serve_app.ingress.listener_bounds import MAX_HEADER_BYTES, BoundedHttpToolsProtocol
 
 DEADLINE_S = 0.6
 

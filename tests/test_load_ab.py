@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.serve]
 
 
 def chaos_lite(out, *extra: str) -> subprocess.CompletedProcess:
-    from serve_app.ports import free_port
+    from load_tests.operate.ports import free_port
 
     return subprocess.run(
         [

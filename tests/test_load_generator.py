@@ -84,7 +84,7 @@ def test_a_stalled_server_becomes_a_timeout_not_a_hang():
 def test_a_refused_connection_is_a_transport_error():
     async def go():
         async with aiohttp.ClientSession() as session:
-            from serve_app.ports import free_port
+            from load_tests.operate.ports import free_port
 
             return await send(session, f"http://127.0.0.1:{free_port()}", spec(0), t0=0.0)
 

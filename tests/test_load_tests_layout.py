@@ -5,6 +5,7 @@ in a circle, and no import inside a function or under ``TYPE_CHECKING`` hides a 
 role         what it holds (bottom first)
 ============ ======================================================================
 errors       the typed errors library code raises (only the CLI makes exit codes)
+command_logs how the commands log to the terminal (every CLI of the project uses it)
 plan         scenarios, profiles, the request mix, SLOs, operation steps: frozen data
 observe      scraping the replicas' metrics, their counters, the invariants, the monitor
 load         the HTTP client and the drivers that keep requests in flight
@@ -30,7 +31,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors"}),
+    frozenset({"errors", "command_logs"}),
     frozenset({"plan", "observe"}),
     frozenset({"load"}),
     frozenset({"results"}),

@@ -1,6 +1,6 @@
 """The Prometheus rules (monitoring/prometheus/), checked and unit-tested with the real promtool.
 
-The rules file is written from the observability contract (serve_app/observability.py) by ``python -m
+The rules file is written from the observability contract (serve_app/observability/contract.py) by ``python -m
 monitoring.rules``; tests/test_observability_contract.py checks that, and each alert against its load-test twin.
 
 Each alert gets a bad case (it must fire, with exactly these labels and this
@@ -26,8 +26,7 @@ import yaml
 
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
-from serve_app.fuzz_traffic import EXPORTED
-from serve_app.observability import (
+from serve_app.observability.contract import (
     BY_SOURCE,
     CACHED,
     CORRECTIONS,
@@ -37,6 +36,7 @@ from serve_app.observability import (
     SUCCESS,
     VIOLATIONS,
 )
+from serve_app.observability.fuzz_traffic import EXPORTED
 from testkit.monitoring.e2e import e2e_config
 from testkit.monitoring.fixtures import FIXTURE_DIR, fixture_samples, series_selector
 from testkit.monitoring.promtool import AlertCase, ExprCase, Firing, alerting_rules, promtool, run_rule_tests

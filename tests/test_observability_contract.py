@@ -1,4 +1,4 @@
-"""One observability contract (serve_app/observability.py): the shipped rules file is written from it, and each
+"""One observability contract (serve_app/observability/contract.py): the shipped rules file is written from it, and each
 invariant's Python check and Prometheus alert give the same verdict on the same series.
 
 * The committed rules file is what ``python -m monitoring.rules`` makes, and a catalogue change it lacks fails
@@ -25,7 +25,7 @@ import yaml
 from load_tests.observe import invariants
 from monitoring import rules
 from monitoring.files import RULES_FILE
-from serve_app.observability import (
+from serve_app.observability.contract import (
     BY_SOURCE,
     CACHED,
     HEALTH_CHECK_FAILURES,

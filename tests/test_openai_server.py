@@ -7,8 +7,8 @@ import sys
 import httpx
 import pytest
 
-from serve_app.engine_env import ENGINE_ENV
-from serve_app.ports import free_port
+from load_tests.operate.ports import free_port
+from serve_app.engine.engine_env import ENGINE_ENV
 from testkit.engine_requests import PROMPTS
 from testkit.server_process import ServerProcess
 

@@ -27,8 +27,8 @@ from load_tests.plan.steps import Autoscale, NodeLoss, OperationPlan, Redeploy, 
 from load_tests.results.events import GuardProbe, NodeLost, OperationFailed, Redeployed, Scaled
 from monitoring.families import referenced_families
 from monitoring.files import RULES_FILE
-from serve_app import deploy_config
-from serve_app.deploy_config import ServeConfig, to_document
+from serve_app.config import deploy_config
+from serve_app.config.deploy_config import ServeConfig, to_document
 from testkit.monitoring.record import input_series
 
 
@@ -106,8 +106,8 @@ def test_a_redeploy_scenario_forces_new_replicas_and_allows_a_key_the_shipped_gu
     """What makes the redeploy observable: an engine setting that differs from the deployed one (a change under
     the app's args: Serve replaces every replica) and a vllm_xargs key that the deployed guard refuses and the
     redeployed one accepts (what the probes see change)."""
-    from serve_app.guard import GuardConfig
-    from serve_app.xargs_policy import RequestRejected, check_xargs
+    from serve_app.ingress.guard import GuardConfig
+    from serve_app.ingress.xargs_policy import RequestRejected, check_xargs
 
     sc = SCENARIOS[name]
     [step] = sc.operations.steps

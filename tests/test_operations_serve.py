@@ -8,7 +8,7 @@ newly allowed ``vllm_xargs`` key; the load runs until the new replicas serve,
 plus 15 s. It runs with ``--no-ingress-retry``, as a client that does not
 send a 503 again (curl, vLLM's ``bench serve``) would: a refusal at the
 ingress (HAProxy's 503 before any replica sees the request) is then a 5xx
-and fails the run (issue 34; the lever: serve_app/direct_server.py,
+and fails the run (issue 34; the lever: serve_app/engine/direct_server.py,
 ``ROUTER_LINGER_S``). The run must pass: nothing lost, no 5xx, both old
 replicas retired (not dead), the probe refused before and accepted after. The
 scenarios at 256 streams (redeploy, scale, node-loss) and the failing twins
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.serve]
 
 @pytest.fixture(scope="module")
 def redeploy_run(fixture_model, tmp_path_factory):
-    from serve_app.ports import free_port
+    from load_tests.operate.ports import free_port
 
     out = tmp_path_factory.mktemp("redeploy-lite")
     proc = subprocess.run(

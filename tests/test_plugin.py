@@ -12,7 +12,7 @@ import pytest
 from patches import _framework as fw
 from patches import switches
 from patches.shm_wait import NAP_ENV
-from serve_app.engine_env import ENGINE_ENV
+from serve_app.engine.engine_env import ENGINE_ENV
 
 
 def test_registered_as_vllm_general_plugin():

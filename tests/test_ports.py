@@ -1,11 +1,11 @@
-"""Port picking for the servers the project starts (serve_app.ports): pure socket-level checks."""
+"""Port picking for the servers the project starts (load_tests.operate.ports): pure socket-level checks."""
 
 from __future__ import annotations
 
 import random
 import socket
 
-from serve_app import ports
+from load_tests.operate import ports
 
 
 def test_ports_avoid_the_ephemeral_range_and_are_never_handed_out_twice():

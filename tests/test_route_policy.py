@@ -5,14 +5,14 @@ them (vLLM's own ``build_app`` for a generate model, plus what
 ``ray.serve.llm`` and ``FuzzServer`` add; ``OpenAiIngress``'s app through
 ``make_fastapi_ingress``), and their route tables are read from them. A route
 added to either without a policy fails here, and the replica refuses to start
-with it (serve_app/direct_server.py).
+with it (serve_app/engine/direct_server.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from serve_app.route_policy import BY_PATH, DEFAULT_ROUTES, ROUTES, RouteTable, app_paths, unreviewed
+from serve_app.ingress.route_policy import BY_PATH, DEFAULT_ROUTES, ROUTES, RouteTable, app_paths, unreviewed
 
 
 def vllm_app():
@@ -32,7 +32,7 @@ def router_path_app():
     """The router path's ingress app: OpenAiIngress's routes and the probes, as serve_app.app builds it."""
     from ray.serve.llm.ingress import make_fastapi_ingress
 
-    from serve_app.ingress import ENDPOINTS, FuzzIngress
+    from serve_app.ingress.fuzz_ingress import ENDPOINTS, FuzzIngress
     from serve_app.ray_internals import init_ingress_app
 
     app = init_ingress_app()

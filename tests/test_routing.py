@@ -15,7 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from serve_app.routing import FuzzAffinityRouter, affinity_key, choose, rendezvous, request_text, routing_key
+from serve_app.routing.fuzz_router import (
+    FuzzAffinityRouter,
+    affinity_key,
+    choose,
+    rendezvous,
+    request_text,
+    routing_key,
+)
 
 
 def test_fuzz_affinity_key():
@@ -111,7 +118,7 @@ def queue_lens(monkeypatch) -> dict[str, int | None]:
     async def probe(router, replicas):
         return [(r, current.get(r.replica_id.to_full_id_str())) for r in replicas]
 
-    monkeypatch.setattr("serve_app.routing.probe_queue_lens", probe)
+    monkeypatch.setattr("serve_app.routing.fuzz_router.probe_queue_lens", probe)
     return current
 
 
@@ -166,7 +173,7 @@ async def pick(router, request=REQ) -> str:
 def test_between_probes_the_router_counts_what_it_routed(queue_lens, monkeypatch):
     """Probes are rationed (probe_interval_s); meanwhile each request routed counts on its replica, so a
     burst for one key spreads once the preferred replica runs the threshold ahead, and a new probe resets."""
-    import serve_app.routing as routing
+    import serve_app.routing.fuzz_router as routing
 
     clock = [100.0]
     monkeypatch.setattr(routing.time, "monotonic", lambda: clock[0])
@@ -198,7 +205,7 @@ def test_probes_are_single_flight_and_never_block_a_known_view(queue_lens, monke
     """Many concurrent requests share one probe; once every replica has answered one, a slow probe (a busy
     replica) does not hold up routing: a request that waited for a probe of its own would make every route
     call as slow as the busiest replica's answer."""
-    import serve_app.routing as routing
+    import serve_app.routing.fuzz_router as routing
 
     calls, gate = [], None
 
@@ -230,7 +237,7 @@ def test_after_an_idle_spell_old_counts_are_not_routed_on(queue_lens, monkeypatc
     """Counts older than max_view_age_s are refreshed before routing: the last burst's counts (the home
     replica busy) must not send the first request after an idle spell away from its home replica. Routing
     on them is what failed the Serve routing-property test in a clean-clone CI."""
-    import serve_app.routing as routing
+    import serve_app.routing.fuzz_router as routing
 
     clock = [100.0]
     monkeypatch.setattr(routing.time, "monotonic", lambda: clock[0])
@@ -249,7 +256,7 @@ def test_after_an_idle_spell_old_counts_are_not_routed_on(queue_lens, monkeypatc
 def test_a_failed_probe_routes_on_affinity_and_does_not_block(monkeypatch):
     """A probe that raises (a replica gone mid-RPC) leaves no count known: requests go to their home
     replica, and the router does not wait for another probe on every request."""
-    import serve_app.routing as routing
+    import serve_app.routing.fuzz_router as routing
 
     calls = []
 

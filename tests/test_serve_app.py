@@ -227,7 +227,7 @@ def test_generate_routes_not_switched_on_are_404_whatever_they_carry(serve_clust
 
 
 def test_internal_and_documentation_routes_are_404(serve_cluster):
-    from serve_app.route_policy import ROUTES
+    from serve_app.ingress.route_policy import ROUTES
 
     base = serve_cluster.base_url
     for route in (r.path for r in ROUTES if r.policy == "refused" and "{" not in r.path):
@@ -319,7 +319,7 @@ def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
     0600 in a 0700 directory."""
     from pathlib import Path
 
-    from serve_app.cluster_env import AUTH_TOKEN_PATH, haproxy_dir
+    from serve_app.engine.cluster_env import AUTH_TOKEN_PATH, haproxy_dir
 
     d = haproxy_dir()
     assert d.stat().st_mode & 0o777 == 0o700 and d.stat().st_uid == os.getuid()
@@ -335,7 +335,7 @@ def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
     assert configs and all(Path(c).is_relative_to(d) for c in configs), configs
     token = Path(os.environ.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
     assert token.stat().st_mode & 0o777 == 0o600 and token.parent.stat().st_mode & 0o777 == 0o700
-    # the configs the running HAProxy processes were started with have serve_app/haproxy_edge.sh's edits (a Ray
+    # the configs the running HAProxy processes were started with have serve_app/ingress/haproxy_edge.sh's edits (a Ray
     # whose template moved fails here); not any haproxy.cfg under the directory: earlier clusters' node
     # directories stay there, with the edits of their day
     for path in set(configs):
@@ -400,9 +400,9 @@ def _closed_after(sock, trickle: bytes = b"", limit_s: float = 60) -> tuple[floa
 
 def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(serve_cluster):
     """Serve's HAProxy with the cluster's settings: a connection that sends nothing, or trickles its headers one
-    byte every 0.5 s, is closed within 30 s (timeout http-request, added by serve_app/haproxy_edge.sh; before: an
-    hour for the idle one, no bound at all for the trickle); a stream whose reader stops reading does not hold its
-    engine; requests meanwhile are served."""
+    byte every 0.5 s, is closed within 30 s (timeout http-request, added by serve_app/ingress/haproxy_edge.sh;
+    before: an hour for the idle one, no bound at all for the trickle); a stream whose reader stops reading does not
+    hold its engine; requests meanwhile are served."""
     import socket
     from urllib.parse import urlparse
 
@@ -452,7 +452,7 @@ def test_idle_trickling_and_stalled_connections_are_closed_within_the_bounds(ser
 def test_rays_session_files_are_under_a_directory_only_this_user_can_enter(serve_cluster):
     """Ray's temp root is $RAY_TMPDIR/ray in a 0700 directory of this user (Ray's default /tmp/ray, 0777 without the
     sticky bit, let every local user replace the session's files and sockets and read Serve's logs)."""
-    from serve_app.cluster_env import RAY_TMPDIR, ray_root, with_cluster_env
+    from serve_app.engine.cluster_env import RAY_TMPDIR, ray_root, with_cluster_env
 
     env = with_cluster_env(os.environ)
     root = ray_root(env)
@@ -493,7 +493,7 @@ def test_every_listener_serve_opens_bounds_a_request_head(serve_cluster):
     """Each replica's, router's and the fallback proxy's own port, without HAProxy in front: half a request line
     is answered 408 and closed within the edge's 30 s (before: still open after 45 s), a 64 KiB header line gets
     431 before it is read to the end (before: an 8 MiB one was read whole, unanswered); requests meanwhile are
-    served (serve_app/listener_bounds.py)."""
+    served (serve_app/ingress/listener_bounds.py)."""
     import socket
     from concurrent.futures import ThreadPoolExecutor
 
@@ -572,7 +572,7 @@ def test_a_number_the_guard_cannot_parse_gets_its_400_through_the_router(serve_c
 def test_hostile_bodies_before_auth_leave_other_clients_served(serve_cluster, record_property):
     """8 MiB, deeply nested and wrongly typed bodies without a key, sent while normal clients are served:
     with two replicas each goes through the ingress request router before any replica checks its key.
-    The router reads at most 64 KiB of a body (HAProxy) and a small view of that (serve_app/ingress_router.py):
+    The router reads at most 64 KiB of a body (HAProxy) and a small view of that (serve_app/routing/ingress_router.py):
     the hostile requests get 4xx, never 5xx, and no normal request fails or waits for HAProxy's 5 s router
     timeout (which would be a 503)."""
     base = serve_cluster.base_url
@@ -662,13 +662,13 @@ def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_pred
     key, and keys spread over both replicas.
 
     The expected replica is computed with the router's own key and hash
-    (serve_app.routing), so what this checks is the deployment: HAProxy
+    (serve_app.routing.fuzz_router), so what this checks is the deployment: HAProxy
     forwards the body to Ray's ingress request router, which asks our policy
     with it, and sends the request where the policy said.
     """
     from fixture_model.tasks import LETTERS, NUMBERS
-    from serve_app.names import replica_id
-    from serve_app.routing import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
+    from serve_app.config.names import replica_id
+    from serve_app.routing.fuzz_router import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
 
     replicas = {r["name"]: replica_id(r["name"]) for r in serve_cluster.replicas()}
     assert len(replicas) == 2
@@ -711,7 +711,7 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
     """
     import psutil
 
-    from serve_app.core_binding import ENGINE_CORE_NAME, replica_cores
+    from serve_app.engine.core_binding import ENGINE_CORE_NAME, replica_cores
 
     replicas = serve_cluster.replicas()
     assert len({r["node_id"] for r in replicas}) == len(replicas) == 2
@@ -730,7 +730,7 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
 def test_admitted_requests_are_counted_by_fuzz_setting(serve_cluster):
     """The guard's counter, as Ray's metrics agent exports it: exactly the requests it admitted, by label."""
     from load_tests.observe.prom_text import parse_samples, series
-    from serve_app.fuzz_traffic import EXPORTED
+    from serve_app.observability.fuzz_traffic import EXPORTED
 
     def counts() -> dict[tuple[str, str], float]:
         out: dict[tuple[str, str], float] = {}
@@ -858,8 +858,8 @@ def scaled_down(serve_cluster):
     rather than stopping one. Either way, every stream on a stopping replica
     must still end complete, with all its tokens and [DONE].
     """
-    from serve_app import deploy_config
-    from serve_app.route_policy import DEFAULT_ROUTES
+    from serve_app.config import deploy_config
+    from serve_app.ingress.route_policy import DEFAULT_ROUTES
 
     # 1 replica and, checked once the new replica serves: the other generate routes switched on
     cfg = deploy_config.with_builder_args(
@@ -959,7 +959,7 @@ def streamed_tokens(chunk: dict) -> int:
 
 
 def _write(cluster, cfg) -> str:
-    from serve_app import deploy_config
+    from serve_app.config import deploy_config
 
     return str(deploy_config.write(cfg, cluster.log_dir / "serve_config.scaled.yaml"))
 
@@ -968,7 +968,7 @@ def test_the_router_path_deploys_and_checks_requests_the_same_way(serve_cluster)
     """``ingress: router`` (a FuzzIngress deployment in front of the engine replicas, Serve's default path)
     deployed over the running app, on the cluster the shipped config needs (HAProxy on): probes, guard,
     fuzz, streaming. Runs last: it replaces the shipped app."""
-    from serve_app import deploy_config
+    from serve_app.config import deploy_config
 
     cfg = deploy_config.with_builder_args(
         serve_cluster.effective_config(http_port=serve_cluster.http_port), {"ingress": "router", "engine_replicas": 1}

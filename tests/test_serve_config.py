@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serve_app.cluster_env import FORWARD_BODY, HAPROXY
-from serve_app.engine_env import ENGINE_ENV
+from serve_app.engine.cluster_env import FORWARD_BODY, HAPROXY
+from serve_app.engine.engine_env import ENGINE_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,7 +158,9 @@ def test_cpu_config_resolves_the_fixture_model(built_fixture):
     [application] = load("serve_config.yaml").applications
     [cfg] = resolve_llm_configs(FuzzServeArgs.model_validate(application.args), node_cpus=lambda: [2.0])
     assert cfg["model_loading_config"]["model_source"] == str(built_fixture.resolve())
-    assert application.runtime_env["env_vars"] == ENGINE_ENV, "serve_config.yaml repeats serve_app.engine_env's table"
+    assert application.runtime_env["env_vars"] == ENGINE_ENV, (
+        "serve_config.yaml repeats serve_app.engine.engine_env's table"
+    )
 
 
 @pytest.mark.parametrize(
@@ -200,7 +202,7 @@ def test_routing_names_agree():
 
     from load_tests.cli import parse_args
     from serve_app.app import FuzzServeArgs
-    from serve_app.routers import ROUTERS, Routing
+    from serve_app.routing.routers import ROUTERS, Routing
 
     assert set(get_args(Routing)) == set(ROUTERS) == set(ROUTER_CLASSES)
     assert FuzzServeArgs.model_fields["routing"].annotation is Routing
@@ -348,9 +350,9 @@ def test_direct_graph(monkeypatch, built_fixture):
     assert router.name == "LLMRouter" and issubclass(router.func_or_class, LLMRouterBase)
     assert "FuzzIngressRouter" in router.func_or_class.__qualname__ or "FuzzIngressRouter" in str(
         router.func_or_class.__mro__
-    ), "Ray's LLMRouter behind the bounded body view (serve_app/ingress_router.py)"
+    ), "Ray's LLMRouter behind the bounded body view (serve_app/routing/ingress_router.py)"
     assert router.init_kwargs["server"] is graph, "the router picks among this deployment's replicas"
-    from serve_app.direct_server import ROUTER_LINGER_S
+    from serve_app.engine.direct_server import ROUTER_LINGER_S
 
     # a stopped router keeps answering the old HAProxy processes' kept connections (issue 34), while Serve's
     # default (2 s) would not; the controller must not kill it before the linger is over

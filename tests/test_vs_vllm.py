@@ -1,4 +1,4 @@
-"""The headline benchmark's protocol (benchmarks/vs_vllm.py, benchmarks/host.py), not its speed.
+"""The headline benchmark's protocol (benchmarks/vs_vllm.py, benchmarks/harness/host.py), not its speed.
 
 What must hold for its figures to mean what docs say they mean: plain vLLM is
 measured with no Ray process alive, the phases interleave ABBA, host CPU is
@@ -22,7 +22,7 @@ intr 12345
 
 
 def test_busy_seconds_counts_every_non_idle_tick_of_the_all_cpu_line():
-    from benchmarks.host import TICKS_PER_S, busy_seconds
+    from benchmarks.harness.host import TICKS_PER_S, busy_seconds
 
     # user + nice + system + irq + softirq + steal; not idle, iowait, or guest (already inside user)
     assert busy_seconds(STAT) == pytest.approx((1000 + 50 + 300 + 10 + 40 + 5) / TICKS_PER_S)
@@ -31,7 +31,7 @@ def test_busy_seconds_counts_every_non_idle_tick_of_the_all_cpu_line():
 
 
 def test_busy_seconds_reads_the_real_proc_stat_and_sees_work():
-    from benchmarks.host import busy_seconds
+    from benchmarks.harness.host import busy_seconds
 
     c0, b0 = time.process_time(), busy_seconds()
     while time.process_time() - c0 < 0.3:
@@ -40,7 +40,7 @@ def test_busy_seconds_reads_the_real_proc_stat_and_sees_work():
 
 
 def test_sampler_interpolates_a_window_between_samples():
-    from benchmarks.host import HostCpuSampler
+    from benchmarks.harness.host import HostCpuSampler
 
     s = HostCpuSampler()
     s._t, s._busy = [10.0, 11.0, 12.0], [100.0, 101.5, 103.5]
@@ -58,7 +58,7 @@ def test_sampler_runs_on_the_clock_of_the_clients_perf_counter(monkeypatch):
     reads exactly 2 x its length, if and only if the sampler's clock is perf_counter's (the real /proc/stat
     reading is test_busy_seconds_reads_the_real_proc_stat_and_sees_work's).
     """
-    from benchmarks import host
+    from benchmarks.harness import host
 
     monkeypatch.setattr(host, "busy_seconds", lambda: 2.0 * time.monotonic())
     with host.HostCpuSampler(interval_s=0.01) as s:
@@ -104,13 +104,13 @@ RAY = [
 NOT_RAY = [
     _Proc(20, "python -m vllm.entrypoints.openai.api_server --model /m"),
     _Proc(21, "VLLM::EngineCore", name="VLLM::EngineCore"),
-    _Proc(22, "python -m benchmarks.vllm_bench_serve --base-url http://127.0.0.1:1"),
+    _Proc(22, "python -m benchmarks.harness.vllm_bench_serve --base-url http://127.0.0.1:1"),
     _Proc(23, "bash"),
 ]
 
 
 def test_ray_processes_finds_every_kind_of_ray_process_and_nothing_else():
-    from benchmarks.host import ray_processes
+    from benchmarks.harness.host import ray_processes
 
     found = ray_processes(RAY + NOT_RAY)
     assert [int(f.split()[0]) for f in found] == [1, 2, 3, 4, 5, 6, 7]
@@ -118,7 +118,7 @@ def test_ray_processes_finds_every_kind_of_ray_process_and_nothing_else():
 
 
 def test_plain_vllm_refuses_to_start_or_go_on_while_ray_is_alive(tmp_path):
-    from benchmarks.arms import ProtocolError, load_config, plain_vllm, require_no_ray
+    from benchmarks.harness.arms import ProtocolError, load_config, plain_vllm, require_no_ray
     from benchmarks.vs_vllm import REPO
 
     config = load_config(REPO / "serve_config.yaml")
@@ -133,7 +133,7 @@ def test_plain_vllm_refuses_to_start_or_go_on_while_ray_is_alive(tmp_path):
 
 
 def test_shipped_phase_must_leave_no_ray_process(monkeypatch, tmp_path):
-    import benchmarks.arms as arms
+    import benchmarks.harness.arms as arms
 
     phase = arms.Shipped(tmp_path / "serve_config.yaml", tmp_path)
     phase.cluster = types.SimpleNamespace(close=lambda: None)
@@ -147,10 +147,10 @@ def test_shipped_phase_must_leave_no_ray_process(monkeypatch, tmp_path):
 def test_arms_take_their_settings_from_the_config():
     """plain gets only what changes the computation; engine gets a replica's engine (every engine_kwarg, the
     runtime_env, a rank-0 replica's cores, our patches on); the no-offload twins lose only the offload keys."""
-    from benchmarks.arms import load_config, make_arm, without_offloading
+    from benchmarks.harness.arms import load_config, make_arm, without_offloading
     from benchmarks.vs_vllm import REPO
     from patches.switches import ALL, OFF_ENV
-    from serve_app.engine_env import KV_CACHE_SPACE
+    from serve_app.engine.engine_env import KV_CACHE_SPACE
 
     config = load_config(REPO / "serve_config.yaml")
     kwargs = config.applications[0].fuzz_args.llm_configs[0].engine_kwargs
@@ -193,7 +193,7 @@ def test_arms_take_their_settings_from_the_config():
 
 
 def test_pin_split_takes_the_cores_the_engine_does_not_use_and_refuses_when_there_are_none(monkeypatch):
-    from benchmarks import arms
+    from benchmarks.harness import arms
 
     monkeypatch.setattr(arms.os, "sched_getaffinity", lambda pid: {0, 1, 2})
     assert arms.other_cores("engine", [0]) == [1, 2]
@@ -204,7 +204,7 @@ def test_pin_split_takes_the_cores_the_engine_does_not_use_and_refuses_when_ther
 def test_a_replicas_own_port_is_its_one_listening_port_in_the_direct_ingress_range():
     import psutil
 
-    from benchmarks.arms import ProtocolError, direct_ingress_port
+    from benchmarks.harness.arms import ProtocolError, direct_ingress_port
 
     listen, est = psutil.CONN_LISTEN, psutil.CONN_ESTABLISHED
     socks = [(listen, 30001), (est, 30002), (listen, 8000), (listen, 41000), (est, 30001)]
@@ -219,7 +219,7 @@ def test_engine_flags_are_ones_vllms_server_parses():
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from benchmarks.arms import engine_flags
+    from benchmarks.harness.arms import engine_flags
 
     parser = FlexibleArgumentParser()
     AsyncEngineArgs.add_cli_args(parser)
@@ -246,14 +246,14 @@ def test_engine_flags_are_ones_vllms_server_parses():
 
 
 def test_phases_interleave_in_blocks_abc_cba():
-    from benchmarks.pair_stats import block_order
+    from benchmarks.harness.pair_stats import block_order
 
     assert block_order(["plain", "shipped"], 2) == [(0, "plain"), (0, "shipped"), (1, "shipped"), (1, "plain")]
     assert [a for _, a in block_order(["a", "b", "c"], 4)] == list("abccbaabccba")
 
 
 def test_pairs_are_even_and_at_least_six_unless_a_smoke_run():
-    from benchmarks.pair_stats import check_pairs
+    from benchmarks.harness.pair_stats import check_pairs
 
     check_pairs(6)
     check_pairs(2, smoke=True)
@@ -356,7 +356,7 @@ def test_the_ttft_split_takes_the_median_over_runs_of_each_parts_mean_and_derive
 
 
 def test_a_cold_run_with_any_cache_hit_is_void_and_a_reuse_run_is_not():
-    from benchmarks.server_counters import CacheCounters
+    from benchmarks.harness.server_counters import CacheCounters
     from benchmarks.vs_vllm import void_reason
 
     assert void_reason("cold", CacheCounters(requests=100, prompt_tokens=12800)) is None
@@ -399,14 +399,14 @@ def test_the_client_is_vllms_own_and_sends_exactly_our_prompts_in_order(tmp_path
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from benchmarks.prompts import PromptBook
+    from benchmarks.harness.prompts import PromptBook
     from benchmarks.vs_vllm import bench_argv
     from fixture_model.build import build_tokenizer
 
     prompts = PromptBook(3).unique("run", 20, 128)
     dataset = prompts.write_jsonl(tmp_path / "run.jsonl")
     argv = bench_argv("http://127.0.0.1:1", tmp_path, 8, dataset, 25, 64, tmp_path, "r.json")
-    assert argv[1:3] == ["-m", "benchmarks.vllm_bench_serve"]
+    assert argv[1:3] == ["-m", "benchmarks.harness.vllm_bench_serve"]
     parser = FlexibleArgumentParser()
     add_cli_args(parser)
     args = parser.parse_args(argv[3:])
@@ -423,7 +423,7 @@ def test_the_client_is_vllms_own_and_sends_exactly_our_prompts_in_order(tmp_path
 
 
 def test_arms_split_on_commas_before_an_arms_name_only():
-    from benchmarks.arms import split_arms
+    from benchmarks.harness.arms import split_arms
 
     assert split_arms("plain,engine,shipped") == ["plain", "engine", "shipped"]
     assert split_arms("plain,engine+FUZZSERVE_PATCHES_OFF=cpu_inproc,shm_wait+pin=none,shipped-nooffload") == [
@@ -438,10 +438,10 @@ def test_arms_split_on_commas_before_an_arms_name_only():
 def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patch_off():
     """The peer: ray.serve.llm's own builder, one replica, Ray's direct streaming, only what changes the
     computation taken from the config (as plain), our patches off; it takes no option of ours."""
-    from benchmarks.arms import STOCK_APP, Shipped, load_config, make_arm
+    from benchmarks.harness.arms import STOCK_APP, Shipped, load_config, make_arm
     from benchmarks.vs_vllm import REPO
     from patches.switches import ALL, OFF_ENV
-    from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix
+    from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix
 
     config = load_config(REPO / "serve_config.yaml")
     stock = make_arm("stock", config, Path("/m"), Path("/tmp/arms-test"))
@@ -465,7 +465,7 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
 def test_a_run_with_a_failed_request_or_a_stall_is_void_whatever_its_arm():
     """Positive and negative: a healthy run (p99 7x p50, the most a healthy run read) counts; one failed
     request, or a p99 over 10x the p50 (plain's stalls read 17-60x), voids it."""
-    from benchmarks.server_counters import CacheCounters
+    from benchmarks.harness.server_counters import CacheCounters
     from benchmarks.vs_vllm import void_reason
 
     clean = CacheCounters(requests=100, prompt_tokens=12800)
@@ -479,7 +479,7 @@ def test_a_run_with_a_failed_request_or_a_stall_is_void_whatever_its_arm():
 
 
 def test_goals_are_met_only_when_the_median_and_the_whole_interval_say_so():
-    from benchmarks.pair_stats import goal_verdict
+    from benchmarks.harness.pair_stats import goal_verdict
 
     # higher is better (req/s >= 1.0x): the median at the goal and the interval's low end >= 0.95
     assert goal_verdict(1.02, [0.96, 1.10], 1.0, True) == "met"
@@ -551,7 +551,7 @@ def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_
     """Measured here (2026-11-28): plain at 1 in flight read a client TTFT mean of 101 ms while its own server
     counted 10.5 ms: the request waited in its starved API server. A healthy reference (12 against 8.3 ms) counts;
     the shipped stack, whose Serve path lies outside vLLM's server by design, is never voided by this rule."""
-    from benchmarks.server_counters import CacheCounters
+    from benchmarks.harness.server_counters import CacheCounters
     from benchmarks.vs_vllm import void_reason
 
     def timed(stack, client, server):

@@ -2,7 +2,7 @@
 
 import pytest
 
-from serve_app.xargs_policy import RESERVED_KEYS, RequestRejected, XargsPolicy, check_xargs
+from serve_app.ingress.xargs_policy import RESERVED_KEYS, RequestRejected, XargsPolicy, check_xargs
 
 
 def test_fuzz_keys_pass_validated():
@@ -48,7 +48,7 @@ def test_extra_keys_can_be_allowed():
 
 
 def test_request_body_top_level_reserved_fields():
-    from serve_app.xargs_policy import check_request_body
+    from serve_app.ingress.xargs_policy import check_request_body
 
     body = {"model": "m", "prompt": "p", "vllm_xargs": {"fuzz_strength": 0.5}}
     assert check_request_body(body) == (body, check_xargs({"fuzz_strength": 0.5})[1], False)

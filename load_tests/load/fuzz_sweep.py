@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from serve_app.command_logs import command_logging
-from serve_app.engine_env import use_engine_env
+from load_tests.command_logs import command_logging
+from serve_app.engine.engine_env import use_engine_env
 
 from ..plan.workload import LOG_SWEEP
 

@@ -9,7 +9,7 @@ without ``ReplicaId``. Both are read into this one shape (the reading is
 :mod:`load_tests.observe.scraper`'s; the rules over it are
 :mod:`load_tests.observe.invariants`'). Data only: this module imports neither.
 
-The metric names are the observability contract's (:mod:`serve_app.observability`, which the shipped
+The metric names are the observability contract's (:mod:`serve_app.observability.contract`, which the shipped
 Prometheus rules are written from); this module maps them onto :class:`ReplicaCounters`' fields.
 
 Whether a replica is alive is read from the same data, so it works against
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from patches.metrics import CORRECTIONS_METRIC, INJECTIONS_METRIC, VIOLATIONS_METRIC
-from serve_app.observability import (
+from serve_app.observability.contract import (
     GENERATION_TOKENS,
     ITL_SECONDS,
     PREEMPTIONS,
@@ -45,11 +45,11 @@ from serve_app.observability import (
     TTFT_SECONDS,
 )
 
-# The names are the observability contract's (serve_app.observability), re-exported for the load tests' modules:
-# Serve's health gauge and failed health checks per replica, and the parts that sum to vllm:prompt_tokens.
-from serve_app.observability import HEALTH_CHECK_FAILURES as HEALTH_CHECK_FAILURES
-from serve_app.observability import HEALTH_GAUGE as HEALTH_GAUGE
-from serve_app.observability import SOURCES as SOURCES
+# The names are the observability contract's (serve_app.observability.contract), re-exported for the load tests'
+# modules: Serve's health gauge and failed health checks per replica, and the parts that sum to vllm:prompt_tokens.
+from serve_app.observability.contract import HEALTH_CHECK_FAILURES as HEALTH_CHECK_FAILURES
+from serve_app.observability.contract import HEALTH_GAUGE as HEALTH_GAUGE
+from serve_app.observability.contract import SOURCES as SOURCES
 
 # canonical counter name (vLLM's, without _total) -> field of ReplicaCounters
 COUNTERS = {

@@ -2,7 +2,7 @@
 
 With ``engine_cores_per_replica`` each replica pins its EngineCore process to
 the cores of its local rank, and re-pins it when Serve renumbers the
-replicas after a scale step (:mod:`serve_app.core_binding`). The replica's
+replicas after a scale step (:mod:`serve_app.engine.core_binding`). The replica's
 own log says what it did; this reads what the kernel enforces: every
 thread's ``Cpus_allowed_list`` in ``/proc/<pid>/task/<tid>/status`` of each
 EngineCore process under a replica's process. An operations run records it
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from serve_app.cpu_cores import ENGINE_CORE_NAME
-from serve_app.names import replica_id
+from serve_app.config.names import replica_id
+from serve_app.engine.cpu_cores import ENGINE_CORE_NAME
 
 PROC = Path("/proc")
 

@@ -24,9 +24,11 @@ Which rules apply depends on what is known of the replica: over a run the
 monitor decides (:mod:`load_tests.observe.monitor`); for one replica seen once,
 :func:`one_scrape` does (never negative; the sums only at rest, alive and idle).
 
-Each rule is the Python twin of an alert of the observability contract (:data:`serve_app.observability.INVARIANTS`,
-which the shipped Prometheus rules are written from): its finding's kind and its parameters are the catalogue's
-(:data:`~serve_app.observability.CHECKS`), and tests/test_observability_contract.py holds the two to the same verdict.
+Each rule is the Python twin of an alert of the observability contract
+(:data:`serve_app.observability.contract.INVARIANTS`, which the shipped Prometheus rules are written from): its
+finding's kind and its parameters are the catalogue's
+(:data:`~serve_app.observability.contract.CHECKS`), and tests/test_observability_contract.py holds the two to the
+same verdict.
 
 Accounting violations (``vllm:prompt_token_accounting_violations_total{kind}``
 growing) are not a rule of the counters: whether growth is a failure depends on
@@ -39,7 +41,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from serve_app.observability import CHECKS
+from serve_app.observability.contract import CHECKS
 
 from .counters import ReplicaCounters
 

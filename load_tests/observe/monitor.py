@@ -52,7 +52,7 @@ from typing import Any
 
 import httpx
 
-from serve_app.observability import CHECKS
+from serve_app.observability.contract import CHECKS
 
 from . import invariants
 from .counters import ReplicaCounters

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from serve_app.cluster_env import ray_root
+from serve_app.engine.cluster_env import ray_root
 
 from .counters import HEALTH_CHECK_FAILURES, HEALTH_GAUGE, WANTED, ReplicaCounters, canonical, counters_from_samples
 from .prom_text import parse_samples

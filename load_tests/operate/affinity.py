@@ -1,6 +1,6 @@
 """Routing affinity across replica changes: a fuzz setting + prompt prefix lands on the replica the router names.
 
-The fuzz-aware router (:mod:`serve_app.routing`) sends every request of one
+The fuzz-aware router (:mod:`serve_app.routing.fuzz_router`) sends every request of one
 (fuzz cache salt, prompt prefix) key to the replica that rendezvous hashing
 picks among the *live* replicas, unless that replica is busier than the
 least-loaded one by more than the router's imbalance threshold. A scale step
@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fixture_model.tasks import LETTERS, NUMBERS
-from serve_app.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id
-from serve_app.routing_keys import affinity_key, rendezvous, request_text
+from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id
+from serve_app.routing.keys import affinity_key, rendezvous, request_text
 
 from ..observe.invariants import busy
 from ..observe.monitor import InvariantChecker, Snapshot

@@ -19,9 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from fixture_model.build import ensure_model
 from patches.switches import OFF_ENV
-from serve_app import deploy_config
-from serve_app.deploy_config import ServeConfig
-from serve_app.routers import Routing
+from serve_app.config import deploy_config
+from serve_app.config.deploy_config import ServeConfig
+from serve_app.routing.routers import Routing
 
 from ..errors import SetupError
 from ..load.client import RequestResult, send

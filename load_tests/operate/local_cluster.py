@@ -43,11 +43,11 @@ import httpx
 import psutil
 import yaml
 
-from serve_app import deploy_config
-from serve_app.cluster_env import BIN, SINGLE_HOST, prepare_node, ray_root, with_cluster_env
-from serve_app.deploy_config import ServeConfig
-from serve_app.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
-from serve_app.ports import free_port
+from load_tests.operate.ports import free_port
+from serve_app.config import deploy_config
+from serve_app.config.deploy_config import ServeConfig
+from serve_app.config.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
+from serve_app.engine.cluster_env import BIN, SINGLE_HOST, prepare_node, ray_root, with_cluster_env
 
 log = logging.getLogger("fuzzserve.local_cluster")
 
@@ -175,7 +175,7 @@ class LocalCluster:
     # ------------------------------------------------------------------ nodes
     def _env(self) -> dict[str, str]:
         # Every node's environment as scripts/env.sh sets it for `ray start`
-        # (serve_app.cluster_env); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out of one.
+        # (serve_app.engine.cluster_env); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out of one.
         # (token auth included: the CLI and the cluster must agree on it).
         env = with_cluster_env({**os.environ, **self.env})
         if self.workers or self.multi_node:
@@ -418,7 +418,7 @@ class LocalCluster:
 
     def replicas(self, class_name_prefix: str = ENGINE_REPLICA_CLASS) -> list[dict[str, Any]]:
         """Alive engine replicas of the shipped app: Ray actor records (``pid``, ``node_id``, ``name`` ...);
-        :func:`serve_app.names.replica_id` reads Serve's ReplicaId from a ``name``."""
+        :func:`serve_app.config.names.replica_id` reads Serve's ReplicaId from a ``name``."""
         return self.actors(class_name_prefix)
 
     # ---------------------------------------------------------------- close

@@ -30,9 +30,9 @@ from typing import Any
 
 import aiohttp
 
-from serve_app import deploy_config
-from serve_app.names import replica_id
-from serve_app.routing_keys import DEFAULT_PREFIX_CHARS
+from serve_app.config import deploy_config
+from serve_app.config.names import replica_id
+from serve_app.routing.keys import DEFAULT_PREFIX_CHARS
 
 from ..load.client import INGRESS_RETRY_DELAYS_S, post_past_ingress_refusals
 from ..load.drive import LoadLevel

@@ -41,8 +41,8 @@ from typing import Any, ClassVar
 
 import psutil
 
-from serve_app import deploy_config
-from serve_app.deploy_config import ServeConfig
+from serve_app.config import deploy_config
+from serve_app.config.deploy_config import ServeConfig
 
 from ..errors import StepError
 from ..load.drive import LoadLevel

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 import psutil
 
-from serve_app.names import replica_id
+from serve_app.config.names import replica_id
 
 from ..results.events import ReplicaKilled
 

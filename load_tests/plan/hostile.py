@@ -8,7 +8,7 @@ docs/security.md, "Guarantees"): caps in a JSON type vLLM coerces (``"n":
 prompt list over the batch cap or over the sequence cap with ``n``, the
 headers with which Ray would lift its own request timeout, and structured
 outputs with a pattern whose grammar costs tens of seconds to compile on a
-real vocabulary (benchmarks/grammar_cost.py).
+real vocabulary (benchmarks/investigations/grammar_cost.py).
 
 Hostile connections (each must be closed, or answered, by the server within
 its bound): at the ingress, an idle socket that sends nothing, one that
@@ -41,7 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # A pattern whose grammar takes 45 s to compile on a 32k vocabulary (0.05 s on the fixture's 239 tokens):
-# benchmarks/grammar_cost.py, docs/benchmarks.md "Grammar compile cost".
+# benchmarks/investigations/grammar_cost.py, docs/benchmarks.md "Grammar compile cost".
 COSTLY_PATTERN = "([a-z]{0,50}){0,50}"
 
 # (kind, change to a completion body, extra headers, the status, the field or header the answer names: None if served)
@@ -140,7 +140,8 @@ class HostilePlan(BaseModel):
     close_bound_s: dict[ConnectionKind, float] = Field(
         default_factory=lambda: _close_bounds(),
         description="the server must close each kind within this: a request within 30 s (HAProxy's timeout "
-        "http-request, serve_app/haproxy_edge.sh; a replica's own port the same, serve_app/listener_bounds.py), and "
+        "http-request, serve_app/ingress/haproxy_edge.sh; a replica's own port the same, "
+        "serve_app/ingress/listener_bounds.py), and "
         "a stalled reader's answer, once the engine finished it into the socket buffers, no longer than keep-alive / "
         "timeout client (30 s) after it; the answered kinds get their status within this; docs/security.md",
     )

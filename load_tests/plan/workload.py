@@ -32,7 +32,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from fixture_model.tasks import held_out_examples, training_examples
-from serve_app.xargs_policy import prompt_count
+from serve_app.ingress.xargs_policy import prompt_count
 
 from .hostile import HOSTILE_SETS, HostileSet
 

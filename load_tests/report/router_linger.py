@@ -4,7 +4,7 @@ A redeploy replaces the ingress request routers, and an old HAProxy process
 keeps serving a client's kept connection with its old router pool. Serve's
 default (``graceful_shutdown_wait_loop_s`` 2 s) closes a stopped router's
 port 2 s after the stop; the project's routers stay for
-``serve_app.direct_server.ROUTER_LINGER_S``. Every routing call a router
+``serve_app.engine.direct_server.ROUTER_LINGER_S``. Every routing call a router
 answered later than :data:`SERVE_DEFAULT_DRAIN_S` after its stop came from
 a HAProxy process whose pool still named it, and would have met a closed
 port without the linger (a refusal, unless that pool named a live router as

@@ -43,7 +43,8 @@ SETTINGS: tuple[Fuzz, ...] = (
     Fuzz(1.0, "gaussian", seed=-7),
 )
 # The engine inherits this process's environment: the project's engine environment (scripts/env.sh exports it: no
-# model hub, the CPU KV cache size; serve_app/engine_env.py is its home, which the plugin package may not import).
+# model hub, the CPU KV cache size; serve_app/engine/engine_env.py is its home, which the plugin package may not
+# import).
 # VLLM_ALLOW_INSECURE_SERIALIZATION: collective_rpc ships worker_stats, a function, to the engine (a local child).
 ENGINE_ENV = {"TOKENIZERS_PARALLELISM": "false", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
 START_TIMEOUT_S = 900

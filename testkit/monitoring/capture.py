@@ -21,8 +21,8 @@ from pathlib import Path
 
 import httpx
 
+from load_tests.command_logs import command_logging
 from load_tests.observe.scraper import DISCOVERY_NAME, discovery_file
-from serve_app.command_logs import command_logging
 
 from .chaos_deployment import chaos_scenario, deploy, smoke_load
 

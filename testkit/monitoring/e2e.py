@@ -47,9 +47,9 @@ from typing import Any
 import httpx
 import yaml
 
+from load_tests.command_logs import command_logging
+from load_tests.operate.ports import free_port
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
-from serve_app.command_logs import command_logging
-from serve_app.ports import free_port
 
 from .chaos_deployment import chaos_scenario, deploy
 from .tools import tool

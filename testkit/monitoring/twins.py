@@ -16,7 +16,7 @@ from pathlib import Path
 from load_tests.observe.monitor import InvariantChecker, Snapshot
 from load_tests.observe.scraper import merge_pages
 from monitoring.files import RULES_FILE
-from serve_app.observability import Invariant
+from serve_app.observability.contract import Invariant
 
 from .promtool import ExprCase, PromtoolResult, run_rule_tests
 

@@ -1,0 +1,140 @@
+"""Where the CPU goes during a benchmark run: CPU seconds per process role, from the OS.
+
+On a 2-core host every serving process competes for the same two cores, so
+the question "why is the Serve stack slower than a plain vLLM server" is
+mostly "which processes burn CPU per request". This samples every process's
+user+system CPU time (psutil) before and after a run and attributes the
+difference to a role read from the process title: Ray Serve names its actor
+processes (``ray::ServeReplica:<app>:<deployment>``, ``ray::ProxyActor``,
+...), vLLM names its engine processes (``VLLM::EngineCore``), and a process
+without a telling title inherits its nearest named ancestor's role.
+
+Cheaper than a sampling profiler and attributes everything, including
+processes a profiler would have to be attached to one by one (an
+engine's EngineCore and its worker processes count as that engine's); py-spy remains
+the tool for *which function* inside a role (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import psutil
+
+from serve_app.config.names import PROCESS_TITLE_PREFIX
+
+Snapshot = dict[int, tuple[str, float]]
+
+
+def _own_role(p: psutil.Process, loadgen_pid: int) -> str | None:
+    """The role a process's own title or command line names, or None."""
+    if p.pid == loadgen_pid:
+        return "load generator"
+    try:
+        name = p.name()
+        args = p.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    title = args[0] if args else name
+    if title.startswith("VLLM::EngineCore") or name.startswith("VLLM::EngineCor"):
+        return "EngineCore"
+    if title.startswith(PROCESS_TITLE_PREFIX):  # ray::ServeReplica:<app>:<deployment>
+        return "replica " + title.split()[0].removeprefix(PROCESS_TITLE_PREFIX)
+    if title.startswith("ray::ProxyActor") or "haproxy" in name:
+        return "Serve proxy"
+    if title.startswith("ray::ServeController"):
+        return "Serve controller"
+    if "vllm.entrypoints.openai.api_server" in " ".join(args):
+        return "vLLM API server"
+    for key, role in (
+        ("raylet", "Ray system"),
+        ("gcs_server", "Ray system"),
+        ("dashboard", "Ray system"),
+        ("ray/_private", "Ray system"),
+        ("log_monitor", "Ray system"),
+        ("monitor.py", "Ray system"),
+    ):
+        if key in " ".join(args[:3]):
+            return role
+    if title.startswith("ray::"):
+        return "Ray worker (other)"
+    return None
+
+
+def _roles(loadgen_pid: int | None) -> tuple[dict[int, psutil.Process], dict[int, str | None], dict[int, str | None]]:
+    """(pid -> process, pid -> role its own title names, pid -> resolved role) for every process."""
+    loadgen_pid = os.getpid() if loadgen_pid is None else loadgen_pid
+    procs = {p.pid: p for p in psutil.process_iter()}
+    own = {pid: _own_role(p, loadgen_pid) for pid, p in procs.items()}
+    parent: dict[int, int] = {}
+    for pid, p in procs.items():
+        try:
+            parent[pid] = p.ppid()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            parent[pid] = 0
+    return procs, own, resolve_roles(own, parent)
+
+
+def titled_processes(loadgen_pid: int | None = None) -> dict[int, str]:
+    """pid -> resolved role, only for processes whose own title names a role (the ones worth profiling)."""
+    _procs, own, roles = _roles(loadgen_pid)
+    return {pid: roles[pid] for pid, r in own.items() if r is not None and roles.get(pid)}
+
+
+def snapshot(loadgen_pid: int | None = None) -> Snapshot:
+    """pid -> (role, cpu seconds so far) for every process we can read."""
+    procs, _own, roles = _roles(loadgen_pid)
+    out: Snapshot = {}
+    for pid, p in procs.items():
+        role = roles.get(pid)
+        if role is None:
+            continue  # not part of the benchmark (shell, kernel threads, ...)
+        try:
+            t = p.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        out[pid] = (role, t.user + t.system)
+    return out
+
+
+def resolve_roles(own: dict[int, str | None], parent: dict[int, int]) -> dict[int, str | None]:
+    """Each pid's role: its own (an engine qualified by whose engine it is), else its parent's, recursively.
+
+    ``own`` maps pid -> the role its title names (or None), ``parent`` pid ->
+    parent pid. An EngineCore under a Serve replica becomes ``EngineCore of
+    replica <app>:<deployment>``, and its worker processes inherit that.
+    """
+    roles: dict[int, str | None] = {}
+
+    def role_of(pid: int, depth: int = 0) -> str | None:
+        if pid in roles:
+            return roles[pid]
+        up = parent.get(pid, 0)
+        above = role_of(up, depth + 1) if up > 1 and up in own and depth < 64 else None
+        mine = own.get(pid)
+        if mine == "EngineCore" and above:
+            mine = f"EngineCore of {above}"
+        roles[pid] = mine or above
+        return roles[pid]
+
+    for pid in own:
+        role_of(pid)
+    return roles
+
+
+def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
+    """CPU seconds per role between two snapshots (a process born in between counts from zero)."""
+    out: dict[str, float] = {}
+    for pid, (role, cpu) in after.items():
+        start = before.get(pid, (role, 0.0))[1]
+        out[role] = out.get(role, 0.0) + max(0.0, cpu - start)
+    return out
+
+
+def per_request(cpu: dict[str, float], requests: int, min_share: float = 0.01) -> dict[str, Any]:
+    """CPU milliseconds per request per role, dropping roles under ``min_share`` of the total."""
+    total = sum(cpu.values()) or 1.0
+    return {
+        role: 1000 * s / requests for role, s in sorted(cpu.items(), key=lambda kv: -kv[1]) if s / total >= min_share
+    }

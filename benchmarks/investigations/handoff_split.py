@@ -1,0 +1,338 @@
+r"""Where the hand-offs between vLLM's frontend and EngineCore go, per request, on the vs_vllm arms.
+
+    python -m benchmarks.investigations.handoff_split          # plain vs engine, 2 pairs, 1 and 8 in flight
+    python -m benchmarks.investigations.handoff_split --arms engine,shipped --requests 8:400 --request-rate 15
+
+``benchmarks.vs_vllm`` splits each server's mean TTFT with the server's own
+histograms into queue, prefill and the rest, the *hand-offs* (the request
+into EngineCore and its first token back), and found the engine's hand-offs
+3-5 ms longer than plain vLLM's at 8 in flight. vLLM exports only those
+differences; this benchmark runs the same arms (:mod:`benchmarks.harness.arms`),
+the same cold workload (every prompt unique, a warm-up of its own, the same
+``vllm bench serve`` client, :func:`benchmarks.vs_vllm.run_phase`, which also
+voids a run that shows any cache hit), with every vLLM frontend traced by
+:mod:`benchmarks.investigations.handoff_hooks` (vLLM's own server, or the shipped stack's
+engine replica), and splits each request's server TTFT into:
+
+=============  ==============================================================
+``front_in``   vLLM's arrival of the request until the frontend sends it to EngineCore
+``in_step``    of the rest until EngineCore queues it: waiting for the step that was running when it was sent
+``to_core``    the remainder of that: transit, EngineCore's input thread, its loop between steps
+``queue``      EngineCore queued until scheduled (the histogram's queue time)
+``prefill``    scheduled until EngineCore built the step's outputs (the histogram's prefill time)
+``from_core``  those outputs until the frontend's output loop has them: EngineCore's output thread,
+               ZMQ, the frontend's event loop
+=============  ==============================================================
+
+``in_step`` is read off the step outputs the trace also records: the last
+step EngineCore finished before it queued the request, if that step ended
+after the request was sent, is the one the request waited for. The six parts
+sum to ``got - arrival``, which the report checks against the TTFT vLLM itself
+records (``ttft``; their difference is the clocks' conversion, a few µs).
+Beside them, ``outside``: the client's mean TTFT (vLLM's bench) minus the
+server's, i.e. HTTP, the API server before vLLM's renderer and, on the
+shipped stack, HAProxy, Ray's replica and the guard.
+
+Per run, each part's mean over the run's requests; per arm, the median over
+its runs (blocks ABBA, :func:`benchmarks.harness.pair_stats.block_order`); beside it
+the step cycle (time between two step outputs) and the share of requests that
+waited for a step. Results: ``handoffs.json`` and ``handoffs.md`` in ``--out``.
+This is a benchmark, not a test: it asserts no target (tests/test_handoff_split.py
+checks the split on planted traces, the hooks on vLLM's real frontend classes,
+and that vLLM loads them as a plugin only where the benchmark says).
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import itertools
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.harness import pair_stats
+from benchmarks.harness.arms import (
+    ProtocolError,
+    Shipped,
+    VllmServer,
+    load_config,
+    make_arm,
+    require_no_ray,
+    slug,
+    split_arms,
+)
+from benchmarks.harness.host import HostCpuSampler
+from benchmarks.investigations.handoff_hooks import plugin_env
+from benchmarks.vs_vllm import REPO, Run, Workload, local_pool_tokens, machine, parse_requests, prompt_plan, run_phase
+from load_tests.command_logs import command_logging
+from serve_app.engine.engine_env import use_engine_env
+
+log = logging.getLogger("fuzzserve.benchmarks.handoff_split")
+
+PARTS = ("front_in", "in_step", "to_core", "queue", "prefill", "from_core")
+DEFAULT_OUT = REPO / "docs" / "benchmarks" / "handoff_split"
+
+
+# ----------------------------------------------------------------------------- the split (pure)
+def read_trace(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(request records, step records) of a trace file, each in the order written."""
+    requests, steps = [], []
+    for line in Path(path).read_text().splitlines():
+        record = json.loads(line)
+        (steps if "step" in record else requests).append(record)
+    return requests, steps
+
+
+def split_request(record: dict[str, Any], step_ends: list[float]) -> dict[str, float] | None:
+    """One request's parts in ms (:data:`PARTS`, plus ``check``: the parts' sum minus vLLM's own TTFT), or None
+    when the trace lacks a timestamp for it. ``step_ends``: every step output's timestamp, sorted."""
+    if any(record.get(k) is None for k in ("arrival", "sent", "queued", "scheduled", "core_out", "got")):
+        return None
+    sent, queued = record["sent"], record["queued"]
+    i = bisect.bisect_right(step_ends, queued) - 1  # the last step that ended before the request was queued
+    step_end = step_ends[i] if i >= 0 else None
+    waited = step_end is not None and step_end > sent
+    ms = {
+        "front_in": sent - record["arrival"],
+        "in_step": (step_end - sent) if waited else 0.0,
+        "to_core": (queued - step_end) if waited else queued - sent,
+        "queue": record["scheduled"] - queued,
+        "prefill": record["core_out"] - record["scheduled"],
+        "from_core": record["got"] - record["core_out"],
+    }
+    out = {k: 1000 * v for k, v in ms.items()}
+    out["check"] = 1000 * (sum(ms.values()) - record["ttft"]) if record.get("ttft") else float("nan")
+    out["waited"] = 1.0 if waited else 0.0
+    return out
+
+
+def summarize(requests: list[dict[str, Any]], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run: each part's mean over its requests (ms), the share that waited for a step, the step cycle.
+
+    Each request is set against the steps of its own frontend's engine (records carry the frontend's pid; a
+    trace of several replicas interleaves their steps)."""
+    by_engine: dict[Any, list[float]] = {}
+    for s in steps:
+        by_engine.setdefault(s.get("pid"), []).append(s["step"])
+    for ends in by_engine.values():
+        ends.sort()
+    rows = [r for r in (split_request(q, by_engine.get(q.get("pid"), [])) for q in requests) if r is not None]
+    if not rows:
+        return {"requests": 0}
+    out: dict[str, Any] = {"requests": len(rows), "untraced": len(requests) - len(rows)}
+    for k in (*PARTS, "check"):
+        out[k] = statistics.fmean(r[k] for r in rows)
+    out["server"] = sum(out[k] for k in PARTS)
+    out["waited_share"] = statistics.fmean(r["waited"] for r in rows)
+    t0 = min(q["arrival"] for q in requests)
+    t1 = max(q["got"] for q in requests)
+    cycles, out["steps"] = [], 0
+    for ends in by_engine.values():
+        inside = [t for t in ends if t0 <= t <= t1]
+        cycles += [1000 * (b - a) for a, b in itertools.pairwise(inside)]
+        out["steps"] += len(inside)
+    out["step_cycle_ms"] = statistics.median(cycles) if cycles else None
+    out["step_cycle_mean_ms"] = statistics.fmean(cycles) if cycles else None
+    return out
+
+
+def partition(
+    requests: list[dict[str, Any]], steps: list[dict[str, Any]], counts: list[int]
+) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Split a phase's trace into its consecutive runs: ``counts`` requests each, in the order their first tokens
+    came (the runs of a phase follow one another, each done before the next starts); each run's steps are those
+    between its first arrival and its last first token."""
+    if sum(counts) != len(requests):
+        raise ProtocolError(f"the trace holds {len(requests)} first tokens, the runs sent {sum(counts)}")
+    out, at = [], 0
+    for n in counts:
+        mine = requests[at : at + n]
+        at += n
+        t0, t1 = min(q["arrival"] for q in mine), max(q["got"] for q in mine)
+        out.append((mine, [s for s in steps if t0 <= s["step"] <= t1]))
+    return out
+
+
+def by_arm(results: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """label -> arm -> each figure's median over the arm's (non-void) runs."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for label in dict.fromkeys(r["label"] for r in results):
+        for arm in dict.fromkeys(r["arm"] for r in results):
+            mine = [
+                r["split"]
+                for r in results
+                if r["label"] == label and r["arm"] == arm and not r["void"] and r["split"].get("requests")
+            ]
+            if mine:
+                out.setdefault(label, {})[arm] = {
+                    k: statistics.median(v)
+                    for k in (*PARTS, "server", "check", "waited_share", "step_cycle_ms", "client", "outside")
+                    if (v := [m[k] for m in mine if m.get(k) is not None])
+                }
+                out[label][arm]["runs"] = len(mine)
+                out[label][arm]["requests"] = sum(m["requests"] for m in mine)
+    return out
+
+
+def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
+    table = by_arm(results)
+    lines = [
+        f"# hand-off split: {', '.join(meta['arms'])} ({meta['date']})",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Host: {meta['machine']}.",
+        "",
+        "Offered load: "
+        + (
+            f"{meta['request_rate']:g} requests/s (Poisson), in flight capped at each run's concurrency"
+            if meta.get("request_rate")
+            else "all at once, each run's concurrency in flight"
+        )
+        + ".",
+        "",
+        (
+            "Each cell: the median over the arm's runs of the run's mean, ms (server side, vLLM's clocks; "
+            "`check`: the parts' sum minus vLLM's own TTFT)."
+        ),
+        "",
+        "| run | arm | runs | requests | " + " | ".join(PARTS) + " | server TTFT | check | waited for a step "
+        "| step cycle p50 | client TTFT (mean) | outside |",
+        "|" + "---|" * (len(PARTS) + 10),
+    ]
+    for label, arms in table.items():
+        for arm, f in arms.items():
+            cells = " | ".join(f"{f[k]:.2f}" if k in f else "-" for k in PARTS)
+            lines.append(
+                f"| {label} | {arm} | {f['runs']} | {f['requests']} | {cells} | {f.get('server', 0):.2f} | "
+                f"{f.get('check', float('nan')):.3f} | {100 * f.get('waited_share', 0):.0f} % | "
+                f"{f.get('step_cycle_ms') or float('nan'):.2f} | {f.get('client', float('nan')):.2f} | "
+                f"{f.get('outside', float('nan')):.2f} |"
+            )
+    lines += [
+        "",
+        "Every run:",
+        "",
+        "| pair | arm | run | requests | client TTFT p50 | req/s | " + " | ".join(PARTS) + " | void |",
+        "|" + "---|" * (len(PARTS) + 7),
+    ]
+    for r in results:
+        s = r["split"]
+        cells = " | ".join(f"{s[k]:.2f}" if k in s else "-" for k in PARTS)
+        lines.append(
+            f"| {r['pair']} | {r['arm']} | {r['label']} | {s.get('requests', 0)} | {r['ttft_p50_ms']:.1f} | "
+            f"{r['req_per_s']:.1f} | {cells} | {r['void'] or ''} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- driver
+def traced(arm: VllmServer | Shipped, trace: Path) -> VllmServer | Shipped:
+    """The arm, its vLLM processes started with :mod:`benchmarks.investigations.handoff_hooks` as a plugin writing
+    to ``trace`` (vLLM's server: its environment; the shipped stack: its cluster's, which Ray's workers inherit)."""
+    if not isinstance(arm, (VllmServer, Shipped)):
+        raise ProtocolError(f"{arm!r}: not an arm of benchmarks.harness.arms")
+    arm.env.update(plugin_env(trace, arm.env.get("PYTHONPATH") or os.environ.get("PYTHONPATH")))
+    return arm
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.investigations.handoff_split",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--arms", default="plain,engine", help="arms of benchmarks.vs_vllm, comma-separated")
+    ap.add_argument("--pairs", type=int, default=2, help="blocks of every arm, ABC then CBA (even)")
+    ap.add_argument("--requests", default="1:128,8:400", help="requests in flight:prompts per run, comma-separated")
+    ap.add_argument("--warmup-prompts", type=int, default=100)
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="measured runs: requests per second offered, Poisson (vLLM's bench), in flight still capped: "
+        "the arms then stream the same load through their frontends",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = ap.parse_args(argv)
+    arms = split_arms(args.arms)
+    command_logging()
+    use_engine_env()
+    pair_stats.check_pairs(args.pairs, smoke=True)
+    require_no_ray("before the benchmark")
+    from fixture_model.build import ensure_model
+
+    model = ensure_model()
+    config = load_config(args.config)
+    workload = Workload(
+        name="cold",
+        requests=parse_requests(args.requests),
+        warmup_prompts=args.warmup_prompts,
+        request_rate=args.request_rate,
+    )
+    plan = prompt_plan(workload, args.pairs, args.seed, local_pool_tokens(config, model))
+    work = Path(tempfile.mkdtemp(prefix="fuzzserve-handoffs-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    log.info("server logs, traces, prompts and raw client results in %s", work)
+    meta = {
+        "command": "python -m benchmarks.investigations.handoff_split "
+        + " ".join(sys.argv[1:] if argv is None else argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": machine(),
+        "arms": arms,
+        "pairs": args.pairs,
+        "requests": {str(k): v for k, v in workload.requests.items()},
+        "warmup_prompts": args.warmup_prompts,
+        "request_rate": args.request_rate,
+    }
+    results: list[dict[str, Any]] = []
+    with HostCpuSampler() as sampler:
+        for pair, stack in pair_stats.block_order(arms, args.pairs):
+            trace = work / f"{slug(stack)}-{pair}.trace.jsonl"
+            with traced(make_arm(stack, config, model, work / f"{slug(stack)}-{pair}"), trace) as arm:
+                runs: list[Run] = run_phase(arm, stack, pair, workload, plan, model, work, sampler)
+            requests, steps = read_trace(trace)
+            warm = len(requests) - sum(r.completed for r in runs)
+            parts = partition(requests, steps, [warm] + [r.completed for r in runs])[1:]
+            for run, (reqs, stps) in zip(runs, parts, strict=False):
+                split = summarize(reqs, stps)
+                if split.get("requests"):
+                    split["client"] = run.ttft_ms["mean"]
+                    split["outside"] = run.ttft_ms["mean"] - split["server"]
+                results.append(
+                    {
+                        "arm": stack,
+                        "pair": pair,
+                        "label": run.label,
+                        "void": run.void,
+                        "ttft_p50_ms": run.ttft_ms["p50"],
+                        "req_per_s": run.req_per_s,
+                        "split": split,
+                    }
+                )
+                log.info(
+                    "pair %d %s %s: %s",
+                    pair,
+                    stack,
+                    run.label,
+                    ", ".join(f"{k} {split.get(k, float('nan')):.2f}" for k in PARTS),
+                )
+            (args.out / "handoffs.json").write_text(
+                json.dumps({"meta": meta, "by_arm": by_arm(results), "runs": results}, indent=1)
+            )
+            (args.out / "handoffs.md").write_text(markdown(meta, results))
+    print(markdown(meta, results))
+    return 2 if any(r["void"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,7 @@
+"""The deployment's configuration: ``serve_config.yaml`` as one typed document and the pure changes made to it.
+
+* :mod:`serve_app.config.deploy_config`: the file as a pydantic model built on Ray Serve's own schema, the
+  builder's arguments (``FuzzServeArgs``) typed, every change a pure function.
+* :mod:`serve_app.config.names`: the names Serve gives what the app deploys, and how to read a replica's id out
+  of them.
+"""
