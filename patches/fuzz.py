@@ -246,12 +246,21 @@ def _fuzzed_class(cls: type[torch.nn.Module]) -> type:
     return _fuzzed_classes[cls]
 
 
+def _first_pipeline_rank() -> bool:
+    """Whether this process runs the first pipeline stage (the one with the input embedding); a process without
+    vLLM's parallel groups (a single process, a unit test) is the first."""
+    from vllm.distributed.parallel_state import _PP
+
+    return _PP is None or bool(_PP.is_first_rank)
+
+
 def find_input_embedding(model: torch.nn.Module, device: torch.device) -> tuple[str, torch.nn.Module] | None:
     """Return (qualified name, module) of the embedding that ``embed_input_ids`` runs.
 
     Probes by running ``model.embed_input_ids`` on one token with forward
     hooks on every embedding-type module. Returns None where this rank has no
-    input embedding (pipeline stages after the first).
+    input embedding (pipeline stages after the first, where the probe fails);
+    on the first stage a failed probe refuses the model, naming the switch.
     """
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
@@ -268,8 +277,15 @@ def find_input_embedding(model: torch.nn.Module, device: torch.device) -> tuple[
         with torch.inference_mode():
             # a vLLM model's method (vLLM's VllmModel protocol); torch.nn.Module types attributes as tensors or modules
             cast(Any, model).embed_input_ids(torch.zeros(1, dtype=torch.long, device=device))
-    except Exception as e:  # no embedding on this rank (e.g. PPMissingLayer)
-        log.info("fuzz: embed_input_ids probe failed on this rank (%s: %s)", type(e).__name__, e)
+    except Exception as e:  # any failure of the model's own code: judged below, never swallowed on the first rank
+        if _first_pipeline_rank():
+            # The rank that embeds the tokens: without its embedding every fuzz request would be served unfuzzed.
+            raise RuntimeError(
+                f"fuzz patch: probing {type(model).__name__}.embed_input_ids failed ({type(e).__name__}: {e}), so "
+                f"the input embedding to perturb is unknown. Switch the patch off with FUZZSERVE_PATCHES_OFF=fuzz "
+                f"for this model."
+            ) from e
+        log.info("fuzz: no input embedding on this pipeline rank (%s: %s)", type(e).__name__, e)
         return None
     finally:
         for h in handles:

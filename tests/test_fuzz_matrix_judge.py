@@ -161,6 +161,34 @@ def test_an_embedding_that_cannot_be_found_is_refused_naming_the_switch(model):
         find_input_embedding(model, torch.device("cpu"))
 
 
+class _ProbeFails(torch.nn.Module):
+    """A model whose embedding lookup raises (a shape or device the patch did not foresee)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed_tokens = torch.nn.Embedding(10, 4)
+
+    def embed_input_ids(self, ids):
+        raise IndexError("no such row")
+
+
+def test_a_failed_probe_on_the_first_rank_is_refused_not_served_unfuzzed():
+    """Before: any exception of the probe read as "no embedding on this rank", the self-test was skipped for a
+    rank without fuzz state, and every fuzz request of a single-process engine would have been answered unfuzzed."""
+    from patches.fuzz import find_input_embedding
+
+    with pytest.raises(RuntimeError, match="FUZZSERVE_PATCHES_OFF=fuzz") as caught:
+        find_input_embedding(_ProbeFails(), torch.device("cpu"))
+    assert isinstance(caught.value.__cause__, IndexError), "the model's own error is kept as the cause"
+
+
+def test_a_failed_probe_on_a_later_pipeline_rank_means_no_embedding_there(monkeypatch):
+    from patches import fuzz
+
+    monkeypatch.setattr(fuzz, "_first_pipeline_rank", lambda: False)
+    assert fuzz.find_input_embedding(_ProbeFails(), torch.device("cpu")) is None
+
+
 def test_one_embedding_is_found():
     from patches.fuzz import find_input_embedding
 

@@ -427,8 +427,8 @@ class LocalCluster:
             try:
                 self.cli("serve", "shutdown", "-y", timeout=120, check=False)
                 self._wait_no_replicas(60)
-            except Exception as e:  # never let a failed graceful step skip the kills below
-                log.warning("serve shutdown failed: %s", e)
+            except QUERY_ERRORS as e:  # never let a failed graceful step skip the kills below
+                log.warning("serve shutdown failed: %s: %s", type(e).__name__, e)
         for node in reversed(self.nodes):
             node.stop()
         self._forget_address()
@@ -453,13 +453,27 @@ class LocalCluster:
             try:
                 if not self.actors():
                     return
-            except Exception:
+            except QUERY_ERRORS as e:  # the state API is gone with the cluster: nothing left to wait for
+                log.info("listing the replicas failed while shutting down (%s: %s); not waiting", type(e).__name__, e)
                 return
             time.sleep(2)
 
 
 def _cpus(num_cpus: int | None) -> list[str]:
     return [] if num_cpus is None else ["--num-cpus", str(num_cpus)]
+
+
+# What a query of the cluster's state can raise (a ``ray``/``serve`` command and its parsed output): the command
+# failed or timed out (ClusterError, TimeoutExpired), could not start (OSError), or printed something that is not
+# the JSON / YAML it should be (ValueError, json's included; yaml.YAMLError). Callers for whom a failed query is
+# "no answer" catch these and nothing broader: any other exception is a bug and propagates.
+QUERY_ERRORS: tuple[type[Exception], ...] = (
+    ClusterError,
+    subprocess.TimeoutExpired,
+    OSError,
+    ValueError,
+    yaml.YAMLError,
+)
 
 
 def _json_list(out: str) -> list[dict[str, Any]]:

@@ -29,11 +29,13 @@ import time
 from typing import Any
 
 import aiohttp
+import psutil
 
 from serve_app.config import deploy_config
 from serve_app.config.names import replica_id
 from serve_app.routing.keys import DEFAULT_PREFIX_CHARS
 
+from ..errors import LoadTestError
 from ..load.client import INGRESS_RETRY_DELAYS_S, post_past_ingress_refusals
 from ..load.drive import LoadLevel
 from ..observe.engine_cores import engine_cores_view
@@ -41,10 +43,24 @@ from ..observe.monitor import InvariantChecker
 from ..plan.steps import OperationPlan
 from ..results.events import Event, GuardProbe, OperationFailed, Redeployed, Scaled, StepEvent
 from .affinity import AffinityCheck, affinity_keys, idle_counts
+from .local_cluster import QUERY_ERRORS
 from .steps import Deployment, Step, step_of
 from .target import LoadTarget
 
 log = logging.getLogger("fuzzserve.load_tests")
+
+
+# What the operator's own HTTP requests (probes, affinity requests) can raise: the connection or the response failed
+# (aiohttp.ClientError) or the client's timeout expired (TimeoutError, asyncio's included). Recorded as a request
+# without an answer; anything else is a bug and propagates.
+HTTP_ERRORS: tuple[type[Exception], ...] = (aiohttp.ClientError, TimeoutError)
+# What carrying out a step can raise: the step's own refusal (StepError, a LoadTestError), a cluster command that
+# failed (serve deploy refusing the config included: QUERY_ERRORS), a process it signals already gone (psutil.Error).
+STEP_ERRORS: tuple[type[Exception], ...] = (LoadTestError, *QUERY_ERRORS, psutil.Error)
+# What reading the cluster's view (replicas, their cores, nodes, Serve's status) can raise.
+VIEW_ERRORS: tuple[type[Exception], ...] = (*QUERY_ERRORS, psutil.Error)
+# What the affinity check can raise: its cluster queries and its requests.
+AFFINITY_ERRORS: tuple[type[Exception], ...] = (*QUERY_ERRORS, *HTTP_ERRORS)
 
 
 class Operator:
@@ -91,7 +107,7 @@ class Operator:
                 t = self.now()
                 try:
                     event = await step.perform(self.deployment, t, before)
-                except Exception as e:  # a StepError, or `serve deploy` refused the config: the step never happened
+                except STEP_ERRORS as e:  # a StepError, or `serve deploy` refused the config: the step never happened
                     log.error("t = %.0f s: %s could not be carried out: %s", self.now(), planned.kind, e)
                     self.events.append(
                         OperationFailed(t=self.now(), step=planned.kind, error=f"{type(e).__name__}: {e}"[:500])
@@ -182,7 +198,7 @@ class Operator:
                 }
                 for name, a in apps.items()
             }
-        except Exception as e:  # a slow state API is not a finding about the operation
+        except VIEW_ERRORS as e:  # a slow state API is not a finding about the operation
             view["error"] = f"{type(e).__name__}: {e}"[:300]
         return view
 
@@ -219,7 +235,7 @@ class Operator:
                     for i in range(key.count):  # one after another: each sees an idle deployment
                         statuses.append(await self.post(session, key.body(self.model, i)))
                 check.after = await self.wait_idle(self.now())
-        except Exception as e:  # the verdict must hear of it: the check is part of the step
+        except AFFINITY_ERRORS as e:  # the verdict must hear of it: the check is part of the step
             log.error("t = %.0f s: affinity check failed: %s", self.now(), e)
             check = AffinityCheck(t, [], {}, why=f"not carried out: {type(e).__name__}: {e}"[:500])
         finally:
@@ -248,7 +264,7 @@ class Operator:
         """An affinity request's status; None if it could not be sent."""
         try:
             return (await self.complete(session, body))[0]
-        except Exception as e:  # recorded as a failed request (None) in the check
+        except HTTP_ERRORS as e:  # recorded as a failed request (None) in the check
             log.warning("affinity request failed: %s: %s", type(e).__name__, e)
             return None
 
@@ -299,7 +315,7 @@ class Operator:
             try:
                 status, text = await self.complete(session, body)
                 probe = GuardProbe(t=round(t, 3), status=status, names_key=key in text, answered=round(self.now(), 3))
-            except Exception as e:  # recorded: a probe that cannot reach the app is evidence too
+            except HTTP_ERRORS as e:  # recorded: a probe that cannot reach the app is evidence too
                 log.warning("probe failed: %s: %s", type(e).__name__, e)
                 probe = GuardProbe(t=round(t, 3), status=None, names_key=False, answered=round(self.now(), 3))
             self.probes.append(probe)

@@ -24,6 +24,7 @@ import psutil
 from serve_app.config.names import replica_id
 
 from ..results.events import ReplicaKilled
+from .local_cluster import QUERY_ERRORS
 
 log = logging.getLogger("fuzzserve.load_tests")
 
@@ -48,7 +49,7 @@ class LoadTarget:
             return None
         try:
             listed = {replica_id(a.get("name", "")): a["pid"] for a in self.cluster.replicas()}
-        except Exception as e:  # a failed state query is not a finding about the replicas
+        except QUERY_ERRORS as e:  # a failed state query is not a finding about the replicas
             log.warning("could not list replicas: %s", e)
             return None
         self.pids.update(listed)
