@@ -361,3 +361,8 @@ def test_their_sourced_twins_pass():
     assert unsourced(readme, REPO / "README.md") == []
     bench = f"Each writes 1.04x ([raw](../docs/benchmarks/vs_vllm/vs_vllm.md); [2026-11-27](../docs/{LOG_ENTRY}))."
     assert unsourced(bench, REPO / "benchmarks" / "README.md") == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_reference_page_has_no_dated_story_and_no_figure_without_its_source(page):
+    assert unsourced(page.read_text(), page) == []
