@@ -1,6 +1,7 @@
-"""What README.md and docs/*.md tell a reader to run or to open exists, as they say it: checked against the code.
+"""What README.md, docs/*.md and benchmarks/README.md tell a reader to run or to open exists, as they say it: checked
+against the code; and what they measure names its source.
 
-Three kinds of claim, read from the pages' text:
+The claims, read from the pages' text:
 
 * **commands**, ``python -m X [--flag ...]``: module ``X`` exists (found on
   ``sys.path`` as a file, nothing imported), and every ``--flag`` a command
@@ -14,12 +15,16 @@ Three kinds of claim, read from the pages' text:
   ``tests/`` this repository does not have);
 * **names**, ``package.module.NAME`` of a project package: the module exists
   and defines ``NAME`` (a name it only imports is defined elsewhere: the page
-  must name where).
+  must name where);
+* **links** ``[...](page.md#anchor)`` to a page of the project: the page has that heading;
+* **figures and dates** (issue 46, below): a measured figure names its raw file or results-log entry in
+  its paragraph, and a date appears only in such a link.
 
 ``docs/results_log.md`` is a dated log (its commands and paths are what they
 were on the day) and is not read; generated pages under ``docs/benchmarks/``
 and ``docs/load_tests/`` neither. The checks are shown to fail on a planted
-false command, flag, path and name.
+false command, flag, path and name, and on a planted dated story, unsourced
+figure and unsourced table.
 """
 
 from __future__ import annotations
@@ -34,7 +39,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "results_log.md")]
+PAGES = [
+    REPO / "README.md",
+    *sorted(p for p in (REPO / "docs").glob("*.md") if p.name != "results_log.md"),
+    REPO / "benchmarks" / "README.md",
+]
 PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model", "testkit", "benchmarks", "tests")
 TOP_FILES = ("serve_config.yaml", "serve_config.cuda.yaml", "pyproject.toml", "README.md")
 TOP = (*PACKAGES, "docs", "scripts", *TOP_FILES)
@@ -105,11 +114,17 @@ def path_problems(text: str, page: Path) -> list[str]:
             if "*" not in path and not (REPO / path).exists() and not upstream_test_path(path):
                 problems.append(f"`{token}`: no {path}")
     for target in LINK.findall(text):
-        if target.startswith(("http://", "https://", "#", "mailto:")):
+        if target.startswith(("http://", "https://", "mailto:")):
             continue
-        path = target.split("#")[0]
+        path, _, anchor = target.partition("#")
         if path and not (page.parent / path).exists():
             problems.append(f"link ({target}): no {(page.parent / path).resolve().relative_to(REPO.resolve())}")
+        elif anchor and (path.endswith(".md") or not path):
+            linked = (page.parent / path) if path else page
+            if linked.is_file() and anchor not in anchors(linked):
+                problems.append(
+                    f"link ({target}): no heading #{anchor} in {linked.resolve().relative_to(REPO.resolve())}"
+                )
     return problems
 
 
@@ -188,7 +203,7 @@ def test_true_claims_pass():
     assert problems_of(REPO / "docs" / "x.md", text) == []
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
 def test_every_page_says_what_the_code_does(page):
     assert problems_of(page) == []
 
@@ -245,26 +260,60 @@ def test_the_module_check_finds_a_moved_module_in_a_docstring():
     assert dead_module_paths("load_tests.observe.scraper.scrape and `docs/patches.md` and patches.md") == []
 
 
-# README is a page (issue 46): at most README_LINES lines, the two commands, and every date or measured figure in a
-# paragraph that names its source (the results log or a raw file under docs/benchmarks/); a table's source may be
-# the paragraph right before it. Fenced code is not read.
+# Reference pages describe the system as it is (issue 46): every dated measurement and story is in the results log
+# (append-only), and every figure a page keeps names its source in its paragraph: a link to a results-log entry
+# (``results_log.md#anchor``, the anchor one of the log's headings) or to a raw file or folder under
+# docs/benchmarks/ or docs/load_tests/, relative to the page. A table's source may be the paragraph right before
+# it. A date may appear only as part of such a link (its text or its target): anywhere else it is a dated story.
+# Fenced code is not read; inline code is read for figures (a figure in backticks is a figure) but not for dates (a
+# path or a command may carry one). README is also short: at most README_LINES lines, with the two commands.
 README_LINES = 200
+RESULTS_LOG = REPO / "docs" / "results_log.md"
+RAW = tuple(REPO / "docs" / d for d in ("benchmarks", "load_tests", "monitoring"))
 DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
 FIGURE = re.compile(r"\b\d+(?:\.\d+)?x\b|\breq/s\b|\b\d+(?:\.\d+)? ?ms\b|\b\d+(?:\.\d+)? ?%")
-SOURCE = re.compile(r"\]\((?:docs/)?(?:results_log\.md|benchmarks/[^)\s]+)[^)]*\)")
+MD_LINK = re.compile(r"\[((?:[^\[\]]|\[[^\[\]]*\])*)\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.S | re.M)
 
 
-def unsourced(text: str) -> list[str]:
-    """The paragraphs of ``text`` that carry a date or a measured figure without naming where it comes from."""
-    prose = re.sub(r"```.*?```", "", text, flags=re.S)
-    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", prose) if p.strip()]
+def anchors(page: Path) -> frozenset[str]:
+    """GitHub's anchors of ``page``'s headings (lowercase, punctuation dropped, each space a '-', a repeat ``-1``) and
+    its ``<a id="...">`` tags."""
+    seen: dict[str, int] = {}
+    out = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", FENCE.sub("", page.read_text()), flags=re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return frozenset(out | set(re.findall(r'<a\s+(?:id|name)="([^"]+)"', page.read_text())))
+
+
+def is_source(target: str, page: Path) -> bool:
+    """``target``, a link of ``page``, is a figure's source: an entry of the results log or a raw file under
+    docs/benchmarks/ (or docs/load_tests/) that exists."""
+    path, _, anchor = target.partition("#")
+    if not path or target.startswith(("http://", "https://")):
+        return False
+    where = (page.parent / path).resolve()
+    if where == RESULTS_LOG.resolve():
+        return anchor in anchors(RESULTS_LOG)
+    return where.exists() and any(where.is_relative_to(raw.resolve()) and where != raw.resolve() for raw in RAW)
+
+
+def unsourced(text: str, page: Path) -> list[str]:
+    """The paragraphs of ``text`` (the text of ``page``) with a date outside a source link, or a figure without a
+    source in the paragraph (a table: or in the paragraph right before it); each as ``why: its first line``."""
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", FENCE.sub("", text)) if p.strip()]
+    sourced = [any(is_source(m.group(2), page) for m in MD_LINK.finditer(p)) for p in paragraphs]
     problems = []
     for i, para in enumerate(paragraphs):
-        if not (DATE.search(para) or FIGURE.search(para)) or SOURCE.search(para):
-            continue
-        if para.startswith("|") and i and SOURCE.search(paragraphs[i - 1]):
-            continue
-        problems.append(para.splitlines()[0][:100])
+        first = para.splitlines()[0][:100]
+        bare = CODE.sub("", MD_LINK.sub(lambda m: "" if is_source(m.group(2), page) else m.group(0), para))
+        if DATE.search(bare):
+            problems.append(f"dated: {first}")
+        elif FIGURE.search(para) and not (sourced[i] or (para.startswith("|") and i and sourced[i - 1])):
+            problems.append(f"figure without source: {first}")
     return problems
 
 
@@ -272,18 +321,48 @@ def test_readme_is_a_page_with_its_two_commands_and_no_unsourced_date_or_figure(
     text = (REPO / "README.md").read_text()
     assert len(text.splitlines()) <= README_LINES
     assert "scripts/main.sh" in text and "scripts/test.sh" in text
-    assert unsourced(text) == []
+    assert unsourced(text, REPO / "README.md") == []
 
 
-def test_the_readme_check_finds_a_dated_story_and_an_unsourced_figure():
-    sourced = "Host: 2 cores, run 2026-11-26 ([raw](docs/benchmarks/vs_vllm/vs_vllm.md)):\n\n| x | 1.04x |\n"
-    assert unsourced(sourced) == []
-    story = "A later check (2026-11-27, 2 blocks, below the protocol) found more.\n"
-    figure = "The shipped stack serves 1.5x the stock peer's requests.\n"
-    table = "Shipped / plain:\n\n| in flight | req/s |\n|---|---|\n| 8 | 1.22x |\n"
-    assert unsourced("\n\n".join((story, figure, table))) == [
-        "A later check (2026-11-27, 2 blocks, below the protocol) found more.",
-        "The shipped stack serves 1.5x the stock peer's requests.",
-        "| in flight | req/s |",
+LOG_ENTRY = "results_log.md#2026-11-27-0352-0411-utc--the-hostile-scenario-and-its-aa-control"
+
+
+def test_the_check_finds_a_dated_story_an_unsourced_figure_and_an_unsourced_table():
+    page = REPO / "docs" / "planted.md"
+    story = (
+        "A later check (2026-11-27, 2 blocks, below the protocol) found more ([raw](benchmarks/vs_vllm/vs_vllm.md))."
+    )
+    figure = "The shipped stack serves 1.5x the stock peer's requests."
+    table = "Shipped / plain:\n\n| in flight | req/s |\n|---|---|\n| 8 | 1.22x |"
+    in_code = "It serves `1.5x` the peer's rate."
+    loose = (
+        "It serves 1.5x ([the log](results_log.md), [no entry](results_log.md#no-such-entry), "
+        "[code](../benchmarks/vs_vllm.py), [all raw](benchmarks/), [a page](benchmarks.md#x))."
+    )
+    assert unsourced("\n\n".join((story, figure, table, in_code, loose)), page) == [
+        f"dated: {story[:100]}",
+        f"figure without source: {figure}",
+        "figure without source: | in flight | req/s |",
+        f"figure without source: {in_code}",
+        f"figure without source: {loose[:100]}",
     ]
-    assert unsourced("```bash\nrun 2026-11-26  # 1.5x\n```\n") == [], "code is not read"
+    readme = "Shipped / plain: 1.04x ([raw](benchmarks/vs_vllm/vs_vllm.md))."
+    assert unsourced(readme, REPO / "README.md") == [f"figure without source: {readme}"], "README's benchmarks/ is code"
+
+
+def test_their_sourced_twins_pass():
+    page = REPO / "docs" / "planted.md"
+    story = f"The check found more ([results log 2026-11-27 03:52]({LOG_ENTRY}))."
+    figure = "The shipped stack serves 1.04x plain's requests ([raw](benchmarks/vs_vllm/vs_vllm.md))."
+    table = "Shipped / plain ([raw](benchmarks/vs_vllm/)):\n\n| in flight | req/s |\n|---|---|\n| 8 | 1.22x |"
+    code = "```bash\nrun 2026-11-26  # 1.5x\n```\n\nIts files go to `out/2026-11-26/`."
+    assert unsourced("\n\n".join((story, figure, table, code)), page) == []
+    readme = f"Host: 2 cores, [run 2026-11-26](docs/benchmarks/vs_vllm/vs_vllm.md), 1.04x ([log](docs/{LOG_ENTRY}))."
+    assert unsourced(readme, REPO / "README.md") == []
+    bench = f"Each writes 1.04x ([raw](../docs/benchmarks/vs_vllm/vs_vllm.md); [2026-11-27](../docs/{LOG_ENTRY}))."
+    assert unsourced(bench, REPO / "benchmarks" / "README.md") == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
+def test_every_reference_page_has_no_dated_story_and_no_figure_without_its_source(page):
+    assert unsourced(page.read_text(), page) == []
