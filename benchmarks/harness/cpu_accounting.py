@@ -79,7 +79,7 @@ def _roles(loadgen_pid: int | None) -> tuple[dict[int, psutil.Process], dict[int
 def titled_processes(loadgen_pid: int | None = None) -> dict[int, str]:
     """pid -> resolved role, only for processes whose own title names a role (the ones worth profiling)."""
     _procs, own, roles = _roles(loadgen_pid)
-    return {pid: roles[pid] for pid, r in own.items() if r is not None and roles.get(pid)}
+    return {pid: role for pid, r in own.items() if r is not None and (role := roles.get(pid))}
 
 
 def snapshot(loadgen_pid: int | None = None) -> Snapshot:
