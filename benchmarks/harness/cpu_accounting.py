@@ -18,7 +18,6 @@ the tool for *which function* inside a role (docs/benchmarks.md).
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import psutil
 
@@ -132,7 +131,7 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
     return out
 
 
-def per_request(cpu: dict[str, float], requests: int, min_share: float = 0.01) -> dict[str, Any]:
+def per_request(cpu: dict[str, float], requests: int, min_share: float = 0.01) -> dict[str, float]:
     """CPU milliseconds per request per role, dropping roles under ``min_share`` of the total."""
     total = sum(cpu.values()) or 1.0
     return {
