@@ -366,7 +366,8 @@ class Shipped:
 
 
 # An arm of the benchmark: started with ``with``, it serves at ``base_url`` and exports its counters at
-# ``metrics_urls``; ``replicas``: its engine replicas; ``check(when)`` refuses a measurement gone wrong.
+# ``metrics_urls``; ``replicas``: its engine replicas; ``check(when)``: its protocol check around each run (a plain
+# server's: no Ray process alive).
 Arm: TypeAlias = VllmServer | Shipped
 
 
