@@ -332,11 +332,12 @@ def compare_figures(
     out: dict[str, dict[str, Any]] = {}
     for k in (*FIGURES, "ttft_p99_s", "client_cpu_s"):
         values = [(b.get(k), a.get(k)) for a, b in pairs]
-        if not pairs or any(not v or w is None for v, w in values):
+        compared = [(v, w) for v, w in values if v and w is not None]
+        if not pairs or len(compared) < len(values):
             out[k] = {"verdict": "not comparable", "pairs": len(pairs)}
             continue
-        out[k] = pair_stats.median_ratio(values)
-        out[k]["verdict"] = pair_stats.agreement(out[k]["ci90"], tolerance)
+        ratio = pair_stats.median_ratio(compared)
+        out[k] = {**ratio, "verdict": pair_stats.agreement(ratio["ci90"], tolerance)}
     return out
 
 
@@ -471,6 +472,7 @@ def start_echo(ttft_ms: float, itl_ms: float, record_bodies: Path | None = None)
     if record_bodies is not None:
         argv += ["--record-bodies", str(record_bodies)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, cwd=REPO, start_new_session=True)
+    assert proc.stdout is not None  # stdout=PIPE
     line = proc.stdout.readline()
     if "listening" not in line:
         proc.kill()
@@ -661,10 +663,12 @@ def against_server(runs: list[dict[str, Any]], tolerance: float = SERVER_TOLERAN
     ]
     if not values:
         return {"verdict": "not comparable", "runs": 0}
-    out = pair_stats.median_ratio(values)
-    out["verdict"] = pair_stats.agreement(out["ci90"], tolerance)
-    out["server_requests_per_s"] = statistics.median(v for v, _ in values)
-    return out
+    ratio = pair_stats.median_ratio(values)
+    return {
+        **ratio,
+        "verdict": pair_stats.agreement(ratio["ci90"], tolerance),
+        "server_requests_per_s": statistics.median(v for v, _ in values),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -320,12 +320,13 @@ def main(argv: list[str] | None = None) -> int:
         who: server_knee({c: r["server_requests_per_s"] for c, r in run["steps"].items()})
         for who, run in (("ours", ours), ("guidellm", theirs_))
     }
+    decided = verdict(ours["knee"], theirs_["knee"], server, steps)
     result = {
         "steps": steps,
         "ours": ours,
         "guidellm": theirs_,
         "server_knee": server,
-        "verdict": verdict(ours["knee"], theirs_["knee"], server, steps),
+        "verdict": decided,
         "workload": {k: getattr(args, k) for k in ("max_concurrency", "step_s", "input_len", "output_len", "prompts")},
         "target": f"{args.config} (shipped)" if args.shipped else args.url,
         "replicas_read": sorted(histograms or {}),
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "knee.json").write_text(json.dumps(result, indent=2, default=str))
         (args.out / "knee.md").write_text(md + "\n")
-    return 0 if result["verdict"].startswith("agree") else 1
+    return 0 if decided.startswith("agree") else 1
 
 
 if __name__ == "__main__":

@@ -65,7 +65,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness.targets import ENGINE, OFFLOAD
+from benchmarks.harness.targets import ENGINE, OFFLOAD, EngineKwargs
 from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
 from load_tests.command_logs import command_logging
 from patches.switches import ALL, OFF_ENV
@@ -75,7 +75,8 @@ log = logging.getLogger("fuzzserve.benchmarks")
 
 FIXTURE_LABEL = "fixture (hidden 128 x 2 layers)"  # the model named in results when --arch is not given
 
-ENGINES = {
+# engine -> (its environment, its engine arguments on top of ENGINE)
+ENGINES: dict[str, tuple[dict[str, str], EngineKwargs]] = {
     "off": ({OFF_ENV: ALL}, {}),
     "on": ({}, {}),
     "on+offload": ({}, OFFLOAD),
@@ -88,7 +89,7 @@ UNFUZZED_ONLY = ("off", "on-worker")
 
 def workloads(ps: list[str], out_tokens: int) -> dict[str, list[dict[str, Any]]]:
     """Per workload, one ``SamplingParams`` dict per prompt."""
-    base = {"temperature": 0.0, "ignore_eos": True}
+    base: dict[str, Any] = {"temperature": 0.0, "ignore_eos": True}
     out = {}
     for name, n_out in (("decode", out_tokens), ("prefill", 1)):
         out[name] = [{**base, "max_tokens": n_out} for _ in ps]
@@ -162,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for name, (env, extra) in ENGINES.items():
             log.info("starting engine %s", name)
-            hosts[name] = EngineHost(env={**env0, **env}, model=str(model), cpus=host_cores, **ENGINE, **extra)
+            engine_kwargs: EngineKwargs = {**ENGINE, **extra}  # disjoint keys (ENGINES' are on top of ENGINE's)
+            hosts[name] = EngineHost(env={**env0, **env}, model=str(model), cpus=host_cores, **engine_kwargs)
             hosts[name].generate(warm, workloads(warm, args.output_tokens)["decode+fuzz"])  # warm-up
         plan = [
             (rnd, w, e)

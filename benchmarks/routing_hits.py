@@ -60,7 +60,7 @@ TARGETS = {  # name -> (label, builder-argument overrides of serve_config.yaml, 
 }
 ROUTER_KWARGS = {"Rb": {"imbalanced_threshold": 4}}  # name -> the request router's kwargs, where not the default
 DEFAULT_TARGETS = ("R1", "Rf", "Rk", "Rp")
-SALTS = (
+SALTS: tuple[dict[str, float | str | int], ...] = (
     {},
     {"fuzz_strength": 0.5},
     {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 1},

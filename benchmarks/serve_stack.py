@@ -35,13 +35,17 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from benchmarks.harness.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_serve_config, table_markdown
 from load_tests.command_logs import command_logging
 from patches.switches import ALL, OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV, use_engine_env
+
+if TYPE_CHECKING:
+    from testkit.server_process import ServerProcess
 
 log = logging.getLogger("fuzzserve.benchmarks")
 REPO = Path(__file__).resolve().parents[1]
@@ -49,6 +53,85 @@ REPO = Path(__file__).resolve().parents[1]
 # spinning for 1 s after its last step (upstream's busy window), which would
 # otherwise compete with the first second of the next run.
 SETTLE_S = 1.5
+
+
+# ----------------------------------------------------------------------------- results
+class RunStats(TypedDict):
+    """One run's throughput and latency (seconds; each percentile None when no request had the figure)."""
+
+    wall_s: float
+    requests: int
+    req_per_s: float
+    tok_per_s: float
+    ttft_p50: float | None
+    ttft_p99: float | None
+    ttft_count: int
+    itl_p50: float | None
+    itl_p99: float | None
+    itl_count: int
+    tpot_p50: float | None
+    tpot_p99: float | None
+    tpot_count: int
+
+
+class StackRun(RunStats):
+    """One run of ``serve_stack.json``: which target, variant, phase and round, then its :class:`RunStats`; the
+    CPU seconds by column (:func:`cpu_columns`) and the warm-up it had, except for the ceiling's runs."""
+
+    phase: str
+    round: int
+    variant: str
+    target: str
+    cpu_s: NotRequired[dict[str, float]]
+    warmup_requests: NotRequired[int]
+
+
+# the figures compared with a's, in a ratio row's order
+Figure = Literal["req_per_s", "tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50", "tpot_p99"]
+
+
+class RatioRow(TypedDict):
+    """Per (variant, target): each figure's median over rounds and the median of its ratio to ``a``'s."""
+
+    variant: str
+    target: str
+    label: str
+    runs: int
+    req_per_s: float | None
+    req_per_s_x_a: float | None
+    tok_per_s: float | None
+    tok_per_s_x_a: float | None
+    ttft_p50: float | None
+    ttft_p50_x_a: float | None
+    ttft_p99: float | None
+    ttft_p99_x_a: float | None
+    itl_p50: float | None
+    itl_p50_x_a: float | None
+    itl_p99: float | None
+    itl_p99_x_a: float | None
+    tpot_p50: float | None
+    tpot_p50_x_a: float | None
+    tpot_p99: float | None
+    tpot_p99_x_a: float | None
+
+
+class StackWorkload(TypedDict):
+    prompt_tokens: int
+    output_tokens: int
+    concurrency: int
+    requests_per_run: int
+    rounds: int
+
+
+class StackMeta(TypedDict):
+    """``serve_stack.json``'s ``meta``: how and where it was measured, and the phases that failed (and why)."""
+
+    command: str
+    date: str
+    machine: str
+    workload: StackWorkload
+    failed_phases: dict[str, str]
+    notes: NotRequired[str]
 
 
 # ----------------------------------------------------------------------------- workload
@@ -82,7 +165,7 @@ def fuzz_xargs(i: int) -> dict[str, Any]:
 
 async def run_http(
     base_url: str, ps: list[str], out_tokens: int, concurrency: int, fuzz: bool, api_key: str | None = None
-) -> dict[str, Any]:
+) -> RunStats:
     """Stream every prompt through ``base_url`` with ``concurrency`` in flight; return throughput and latency."""
     import aiohttp
 
@@ -134,19 +217,38 @@ async def run_http(
 
 
 def _stats(
-    wall: float, ttft: list[float], itl: list[float], tokens: int, n: int, tpot: list[float] = ()
-) -> dict[str, Any]:
+    wall: float, ttft: list[float], itl: list[float], tokens: int, n: int, tpot: Sequence[float] = ()
+) -> RunStats:
     from load_tests.judge.figures import percentiles
 
-    stats = {"wall_s": wall, "requests": n, "req_per_s": n / wall, "tok_per_s": tokens / wall}
-    for name, xs in (("ttft", ttft), ("itl", itl), ("tpot", tpot)):
-        p = percentiles(xs, (50, 99))
-        stats |= {f"{name}_p50": p["p50"], f"{name}_p99": p["p99"], f"{name}_count": p["count"]}
-    return stats
+    ttft_p, itl_p, tpot_p = (percentiles(xs, (50, 99)) for xs in (ttft, itl, tpot))
+    return {
+        "wall_s": wall,
+        "requests": n,
+        "req_per_s": n / wall,
+        "tok_per_s": tokens / wall,
+        "ttft_p50": ttft_p["p50"],
+        "ttft_p99": ttft_p["p99"],
+        "ttft_count": _count(ttft_p),
+        "itl_p50": itl_p["p50"],
+        "itl_p99": itl_p["p99"],
+        "itl_count": _count(itl_p),
+        "tpot_p50": tpot_p["p50"],
+        "tpot_p99": tpot_p["p99"],
+        "tpot_count": _count(tpot_p),
+    }
+
+
+def _count(p: Mapping[str, float | int | None]) -> int:
+    """How many values a :func:`load_tests.judge.figures.percentiles` result covers."""
+    n = p["count"]
+    if not isinstance(n, int):
+        raise TypeError(f"a percentiles count is {n!r}, not an int")
+    return n
 
 
 # ----------------------------------------------------------------------------- targets
-def start_vllm_server(model: Path, log_dir: Path):
+def start_vllm_server(model: Path, log_dir: Path) -> tuple[ServerProcess, str]:
     from load_tests.operate.ports import free_port
     from testkit.server_process import ServerProcess
 
@@ -176,7 +278,7 @@ def start_vllm_server(model: Path, log_dir: Path):
     return srv, f"http://127.0.0.1:{port}"
 
 
-def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> dict[str, Any]:
+def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> RunStats:
     """The same prompts through ``LLM.generate`` in a child process (patches off, no HTTP)."""
     from testkit.engine_host import EngineHost
 
@@ -238,11 +340,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = args.variants.split(",")
     phases = args.phases.split(",")
     work = {v: prompts(args.requests, args.prompt_tokens, v) for v in variants}
-    runs: list[dict[str, Any]] = []
+    runs: list[StackRun] = []
     log_dir = Path(tempfile.mkdtemp(prefix="fuzzserve-bench-"))  # server and cluster logs, not results
     log.info("logs in %s", log_dir)
 
-    meta = {
+    meta: StackMeta = {
         "command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(),
@@ -299,7 +401,15 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if meta["failed_phases"] else 0
 
 
-def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a: str, runs: list, log_dir: Path):
+def run_phase(
+    phase: str,
+    model: Path,
+    args: argparse.Namespace,
+    work: dict[str, list[str]],
+    base_a: str,
+    runs: list[StackRun],
+    log_dir: Path,
+) -> None:
     """One phase: its own Ray cluster, every target interleaved with ``a`` round by round."""
     from rich.progress import Progress
 
@@ -345,7 +455,7 @@ def run_phase(phase: str, model: Path, args, work: dict[str, list[str]], base_a:
                         progress.advance(task)
 
 
-def warm_up(bases: dict[str, str], args, variants: list[str]) -> None:
+def warm_up(bases: dict[str, str], args: argparse.Namespace, variants: list[str]) -> None:
     """Send every target of a phase ``--warmup-requests`` unmeasured requests per variant.
 
     Each phase deploys its targets fresh, while the vLLM server (a) stays up
@@ -364,39 +474,75 @@ def warm_up(bases: dict[str, str], args, variants: list[str]) -> None:
             asyncio.run(run_http(base, ps, args.output_tokens, args.concurrency, fuzz=BY_NAME[t].fuzz))
 
 
-def ratios(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ratios(runs: list[StackRun]) -> list[RatioRow]:
     """Per (variant, target): the median over rounds of value / the same phase-round-variant's ``a``."""
-    keys = ("req_per_s", "tok_per_s", "ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "tpot_p50", "tpot_p99")
     ref = {(r["phase"], r["round"], r["variant"]): r for r in runs if r["target"] == "a"}
     a_all = [r for r in runs if r["target"] == "a"]
-    out = []
+    out: list[RatioRow] = []
     for variant in sorted({r["variant"] for r in runs}):
         for target in [t for t in LABELS if any(r["target"] == t and r["variant"] == variant for r in runs)]:
             mine = [r for r in runs if r["target"] == target and r["variant"] == variant]
-            row: dict[str, Any] = {"variant": variant, "target": target, "label": LABELS[target], "runs": len(mine)}
-            for k in keys:
-                vals = [r[k] for r in mine if r.get(k) is not None]
-                row[k] = statistics.median(vals) if vals else None
-                per_round = []
-                for r in mine:
-                    base = ref.get((r["phase"], r["round"], variant))
-                    if base is None:  # the ceiling: against the median of every a run
-                        bs = [x[k] for x in a_all if x["variant"] == variant and x.get(k) is not None]
-                        b = statistics.median(bs) if bs else None
-                    else:
-                        b = base.get(k)
-                    if r.get(k) is not None and b:
-                        per_round.append(r[k] / b)
-                row[f"{k}_x_a"] = statistics.median(per_round) if per_round else None
-            out.append(row)
+            out.append(
+                {
+                    "variant": variant,
+                    "target": target,
+                    "label": LABELS[target],
+                    "runs": len(mine),
+                    "req_per_s": _median(mine, "req_per_s"),
+                    "req_per_s_x_a": _x_a(mine, "req_per_s", ref, a_all, variant),
+                    "tok_per_s": _median(mine, "tok_per_s"),
+                    "tok_per_s_x_a": _x_a(mine, "tok_per_s", ref, a_all, variant),
+                    "ttft_p50": _median(mine, "ttft_p50"),
+                    "ttft_p50_x_a": _x_a(mine, "ttft_p50", ref, a_all, variant),
+                    "ttft_p99": _median(mine, "ttft_p99"),
+                    "ttft_p99_x_a": _x_a(mine, "ttft_p99", ref, a_all, variant),
+                    "itl_p50": _median(mine, "itl_p50"),
+                    "itl_p50_x_a": _x_a(mine, "itl_p50", ref, a_all, variant),
+                    "itl_p99": _median(mine, "itl_p99"),
+                    "itl_p99_x_a": _x_a(mine, "itl_p99", ref, a_all, variant),
+                    "tpot_p50": _median(mine, "tpot_p50"),
+                    "tpot_p50_x_a": _x_a(mine, "tpot_p50", ref, a_all, variant),
+                    "tpot_p99": _median(mine, "tpot_p99"),
+                    "tpot_p99_x_a": _x_a(mine, "tpot_p99", ref, a_all, variant),
+                }
+            )
     return out
 
 
-def _fmt(v, scale=1.0, unit="", digits=1):
+def _median(mine: list[StackRun], k: Figure) -> float | None:
+    """The median of figure ``k`` over the runs that have it."""
+    vals = [v for r in mine if (v := r.get(k)) is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _x_a(
+    mine: list[StackRun],
+    k: Figure,
+    ref: Mapping[tuple[str, int, str], StackRun],
+    a_all: list[StackRun],
+    variant: str,
+) -> float | None:
+    """The median over ``mine`` of figure ``k`` / the same phase-round-variant's ``a`` (``ref``), or, where the
+    phase has no ``a`` (the ceiling), / the median of every ``a`` run of the variant (``a_all``)."""
+    per_round = []
+    for r in mine:
+        base = ref.get((r["phase"], r["round"], variant))
+        b: float | None
+        if base is None:  # the ceiling: against the median of every a run
+            bs = [v for x in a_all if x["variant"] == variant and (v := x.get(k)) is not None]
+            b = statistics.median(bs) if bs else None
+        else:
+            b = base.get(k)
+        if (v := r.get(k)) is not None and b:
+            per_round.append(v / b)
+    return statistics.median(per_round) if per_round else None
+
+
+def _fmt(v: float | None, scale: float = 1.0, unit: str = "", digits: int = 1) -> str:
     return "-" if v is None else f"{v * scale:.{digits}f}{unit}"
 
 
-def markdown(meta: dict[str, Any], table: list[dict[str, Any]], runs: list[dict[str, Any]] | None = None) -> str:
+def markdown(meta: StackMeta, table: list[RatioRow], runs: list[StackRun] | None = None) -> str:
     w = meta["workload"]
     lines = [
         "# Serving stack benchmark",
@@ -486,7 +632,7 @@ def cpu_columns(cpu: dict[str, float], app: str) -> dict[str, float]:
     return out
 
 
-def cpu_markdown(runs: list[dict[str, Any]], variant: str) -> list[str]:
+def cpu_markdown(runs: list[StackRun], variant: str) -> list[str]:
     """Median over rounds of CPU milliseconds per request, per column, for each target."""
     lines = [
         f"### Where the CPU goes ({variant}): CPU ms per request, median over rounds",

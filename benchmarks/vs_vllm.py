@@ -63,12 +63,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from benchmarks.harness import pair_stats
 from benchmarks.harness.arms import (
     ARMS,
     MODEL_NAME,
+    Arm,
     ProtocolError,
     load_config,
     make_arm,
@@ -80,7 +81,7 @@ from benchmarks.harness.arms import (
 )
 from benchmarks.harness.host import HostCpuSampler
 from benchmarks.harness.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
-from benchmarks.harness.server_counters import CacheCounters, wait_for_requests
+from benchmarks.harness.server_counters import CacheCounters, CountersJson, wait_for_requests
 from load_tests.command_logs import command_logging
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import ServeConfig
@@ -169,6 +170,15 @@ class Workload:
         return [(f"ws{w:g}x", self.reuse_concurrency) for w in self.working_sets]
 
 
+class Percentiles(TypedDict):
+    """One latency figure of a run, in ms, as vLLM's bench reports it (None where its result lacks it); ``mean``
+    only where the client's result was read (:func:`summarize_run`)."""
+
+    p50: float | None
+    p99: float | None
+    mean: NotRequired[float | None]
+
+
 @dataclass
 class Run:
     """One ``vllm bench serve`` run against one phase."""
@@ -182,16 +192,16 @@ class Run:
     duration_s: float
     req_per_s: float
     output_tok_per_s: float
-    ttft_ms: dict[str, float]
-    tpot_ms: dict[str, float]
-    itl_ms: dict[str, float]
-    e2el_ms: dict[str, float]
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    itl_ms: Percentiles
+    e2el_ms: Percentiles
     window_s: float
     host_cpu_s: float
     host_cpu_s_per_request: float
     host_busy_cores: float
-    prompts: dict[str, Any] = field(default_factory=dict)  # the prompt set's description
-    counters: dict[str, Any] = field(default_factory=dict)  # the server's cache counters over the run
+    prompts: dict[str, int | str] = field(default_factory=dict)  # the prompt set's description
+    counters: CountersJson = field(default_factory=CountersJson)  # the server's counters over the run
     void: str | None = None  # why the run counts nowhere
     attempt: int = 0  # 0, or which re-run of its phase (a phase with a void run is run again)
     roles_ms_per_request: dict[str, float] = field(default_factory=dict)
@@ -201,6 +211,20 @@ class Run:
             metric, pct = name.rsplit("_", 1)
             return getattr(self, f"{metric}_ms")[pct]
         return getattr(self, name)
+
+
+class Meta(TypedDict):
+    """``vs_vllm.json``'s ``meta``: the command, when and where, the workload (:class:`Workload`'s fields and the
+    run's settings), the protocol checks as they passed, each phase's engine replicas, and why the run is below
+    protocol (None: it is not)."""
+
+    command: str
+    date: str
+    machine: str
+    workload: dict[str, Any]
+    protocol: list[str]
+    replicas: dict[str, int]
+    below_protocol: str | None
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -314,7 +338,7 @@ def bench_argv(
     ]
 
 
-def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict]:
+def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict[str, float]]:
     """Run the client; return (its result JSON, CPU per role from its main run's start to its results)."""
     from benchmarks.harness import cpu_accounting
 
@@ -323,6 +347,7 @@ def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict]:
     )
     before = after = None
     tail: list[str] = []
+    assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
         tail = ([*tail, line])[-60:]
         if before is None and "Starting main benchmark run" in line:
@@ -357,7 +382,7 @@ def summarize_run(
     busy = sampler.busy_between(t0, t1) if sampler is not None else float("nan")
     n = data["completed"]
 
-    def pct(name: str) -> dict[str, float]:
+    def pct(name: str) -> Percentiles:
         return {
             "p50": data.get(f"median_{name}_ms"),
             "p99": data.get(f"p99_{name}_ms"),
@@ -391,11 +416,12 @@ def void_reason(workload: str, counters: CacheCounters, run: Run | None = None) 
     or a cold run that the server served any prompt token of from a cache."""
     if run is not None and run.failed:
         return f"{run.failed} failed request(s)"
-    if run is not None and run.ttft_ms["p99"] > STALL_P99_OVER_P50 * run.ttft_ms["p50"]:
-        return (
-            f"stalled: TTFT p99 {run.ttft_ms['p99']:.0f} ms is over {STALL_P99_OVER_P50:g}x its p50 "
-            f"({run.ttft_ms['p50']:.0f} ms)"
-        )
+    if run is not None:
+        p50, p99 = run.ttft_ms["p50"], run.ttft_ms["p99"]
+        if p50 is None or p99 is None:
+            raise ValueError(f"pair {run.pair} {run.stack} {run.label}: the client's result has no TTFT p50 or p99")
+        if p99 > STALL_P99_OVER_P50 * p50:
+            return f"stalled: TTFT p99 {p99:.0f} ms is over {STALL_P99_OVER_P50:g}x its p50 ({p50:.0f} ms)"
     server = (run.counters.get("latency_mean_ms") or {}).get("server_ttft") if run is not None else None
     client = run.ttft_ms.get("mean") if run is not None else None
     if (
@@ -425,12 +451,23 @@ def counted(runs: list[Run]) -> list[Run]:
     return list({(r.pair, r.stack, r.label): r for r in runs if r.void is None}.values())
 
 
-def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, Any]]:
+class Comparison(TypedDict):
+    """Two arms at one run label, over the pairs where both have a valid run: each figure's pair ratios
+    (candidate / reference), and the requests completed and failed by each arm over those pairs."""
+
+    candidate: str
+    reference: str
+    figures: dict[str, pair_stats.PairRatio]
+    requests: dict[str, int]
+    failed: dict[str, int]
+
+
+def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, Comparison]]:
     """Per run label and arm pair (candidate vs reference): each figure's median pair ratio and interval.
 
     Arm pairs: every arm against ``reference``, ``shipped`` against ``engine`` (what the Serve path costs) and
     against ``stock`` (the peer). Void runs count nowhere."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Comparison]] = {}
     arms = list(dict.fromkeys(r.stack for r in runs))
     comparisons = [(a, reference) for a in arms if a != reference and reference in arms]
     if reference not in arms and arms:  # a lever's A/B (e.g. shipped against shipped+VAR=1): against the first arm
@@ -458,20 +495,26 @@ def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, 
     return out
 
 
-def hits_by_arm(runs: list[Run]) -> dict[str, dict[str, dict[str, float]]]:
+HitKey = Literal["requests", "prompt_tokens", "prefix_cache_hits", "external_hits"]
+HIT_KEYS: tuple[HitKey, ...] = ("requests", "prompt_tokens", "prefix_cache_hits", "external_hits")
+
+
+def hits_by_arm(runs: list[Run]) -> dict[str, dict[str, dict[HitKey, float]]]:
     """Per run label and arm: requests and prompt tokens served by each tier, summed over the arm's runs."""
-    out: dict[str, dict[str, dict[str, float]]] = {}
+    out: dict[str, dict[str, dict[HitKey, float]]] = {}
     for r in runs:
         c = r.counters
-        slot = out.setdefault(r.label, {}).setdefault(
-            r.stack, {"requests": 0.0, "prompt_tokens": 0.0, "prefix_cache_hits": 0.0, "external_hits": 0.0}
-        )
-        for k in slot:
+        slot = out.setdefault(r.label, {}).setdefault(r.stack, dict.fromkeys(HIT_KEYS, 0.0))
+        for k in HIT_KEYS:
             slot[k] += c.get(k, 0.0) or 0.0
     return out
 
 
-def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]:
+SplitPart = Literal["client", "server", "queue", "prefill", "outside", "handoffs"]
+SPLIT_PARTS: tuple[SplitPart, ...] = ("client", "server", "queue", "prefill", "outside", "handoffs")
+
+
+def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[SplitPart, float | None]]]:
     """Per run label and arm: where the time to first token went, in ms, each part the median over the arm's
     (non-void) runs of that run's mean.
 
@@ -482,41 +525,58 @@ def ttft_split(runs: list[Run]) -> dict[str, dict[str, dict[str, float | None]]]
     queue - prefill (frontend to EngineCore and back). A part a server does not time is None."""
     import statistics
 
-    out: dict[str, dict[str, dict[str, float | None]]] = {}
+    out: dict[str, dict[str, dict[SplitPart, float | None]]] = {}
     for label in dict.fromkeys(r.label for r in runs):
         for arm in dict.fromkeys(r.stack for r in runs):
             mine = [r for r in counted(runs) if r.label == label and r.stack == arm]
             if not mine:
                 continue
-            per_run = []
+            per_run: list[dict[SplitPart, float | None]] = []
             for r in mine:
                 means = r.counters.get("latency_mean_ms") or {}
-                row = {
-                    "client": r.ttft_ms.get("mean"),
-                    "server": means.get("server_ttft"),
-                    "queue": means.get("queue"),
-                    "prefill": means.get("prefill"),
-                }
-                row["outside"] = (
-                    row["client"] - row["server"] if row["client"] is not None and row["server"] is not None else None
+                client, server = r.ttft_ms.get("mean"), means.get("server_ttft")
+                queue, prefill = means.get("queue"), means.get("prefill")
+                per_run.append(
+                    {
+                        "client": client,
+                        "server": server,
+                        "queue": queue,
+                        "prefill": prefill,
+                        "outside": client - server if client is not None and server is not None else None,
+                        "handoffs": (
+                            server - queue - prefill
+                            if server is not None and queue is not None and prefill is not None
+                            else None
+                        ),
+                    }
                 )
-                row["handoffs"] = (
-                    row["server"] - row["queue"] - row["prefill"]
-                    if None not in (row["server"], row["queue"], row["prefill"])
-                    else None
-                )
-                per_run.append(row)
             out.setdefault(label, {})[arm] = {
-                k: (statistics.median(vals) if (vals := [row[k] for row in per_run if row[k] is not None]) else None)
-                for k in ("client", "server", "queue", "prefill", "outside", "handoffs")
+                k: (statistics.median(vals) if (vals := [v for row in per_run if (v := row[k]) is not None]) else None)
+                for k in SPLIT_PARTS
             }
     return out
 
 
-def goals(ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+class GoalRow(TypedDict):
+    """One goal (:class:`Goal`, its fields in order) at one run label: the ratio, its interval and the verdict."""
+
+    run: str
+    goal: str
+    candidate: str
+    reference: str
+    figure: str
+    ratio: float
+    higher_is_better: bool
+    median: float
+    ci90: list[float]
+    pairs: int
+    verdict: pair_stats.GoalVerdict
+
+
+def goals(ratios: dict[str, dict[str, Comparison]]) -> list[GoalRow]:
     """Every goal of :data:`GOALS` at every run label where both its arms ran: the ratio, its interval, and
     ``met`` / ``not met`` (:func:`benchmarks.harness.pair_stats.goal_verdict`)."""
-    out = []
+    out: list[GoalRow] = []
     for label, comps in ratios.items():
         for g in GOALS:
             comp = comps.get(f"{g.candidate}/{g.reference}")
@@ -527,7 +587,11 @@ def goals(ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
                 {
                     "run": label,
                     "goal": g.text(),
-                    **asdict(g),
+                    "candidate": g.candidate,
+                    "reference": g.reference,
+                    "figure": g.figure,
+                    "ratio": g.ratio,
+                    "higher_is_better": g.higher_is_better,
                     "median": fig["median"],
                     "ci90": fig["ci90"],
                     "pairs": fig["pairs"],
@@ -540,31 +604,52 @@ def goals(ratios: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 ARM_FIGURES = ("req_per_s", "ttft_p50", "ttft_p99", "e2el_p50", "host_cpu_s_per_request", "host_busy_cores")
 
 
-def arm_figures(runs: list[Run]) -> dict[str, dict[str, dict[str, Any]]]:
+class ArmFigures(TypedDict):
+    """One arm at one run label: each of :data:`ARM_FIGURES`' median over its counted runs (None: no valid run),
+    how many runs counted and how many were void."""
+
+    req_per_s: float | None
+    ttft_p50: float | None
+    ttft_p99: float | None
+    e2el_p50: float | None
+    host_cpu_s_per_request: float | None
+    host_busy_cores: float | None
+    runs: int
+    void: int
+
+
+def arm_figures(runs: list[Run]) -> dict[str, dict[str, ArmFigures]]:
     """Per run label and arm, each figure's median over the arm's counted runs (:func:`counted`; absolute, so
     hosts compare), and how many of its runs were void."""
     import statistics
 
-    out: dict[str, dict[str, dict[str, Any]]] = {}
+    out: dict[str, dict[str, ArmFigures]] = {}
     for label in dict.fromkeys(r.label for r in runs):
         for arm in dict.fromkeys(r.stack for r in runs):
             void = sum(1 for r in runs if r.label == label and r.stack == arm and r.void is not None)
             valid = [r for r in counted(runs) if r.label == label and r.stack == arm]
             if not valid and not void:
                 continue
-            row: dict[str, Any] = {
-                f: (statistics.median(r.figure(f) for r in valid) if valid else None) for f in ARM_FIGURES
+            med = {f: (statistics.median(r.figure(f) for r in valid) if valid else None) for f in ARM_FIGURES}
+            out.setdefault(label, {})[arm] = {
+                "req_per_s": med["req_per_s"],
+                "ttft_p50": med["ttft_p50"],
+                "ttft_p99": med["ttft_p99"],
+                "e2el_p50": med["e2el_p50"],
+                "host_cpu_s_per_request": med["host_cpu_s_per_request"],
+                "host_busy_cores": med["host_busy_cores"],
+                "runs": len(valid),
+                "void": void,
             }
-            out.setdefault(label, {})[arm] = {**row, "runs": len(valid), "void": void}
     return out
 
 
 # ----------------------------------------------------------------------------- report
-def _ci(fig: dict[str, Any]) -> str:
+def _ci(fig: pair_stats.PairRatio) -> str:
     return f"{fig['median']:.2f}x [{fig['ci90'][0]:.2f}, {fig['ci90'][1]:.2f}]"
 
 
-def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, Any]]) -> str:
+def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison]]) -> str:
     lines = [
         f"# {meta['workload']['name']} workload: {', '.join(meta['workload']['arms'])} ({meta['date']})",
         "",
@@ -625,12 +710,12 @@ def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, 
         "|---|---|---|---|" + "---|" * len(FIGURES),
     ]
     for label, comps in ratios.items():
-        for name, r in comps.items():
-            ref, cand = r["reference"], r["candidate"]
-            figs = r["figures"]
+        for name, comp in comps.items():
+            ref, cand = comp["reference"], comp["candidate"]
+            figs = comp["figures"]
             lines.append(
-                f"| {label} | {name} | {figs['req_per_s']['pairs']} | {r['requests'][ref]} / "
-                f"{r['requests'][cand]} ({r['failed'][ref]} / {r['failed'][cand]} failed) | "
+                f"| {label} | {name} | {figs['req_per_s']['pairs']} | {comp['requests'][ref]} / "
+                f"{comp['requests'][cand]} ({comp['failed'][ref]} / {comp['failed'][cand]} failed) | "
                 + " | ".join(_ci(figs[f]) for f in FIGURES)
                 + " |"
             )
@@ -644,8 +729,8 @@ def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, 
         ),
         "|---|---|---|---|---|---|---|",
     ]
-    for label, arms in hits_by_arm(runs).items():
-        for arm, h in arms.items():
+    for label, hits in hits_by_arm(runs).items():
+        for arm, h in hits.items():
             per = h["external_hits"] / h["requests"] if h["requests"] else 0.0
             lines.append(
                 f"| {label} | {arm} | {h['requests']:.0f} | {h['prompt_tokens']:.0f} | "
@@ -667,13 +752,9 @@ def markdown(meta: dict[str, Any], runs: list[Run], ratios: dict[str, dict[str, 
     def _ms(v: float | None) -> str:
         return "-" if v is None else f"{v:.1f}"
 
-    for label, arms in ttft_split(runs).items():
-        for arm, part in arms.items():
-            lines.append(
-                f"| {label} | {arm} | "
-                + " | ".join(_ms(part[k]) for k in ("client", "server", "queue", "prefill", "outside", "handoffs"))
-                + " |"
-            )
+    for label, splits in ttft_split(runs).items():
+        for arm, part in splits.items():
+            lines.append(f"| {label} | {arm} | " + " | ".join(_ms(part[k]) for k in SPLIT_PARTS) + " |")
     lines += [
         "",
         (
@@ -764,7 +845,7 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 # ----------------------------------------------------------------------------- driver
 def run_phase(
-    arm,
+    arm: Arm,
     stack: str,
     pair: int,
     workload: Workload,
@@ -775,7 +856,7 @@ def run_phase(
     attempt: int = 0,
 ) -> list[Run]:
     """The warm-up and every measured run of one started arm."""
-    runs = []
+    runs: list[Run] = []
     warm = plan[pair, "warmup"]
     warmed = 0
     # the warm-up at each concurrency the runs use, in turn: a batch shape first met in a measured run (vLLM
@@ -848,7 +929,7 @@ def run_phase(
 
 def parse_requests(text: str) -> dict[int, int]:
     """``"1:128,8:400"`` -> {1: 128, 8: 400}."""
-    out = {}
+    out: dict[int, int] = {}
     for part in text.split(","):
         c, n = part.split(":")
         out[int(c)] = int(n)
@@ -948,7 +1029,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fuzzserve-vs-vllm-"))
     log.info("server and cluster logs, prompts, raw client results in %s", work)
-    meta = {
+    meta: Meta = {
         "command": "python -m benchmarks.vs_vllm " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
@@ -1022,7 +1103,7 @@ def missing_runs(runs: list[Run], arms: list[str], pairs: int, labels: list[str]
     return [f"pair {p} {a} {lab}" for p in range(pairs) for a in arms for lab in labels if (p, a, lab) not in valid]
 
 
-def write_results(out: Path, meta: dict[str, Any], runs: list[Run]) -> None:
+def write_results(out: Path, meta: Meta, runs: list[Run]) -> None:
     """vs_vllm.json and vs_vllm.md as they stand (rewritten after every phase: a stopped run keeps its data)."""
     ratios = compare(runs)
     (out / "vs_vllm.json").write_text(

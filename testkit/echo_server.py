@@ -44,7 +44,9 @@ import contextlib
 import json
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict
 
 from aiohttp import web
 
@@ -64,6 +66,18 @@ FAULTS = {
     "undercount": "replica echo-0 does not count every 3rd request it finishes (client/server disagree)",
     "stuck": "replica echo-0 reports a running request forever (never quiescent)",
 }
+
+
+class EchoStats(TypedDict):
+    """What the server saw (``GET /stats``): requests received, answered in full, abandoned by their client, in
+    flight now and at most, and how many asked for each behaviour (``normal``: none)."""
+
+    received: int
+    completed: int
+    disconnected: int
+    in_flight: int
+    max_in_flight: int
+    by_behaviour: dict[str, int]
 
 
 class PretendReplica:
@@ -96,7 +110,7 @@ class EchoServer:
         self.itl_s = itl_ms / 1000
         self.ttft_s = ttft_ms / 1000
         self.empty_text = empty_text  # every answer as if it had the !empty-text word
-        self.stats = {
+        self.stats: EchoStats = {
             "received": 0,
             "completed": 0,
             "disconnected": 0,
@@ -302,7 +316,8 @@ class EchoServer:
                     return resp
                 if behaviour == "!drop" and i == n // 2:
                     self._finish(replica, "abort")
-                    request.transport.close()  # the connection drops mid-stream
+                    if request.transport is not None:  # None: the connection is already gone
+                        request.transport.close()  # the connection drops mid-stream
                     return resp
                 if behaviour == "!error-event" and i == n // 2:
                     self._finish(replica, "error")
@@ -358,7 +373,7 @@ async def start(
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    return runner, server, site._server.sockets[0].getsockname()[1]
+    return runner, server, runner.addresses[0][1]
 
 
 class EchoThread:
@@ -414,7 +429,7 @@ def cli_args(port: int, out, extra_metrics: int = 0) -> list[str]:
     ]
 
 
-def run_cli(out, extra: list[str] = (), extra_metrics: int = 0, **echo) -> tuple[int, dict]:
+def run_cli(out, extra: Sequence[str] = (), extra_metrics: int = 0, **echo) -> tuple[int, dict]:
     """The stress-test CLI in this process against an echo server (``echo``: its settings, 5 ms between tokens
     unless given), :func:`cli_args` then ``extra``; its exit code and summary.json."""
     from load_tests import cli

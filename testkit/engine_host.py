@@ -130,7 +130,7 @@ class EngineHost:
             with contextlib.suppress(BrokenPipeError, OSError):
                 self._conn.send(("stop", None))
             self.proc.join(timeout)
-        if self.proc.is_alive() or self.proc.exitcode is not None:
+        if (self.proc.is_alive() or self.proc.exitcode is not None) and self.proc.pid is not None:
             # Kill what is left of the engine's process group (EngineCore, workers).
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)

@@ -21,9 +21,13 @@ class ServerProcess:
         start_timeout: float = 600,
     ):
         self.log_path = log_path
-        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115 -- held for the object's life, closed when it stops
+        self._log = open(log_path, "wb") if log_path else None  # noqa: SIM115 -- held for the object's life, closed when it stops
         self.proc = subprocess.Popen(
-            argv, env={**os.environ, **(env or {})}, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            argv,
+            env={**os.environ, **(env or {})},
+            stdout=self._log if self._log is not None else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         try:
             self._wait_healthy(health_url, start_timeout)
@@ -63,5 +67,5 @@ class ServerProcess:
                 break
             except subprocess.TimeoutExpired:
                 continue
-        if self._log is not subprocess.DEVNULL:
+        if self._log is not None:
             self._log.close()

@@ -54,9 +54,9 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psutil
 
@@ -65,6 +65,10 @@ from patches.switches import ALL, OFF_ENV
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import LLMSpec, ServeConfig
 from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix
+
+if TYPE_CHECKING:
+    from load_tests.operate.local_cluster import LocalCluster
+    from testkit.server_process import ServerProcess
 
 log = logging.getLogger("fuzzserve.benchmarks.arms")
 
@@ -93,7 +97,7 @@ class ProtocolError(RuntimeError):
     """The measurement would not be the one the benchmark promises (e.g. Ray alive during a plain run)."""
 
 
-def require_no_ray(what: str, find=ray_processes) -> None:
+def require_no_ray(what: str, find: Callable[[], list[str]] = ray_processes) -> None:
     """Raise :class:`ProtocolError` naming them if any Ray process is alive."""
     alive = find()
     if alive:
@@ -152,13 +156,15 @@ class VllmServer:
         flags: list[str],
         env: dict[str, str],
         engine_cores: list[int] | None = None,
-        find_ray=ray_processes,
+        find_ray: Callable[[], list[str]] = ray_processes,
     ):
         self.name, self.model, self.log_dir = name, model, log_dir
         self.flags, self.env, self.engine_cores, self._find_ray = flags, env, engine_cores, find_ray
         self.split_frontend = False  # pin=split: the API server on the cores the engine does not use
-        self.server = None
+        self.server: ServerProcess | None = None
         self.replicas = 1
+        self.base_url: str  # set when started
+        self.metrics_urls: list[str]
 
     def __enter__(self) -> VllmServer:
         from load_tests.operate.ports import free_port
@@ -182,7 +188,7 @@ class VllmServer:
             str(port),
         ]
         log.info("%s: %s", self.name, " ".join(argv[3:]))
-        self.server = ServerProcess(
+        self.server = server = ServerProcess(
             argv,
             f"http://127.0.0.1:{port}/health",
             log_path=self.log_dir / f"{slug(self.name)}.log",
@@ -193,9 +199,9 @@ class VllmServer:
         if self.engine_cores is not None:
             from serve_app.engine.cpu_cores import pin_engine_cores, pin_threads
 
-            pinned = pin_engine_cores(self.engine_cores, parent_pid=self.server.proc.pid)
+            pinned = pin_engine_cores(self.engine_cores, parent_pid=server.proc.pid)
             if not pinned:
-                self.server.close()
+                server.close()
                 raise ProtocolError(
                     f"{self.name}: no EngineCore process under the server to pin to {self.engine_cores}"
                 )
@@ -204,17 +210,18 @@ class VllmServer:
                 try:
                     rest = other_cores(self.name, self.engine_cores)
                 except ProtocolError:
-                    self.server.close()
+                    server.close()
                     raise
-                pin_threads(psutil.Process(self.server.proc.pid), rest)
+                pin_threads(psutil.Process(server.proc.pid), rest)
                 log.info("%s: the API server's threads pinned to cores %s", self.name, rest)
         return self
 
     def check(self, when: str) -> None:
         require_no_ray(when, self._find_ray)
 
-    def __exit__(self, *exc) -> None:
-        self.server.close()
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.close()
 
 
 def plain_engine_kwargs(config: ServeConfig) -> dict[str, Any]:
@@ -223,7 +230,9 @@ def plain_engine_kwargs(config: ServeConfig) -> dict[str, Any]:
     return {k: kwargs[k] for k in PLAIN_KEYS if k in kwargs}
 
 
-def plain_vllm(config: ServeConfig, model: Path, log_dir: Path, find_ray=ray_processes) -> VllmServer:
+def plain_vllm(
+    config: ServeConfig, model: Path, log_dir: Path, find_ray: Callable[[], list[str]] = ray_processes
+) -> VllmServer:
     """vLLM's defaults, every patch off; only the settings that change what is computed come from the config."""
     return VllmServer(
         "plain", model, log_dir, engine_flags(plain_engine_kwargs(config)), {OFF_ENV: ALL}, find_ray=find_ray
@@ -231,7 +240,11 @@ def plain_vllm(config: ServeConfig, model: Path, log_dir: Path, find_ray=ray_pro
 
 
 def patched_vllm(
-    config: ServeConfig, model: Path, log_dir: Path, offload: bool = True, find_ray=ray_processes
+    config: ServeConfig,
+    model: Path,
+    log_dir: Path,
+    offload: bool = True,
+    find_ray: Callable[[], list[str]] = ray_processes,
 ) -> VllmServer:
     """A replica's engine (our patches, its engine arguments, environment and cores) behind vLLM's own server."""
     from serve_app.engine.cpu_cores import BIND_ENV, replica_cores
@@ -267,6 +280,11 @@ class Shipped:
         # names start with this and which is ready when /v1/models answers
         self.ours = replica_class is None
         self.replica_class = replica_class or ENGINE_REPLICA_CLASS
+        # set when started
+        self.cluster: LocalCluster
+        self.replicas: int
+        self.base_url: str
+        self.metrics_urls: list[str]
 
     def __enter__(self) -> Shipped:
         from load_tests.operate.local_cluster import LocalCluster
@@ -340,11 +358,17 @@ class Shipped:
     def check(self, when: str) -> None:
         pass
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.cluster.close()
         left = ray_processes()
         if left:
             raise ProtocolError(f"the {self.name} phase's cluster left Ray processes behind:\n  " + "\n  ".join(left))
+
+
+# An arm of the benchmark: started with ``with``, it serves at ``base_url`` and exports its counters at
+# ``metrics_urls``; ``replicas``: its engine replicas; ``check(when)``: its protocol check around each run (a plain
+# server's: no Ray process alive).
+Arm: TypeAlias = VllmServer | Shipped
 
 
 def stock_config(config: ServeConfig, model: Path) -> ServeConfig:
@@ -409,7 +433,7 @@ def parse_arm(name: str) -> tuple[str, dict[str, str]]:
     return base, env
 
 
-def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path):
+def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path) -> Arm:
     """A fresh arm by name (:data:`ARMS`, or a variant: ``ARM+NAME=VALUE...``), not yet started."""
     base, extra = parse_arm(name)
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,6 @@ the tool for *which function* inside a role (docs/benchmarks.md).
 from __future__ import annotations
 
 import os
-from typing import Any
 
 import psutil
 
@@ -79,7 +78,7 @@ def _roles(loadgen_pid: int | None) -> tuple[dict[int, psutil.Process], dict[int
 def titled_processes(loadgen_pid: int | None = None) -> dict[int, str]:
     """pid -> resolved role, only for processes whose own title names a role (the ones worth profiling)."""
     _procs, own, roles = _roles(loadgen_pid)
-    return {pid: roles[pid] for pid, r in own.items() if r is not None and roles.get(pid)}
+    return {pid: role for pid, r in own.items() if r is not None and (role := roles.get(pid))}
 
 
 def snapshot(loadgen_pid: int | None = None) -> Snapshot:
@@ -132,7 +131,7 @@ def delta(before: Snapshot, after: Snapshot) -> dict[str, float]:
     return out
 
 
-def per_request(cpu: dict[str, float], requests: int, min_share: float = 0.01) -> dict[str, Any]:
+def per_request(cpu: dict[str, float], requests: int, min_share: float = 0.01) -> dict[str, float]:
     """CPU milliseconds per request per role, dropping roles under ``min_share`` of the total."""
     total = sum(cpu.values()) or 1.0
     return {

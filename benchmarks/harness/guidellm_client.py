@@ -26,6 +26,7 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def ensure_env(env: Path = ENV) -> Path:
     return guidellm_bin(env)
 
 
-def write_dataset(prompts: list[str], output_len: int, path: Path) -> Path:
+def write_dataset(prompts: Sequence[str], output_len: int, path: Path) -> Path:
     """GuideLLM's ``json_file`` rows: the prompt and the output tokens it asks for (``max_tokens``, ``ignore_eos``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"prompt": p, "output_tokens_count": output_len}) + "\n" for p in prompts))

@@ -21,7 +21,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal, TypedDict
 
 BOOTSTRAP_SAMPLES = 10_000
 MIN_PAIRS = 6  # a headline figure's pairs (an even number: every arm first as often as last)
@@ -47,11 +47,20 @@ def block_order(arms: Sequence[str], pairs: int) -> list[tuple[int, str]]:
     return order
 
 
+class PairRatio(TypedDict):
+    """A figure compared pair by pair: how many pairs, each pair's ratio, their median and its 90 % interval."""
+
+    pairs: int
+    ratios: list[float]
+    median: float
+    ci90: list[float]
+
+
 def median_ratio(
     pairs: Sequence[tuple[float, float]],
     samples: int = BOOTSTRAP_SAMPLES,
     seed: int = 0,
-) -> dict[str, Any]:
+) -> PairRatio:
     """``pairs`` of (reference, candidate): the median of candidate / reference and its bootstrap 90 % interval."""
     ratios = [c / r for r, c in pairs]
     if not ratios:

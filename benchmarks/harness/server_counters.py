@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
+from typing import TypedDict
 
 import httpx
 
@@ -60,9 +61,29 @@ LATENCY_HISTOGRAMS = {
 }
 
 
+class CountersJson(TypedDict, total=False):
+    """:meth:`CacheCounters.to_json`: every field, then the derived figures (a run whose counters were not read
+    has none of them)."""
+
+    requests: float
+    prompt_tokens: float
+    prefix_cache_queries: float
+    prefix_cache_hits: float
+    external_queries: float
+    external_hits: float
+    by_source: dict[str, float]
+    latency_sum: dict[str, float]
+    latency_count: dict[str, float]
+    hit_tokens: float
+    offload_hit_tokens_per_request: float | None
+    latency_mean_ms: dict[str, float | None]
+
+
 @dataclass
 class CacheCounters:
-    """Sums over every engine the endpoints report (tokens, except ``requests``). Absent counters read 0."""
+    """Sums over every engine the endpoints report (tokens, except ``requests``). Absent counters read 0.
+
+    A new field goes into :class:`CountersJson` and :meth:`to_json` too."""
 
     requests: float = 0.0
     prompt_tokens: float = 0.0
@@ -100,12 +121,23 @@ class CacheCounters:
         """Prompt tokens either tier served."""
         return self.prefix_cache_hits + self.external_hits
 
-    def to_json(self) -> dict[str, object]:
-        d = asdict(self)
-        d["hit_tokens"] = self.hit_tokens
-        d["offload_hit_tokens_per_request"] = self.external_hits / self.requests if self.requests else None
-        d["latency_mean_ms"] = self.latency_mean_ms()
-        return d
+    def to_json(self) -> CountersJson:
+        """Every field in order (as ``dataclasses.asdict``), then ``hit_tokens``, ``offload_hit_tokens_per_request``
+        and ``latency_mean_ms``."""
+        return {
+            "requests": self.requests,
+            "prompt_tokens": self.prompt_tokens,
+            "prefix_cache_queries": self.prefix_cache_queries,
+            "prefix_cache_hits": self.prefix_cache_hits,
+            "external_queries": self.external_queries,
+            "external_hits": self.external_hits,
+            "by_source": dict(self.by_source),
+            "latency_sum": dict(self.latency_sum),
+            "latency_count": dict(self.latency_count),
+            "hit_tokens": self.hit_tokens,
+            "offload_hit_tokens_per_request": self.external_hits / self.requests if self.requests else None,
+            "latency_mean_ms": self.latency_mean_ms(),
+        }
 
 
 def parse_counters(texts: Sequence[str]) -> CacheCounters:

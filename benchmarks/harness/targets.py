@@ -16,7 +16,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from ray.serve.config import ProxyLocation
 from ray.serve.schema import HTTPOptionsSchema
@@ -30,8 +30,21 @@ from serve_app.engine.engine_env import ENGINE_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED_CONFIG = deploy_config.SHIPPED_CONFIG
-ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
-OFFLOAD = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
+
+
+class EngineKwargs(TypedDict, total=False):
+    """The benchmarks' engine settings: vLLM engine arguments (``LLM(...)``, a Serve app's ``engine_kwargs``)."""
+
+    dtype: str
+    enforce_eager: bool
+    max_model_len: int
+    enable_prefix_caching: bool
+    kv_offloading_size: float
+    kv_offloading_backend: str
+
+
+ENGINE: EngineKwargs = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "enable_prefix_caching": True}
+OFFLOAD: EngineKwargs = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"}
 
 
 # ----------------------------------------------------------------------------- the benchmarks' Serve configs
@@ -76,13 +89,39 @@ def benchmark_config(apps: Iterable[Application]) -> ServeConfig:
     )
 
 
+class AppArgs(TypedDict):
+    """The keyword arguments of :func:`app` a target names (``stock`` always; the rest where not the default)."""
+
+    stock: bool
+    replicas: NotRequired[int]
+    patches: NotRequired[bool]
+    direct: NotRequired[bool]
+    offload: NotRequired[bool | None]
+    omp_bind: NotRequired[str | None]
+    patches_off: NotRequired[str | None]
+    cores_per_replica: NotRequired[int | None]
+    user_code_thread: NotRequired[bool]
+    access_log: NotRequired[bool]
+    nap_s: NotRequired[float | None]
+
+
+class ShippedOverrides(TypedDict, total=False):
+    """The overrides of serve_config.yaml's application a target names (:func:`shipped_application`'s)."""
+
+    args: dict[str, Any]
+    engine_kwargs: dict[str, Any]
+    env: dict[str, str]
+    logging_config: dict[str, Any]
+    router_kwargs: dict[str, Any]
+
+
 @dataclass(frozen=True)
 class StackTarget:
     name: str
     phase: str
     label: str
-    app: dict[str, Any] | None = field(default=None, hash=False)  # keyword arguments of app(); None: no Serve app
-    shipped: dict[str, Any] | None = field(default=None, hash=False)  # shipped_app() overrides: serve_config.yaml
+    app: AppArgs | None = field(default=None, hash=False)  # keyword arguments of app(); None: no Serve app
+    shipped: ShippedOverrides | None = field(default=None, hash=False)  # shipped_app() overrides: serve_config.yaml
     drives: str | None = None  # the target whose application this one drives (d drives c's app with fuzz)
     fuzz: bool = False  # every request carries the load tests' fuzz mix
 
@@ -91,7 +130,7 @@ class StackTarget:
         return self.drives or self.name
 
 
-_DIRECT = {"direct": True, "stock": False}
+_DIRECT: AppArgs = {"direct": True, "stock": False}
 TARGETS: tuple[StackTarget, ...] = (
     StackTarget("a", "-", "vLLM server, patches off"),
     # Serve's default path (a router deployment in front of the replicas)

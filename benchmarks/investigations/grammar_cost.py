@@ -121,7 +121,7 @@ def tokenizer_info(vocabulary: str):
 
         tok = AutoTokenizer.from_pretrained(REPO / ".cache" / "models" / "fixture")
         return xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)), len(tok)
-    size, rng, vocab = int(vocabulary), random.Random(0), set()
+    size, rng, vocab = int(vocabulary), random.Random(0), set[str]()
     while len(vocab) < size:
         vocab.add("".join(rng.choice(ALPHABET) for _ in range(rng.randint(1, 8))))
     return xgr.TokenizerInfo(sorted(vocab), vocab_type=xgr.VocabType.RAW, stop_token_ids=[0]), size

@@ -83,7 +83,8 @@ DEFAULT_OUT = REPO / "docs" / "benchmarks" / "handoff_split"
 # ----------------------------------------------------------------------------- the split (pure)
 def read_trace(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(request records, step records) of a trace file, each in the order written."""
-    requests, steps = [], []
+    requests: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
     for line in Path(path).read_text().splitlines():
         record = json.loads(line)
         (steps if "step" in record else requests).append(record)

@@ -17,6 +17,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 from serve_app.engine.engine_env import use_engine_env
 
@@ -39,7 +40,8 @@ def _external_tokens(llm) -> float:
 def measure(offload: bool, repeats: int, examples_each: int, model: str) -> dict:
     from vllm import LLM, SamplingParams
 
-    kwargs = dict(
+    offload_kwargs: dict[str, Any] = {"kv_offloading_size": 0.25, "kv_offloading_backend": "native"} if offload else {}
+    llm = LLM(
         model=model,
         dtype="float32",
         enforce_eager=True,
@@ -48,10 +50,8 @@ def measure(offload: bool, repeats: int, examples_each: int, model: str) -> dict
         num_gpu_blocks_override=12,
         disable_log_stats=False,
         seed=0,
+        **offload_kwargs,
     )
-    if offload:
-        kwargs.update(kv_offloading_size=0.25, kv_offloading_backend="native")
-    llm = LLM(**kwargs)
     one = SamplingParams(temperature=0, max_tokens=1)
     prefixes = _prefixes(4 * repeats, examples_each)
     ttfts, reloaded = [], []
@@ -66,7 +66,10 @@ def measure(offload: bool, repeats: int, examples_each: int, model: str) -> dict
         out = llm.generate([prompt], one, use_tqdm=False)
         ttfts.append(time.perf_counter() - t0)
         reloaded.append(_external_tokens(llm) - before)
-    n_tokens = len(out[0].prompt_token_ids)
+    prompt_ids = out[0].prompt_token_ids
+    if prompt_ids is None:
+        raise RuntimeError("vLLM returned no prompt token ids")
+    n_tokens = len(prompt_ids)
     del llm
     return {
         "offload": offload,

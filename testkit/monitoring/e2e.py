@@ -42,7 +42,7 @@ import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 import yaml
@@ -95,7 +95,7 @@ class PrometheusServer:
         self.config_path = workdir / "prometheus.yml"
         self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         self.proc: subprocess.Popen | None = None
-        self._log = None
+        self._log: BinaryIO | None = None
 
     @property
     def url(self) -> str:
