@@ -95,7 +95,7 @@ from rich.console import Console
 
 from benchmarks.harness import guidellm_client, pair_stats, vllm_bench_serve
 from benchmarks.harness.prompts import PromptBook, PromptSet, check_disjoint
-from benchmarks.harness.server_counters import CacheCounters, read_counters, wait_for_requests
+from benchmarks.harness.server_counters import READ_ERRORS, CacheCounters, read_counters, wait_for_requests
 from benchmarks.harness.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
 from load_tests.command_logs import command_logging
@@ -527,7 +527,7 @@ def cache_counters(metrics_urls: list[str]) -> CacheCounters | None:
     """The target's cache counters now, or None where its endpoints do not answer (counted as unknown)."""
     try:
         return read_counters(metrics_urls)
-    except Exception as e:
+    except READ_ERRORS as e:
         log.warning("cache counters unreadable (%s): this run's cache hits are not checked", e)
         return None
 

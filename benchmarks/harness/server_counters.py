@@ -170,6 +170,12 @@ def parse_counters(texts: Sequence[str]) -> CacheCounters:
     return out
 
 
+# What reading a metrics endpoint can raise: the request failed or got an error status (httpx.HTTPError), or its
+# text is not the exposition format (ValueError). A reader that treats an unreadable endpoint as "unknown" catches
+# these and nothing broader.
+READ_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, ValueError)
+
+
 def read_counters(urls: Sequence[str], get: Callable[[str], str] | None = None) -> CacheCounters:
     """The counters at ``urls`` now (every URL must answer)."""
     get = get or (lambda u: httpx.get(u, timeout=10).raise_for_status().text)

@@ -24,11 +24,14 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from benchmarks.harness.server_counters import READ_ERRORS
 from serve_app.observability.contract import RAY_VLLM_PREFIX, REQUEST_SUCCESS
 
 log = logging.getLogger("fuzzserve.benchmarks.server_rate")
 
 EDGE_SHARE = 0.1  # the share of the run's requests at each end left out of the steady rate
+# What one sample of the count can raise: the endpoint unreadable (READ_ERRORS) or a sample line without a value.
+SAMPLE_ERRORS: tuple[type[Exception], ...] = (*READ_ERRORS, IndexError)
 
 
 @dataclass
@@ -54,7 +57,7 @@ class RateSampler:
             t = time.thread_time()
             try:
                 self.samples.append((time.monotonic(), self._count()))
-            except Exception as e:
+            except SAMPLE_ERRORS as e:  # a missed sample: the rate is read from the others
                 log.debug("server counters unreadable: %s", e)
             self.cpu_s += time.thread_time() - t
             self._stop.wait(self.interval_s)
