@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import itertools
-from typing import cast
 
 import pytest
 
@@ -145,7 +144,8 @@ def test_the_scale_plan_goes_up_then_down_and_back_checking_affinity_after_each_
     assert sc.operations is not None
     steps = sc.operations.steps
     assert all(isinstance(s, Scale) for s in steps) and sc.planned_faults == ("scale",)
-    counts = [deployed_args(sc)["engine_replicas"], *(cast(Scale, s).replicas for s in steps)]
+    scales = [s for s in steps if isinstance(s, Scale)]  # every step (asserted above), typed as one
+    counts = [deployed_args(sc)["engine_replicas"], *(s.replicas for s in scales)]
     assert all(a != b for a, b in itertools.pairwise(counts)), f"a step that changes nothing: {counts}"
     up = next(i for i in range(1, len(counts)) if counts[i] > counts[i - 1])
     assert up == 1 and any(counts[i] < counts[i - 1] for i in range(up + 1, len(counts))), counts
@@ -551,10 +551,10 @@ def test_the_autoscale_scenario_leaves_sizing_to_serve():
         return min(auto["max_replicas"], max(auto["min_replicas"], wanted))
 
     assert aimed_at(sc.profile.concurrency) == auto["initial_replicas"]
-    for s in steps:
-        assert isinstance(s, Autoscale)
+    autoscales = [s for s in steps if isinstance(s, Autoscale)]  # every step (asserted above), typed as one
+    for s in autoscales:
         assert auto["min_replicas"] <= s.replicas <= auto["max_replicas"] and aimed_at(s.concurrency) == s.replicas, s
-    counts = [auto["initial_replicas"], *(cast(Autoscale, s).replicas for s in steps)]
+    counts = [auto["initial_replicas"], *(s.replicas for s in autoscales)]
     assert counts[1] > counts[0] and counts[-1] == auto["min_replicas"] < max(counts), counts
 
 
