@@ -166,7 +166,11 @@ def test_request_lives_keep_every_counter_consistent(lives):
         total_prompt.inc(frontend.total)
         frontend = PromptTokenStats()
 
-    value = lambda c: registry.get_sample_value(c._name + "_total")  # noqa: E731
+    def value(c) -> float:
+        sample = registry.get_sample_value(c._name + "_total")
+        assert sample is not None, c._name
+        return sample
+
     assert sum(value(c) for c in totals.values()) == value(total_prompt)
     assert all(value(c) >= 0 for c in totals.values())
 

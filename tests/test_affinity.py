@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import types
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
@@ -14,11 +15,14 @@ from load_tests.judge.evidence import check_planned_faults
 from load_tests.observe.counters import ReplicaCounters
 from load_tests.observe.monitor import InvariantChecker, Snapshot
 from load_tests.operate.affinity import PREFIX, AffinityCheck, AffinityKey, affinity_keys, home_replica, idle_counts
-from load_tests.plan.scenarios import SCENARIOS
+from load_tests.plan.scenarios import SCENARIOS, Scenario
 from load_tests.plan.steps import Scale
 from load_tests.results.events import Scaled
 from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, replica_full_id, replica_id
 from serve_app.routing.fuzz_router import DEFAULT_PREFIX_CHARS, FuzzAffinityRouter
+
+if TYPE_CHECKING:
+    from ray.serve.request_router import PendingRequest, RunningReplica
 
 MODEL = "fixture"
 LIVE = ["r1aa", "r2bb", "r3cc", "r4dd"]
@@ -45,7 +49,10 @@ def route(live: list[str], xargs) -> str:
     router = FuzzAffinityRouter.__new__(FuzzAffinityRouter)
     router.initialize_state(imbalanced_threshold=None)
     request = types.SimpleNamespace(args=[types.SimpleNamespace(prompt=f"{PREFIX} 7", vllm_xargs=xargs)])
-    [[chosen]] = asyncio.run(router.choose_replicas(replicas, request))
+    # stand-ins with the fields the router reads (a replica's full id, a request's prompt and xargs)
+    [[chosen]] = asyncio.run(
+        router.choose_replicas(cast("list[RunningReplica]", replicas), cast("PendingRequest", request))
+    )
     return replica_id(chosen.replica_id.to_full_id_str())
 
 
@@ -157,13 +164,23 @@ def test_the_verdict_reads_the_affinity_check():
     assert not bad.ok and any("routing affinity: requests per replica" in p for p in bad.problems), bad.problems
 
 
+def scale_steps(sc: Scenario) -> list[Scale]:
+    """The scenario's operation steps, every one of them a scale step."""
+    assert sc.operations is not None
+    scales = [s for s in sc.operations.steps if isinstance(s, Scale)]
+    assert len(scales) == len(sc.operations.steps), sc.operations.steps
+    return scales
+
+
 def test_the_scale_scenario_checks_affinity_and_the_cli_can_ask_for_a_scale_that_cannot_fit():
-    assert SCENARIOS["scale"].operations.affinity_check
-    assert not SCENARIOS["autoscale"].operations.affinity_check  # pausing the load would make Serve scale down
+    scale, autoscale = SCENARIOS["scale"].operations, SCENARIOS["autoscale"].operations
+    assert scale is not None and autoscale is not None
+    assert scale.affinity_check
+    assert not autoscale.affinity_check  # pausing the load would make Serve scale down
     sc = scenario_from(parse_args(["--scenario", "scale", "--scale-to", "16", "--converge-timeout", "120"]))
-    assert [(s.kind, s.replicas, s.after_s) for s in sc.operations.steps] == [("scale", 16, 40.0)]
+    assert [(s.kind, s.replicas, s.after_s) for s in scale_steps(sc)] == [("scale", 16, 40.0)]
     sc = scenario_from(parse_args(["--scenario", "scale", "--scale-to", "3,1,2,3"]))
-    assert [s.replicas for s in sc.operations.steps] == [3, 1, 2, 3]
+    assert [s.replicas for s in scale_steps(sc)] == [3, 1, 2, 3]
     with pytest.raises(ValueError, match="no scale steps"):
         scenario_from(parse_args(["--scenario", "redeploy", "--scale-to", "4"]))
     with pytest.raises(ValueError, match="no operations"):

@@ -177,6 +177,7 @@ def test_the_servers_steady_rate_leaves_the_edges_out_and_needs_changes_in_the_m
     # 100 requests: a slow start (10 in the first 5 s), then 10 per second, a tail: the middle's rate is 10/s
     samples = [(0.0, 0.0), (5.0, 10.0)] + [(5.0 + k, 10.0 + 10 * k) for k in range(1, 9)] + [(20.0, 100.0)]
     rate = steady_rate(samples)
+    assert rate is not None
     assert rate["requests_per_s"] == 10.0 and rate["changes"] >= 2
     assert steady_rate([(0.0, 5.0), (1.0, 5.0)]) is None, "nothing counted: no rate"
     assert steady_rate([(0.0, 0.0), (30.0, 100.0)]) is None, "one export for the whole run: too short to say"
@@ -226,6 +227,7 @@ def test_each_run_carries_the_servers_own_latency_beside_the_clients():
 
     before, after = {"r1": rc((100, 100), (100, 100))}, {"r1": rc((100, 120), (100, 140))}
     got = server_side(before, after)
+    assert got is not None
     assert got["ttft_p50_s"] == pytest.approx(0.015) and got["ttft_p50_bucket_s"] == (0.01, 0.02)
     assert got["tpot_p50_s"] == pytest.approx(0.0075) and got["ttft_count"] == 20 and got["itl_p50_s"] is None
     assert server_side(None, after) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+from typing import cast
 
 import pytest
 
@@ -492,7 +493,7 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
 
     from benchmarks import routing_hits as rh
     from benchmarks.harness.targets import shipped_app
-    from serve_app.routing.routers import ROUTERS
+    from serve_app.routing.routers import ROUTERS, Routing
 
     names = tuple(rh.TARGETS)
     apps = {a["name"]: a for a in rh.target_apps(48, names)}
@@ -516,7 +517,8 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
         assert "autoscaling_config" not in llm["deployment_config"], "one place for the count: engine_replicas"
         router = llm["deployment_config"].get("request_router_config")
         if name in rh.ROUTER_KWARGS:
-            assert router == {**ROUTERS[args["routing"]], "request_router_kwargs": rh.ROUTER_KWARGS[name]}
+            routing = cast("Routing", args["routing"])  # a builder argument: one of the routings ROUTERS names
+            assert router == {**ROUTERS[routing], "request_router_kwargs": rh.ROUTER_KWARGS[name]}
         else:
             assert router is None, name  # the builder sets it from `routing`
 

@@ -48,17 +48,22 @@ def test_the_sweep_stops_once_goodput_stops_rising_or_a_step_breaks():
     rising = [step(1, 1.0), step(2, 2.0), step(4, 3.9)]
     assert stop_reason(rising, plan) is None
     assert stop_reason([*rising, step(8, 4.0)], plan) is None, "one step without a rise is within patience"
-    assert "stopped rising" in stop_reason([*rising, step(8, 4.0), step(16, 4.05)], plan)
+    reason = stop_reason([*rising, step(8, 4.0), step(16, 4.05)], plan)
+    assert reason is not None and "stopped rising" in reason
     assert stop_reason([*rising, step(8, 4.0), step(16, 5.0)], plan) is None, "a new best resets the count"
-    assert "invariant" in stop_reason([*rising, step(8, 4.5, violations=1)], plan)
-    assert "failed" in stop_reason([*rising, step(8, 4.5, failures=2)], plan)
+    reason = stop_reason([*rising, step(8, 4.5, violations=1)], plan)
+    assert reason is not None and "invariant" in reason
+    reason = stop_reason([*rising, step(8, 4.5, failures=2)], plan)
+    assert reason is not None and "failed" in reason
 
 
 def test_the_knee_is_the_highest_load_near_the_best_goodput_that_meets_the_slo():
     plan = SweepPlan(knee_within=0.05)
     steps = [step(1, 1.0), step(2, 2.0), step(4, 3.9), step(8, 4.0), step(16, 3.85), step(32, 4.0, meets=False)]
-    assert knee(steps, plan).concurrency == 16  # 3.85 >= 0.95 x 4.0; 32 misses the SLO
-    assert knee([*steps[:4], step(16, 3.7)], plan).concurrency == 8  # 3.7 < 0.95 x 4.0
+    found = knee(steps, plan)
+    assert found is not None and found.concurrency == 16  # 3.85 >= 0.95 x 4.0; 32 misses the SLO
+    found = knee([*steps[:4], step(16, 3.7)], plan)
+    assert found is not None and found.concurrency == 8  # 3.7 < 0.95 x 4.0
     assert knee([step(1, 1.0, meets=False)], plan) is None
 
 

@@ -71,6 +71,7 @@ def test_a_client_on_time_reports_the_servers_pace():
     assert p99(lags) < LAG_BOUND_S
     lat = latency(results, p99(lags))
     assert lat.itl.note is None and lat.tpot.note is None
+    assert lat.itl.p50 is not None
     assert 0.8 * ITL_MS / 1000 < lat.itl.p50 < 3 * ITL_MS / 1000, lat.itl  # the echo server's 5 ms pace
 
 
@@ -80,10 +81,12 @@ def test_a_client_whose_loop_runs_late_withholds_itl_and_tpot_and_says_why():
     assert p99(lags) > 0.02, "the probe sees the loop blocked for 30 ms at a time"
     lat = latency(results, p99(lags))
     assert (lat.itl.p50, lat.itl.p99, lat.itl.mean) == (None, None, None) and lat.itl.count > 0
+    assert lat.itl.note is not None
     assert lat.itl.note.startswith("withheld: the client's event loop ran") and "read token chunks late" in lat.itl.note
     # TPOT spreads the lag over a stream's 12 tokens: withheld only when that share is over a tenth of it
     assert lat.tpot.note is None or "per token over a median stream" in lat.tpot.note
-    assert latency(results, 0.5).tpot.note.startswith("withheld: the client's event loop ran 500.0 ms late")
+    note = latency(results, 0.5).tpot.note
+    assert note is not None and note.startswith("withheld: the client's event loop ran 500.0 ms late")
     assert lat.ttft.p50 is not None and lat.ttft.note is None, "TTFT stays: a late read only makes it longer"
     # the control: the same results judged as if the loop had been on time keep their figures
     assert latency(results, 0.001).itl.p50 is not None
@@ -94,15 +97,18 @@ def test_chunks_read_in_bursts_are_withheld_even_without_a_lag_measurement():
         index=0, outcome="ok", ttft=0.5, e2e=0.5001, itl=[6e-6] * 63, completion_tokens=64, spec={"stream": True}
     )
     lat = latency([burst])
-    assert lat.itl.p50 is None and "arrived in bursts (median gap 6 us" in lat.itl.note
+    assert lat.itl.p50 is None and lat.itl.note is not None and "arrived in bursts (median gap 6 us" in lat.itl.note
     assert lat.tpot.p50 is None, "TPOT of 0 ms is never shown"
     assert reads_late(None, 0.004) is None and reads_late(0.004, 0.004) is None
-    assert reads_late(0.006, 0.004).startswith("withheld: the client's event loop ran 6.0 ms late")
+    note = reads_late(0.006, 0.004)
+    assert note is not None and note.startswith("withheld: the client's event loop ran 6.0 ms late")
     from load_tests.load.client_cost import tpot_reads_late
 
     assert tpot_reads_late(0.006, 0.004, 0.010, 32) is None, "6 ms over 31 tokens is 2 % of a 10 ms TPOT"
-    assert "per token over a median stream" in tpot_reads_late(0.1, 0.004, 0.010, 32)
-    assert "bursts" in tpot_reads_late(None, 6e-6, 0.0, 64)
+    note = tpot_reads_late(0.1, 0.004, 0.010, 32)
+    assert note is not None and "per token over a median stream" in note
+    note = tpot_reads_late(None, 6e-6, 0.0, 64)
+    assert note is not None and "bursts" in note
 
 
 def test_process_cpu_counts_this_processes_work():

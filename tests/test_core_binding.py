@@ -100,6 +100,7 @@ def test_engine_core_children_are_pinned_thread_by_thread_and_nothing_else(reque
         request.addfinalizer(c.wait)
         request.addfinalizer(c.kill)
     for c in children:
+        assert c.stdout is not None
         assert c.stdout.readline().strip() == "ready"
     engine, sibling = (psutil.Process(c.pid) for c in children)
     assert len(engine.threads()) == 4
@@ -170,6 +171,7 @@ def test_a_replica_that_serve_renumbers_repins_its_running_engine_and_workers(re
     child = subprocess.Popen([sys.executable, "-c", _ENGINE_WITH_WORKER, _CHILD], stdout=subprocess.PIPE, text=True)
     request.addfinalizer(child.wait)
     request.addfinalizer(child.kill)
+    assert child.stdout is not None
     _ready, worker_pid = child.stdout.readline().split()
     request.addfinalizer(lambda: psutil.Process(int(worker_pid)).kill() if psutil.pid_exists(int(worker_pid)) else None)
     engine, worker = psutil.Process(child.pid), psutil.Process(int(worker_pid))

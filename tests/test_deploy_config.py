@@ -8,8 +8,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import copy
+import functools
 import types
+from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, TypeVar
 
 import pytest
 import yaml
@@ -22,6 +25,7 @@ from serve_app.config.deploy_config import BUILDER, Application, FuzzServeArgs, 
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = ("serve_config.yaml", "serve_config.cuda.yaml")
+T = TypeVar("T")
 
 
 def raw(name: str = "serve_config.yaml") -> dict:
@@ -46,7 +50,7 @@ def two_apps() -> ServeConfig:
     return dc.with_applications(shipped(), [*shipped().applications, stock_app()])
 
 
-def unchanged(cfg: ServeConfig, change) -> ServeConfig:
+def unchanged(cfg: ServeConfig, change: Callable[[ServeConfig], T]) -> T:
     """``change(cfg)``, asserting that ``cfg`` itself did not change."""
     before = copy.deepcopy(to_document(cfg))
     out = change(cfg)
@@ -160,7 +164,7 @@ def test_engine_kwargs_change_every_engine_of_our_builder_and_nothing_else():
     assert "kv_offloading_size" not in dc.first_llm(dropped).engine_kwargs
     assert set(dc.first_llm(cfg).engine_kwargs) - set(dc.first_llm(dropped).engine_kwargs) == {"kv_offloading_size"}
     with pytest.raises(ValidationError):  # engine_kwargs are a mapping
-        dc.with_engine_kwargs(cfg, lambda kw: ["max_num_seqs"])
+        dc.with_engine_kwargs(cfg, lambda kw: ["max_num_seqs"])  # type: ignore[arg-type, return-value]  # on purpose
 
 
 def test_allowed_xargs_are_appended_once_in_order():
@@ -193,8 +197,9 @@ def test_routing_and_replicas():
     )
     with pytest.raises(ValidationError, match="routing"):
         dc.with_routing(cfg, "random")  # type: ignore[arg-type]
-    for n in (3, "fit", None):
-        changed = unchanged(cfg, lambda c, n=n: dc.with_engine_replicas(c, n))
+    counts: tuple[int | Literal["fit"] | None, ...] = (3, "fit", None)
+    for n in counts:
+        changed = unchanged(cfg, functools.partial(dc.with_engine_replicas, replicas=n))
         assert dc.application(changed).fuzz_args.engine_replicas == n
     with pytest.raises(ValidationError, match="engine_replicas"):
         dc.with_engine_replicas(cfg, "all")  # type: ignore[arg-type]
@@ -300,7 +305,11 @@ def test_a_benchmark_target_is_the_shipped_app_with_only_the_named_changes():
         router_kwargs={"imbalanced_threshold": 4},
     )
     assert tuned.fuzz_args.routing == "round_robin" and tuned.fuzz_args.llm_configs[0].engine_kwargs["enforce_eager"]
-    assert tuned.env_vars["X"] == "1" and tuned.logging_config.enable_access_log is False
+    assert (
+        tuned.env_vars["X"] == "1"
+        and tuned.logging_config is not None
+        and tuned.logging_config.enable_access_log is False
+    )
     router = tuned.fuzz_args.llm_configs[0].deployment_config.request_router_config
     assert router is not None and router["request_router_kwargs"] == {"imbalanced_threshold": 4}
     assert router["request_router_class"].endswith("RoundRobinRouter"), "the router the args name"
@@ -526,6 +535,7 @@ def hand_edits(source: str) -> list[tuple[int, str]]:
         ):
             key = node.args[0].value
         if isinstance(key, str) and key in SERVE_KEYS:
+            assert isinstance(node, ast.expr)  # a subscript or a call: the nodes a key is read from above
             found.append((node.lineno, key))
     return sorted(found)
 

@@ -46,6 +46,7 @@ def test_an_engine_core_child_is_found_by_name_and_its_pinning_read():
         "[k.wait() for k in kids]"
     )
     parent = subprocess.Popen([sys.executable, "-c", code, kid, str(core)], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
     try:
         engine, other = map(int, parent.stdout.readline().split())
         found = engine_cores(parent.pid)
@@ -84,6 +85,7 @@ def test_the_view_a_run_records_names_replicas_whose_engines_share_a_core():
             subprocess.Popen([sys.executable, "-c", code, str(c)], stdout=subprocess.PIPE, text=True) for c in cores
         ]
         for p in procs:
+            assert p.stdout is not None
             assert p.stdout.readline().strip() == "ready"
         records = [
             {"name": f"SERVE_REPLICA::app#LLMServer:fixture#r{i}", "pid": p.pid, "node_id": "n" * 10}

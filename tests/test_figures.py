@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from load_tests.judge.figures import latency, throughput
 from load_tests.load.client import RequestResult, carries_token, send
+from load_tests.load.outcomes import Outcome
 from load_tests.plan.slo import Slo
 from load_tests.plan.workload import RequestSpec
 from testkit import echo_server
@@ -59,7 +60,7 @@ def test_empty_text_tokens_and_unstreamed_requests_all_have_their_figures_and_co
         assert r.ttft is not None and r.ttft >= TTFT_MS / 1000, r
         assert r.chunks == TOKENS and len(r.itl) == TOKENS - 1 and r.tpot is not None, r
     for r in results:
-        assert r.output_tokens == TOKENS and r.e2e >= (TTFT_MS + ITL_MS * (TOKENS - 1)) / 1000
+        assert r.output_tokens == TOKENS and r.e2e is not None and r.e2e >= (TTFT_MS + ITL_MS * (TOKENS - 1)) / 1000
     slo = Slo(ttft_s=1.0, tpot_s=0.1)  # every request finished within 1 s at well under 0.1 s a token
     tp = throughput(results, wall_s=2.0, slo=slo)
     assert tp.completed == tp.slo_met == len(results) and tp.goodput_requests_per_s == tp.requests_per_s
@@ -87,7 +88,7 @@ def test_which_chunks_carry_a_token():
     assert not carries_token({"id": "x"})
 
 
-def made(stream: bool, e2e: float, tokens: int, ttft: float | None = None, outcome: str = "ok") -> RequestResult:
+def made(stream: bool, e2e: float, tokens: int, ttft: float | None = None, outcome: Outcome = "ok") -> RequestResult:
     return RequestResult(
         index=0, outcome=outcome, ttft=ttft, e2e=e2e, completion_tokens=tokens, spec={"stream": stream}
     )

@@ -7,6 +7,10 @@ checked by making the flag *disagree* with the buffers: then the output shows
 which path ran.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, cast
+
 import torch
 
 from patches import fuzz
@@ -14,18 +18,32 @@ from patches import fuzz_math as fm
 
 H = 64
 
+if TYPE_CHECKING:
 
-def _fuzzed_embedding(n: int = 32) -> torch.nn.Embedding:
+    class FuzzedEmbedding(torch.nn.Embedding):
+        """What _fuzzed_embedding returns, as mypy sees it: the buffers and plain attributes patches.fuzz gives the
+        input embedding (torch types Module.__setattr__ for tensors and modules only, but sets any value)."""
+
+        fuzz_mult: torch.Tensor
+        fuzz_std: torch.Tensor
+        fuzz_key: torch.Tensor
+        fuzz_codes: torch.Tensor
+        fuzz_active: bool
+        fuzz_noise_rows: torch.Tensor | None
+
+
+def _fuzzed_embedding(n: int = 32) -> FuzzedEmbedding:
     torch.manual_seed(0)
     emb = torch.nn.Embedding(50, H)
     emb.register_buffer("fuzz_mult", torch.ones(n), persistent=False)
     emb.register_buffer("fuzz_std", torch.ones(n), persistent=False)  # non-neutral: would perturb every token
     emb.register_buffer("fuzz_key", torch.arange(n, dtype=torch.int64) * 7919, persistent=False)
     emb.register_buffer("fuzz_codes", fm.dim_codes(H), persistent=False)
-    emb.fuzz_active = False
-    emb.fuzz_noise_rows = None
+    fuzzed = cast("FuzzedEmbedding", emb)
+    fuzzed.fuzz_active = False
+    fuzzed.fuzz_noise_rows = None
     emb.__class__ = fuzz._fuzzed_class(type(emb))
-    return emb
+    return fuzzed
 
 
 def test_eager_step_without_fuzz_skips_the_arithmetic():

@@ -9,7 +9,7 @@ from patches import fuzz_math as fm
 H = 128
 
 
-def _buffers(n):
+def _buffers(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return torch.ones(n), torch.zeros(n), torch.zeros(n, dtype=torch.int64)
 
 
@@ -95,6 +95,12 @@ def test_compiled_graph_reads_buffers_updated_in_place():
     """The persistent-buffer technique: refill in place, the compiled graph sees new values."""
 
     class Emb(torch.nn.Module):
+        # the buffers registered below, as mypy sees them (Module.__getattr__ says Tensor | Module)
+        mult: torch.Tensor
+        std: torch.Tensor
+        key: torch.Tensor
+        codes: torch.Tensor
+
         def __init__(self):
             super().__init__()
             self.emb = torch.nn.Embedding(50, H)

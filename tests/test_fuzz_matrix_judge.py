@@ -200,5 +200,7 @@ def test_one_embedding_is_found():
         def embed_input_ids(self, ids):
             return self.embed_tokens(ids)
 
-    name, module = find_input_embedding(One(), torch.device("cpu"))
+    found = find_input_embedding(One(), torch.device("cpu"))
+    assert found is not None
+    name, module = found
     assert name == "embed_tokens" and isinstance(module, torch.nn.Embedding)

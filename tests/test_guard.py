@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 import pytest
 from starlette.applications import Starlette
@@ -50,7 +51,7 @@ def test_bad_xargs_get_400_naming_the_field(route, xargs, param):
 
 
 def test_admitted_requests_are_counted_by_fuzz_setting_and_refused_ones_are_not():
-    seen = []
+    seen: list[FuzzSpec] = []
     c = client("k1", on_admitted=seen.append)
     auth = {"Authorization": "Bearer k1"}
     c.post("/v1/completions", json={"prompt": "p"}, headers=auth)
@@ -174,7 +175,8 @@ def test_only_switched_on_routes_are_served():
 @pytest.mark.parametrize("announce", [[(b"content-length", b"1048576")], [(b"transfer-encoding", b"chunked")]])
 def test_a_body_announced_and_withheld_on_a_probe_or_read_route_is_answered_at_once(path, announce):
     """The body never comes; the guard must answer without waiting for it (its body deadline is 30 s)."""
-    app = RequestGuard(echo, {"api_keys_env": "NO_SUCH_ENV"})
+    # echo is an endpoint, not an ASGI app: never reached here, the guard answers before any app would be called
+    app = RequestGuard(echo, {"api_keys_env": "NO_SUCH_ENV"})  # type: ignore[arg-type]
     sent: list[dict] = []
 
     async def receive():
@@ -270,7 +272,7 @@ def test_caps_let_ordinary_requests_through():
         assert c.post("/v1/chat/completions", json={"model": "m", "messages": [], **body}).status_code == 200, body
 
 
-TOOL = {"type": "function", "function": {"name": "f", "parameters": {}}}
+TOOL: dict[str, Any] = {"type": "function", "function": {"name": "f", "parameters": {}}}
 SPECS = [  # (body, the field that carries a spec vLLM may compile into a grammar)
     ({"structured_outputs": {"regex": "([a-z]{0,50}){0,50}"}}, "structured_outputs"),
     ({"structured_outputs": {"json": {"type": "string"}}}, "structured_outputs"),
@@ -376,6 +378,7 @@ def test_keys_are_compared_as_digests_of_any_length():
         headers = {"Authorization": f"Bearer {key}"}
         assert c.post("/v1/completions", json=body, headers=headers).status_code == status, key
     guard = c.app
+    assert isinstance(guard, RequestGuard)
     assert all(len(d) == 32 for d in guard._digests) and b"short" not in guard._digests
 
 
@@ -386,7 +389,7 @@ def test_a_slow_body_gets_408():
         Starlette(routes=[Route("/v1/completions", echo, methods=["POST"])]),
         GuardConfig(api_keys_env=None, body_timeout_s=0.2),
     )
-    sent = []
+    sent: list[Any] = []  # a marker (1) for the body's first part, then the messages sent
 
     async def receive():
         if not sent:

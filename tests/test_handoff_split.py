@@ -34,6 +34,7 @@ def _record(arrival=0.0, sent=0.002, queued=0.010, scheduled=0.0101, core_out=0.
 def test_a_request_sent_during_a_step_waited_for_it_and_the_parts_sum_to_vllms_ttft():
     # sent at 2 ms; the step running then ended at 9 ms; queued at 10 ms
     parts = hs.split_request(_record(), step_ends=[0.001, 0.009, 0.020])
+    assert parts is not None
     assert parts["front_in"] == pytest.approx(2.0)
     assert parts["in_step"] == pytest.approx(7.0)
     assert parts["to_core"] == pytest.approx(1.0)
@@ -47,15 +48,19 @@ def test_a_request_sent_during_a_step_waited_for_it_and_the_parts_sum_to_vllms_t
 def test_a_request_sent_to_an_idle_engine_waited_for_no_step():
     # the last step ended before the request was sent: everything up to queued is transit
     parts = hs.split_request(_record(), step_ends=[0.001, 0.020])
+    assert parts is not None
     assert parts["in_step"] == 0.0 and parts["waited"] == 0.0
     assert parts["to_core"] == pytest.approx(8.0)
     parts = hs.split_request(_record(), step_ends=[])
+    assert parts is not None
     assert parts["in_step"] == 0.0 and parts["to_core"] == pytest.approx(8.0)
 
 
 def test_check_sees_parts_that_do_not_add_up_to_vllms_own_ttft():
     # positive control: vLLM said 25 ms, the timestamps span 21 ms
-    assert hs.split_request(_record(ttft=0.025), [0.009])["check"] == pytest.approx(-4.0)
+    parts = hs.split_request(_record(ttft=0.025), [0.009])
+    assert parts is not None
+    assert parts["check"] == pytest.approx(-4.0)
 
 
 def test_a_record_missing_a_timestamp_is_not_split_and_is_counted_as_untraced():
@@ -149,7 +154,7 @@ def test_every_arm_is_traced_through_its_environment_and_nothing_else_is(tmp_pat
     shipped = hs.traced(Shipped(tmp_path / "config.yaml", tmp_path), tmp_path / "s")
     assert shipped.env[TRACE_ENV] == str(tmp_path / "s") and shipped.env["PYTHONPATH"].startswith(str(PLUGIN_DIR))
     with pytest.raises(ProtocolError, match="not an arm"):
-        hs.traced(object(), tmp_path / "t")
+        hs.traced(object(), tmp_path / "t")  # type: ignore[arg-type]  # a wrong type on purpose: traced refuses it
 
 
 def test_vllm_loads_the_hooks_as_a_plugin_only_where_the_benchmark_puts_them(tmp_path):
@@ -194,7 +199,7 @@ def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes
     trace = tmp_path / "trace.jsonl"
     handoff_hooks.install(trace)
     handoff_hooks.install(trace)  # idempotent
-    assert OutputProcessor.process_outputs._handoff_traced
+    assert getattr(OutputProcessor.process_outputs, "_handoff_traced", False)  # the mark install() sets
 
     request = EngineCoreRequest(
         request_id="r1",

@@ -252,6 +252,7 @@ def test_the_replica_attacks_see_a_bounded_listener_and_an_unbounded_one():
 
 def test_the_hostile_scenario_runs_its_windows_and_sends_nothing_bad_in_calm_ones():
     sc = SCENARIOS["hostile"]
+    assert sc.hostile is not None
     assert sc.profile.duration_s == sc.hostile.duration_s and sc.hostile.windows % 4 == 0
     assert sc.mix.bad == 0 and sc.mix.hostile == 0, "calm windows send only normal requests"
     kinds = [sc.hostile.hostile_window(k) for k in range(sc.hostile.windows)]
@@ -272,6 +273,7 @@ def test_the_drop_is_all_hostile_windows_against_all_calm_ones_and_each_block_is
 
 def test_the_aa_control_sends_nothing_hostile_and_asks_for_nothing_hostile():
     aa = SCENARIOS["hostile-aa"]
+    assert aa.hostile is not None
     assert aa.hostile.share == 0 and aa.hostile.connections == 0
     assert aa.hostile.model_copy(update={"share": 0.2, "connections": 4}) == SCENARIOS["hostile"].hostile
     assert aa.profile == SCENARIOS["hostile"].profile and aa.mix == SCENARIOS["hostile"].mix
@@ -310,12 +312,13 @@ def test_the_positive_controls_requests_are_legal_and_the_most_the_shipped_guard
 
 def test_the_heavy_control_draws_only_legal_requests_that_expect_to_be_served_and_is_judged_so():
     sc = SCENARIOS["hostile-heavy"]
+    assert sc.hostile is not None
     assert sc.hostile.requests == "heavy" and sc.hostile.connections == 0 and sc.hostile.share > 0
     assert sc.profile == SCENARIOS["hostile"].profile and sc.mix == SCENARIOS["hostile"].mix
     mix = sc.mix.model_copy(update={"hostile": 1.0, "hostile_requests": "heavy"})
     specs = [draw(mix, 7, i) for i in range(20)]
     assert {s.tags["hostile"] for s in specs} == {"heavy_legal_batch"}
-    assert all(s.expect == "ok" and s.expect_status == 200 and s.body["n"] == 8 for s in specs)
+    assert all(s.expect == "ok" and s.expect_status == 200 and s.body is not None and s.body["n"] == 8 for s in specs)
     served = result(0, "ok", 11.0, {"kind": "hostile", "hostile": "heavy_legal_batch"}, 200, None, None)
     refused = result(1, "rejected", 12.0, {"kind": "hostile", "hostile": "heavy_legal_batch"}, 400, "n", None)
     for r in (served, refused):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import types
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -31,7 +32,7 @@ def _pending(body: dict):
 def test_the_view_routes_like_the_body():
     """The key the request router computes from the view is the key it computes from the full body."""
     long = "count " + " ".join(str(i) for i in range(3000))
-    bodies = [
+    bodies: list[dict[str, Any]] = [
         {"model": "fixture", "prompt": long, "vllm_xargs": {"fuzz_strength": 0.5, "fuzz_mode": "scale"}},
         {"model": "fixture", "prompt": "short"},
         {
@@ -135,6 +136,7 @@ def test_the_route_serve_freezes_can_resolve_every_name_it_uses():
     import builtins
 
     from fastapi import FastAPI
+    from starlette.routing import Route
 
     from serve_app.routing.ingress_router import FuzzIngressRouter
 
@@ -143,6 +145,7 @@ def test_the_route_serve_freezes_can_resolve_every_name_it_uses():
     ]
     assert frozen, "Serve's ingress wrapper keeps the frozen app in its __init__'s closure"
     [route] = [r for r in frozen[0].routes if getattr(r, "path", None) == "/internal/route"]
+    assert isinstance(route, Route)  # a route with an endpoint (FastAPI's APIRoute is one)
     fn = route.endpoint
     missing = [
         n
@@ -213,4 +216,4 @@ def test_a_body_that_never_arrives_gets_408(monkeypatch):
 
     scope = {"type": "http", "method": "POST", "path": "/internal/route", "headers": []}
     r = asyncio.run(ir.read_route_body(Request(scope, receive)))
-    assert r.status_code == 408
+    assert not isinstance(r, bytes) and r.status_code == 408

@@ -9,12 +9,13 @@ import pytest
 
 from load_tests.judge.ingress import AFTER_CHANGE_S, AFTER_KILL_S, BUDGET_PER_CHANGE, ingress_problems, ingress_retries
 from load_tests.load.client import RequestResult, send
+from load_tests.load.outcomes import Outcome
 from load_tests.plan.steps import Redeploy
 from load_tests.plan.workload import RequestSpec
 from load_tests.results.events import OperationFailed, Redeployed, ReplicaKilled
 
 
-def refused(start: float, outcome: str = "ok") -> RequestResult:
+def refused(start: float, outcome: Outcome = "ok") -> RequestResult:
     return RequestResult(index=0, outcome=outcome, start=start, e2e=1.0, ingress_refusals=["router_unreachable"])
 
 
@@ -87,7 +88,9 @@ def test_with_the_retry_off_a_refusal_is_the_requests_outcome():
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
-        port = site._server.sockets[0].getsockname()[1]
+        server = site._server
+        assert isinstance(server, asyncio.Server)
+        port = server.sockets[0].getsockname()[1]
         spec = RequestSpec(0, "/v1/completions", {"prompt": "x"})
         try:
             async with aiohttp.ClientSession() as session:

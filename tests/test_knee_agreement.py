@@ -6,6 +6,7 @@ from __future__ import annotations
 from benchmarks.knee_agreement import server_knee, steps_up_to, verdict, window_rate, within_one_step
 
 STEPS = steps_up_to(256)
+Rates = dict[int, float | None]  # a run's server rate per step (None: a step without one)
 
 
 def test_the_steps_double_up_to_the_top():
@@ -13,7 +14,7 @@ def test_the_steps_double_up_to_the_top():
 
 
 def test_the_servers_knee_is_the_lowest_step_near_its_highest_rate():
-    flat_from_32 = {1: 15.0, 2: 25.0, 4: 40.0, 8: 70.0, 16: 100.0, 32: 120.0, 64: 124.0, 128: 126.0, 256: 125.0}
+    flat_from_32: Rates = {1: 15.0, 2: 25.0, 4: 40.0, 8: 70.0, 16: 100.0, 32: 120.0, 64: 124.0, 128: 126.0, 256: 125.0}
     assert server_knee(flat_from_32) == 32
     rising = {**flat_from_32, 256: 150.0}  # the top step still gains 19 %: no knee within the steps
     assert server_knee(rising) is None

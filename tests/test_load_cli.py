@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -87,6 +88,7 @@ def test_the_command_line_exit_code(tmp_path, fault, code):
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert server.stdout is not None
     try:
         port = int(server.stdout.readline().rsplit(":", 1)[-1])
         proc = subprocess.run(
@@ -111,6 +113,8 @@ def run_redeploy_by_hand(tmp_path, operator_acts: bool):
     from load_tests import cli
 
     server = echo_server.EchoThread(itl_ms=5, refused_xargs=("fuzzserve_probe",))
+    # its server and port are set in the thread it starts; the class declares neither, so they read as Any here
+    started: Any = server
     told = []
 
     class Operator(logging.Handler):
@@ -118,11 +122,11 @@ def run_redeploy_by_hand(tmp_path, operator_acts: bool):
             if record.getMessage().startswith("operator, at t ="):
                 told.append(record.getMessage())
                 if operator_acts:
-                    server.loop.call_soon_threadsafe(server.server.redeploy, ("fuzzserve_probe",))
+                    server.loop.call_soon_threadsafe(started.server.redeploy, ("fuzzserve_probe",))
 
     handler = Operator()
     logging.getLogger("fuzzserve.load_tests").addHandler(handler)
-    url = f"http://127.0.0.1:{server.port}"
+    url = f"http://127.0.0.1:{started.port}"
     try:
         code = cli.main(
             [

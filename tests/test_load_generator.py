@@ -9,6 +9,7 @@ must start what they promise (counts, not timings).
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
 import pytest
@@ -20,6 +21,9 @@ from load_tests.load.drive import drive
 from load_tests.plan.profiles import Profile
 from load_tests.plan.workload import BAD_REQUESTS, FUZZ_LEVELS, MODES, Mix, RequestSpec, draw
 from testkit import echo_server
+
+if TYPE_CHECKING:
+    from load_tests.operate.target import LoadTarget
 
 
 def spec(i, prompt="count 1 2", stream=True, cancel=None, expect="ok", max_tokens=6, route="/v1/completions"):
@@ -178,11 +182,18 @@ def test_draw_is_reproducible_and_well_formed(seed, index):
         assert a.expect_status == 400
     else:
         body = a.body
+        assert body is not None
         assert body["max_tokens"] >= 1 and (("prompt" in body) != ("messages" in body))
         if a.cancel_after_chunks is not None:
             assert a.stream and 1 <= a.cancel_after_chunks < body["max_tokens"]
         words = len((body.get("prompt") or body["messages"][0]["content"]).split())
         assert words + body["max_tokens"] < 1024 - 16, "fits the fixture model's context"
+
+
+def _body(s: RequestSpec) -> dict[str, Any]:
+    """A drawn request's JSON body (every request but a malformed one has one)."""
+    assert s.body is not None, s
+    return s.body
 
 
 def _bad_request_drawn(s) -> int:
@@ -219,10 +230,10 @@ def test_the_mix_reaches_every_kind():
     for mode in MODES:
         assert {s.tags["fuzz_strength"] for s in good if s.tags["fuzz_mode"] == mode} == set(FUZZ_LEVELS[1:]), mode
     unfuzzed = [s for s in good if s.tags["fuzz_mode"] == "none"]
-    assert {(s.body.get("vllm_xargs") or {}).get("fuzz_strength") for s in unfuzzed} == {None, 0.0}
+    assert {(_body(s).get("vllm_xargs") or {}).get("fuzz_strength") for s in unfuzzed} == {None, 0.0}
     streams = [s for s in good if s.stream]
     assert any(s.cancel_after_chunks for s in streams) and any(s.cancel_after_chunks is None for s in streams)
-    assert len(streams) < len(good) and all("stream" not in s.body for s in good if not s.stream)
+    assert len(streams) < len(good) and all("stream" not in _body(s) for s in good if not s.stream)
 
 
 # ---------------------------------------------------------------- refusals at the ingress
@@ -258,7 +269,9 @@ async def with_ingress(refusals: int, fn, status: int = 503, reason: str | None 
     await site.start()
     try:
         async with aiohttp.ClientSession() as session:
-            port = site._server.sockets[0].getsockname()[1]
+            server = site._server
+            assert isinstance(server, asyncio.Server)
+            port = server.sockets[0].getsockname()[1]
             result = await fn(session, f"http://127.0.0.1:{port}")
             return len(seen), result
     finally:
@@ -306,7 +319,7 @@ def test_the_operators_own_requests_are_sent_again_after_a_refusal_at_the_ingres
         target = SimpleNamespace(base_url=base, headers={}, cluster=None)
         op = Operator(
             OperationPlan(steps=(Scale(after_s=0, replicas=1),)),
-            target,
+            cast("LoadTarget", target),  # the fields the operator's requests read
             InvariantChecker(),
             0.0,
             asyncio.Event(),

@@ -74,9 +74,9 @@ def imports(root: Path) -> tuple[dict[str, set[str]], list[str]]:
     for mod, path in files.items():
         tree = ast.parse(path.read_text())
         top_level = set()
-        for node in tree.body:
-            if isinstance(node, (ast.Import, ast.ImportFrom)):
-                top_level.add(id(node))
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                top_level.add(id(stmt))
         for node in ast.walk(tree):
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue

@@ -10,6 +10,8 @@ failures end to end through the CLI against a broken target.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from load_tests.judge.departures import unexpected_deaths
@@ -480,7 +482,7 @@ def fault_run(end: dict[str, ReplicaCounters], start: dict[str, ReplicaCounters]
     return run([start, end, end])
 
 
-FIRED = {
+FIRED: dict[str, dict[str, Any]] = {
     "load_failures": dict(injections={"load_failure": 5.0}, corrections={"after_load_failure": 3.0}),
     "load_delays": dict(injections={"load_delay": 40.0}),
     "lying_connector": dict(

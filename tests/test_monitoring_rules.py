@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from load_tests.observe.prom_text import Labels
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
 from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
 from serve_app.observability.contract import (
@@ -389,18 +390,20 @@ def test_violation_kinds_split_like_the_load_tests():
     """Connector-caused kinds (the load tests' expected kinds under a lying connector) warn; every other kind,
     including any kind added later, is critical."""
     rules = alerting_rules()
-    crit = re.search(r'kind!~"([^"]+)"', rules["FuzzserveAccountingViolation"]["expr"]).group(1)
-    warn = re.search(r'kind=~"([^"]+)"', rules["FuzzserveKVConnectorReportsRejected"]["expr"]).group(1)
+    crit_match = re.search(r'kind!~"([^"]+)"', rules["FuzzserveAccountingViolation"]["expr"])
+    warn_match = re.search(r'kind=~"([^"]+)"', rules["FuzzserveKVConnectorReportsRejected"]["expr"])
+    assert crit_match is not None and warn_match is not None
+    crit, warn = crit_match.group(1), warn_match.group(1)
     assert crit == warn and set(warn.split("|")) == set(LYING_CONNECTOR_KINDS)
     assert set(LYING_CONNECTOR_KINDS) <= set(VIOLATION_KINDS)
 
 
 def test_alerts_fire_on_bad_series_and_stay_silent_on_good_ones():
-    r = run_rule_tests(CASES)
+    r = run_rule_tests(list(CASES))  # a list of the parameter's element type (list is invariant)
     assert r.ok, r.output
 
 
-def real_export_case(name: str, edit=None) -> tuple[dict[str, str], list]:
+def real_export_case(name: str, edit=None) -> tuple[dict[str, str], dict[tuple[str, Labels], float]]:
     """The captured export as flat promtool series (counters at rest), optionally edited."""
     samples = fixture_samples()
     if edit:
@@ -415,7 +418,7 @@ def test_the_real_export_raises_only_what_its_faults_explain():
     connector = [(lab, v) for (n, lab), v in samples.items() if n == VIOLATIONS]
     assert connector and {dict(lab)["kind"] for lab, _ in connector} <= set(LYING_CONNECTOR_KINDS)
     rules = alerting_rules()
-    expect = {a: [] for a in rules}
+    expect: dict[str, list[Firing]] = {a: [] for a in rules}
     expect["FuzzserveKVConnectorReportsRejected"] = [
         Firing(
             dict(lab),
@@ -515,7 +518,7 @@ RECORD_CASES = [
 
 
 def test_fuzz_traffic_records():
-    r = run_rule_tests(RECORD_CASES)
+    r = run_rule_tests(list(RECORD_CASES))  # a list of the parameter's element type (list is invariant)
     assert r.ok, r.output
 
 

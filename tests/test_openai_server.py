@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import httpx
 import pytest
@@ -88,7 +89,7 @@ def test_bad_fuzz_gets_400_naming_the_field(server, xargs, field):
 
 
 def test_chat_with_fuzz(server):
-    body = {
+    body: dict[str, Any] = {
         "model": "fixture",
         "messages": [{"role": "user", "content": "count 3 4 5"}],
         "max_tokens": 4,

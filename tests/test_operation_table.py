@@ -11,13 +11,14 @@ from types import SimpleNamespace
 import pytest
 
 from load_tests.load.client import RequestResult
+from load_tests.load.outcomes import Outcome
 from load_tests.plan.slo import Slo
 from load_tests.plan.steps import Redeploy
 from load_tests.report.operation_table import HEADER, WARMUP_S, operation_row
 from load_tests.results.events import Redeployed
 
 
-def line(start: float, outcome: str = "ok", ttft: float | None = 0.1, e2e: float = 1.0) -> RequestResult:
+def line(start: float, outcome: Outcome = "ok", ttft: float | None = 0.1, e2e: float = 1.0) -> RequestResult:
     """A request as the table reads it: a line of requests.jsonl (RequestResult.to_json), read back."""
     r = RequestResult(
         index=0,
@@ -25,7 +26,7 @@ def line(start: float, outcome: str = "ok", ttft: float | None = 0.1, e2e: float
         start=start,
         ttft=ttft,
         e2e=e2e,
-        completion_tokens=8,  # type: ignore[arg-type]
+        completion_tokens=8,
         spec={"stream": True},
     )
     return RequestResult.from_json(json.loads(json.dumps(r.to_json())))

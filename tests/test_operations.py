@@ -110,6 +110,7 @@ def test_a_redeploy_scenario_forces_new_replicas_and_allows_a_key_the_shipped_gu
     from serve_app.ingress.xargs_policy import RequestRejected, check_xargs
 
     sc = SCENARIOS[name]
+    assert sc.operations is not None
     [step] = sc.operations.steps
     assert isinstance(step, Redeploy) and sc.planned_faults == ("redeploy",)
     before = deploy_config.parse(
@@ -132,6 +133,7 @@ def test_redeploy_lite_is_the_same_redeploy_under_less_load():
     """CI's redeploy carries out the full scenario's operation (only sooner), under a lighter load; the full one
     runs under the main job's load."""
     full, lite = SCENARIOS["redeploy"], SCENARIOS["redeploy-lite"]
+    assert full.operations is not None and lite.operations is not None
     [f], [li] = full.operations.steps, lite.operations.steps
     assert li.model_copy(update={"after_s": f.after_s}) == f and li.after_s <= f.after_s
     assert lite.profile.concurrency < full.profile.concurrency == SCENARIOS["stress"].profile.concurrency
@@ -139,9 +141,11 @@ def test_redeploy_lite_is_the_same_redeploy_under_less_load():
 
 def test_the_scale_plan_goes_up_then_down_and_back_checking_affinity_after_each_step():
     sc = SCENARIOS["scale"]
+    assert sc.operations is not None
     steps = sc.operations.steps
     assert all(isinstance(s, Scale) for s in steps) and sc.planned_faults == ("scale",)
-    counts = [deployed_args(sc)["engine_replicas"], *(s.replicas for s in steps)]
+    scales = [s for s in steps if isinstance(s, Scale)]  # every step (asserted above), typed as one
+    counts = [deployed_args(sc)["engine_replicas"], *(s.replicas for s in scales)]
     assert all(a != b for a, b in itertools.pairwise(counts)), f"a step that changes nothing: {counts}"
     up = next(i for i in range(1, len(counts)) if counts[i] > counts[i - 1])
     assert up == 1 and any(counts[i] < counts[i - 1] for i in range(up + 1, len(counts))), counts
@@ -160,12 +164,14 @@ def test_the_node_loss_scenario_kills_a_node_that_holds_a_replica_and_leaves_roo
     from serve_app.app import fit_replicas
 
     sc = SCENARIOS["node-loss"]
+    assert sc.operations is not None
     [step] = sc.operations.steps
     assert isinstance(step, NodeLoss) and sc.planned_faults == ("node_loss",)
     shape, args = sc.cluster, deployed_args(sc)
+    assert shape is not None
     replicas, cores = args["engine_replicas"], args["engine_cores_per_replica"]
     assert step.node in [f"worker{i + 1}" for i in range(shape.workers)], "a worker there at deploy, not a spare"
-    others = [shape.head_cpus] + [shape.worker_cpus] * (shape.workers - 1)
+    others: list[float] = [shape.head_cpus, *[shape.worker_cpus] * (shape.workers - 1)]
     assert fit_replicas([*others, shape.worker_cpus], cores) == replicas, "the deploy places every replica"
     assert fit_replicas(others, cores) < replicas, "the killed node holds a replica"
     assert fit_replicas([*others, *[shape.worker_cpus] * shape.spare_workers], cores) >= replicas
@@ -179,6 +185,7 @@ def test_every_steps_converge_timeout_fits_the_scenarios_cap(name):
     the last steps would run without load."""
     sc = SCENARIOS[name]
     plan = sc.operations
+    assert plan is not None
     assert sc.profile.max_requests is None and sc.profile.duration_s is not None, "only the cap stops the load early"
     # a scale step with the affinity check also pauses the load until the deployment is idle, twice (before and after
     # its requests), each wait bounded by affinity_idle_timeout_s
@@ -204,7 +211,10 @@ def test_the_cli_refuses_operation_flags_where_they_cannot_apply():
             ]
         )
     )
-    assert sc.operations.steps[0].engine_kwargs == {"max_model_len": 99999}
+    assert sc.operations is not None
+    step = sc.operations.steps[0]
+    assert isinstance(step, Redeploy)
+    assert step.engine_kwargs == {"max_model_len": 99999}
     assert sc.operations.converge_timeout_s == 60
 
 
@@ -529,6 +539,7 @@ def test_the_autoscale_scenario_leaves_sizing_to_serve():
     from ray.serve.config import AutoscalingConfig
 
     sc = SCENARIOS["autoscale"]
+    assert sc.operations is not None and sc.autoscaling is not None
     auto, steps = sc.autoscaling, sc.operations.steps
     assert sc.operations.changes_load and all(isinstance(s, Autoscale) for s in steps)
     AutoscalingConfig.model_validate(auto)
@@ -540,9 +551,10 @@ def test_the_autoscale_scenario_leaves_sizing_to_serve():
         return min(auto["max_replicas"], max(auto["min_replicas"], wanted))
 
     assert aimed_at(sc.profile.concurrency) == auto["initial_replicas"]
-    for s in steps:
+    autoscales = [s for s in steps if isinstance(s, Autoscale)]  # every step (asserted above), typed as one
+    for s in autoscales:
         assert auto["min_replicas"] <= s.replicas <= auto["max_replicas"] and aimed_at(s.concurrency) == s.replicas, s
-    counts = [auto["initial_replicas"], *(s.replicas for s in steps)]
+    counts = [auto["initial_replicas"], *(s.replicas for s in autoscales)]
     assert counts[1] > counts[0] and counts[-1] == auto["min_replicas"] < max(counts), counts
 
 

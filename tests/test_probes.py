@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from load_tests.judge.probes import answers, compare, reference_is_stable
 from load_tests.load.client import RequestResult
 from load_tests.plan.probes import PROBE_INDEX_BASE, probe_specs
+from load_tests.plan.workload import RequestSpec
 from load_tests.results.models import ProbeAnswer
+
+
+def body(s: RequestSpec) -> dict[str, Any]:
+    """A probe's JSON body (every probe has one)."""
+    assert s.body is not None, s
+    return s.body
 
 
 def test_the_probe_set_is_fixed_greedy_and_tagged():
     a, b = probe_specs(0), probe_specs(0)
     assert [s.body for s in a] == [s.body for s in b], "the same probes every round"
-    assert all(s.body["temperature"] == 0 and not s.stream for s in a)
-    assert any(len(s.body["prompt"].split()) > 500 for s in a), "some on the shared prefixes (offload tier)"
-    assert any("vllm_xargs" in s.body for s in a), "some fuzzed (seeded gaussian)"
+    assert all(body(s)["temperature"] == 0 and not s.stream for s in a)
+    assert any(len(body(s)["prompt"].split()) > 500 for s in a), "some on the shared prefixes (offload tier)"
+    assert any("vllm_xargs" in body(s) for s in a), "some fuzzed (seeded gaussian)"
     assert [s.index for s in probe_specs(2)][:2] == [3 * PROBE_INDEX_BASE, 3 * PROBE_INDEX_BASE + 1]
 
 

@@ -10,7 +10,8 @@ from testkit.echo_server import run_cli
 
 def test_spread():
     s = spread([10.0, 13.0, 7.0, None])
-    assert (s.median, s.min, s.max) == (10.0, 7.0, 13.0) and abs(s.relative_spread - 0.6) < 1e-12
+    assert (s.median, s.min, s.max) == (10.0, 7.0, 13.0)
+    assert s.relative_spread is not None and abs(s.relative_spread - 0.6) < 1e-12
     assert s.values == [10.0, 13.0, 7.0, None]
     assert spread([None, None]).median is None
 

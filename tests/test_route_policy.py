@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from serve_app.ingress.route_policy import BY_PATH, DEFAULT_ROUTES, ROUTES, RouteTable, app_paths, unreviewed
+from serve_app.ingress.route_policy import BY_PATH, DEFAULT_ROUTES, ROUTES, Route, RouteTable, app_paths, unreviewed
 
 
 def vllm_app():
@@ -63,13 +63,20 @@ def test_the_generate_routes_of_the_live_app_are_all_checked():
             assert BY_PATH[r.path].policy in ("checked", "refused"), r.path
 
 
+def matched(table: RouteTable, path: str) -> Route:
+    """The route ``path`` falls under, asserting that one does."""
+    route = table.match(path)
+    assert route is not None, path
+    return route
+
+
 def test_default_routes():
     table = RouteTable()
     assert [r.path for r in table.enabled] == list(DEFAULT_ROUTES)
-    assert table.match("/v1/completions").policy == "checked"
-    assert table.match("/v1/models/some/model").path == "/v1/models/{model:path}"
-    assert table.match("/metrics/").path == "/metrics"
-    assert table.match("/health").policy == "open"
+    assert matched(table, "/v1/completions").policy == "checked"
+    assert matched(table, "/v1/models/some/model").path == "/v1/models/{model:path}"
+    assert matched(table, "/metrics/").path == "/metrics"
+    assert matched(table, "/health").policy == "open"
     for path in ("/v1/responses", "/docs", "/v1/completionsX", "/v1/completions/render", "/", ""):
         assert table.match(path) is None, path
     assert all(r.policy != "refused" for r in table.enabled)

@@ -67,7 +67,9 @@ def test_routing_key_cuts_the_prompt_and_keeps_the_salt():
     assert a == routing_key(pending(prompt=long + "tail two"), prefix_chars=64), "same prefix, same key"
     assert a != routing_key(pending(prompt="y" + long), prefix_chars=64)
     fuzzed = routing_key(pending(prompt=long, vllm_xargs={"fuzz_strength": 0.5}), prefix_chars=64)
-    assert fuzzed != a and fuzzed.endswith(long[:64]), "another fuzz setting cannot share the KV: another key"
+    assert fuzzed != a and fuzzed is not None and fuzzed.endswith(long[:64]), (
+        "another fuzz setting cannot share the KV: another key"
+    )
     assert routing_key(pending(model="fixture"), 64) is None
     assert routing_key(None, 64) is None
 
@@ -131,7 +133,9 @@ def route(request, router=None, **state) -> str:
 
 
 REQ = pending(prompt="count 1 2 3 " * 50, vllm_xargs={"fuzz_strength": 0.5})
-PREFERRED = rendezvous(routing_key(REQ, 512), ["A", "B"])
+REQ_KEY = routing_key(REQ, 512)
+assert REQ_KEY is not None, "REQ has a prompt: it has a key"
+PREFERRED = rendezvous(REQ_KEY, ["A", "B"])
 OTHER = "B" if PREFERRED == "A" else "A"
 
 
@@ -207,10 +211,12 @@ def test_probes_are_single_flight_and_never_block_a_known_view(queue_lens, monke
     call as slow as the busiest replica's answer."""
     import serve_app.routing.fuzz_router as routing
 
-    calls, gate = [], None
+    calls: list[int] = []
+    gate: asyncio.Event | None = None
 
     async def slow(router, replicas):
         calls.append(len(replicas))
+        assert gate is not None  # scenario() sets it before the first probe
         await gate.wait()
         return [(r, 0) for r in replicas]
 

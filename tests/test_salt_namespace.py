@@ -49,6 +49,7 @@ def test_two_requests_share_a_salt_only_with_the_same_client_salt_and_perturbati
 def test_a_neutral_request_cannot_take_a_fuzz_salt():
     fuzzed = FuzzSpec(strength=1.0, mode="scale")
     planted = fuzzed.cache_salt()  # the public string, e.g. "fuzz:scale:1.0"
+    assert planted is not None
     assert salted(planted, NEUTRAL) != salted(None, fuzzed)
     assert salted("x|" + planted, NEUTRAL) != salted("x", fuzzed)
     # what the engine sees

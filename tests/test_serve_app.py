@@ -12,6 +12,7 @@ import json
 import os
 import time
 import types
+from typing import TYPE_CHECKING, cast
 
 import httpx
 import pytest
@@ -21,6 +22,9 @@ from load_tests.observe.invariants import negative, quiescence
 from load_tests.observe.monitor import InvariantChecker, Monitor
 from testkit.engine_requests import PROMPTS
 from testkit.serve import SERVE_API_KEY
+
+if TYPE_CHECKING:
+    from ray.serve.request_router import PendingRequest
 
 pytestmark = [pytest.mark.engine, pytest.mark.serve]
 
@@ -352,7 +356,7 @@ def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
     listening = {
         c.laddr
         for c in psutil.net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port in (8404, 9101)
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in (8404, 9101)  # a listener has an address
     }
     assert listening and {a.ip for a in listening} == {"127.0.0.1"}, listening
 
@@ -506,7 +510,7 @@ def test_every_listener_serve_opens_bounds_a_request_head(serve_cluster):
     bound = {
         c.laddr.ip
         for c in psutil.net_connections("tcp")
-        if c.status == psutil.CONN_LISTEN and c.laddr.port in listeners
+        if c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port in listeners  # a listener has an address
     }
     assert bound == {"127.0.0.1"}, f"Serve's listeners bind http_options.host (loopback here): {bound}"
     with ThreadPoolExecutor(len(ports)) as pool:
@@ -682,9 +686,9 @@ def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_pred
     ]
 
     def home(xargs) -> str:
-        key = routing_key(
-            types.SimpleNamespace(args=[types.SimpleNamespace(prompt=prefix, vllm_xargs=xargs)]), DEFAULT_PREFIX_CHARS
-        )
+        request = types.SimpleNamespace(args=[types.SimpleNamespace(prompt=prefix, vllm_xargs=xargs)])
+        key = routing_key(cast("PendingRequest", request), DEFAULT_PREFIX_CHARS)  # a stand-in: its args are read
+        assert key is not None  # the request has a prompt
         return replicas[rendezvous(key, sorted(replicas))]
 
     # the first settings up to one whose key lives on the other replica than the first's

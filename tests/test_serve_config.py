@@ -59,7 +59,7 @@ def test_config_parses_at_every_layer(name, kind, built_fixture):
     args = FuzzServeArgs.model_validate(application.args)
     for cfg in resolve_llm_configs(args, node_cpus=lambda: [4.0]):
         llm = LLMConfig.model_validate(cfg)
-        assert llm.accelerator_config.kind == kind
+        assert llm.accelerator_config is not None and llm.accelerator_config.kind == kind
         assert llm.engine_kwargs["enable_prefix_caching"] is True
         assert llm.engine_kwargs["kv_offloading_backend"] == "native" and llm.engine_kwargs["kv_offloading_size"] > 0
         # cpu: sized to the cluster (a 4-core node holds 2); cuda: 2 GPU replicas
@@ -114,7 +114,7 @@ def test_engine_replicas_sets_the_count_in_one_place():
     fit = FuzzServeArgs(llm_configs=[llm], engine_replicas="fit", engine_cores_per_replica=1)
     assert resolve_llm_configs(fit, node_cpus=lambda: [4.0, 2.0])[0]["deployment_config"]["num_replicas"] == 3
     three = FuzzServeArgs(llm_configs=[llm], engine_replicas=3)
-    assert resolve_llm_configs(three, node_cpus=lambda: 1 / 0)[0]["deployment_config"]["num_replicas"] == 3
+    assert resolve_llm_configs(three, node_cpus=lambda: [1 / 0])[0]["deployment_config"]["num_replicas"] == 3
     for own in ({"num_replicas": 2}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 4}}):
         both = FuzzServeArgs(llm_configs=[{**llm, "deployment_config": own}], engine_replicas="fit")
         with pytest.raises(ValueError, match="give the replica count in one place"):

@@ -12,8 +12,15 @@ from __future__ import annotations
 import time
 import types
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
+
+if TYPE_CHECKING:
+    import psutil
+
+    from benchmarks.harness.host import HostCpuSampler
+    from load_tests.operate.local_cluster import LocalCluster
 
 STAT = """cpu  1000 50 300 9000 200 10 40 5 7 0
 cpu0 500 25 150 4500 100 5 20 3 3 0
@@ -112,9 +119,10 @@ NOT_RAY = [
 def test_ray_processes_finds_every_kind_of_ray_process_and_nothing_else():
     from benchmarks.harness.host import ray_processes
 
-    found = ray_processes(RAY + NOT_RAY)
+    # the stand-ins have the psutil.Process methods ray_processes reads (pid, status, cmdline, name)
+    found = ray_processes(cast("list[psutil.Process]", RAY + NOT_RAY))
     assert [int(f.split()[0]) for f in found] == [1, 2, 3, 4, 5, 6, 7]
-    assert ray_processes(NOT_RAY) == []
+    assert ray_processes(cast("list[psutil.Process]", NOT_RAY)) == []
 
 
 def test_plain_vllm_refuses_to_start_or_go_on_while_ray_is_alive(tmp_path):
@@ -136,7 +144,7 @@ def test_shipped_phase_must_leave_no_ray_process(monkeypatch, tmp_path):
     import benchmarks.harness.arms as arms
 
     phase = arms.Shipped(tmp_path / "serve_config.yaml", tmp_path)
-    phase.cluster = types.SimpleNamespace(close=lambda: None)
+    phase.cluster = cast("LocalCluster", types.SimpleNamespace(close=lambda: None))  # the one method __exit__ calls
     monkeypatch.setattr(arms, "ray_processes", lambda: ["9 raylet"])
     with pytest.raises(arms.ProtocolError, match="left Ray processes behind"):
         phase.__exit__(None, None, None)
@@ -147,23 +155,34 @@ def test_shipped_phase_must_leave_no_ray_process(monkeypatch, tmp_path):
 def test_arms_take_their_settings_from_the_config():
     """plain gets only what changes the computation; engine gets a replica's engine (every engine_kwarg, the
     runtime_env, a rank-0 replica's cores, our patches on); the no-offload twins lose only the offload keys."""
-    from benchmarks.harness.arms import load_config, make_arm, without_offloading
+    from benchmarks.harness.arms import Shipped, VllmServer, load_config, make_arm, without_offloading
     from benchmarks.vs_vllm import REPO
     from patches.switches import ALL, OFF_ENV
     from serve_app.engine.engine_env import KV_CACHE_SPACE
 
     config = load_config(REPO / "serve_config.yaml")
+
+    def server(name: str) -> VllmServer:
+        arm = make_arm(name, config, Path("/m"), Path("/tmp/arms-test"))
+        assert isinstance(arm, VllmServer), name
+        return arm
+
+    def shipped(name: str) -> Shipped:
+        arm = make_arm(name, config, Path("/m"), Path("/tmp/arms-test"))
+        assert isinstance(arm, Shipped), name
+        return arm
+
     kwargs = config.applications[0].fuzz_args.llm_configs[0].engine_kwargs
-    plain = make_arm("plain", config, Path("/m"), Path("/tmp/arms-test"))
+    plain = server("plain")
     assert plain.flags == ["--dtype", "float32", "--max-model-len", str(kwargs["max_model_len"])]
     assert plain.env == {OFF_ENV: ALL} and plain.engine_cores is None
-    engine = make_arm("engine", config, Path("/m"), Path("/tmp/arms-test"))
+    engine = server("engine")
     assert "--kv-offloading-size" in engine.flags and "--enable-prefix-caching" in engine.flags
     assert "--no-enforce-eager" in engine.flags  # compiled, as the replica
     assert engine.env[OFF_ENV] in ("", None) or engine.env[OFF_ENV] != ALL
     assert engine.env[KV_CACHE_SPACE] == config.applications[0].env_vars[KV_CACHE_SPACE]
     assert engine.env["VLLM_CPU_OMP_THREADS_BIND"] == "0" and engine.engine_cores == [0]
-    bare = make_arm("engine-nooffload", config, Path("/m"), Path("/tmp/arms-test"))
+    bare = server("engine-nooffload")
     assert [f for f in engine.flags if f not in bare.flags] == [
         "--kv-offloading-size",
         str(kwargs["kv_offloading_size"]),
@@ -173,13 +192,13 @@ def test_arms_take_their_settings_from_the_config():
     twin = without_offloading(config).applications[0].fuzz_args.llm_configs[0].engine_kwargs
     assert set(kwargs) - set(twin) == {"kv_offloading_size", "kv_offloading_backend"}
     assert "kv_offloading_size" in kwargs, "without_offloading copies; the config itself is unchanged"
-    split = make_arm("engine+pin=split", config, Path("/m"), Path("/tmp/arms-test"))
+    split = server("engine+pin=split")
     assert split.split_frontend and split.engine_cores == [0] and not engine.split_frontend
-    assert make_arm("engine+pin=none", config, Path("/m"), Path("/tmp/arms-test")).engine_cores is None
+    assert server("engine+pin=none").engine_cores is None
     with pytest.raises(ValueError, match="pin=both: known values none, split"):
         make_arm("engine+pin=both", config, Path("/m"), Path("/tmp/arms-test"))
-    assert make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test")).via == "haproxy"
-    direct = make_arm("shipped+via=replica+X=1", config, Path("/m"), Path("/tmp/arms-test"))
+    assert shipped("shipped").via == "haproxy"
+    direct = shipped("shipped+via=replica+X=1")
     assert direct.via == "replica" and direct.env == {"X": "1"}, "an option is not an environment variable"
     with pytest.raises(ValueError, match="via=proxy: known values haproxy, replica"):
         make_arm("shipped+via=proxy", config, Path("/m"), Path("/tmp/arms-test"))
@@ -187,9 +206,9 @@ def test_arms_take_their_settings_from_the_config():
         make_arm("engine+via=replica", config, Path("/m"), Path("/tmp/arms-test"))
     with pytest.raises(ValueError, match="pin=none: a shipped arm knows only split"):
         make_arm("shipped+pin=none", config, Path("/m"), Path("/tmp/arms-test"))
-    shipped_split = make_arm("shipped+pin=split", config, Path("/m"), Path("/tmp/arms-test"))
+    shipped_split = shipped("shipped+pin=split")
     assert shipped_split.split and "pin" not in shipped_split.env
-    assert not make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test")).split
+    assert not shipped("shipped").split
 
 
 def test_pin_split_takes_the_cores_the_engine_does_not_use_and_refuses_when_there_are_none(monkeypatch):
@@ -360,8 +379,10 @@ def test_a_cold_run_with_any_cache_hit_is_void_and_a_reuse_run_is_not():
     from benchmarks.vs_vllm import void_reason
 
     assert void_reason("cold", CacheCounters(requests=100, prompt_tokens=12800)) is None
-    assert "1 prompt tokens from the prefix cache" in void_reason("cold", CacheCounters(prefix_cache_hits=1))
-    assert "128 from the offload tier" in void_reason("cold", CacheCounters(external_hits=128))
+    reason = void_reason("cold", CacheCounters(prefix_cache_hits=1))
+    assert reason is not None and "1 prompt tokens from the prefix cache" in reason
+    reason = void_reason("cold", CacheCounters(external_hits=128))
+    assert reason is not None and "128 from the offload tier" in reason
     assert void_reason("reuse", CacheCounters(prefix_cache_hits=5000, external_hits=9000)) is None
 
 
@@ -386,7 +407,7 @@ def test_summarize_run_takes_the_host_cpu_of_the_clients_own_window():
         return 3.0
 
     sampler.busy_between = busy
-    run = summarize_run("plain", 0, "c32", 32, data, {}, sampler)
+    run = summarize_run("plain", 0, "c32", 32, data, {}, cast("HostCpuSampler", sampler))  # only busy_between is read
     assert captured["window"] == (5.0, 7.5)  # first send to last successful response; the failed one is out
     assert run.host_cpu_s_per_request == pytest.approx(1.5) and run.host_busy_cores == pytest.approx(3.0 / 2.5)
     assert (run.completed, run.failed) == (2, 1)
@@ -441,6 +462,7 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
     from benchmarks.harness.arms import STOCK_APP, Shipped, load_config, make_arm
     from benchmarks.vs_vllm import REPO
     from patches.switches import ALL, OFF_ENV
+    from serve_app.config.deploy_config import ServeConfig
     from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix
 
     config = load_config(REPO / "serve_config.yaml")
@@ -448,15 +470,18 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
     assert isinstance(stock, Shipped) and stock.replica_class == replica_class_prefix(
         STOCK_APP, ENGINE_DEPLOYMENT_PREFIX
     )
+    assert isinstance(stock.config, ServeConfig)
     [app] = stock.config.applications
     assert (app.import_path, app.route_prefix) == ("ray.serve.llm:build_openai_app", "/")
     assert app.env_vars[OFF_ENV] == ALL and app.env_vars["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] == "1"
+    assert isinstance(app.args, dict)
     [llm] = app.args["llm_configs"]
     kwargs = config.applications[0].fuzz_args.llm_configs[0].engine_kwargs
     assert llm["engine_kwargs"] == {"dtype": kwargs["dtype"], "max_model_len": kwargs["max_model_len"]}
     assert llm["deployment_config"] == {"num_replicas": 1} and llm["model_loading_config"]["model_source"] == "/m"
     assert stock.config.http_options == config.http_options, "only the application differs from the shipped file"
     shipped = make_arm("shipped", config, Path("/m"), Path("/tmp/arms-test"))
+    assert isinstance(shipped, Shipped)
     assert shipped.ours and not stock.ours and shipped.replica_class == ENGINE_REPLICA_CLASS
     with pytest.raises(ValueError, match="the stock arm takes no option"):
         make_arm("stock+pin=split", config, Path("/m"), Path("/tmp/arms-test"))
@@ -475,7 +500,8 @@ def test_a_run_with_a_failed_request_or_a_stall_is_void_whatever_its_arm():
         void_reason("cold", clean, _run("plain", 0, "c8", 10, 0.1, ttft=28, ttft_p99=1463))
         == "stalled: TTFT p99 1463 ms is over 10x its p50 (28 ms)"
     )
-    assert "failed" in void_reason("reuse", clean, _run("shipped", 0, "ws1x", 10, 0.1, failed=3))
+    reason = void_reason("reuse", clean, _run("shipped", 0, "ws1x", 10, 0.1, failed=3))
+    assert reason is not None and "failed" in reason
 
 
 def test_goals_are_met_only_when_the_median_and_the_whole_interval_say_so():
@@ -492,7 +518,7 @@ def test_goals_are_met_only_when_the_median_and_the_whole_interval_say_so():
 
 
 def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met(tmp_path):
-    from benchmarks.vs_vllm import compare, goals, markdown, missing_runs
+    from benchmarks.vs_vllm import Meta, compare, goals, markdown, missing_runs
 
     runs = []
     for p in range(2):
@@ -508,12 +534,14 @@ def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met
     assert verdicts[("c8", "TTFT p50 shipped / stock <= 1x")] == "not met"  # 1.2x the peer's
     assert verdicts[("c8", "TTFT p50 shipped / plain <= 1.1x")] == "not met"  # 1.5x plain's
     assert verdicts[("c8", "requests/s shipped / plain >= 1x")] == "met"
-    meta = {
+    meta: Meta = {
         "workload": {"name": "cold", "arms": ["plain", "stock", "shipped"]},
         "date": "d",
         "command": "c",
         "machine": "AMD EPYC, x86_64, 2 CPUs",
         "protocol": [],
+        "replicas": {},
+        "below_protocol": None,
     }
     md = markdown(meta, runs, ratios)
     assert "| c8 | TTFT p50 shipped / stock <= 1x | 1.20x [1.20, 1.20] | 2 | **not met** |" in md
@@ -564,7 +592,8 @@ def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_
     assert void_reason("cold", clean, timed("plain", 101.0, 10.5)) == (
         "stalled outside the engine: client TTFT mean 101 ms, the server's own 10 ms (a reference's frontend starved)"
     )
-    assert "stalled outside the engine" in void_reason("cold", clean, timed("stock", 101.0, 10.5))
+    reason = void_reason("cold", clean, timed("stock", 101.0, 10.5))
+    assert reason is not None and "stalled outside the engine" in reason
     assert void_reason("cold", clean, timed("plain", 12.0, 8.3)) is None
     assert void_reason("cold", clean, timed("plain", 25.0, 8.0)) is None, "3x but only 17 ms outside"
     assert void_reason("cold", clean, timed("shipped", 101.0, 10.5)) is None
