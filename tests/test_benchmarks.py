@@ -19,6 +19,7 @@ from patches.switches import OFF_ENV
 from serve_app.engine.cluster_env import HAPROXY
 
 
+@pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
 @pytest.mark.engine
 def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     from benchmarks.investigations import loadgen_capacity
@@ -39,6 +40,7 @@ def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
     assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
 
 
+@pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
 @pytest.mark.engine
 @pytest.mark.serve  # starts Ray clusters (the Serve targets)
 def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
@@ -97,6 +99,7 @@ def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     assert "python -m benchmarks.serve_stack --phases alone,ceiling" in md and "| fb1 |" in md
 
 
+@pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
 @pytest.mark.engine
 def test_patch_overhead_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import patch_overhead
@@ -281,6 +284,7 @@ def test_engine_steps_reads_vllm_and_ray_histograms():
     assert engine_steps(ray, set()) == (0.0, 0.0)
 
 
+@pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
 @pytest.mark.engine
 def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
     """End to end on the cheapest target: py-spy attaches to the vLLM server's two processes and samples them."""

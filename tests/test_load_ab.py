@@ -103,6 +103,7 @@ def test_the_patched_run_wrote_its_report(patched_run):
     assert (out / "metrics.jsonl").read_text().count("\n") == summary["invariants"]["scrapes"]
 
 
+@pytest.mark.long  # docs/development.md, the long tests (its twins at the engine and in the CLI run by default)
 def test_with_stock_accounting_it_fails_and_names_what_broke(stock_run):
     """Stock accounting under the same lies: seen here, both EngineCores die within ~20 s (asserts in the
     scheduler: ``num_computed_tokens <= request.num_tokens`` for a count beyond the prompt; in the offloading
