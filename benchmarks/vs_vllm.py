@@ -170,7 +170,7 @@ class Workload:
         return [(f"ws{w:g}x", self.reuse_concurrency) for w in self.working_sets]
 
 
-class Percentiles(TypedDict):
+class RunPercentiles(TypedDict):
     """One latency figure of a run, in ms, as vLLM's bench reports it (None where its result lacks it); ``mean``
     only where the client's result was read (:func:`summarize_run`)."""
 
@@ -192,10 +192,10 @@ class Run:
     duration_s: float
     req_per_s: float
     output_tok_per_s: float
-    ttft_ms: Percentiles
-    tpot_ms: Percentiles
-    itl_ms: Percentiles
-    e2el_ms: Percentiles
+    ttft_ms: RunPercentiles
+    tpot_ms: RunPercentiles
+    itl_ms: RunPercentiles
+    e2el_ms: RunPercentiles
     window_s: float
     host_cpu_s: float
     host_cpu_s_per_request: float
@@ -382,7 +382,7 @@ def summarize_run(
     busy = sampler.busy_between(t0, t1) if sampler is not None else float("nan")
     n = data["completed"]
 
-    def pct(name: str) -> Percentiles:
+    def pct(name: str) -> RunPercentiles:
         return {
             "p50": data.get(f"median_{name}_ms"),
             "p99": data.get(f"p99_{name}_ms"),

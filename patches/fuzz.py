@@ -249,9 +249,9 @@ def _fuzzed_class(cls: type[torch.nn.Module]) -> type:
 def _first_pipeline_rank() -> bool:
     """Whether this process runs the first pipeline stage (the one with the input embedding); a process without
     vLLM's parallel groups (a single process, a unit test) is the first."""
-    from vllm.distributed.parallel_state import _PP
+    from vllm.distributed.parallel_state import get_pp_group, model_parallel_is_initialized
 
-    return _PP is None or bool(_PP.is_first_rank)
+    return not model_parallel_is_initialized() or bool(get_pp_group().is_first_rank)
 
 
 def find_input_embedding(model: torch.nn.Module, device: torch.device) -> tuple[str, torch.nn.Module] | None:

@@ -48,6 +48,15 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
             why="the frontend and the worker read the fuzz settings from `extra_args` (`vllm_xargs`)",
         ),
         _r(
+            "vllm.distributed.parallel_state:model_parallel_is_initialized",
+            why="a process without parallel groups (one process, a unit test) runs the first pipeline stage",
+        ),
+        _r(
+            "vllm.distributed.parallel_state:get_pp_group",
+            why="only the first pipeline stage embeds the tokens: elsewhere a failed embedding probe means no "
+            "embedding there, on the first stage it refuses the model",
+        ),
+        _r(
             "vllm.model_executor.layers.vocab_parallel_embedding:ParallelLMHead",
             why="the output head is a VocabParallelEmbedding too: left out of the input-embedding search",
         ),
