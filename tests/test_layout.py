@@ -34,10 +34,11 @@ circle from the reader, only from the interpreter).
 from __future__ import annotations
 
 import ast
-from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
+
+from tests.import_graph import circle, from_prefix, module_name
 
 REPO = Path(__file__).resolve().parents[1]
 SHIPPED = ("patches", "fixture_model", "serve_app", "load_tests", "monitoring")
@@ -189,11 +190,6 @@ def test_no_test_calls_another():
     assert not bad, f"share a helper instead: {bad}"
 
 
-def module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Every module of the repository's packages -> the repository's modules it imports (relative imports resolved;
     ``from a.b import c`` names ``a.b.c`` when that is a module, else ``a.b``)."""
@@ -203,8 +199,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
         names: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.level:
-                base = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-                prefix = ".".join([*base[: len(base) - node.level + 1], *([node.module] if node.module else [])])
+                prefix = from_prefix(node, module, path.name == "__init__.py")
                 names |= {prefix} | {f"{prefix}.{a.name}" for a in node.names}
         names |= imported(path.read_text())
         for name in names:
@@ -213,15 +208,6 @@ def import_graph(root: Path) -> dict[str, set[str]]:
             if target is not None and target != module:
                 graph[module].add(target)
     return graph
-
-
-def circle(graph: dict[str, set[str]]) -> list[str]:
-    """One circle of ``graph`` (its modules in order), or [] if it has none."""
-    try:
-        tuple(TopologicalSorter(graph).static_order())
-    except CycleError as e:
-        return list(e.args[1])
-    return []
 
 
 def test_a_planted_circle_through_a_lazy_import_is_found(tmp_path):

@@ -24,10 +24,11 @@ A role may import any role below it and its own modules (``plan`` and
 from __future__ import annotations
 
 import ast
-from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
+
+from tests.import_graph import circle, from_prefix, module_name
 
 REPO = Path(__file__).resolve().parents[1]
 LAYERS: tuple[frozenset[str], ...] = (
@@ -45,21 +46,11 @@ LAYERS: tuple[frozenset[str], ...] = (
 LEVEL = {role: i for i, roles in enumerate(LAYERS) for role in roles}
 
 
-def module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
 def resolve(node: ast.ImportFrom | ast.Import, module: str, is_package: bool) -> list[str]:
     """The absolute ``load_tests`` modules (or names in them) an import statement names."""
     if isinstance(node, ast.Import):
         return [a.name for a in node.names if a.name.split(".")[0] == "load_tests"]
-    if node.level:
-        base = module.split(".") if is_package else module.split(".")[:-1]
-        base = base[: len(base) - node.level + 1]
-        prefix = ".".join(base + ([node.module] if node.module else []))
-    else:
-        prefix = node.module or ""
+    prefix = from_prefix(node, module, is_package)
     if prefix.split(".")[0] != "load_tests":
         return []
     return [f"{prefix}.{a.name}" for a in node.names]  # a module, or a name in the module ``prefix``
@@ -108,14 +99,6 @@ def upward(graph: dict[str, set[str]]) -> list[str]:
             if LEVEL.get(b, 99) >= LEVEL.get(a, -1):
                 bad.append(f"{mod} -> {dep}")
     return sorted(bad)
-
-
-def circle(graph: dict[str, set[str]]) -> list[str]:
-    try:
-        tuple(TopologicalSorter(graph).static_order())
-    except CycleError as e:
-        return list(e.args[1])
-    return []
 
 
 def plant(tmp_path: Path, files: dict[str, str]) -> Path:
