@@ -75,10 +75,27 @@ def _load(module: str, name: str):
         ) from e
 
 
+# The symbols of Ray modules that import vLLM load on first use (PEP 562 ``__getattr__`` below), with the same
+# RayInternalsMoved: the ingress request router's replicas (serve_app.routing.ingress_router, fuzz_router) need
+# only the symbols loaded here, and importing vLLM costs each of them ~13 s of CPU at every start, on the host
+# whose engines are starting beside it during a rollout.
 _INGRESS = "ray.llm._internal.serve.core.ingress.ingress"
-init_ingress_app = _load(_INGRESS, "init")
-DEFAULT_ENDPOINTS = _load(_INGRESS, "DEFAULT_ENDPOINTS")
-to_model_metadata = _load("ray.llm._internal.serve.core.configs.openai_api_models", "to_model_metadata")
+_ON_FIRST_USE = {
+    "init_ingress_app": (_INGRESS, "init"),
+    "DEFAULT_ENDPOINTS": (_INGRESS, "DEFAULT_ENDPOINTS"),
+    "to_model_metadata": ("ray.llm._internal.serve.core.configs.openai_api_models", "to_model_metadata"),
+    "add_middleware_to_built_app": ("ray.llm._internal.serve.core.server.llm_server", "_add_middleware_to_built_app"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _ON_FIRST_USE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = _load(*_ON_FIRST_USE[name])
+    globals()[name] = value
+    return value
+
+
 LLMRouter = _load("ray.llm._internal.serve.core.ingress.router", "LLMRouter")
 LLMRouterBase = LLMRouter.__bases__[0]
 if not all(hasattr(LLMRouterBase, a) for a in ("route", "_pick_replica")) or LLMRouterBase.__name__ != "LLMRouter":
@@ -87,7 +104,6 @@ if not all(hasattr(LLMRouterBase, a) for a in ("route", "_pick_replica")) or LLM
         f"with route() and _pick_replica(); verified on Ray {VERIFIED_RAY} "
         "(serve_app/ray_internals.py, serve_app/routing/ingress_router.py)"
     )
-add_middleware_to_built_app = _load("ray.llm._internal.serve.core.server.llm_server", "_add_middleware_to_built_app")
 if not hasattr(Application, "_with_ingress_request_router"):
     raise RayInternalsMoved(
         f"Ray {ray.__version__}: Application._with_ingress_request_router is gone; "

@@ -101,4 +101,4 @@ def serve_cluster(fixture_model, tmp_path_factory):
         cluster.deploy(http_port=free_port())
         yield cluster
     finally:
-        cluster.close()
+        cluster.close(graceful=False)  # the last test is done with it: kill by pid, nothing to drain

@@ -104,13 +104,23 @@ def test_the_command_line_exit_code(tmp_path, fault, code):
 # ---------------------------------------------------------------- --url operations: the test is the operator
 
 
-def run_redeploy_by_hand(tmp_path, operator_acts: bool):
+def run_redeploy_by_hand(tmp_path, monkeypatch, operator_acts: bool):
     """``--scenario redeploy-lite --url``: the CLI tells the operator when to redeploy and judges the step from
-    the scraped data; this test is the operator (it redeploys the echo server when told, or never)."""
+    the scraped data; this test is the operator (it redeploys the echo server when told, or never).
+
+    The scenario's redeploy comes 6 s in and its load ends 5 s after the rollout (15 and 15 as shipped): the
+    echo server's "replicas" change at once, and two of the guard's probes (every 5 s) still come before it."""
     import json
     import logging
 
     from load_tests import cli
+    from load_tests.plan import scenarios
+
+    lite = scenarios.SCENARIOS["redeploy-lite"]
+    assert lite.operations is not None
+    (step,) = lite.operations.steps
+    plan = lite.operations.model_copy(update={"steps": (step.model_copy(update={"after_s": 6}),), "tail_s": 5})
+    monkeypatch.setitem(scenarios.SCENARIOS, "redeploy-lite", lite.model_copy(update={"operations": plan}))
 
     server = echo_server.EchoThread(itl_ms=5, refused_xargs=("fuzzserve_probe",))
     # its server and port are set in the thread it starts; the class declares neither, so they read as Any here
@@ -160,8 +170,8 @@ def run_redeploy_by_hand(tmp_path, operator_acts: bool):
     return code, json.loads((tmp_path / "summary.json").read_text()), told
 
 
-def test_a_redeploy_left_to_the_operator_is_told_and_judged_from_the_data(tmp_path):
-    code, summary, told = run_redeploy_by_hand(tmp_path, operator_acts=True)
+def test_a_redeploy_left_to_the_operator_is_told_and_judged_from_the_data(tmp_path, monkeypatch):
+    code, summary, told = run_redeploy_by_hand(tmp_path, monkeypatch, operator_acts=True)
     assert len(told) == 1 and "serve deploy your config" in told[0] and "fuzzserve_probe" in told[0], told
     assert code == 0 and summary["passed"], summary["failures"]
     (fault,) = summary["faults"]
@@ -172,7 +182,7 @@ def test_a_redeploy_left_to_the_operator_is_told_and_judged_from_the_data(tmp_pa
     assert check["ok"] and "refused naming it before" in check["evidence"], check
 
 
-def test_a_redeploy_the_operator_never_does_fails_naming_the_step(tmp_path):
-    code, summary, told = run_redeploy_by_hand(tmp_path, operator_acts=False)
+def test_a_redeploy_the_operator_never_does_fails_naming_the_step(tmp_path, monkeypatch):
+    code, summary, told = run_redeploy_by_hand(tmp_path, monkeypatch, operator_acts=False)
     assert len(told) == 1 and code == 1
     assert any("did not converge" in f and "want 2 new ones" in f for f in summary["failures"]), summary["failures"]

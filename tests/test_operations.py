@@ -4,7 +4,7 @@ What a redeploy and a scale send to Serve, how the monitor treats a node the
 run killed, how a retired replica is told from a dead one, what the verdict
 requires of each operation, and the recorder that feeds the alert replay.
 The operations themselves run end to end in ``tests/test_operations_serve.py``
-(CI's redeploy-lite) and by hand (docs/load_tests.md, Operations).
+(redeploy-lite, a long test) and by hand (docs/load_tests.md, Operations).
 """
 
 from __future__ import annotations

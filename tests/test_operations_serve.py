@@ -1,4 +1,4 @@
-"""End to end through Serve: a redeploy under load, CI's cheapest operation (``--scenario redeploy-lite``).
+"""End to end through Serve: a redeploy under load run by the CLI (``--scenario redeploy-lite``); a long test.
 
 ``python -m load_tests --scenario redeploy-lite`` starts a local Ray cluster,
 deploys serve_config.yaml with 2 engine replicas, drives 16 concurrent
@@ -13,6 +13,13 @@ and fails the run (issue 34; the lever: serve_app/engine/direct_server.py,
 replicas retired (not dead), the probe refused before and accepted after. The
 scenarios at 256 streams (redeploy, scale, node-loss) and the failing twins
 are run by hand: docs/load_tests.md, Operations.
+
+It carries the ``long`` marker (``scripts/test.sh -m long``; docs/development.md,
+the long tests): by default its checks are made on the session's cluster
+(``tests/test_serve_app.py``: the streams a redeploy drains and the requests
+sent during its rollout, none refused) and the CLI's judging of a redeploy on
+the echo server (``tests/test_load_cli.py``); this run adds the CLI's own
+cluster and ``serve deploy`` under its full mix, ~10 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.engine, pytest.mark.serve]
+pytestmark = [pytest.mark.engine, pytest.mark.serve, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

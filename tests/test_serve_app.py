@@ -849,8 +849,9 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
 
 @pytest.fixture(scope="module")
 def scaled_down(serve_cluster):
-    """Once for the two tests below: 12 long streams, then a redeploy to 1 replica with the other generate routes
-    switched on; what the streams got, the replica pids before, and the replicas once 1 serves.
+    """Once for the three tests below: 12 long streams, then a redeploy to 1 replica with the other generate routes
+    switched on, while short requests keep coming on kept-alive connections; what the streams got, the replica
+    pids before, the replicas once the new one serves, and what each short request got.
 
     Replicas stopped by Serve must finish their in-flight requests first.
 
@@ -861,8 +862,17 @@ def scaled_down(serve_cluster):
     rolling update (seen here: both old replicas stop, one new one starts)
     rather than stopping one. Either way, every stream on a stopping replica
     must still end complete, with all its tokens and [DONE].
+
+    The short requests are what a client sending while an operator redeploys
+    sees: one at a time, never sent again, from before the ``serve deploy``
+    until the new replica serves and the old routers have had their linger
+    (``ROUTER_LINGER_S``) to leave. Serve restarts HAProxy as routers come and
+    go; a request it refuses (503 ``router_unreachable``, issue 34) or cuts is
+    a failure here, as in the load test's ``--no-ingress-retry`` runs
+    (``python -m load_tests --scenario redeploy-lite``, the long test).
     """
     from serve_app.config import deploy_config
+    from serve_app.engine.direct_server import ROUTER_LINGER_S
     from serve_app.ingress.route_policy import DEFAULT_ROUTES
 
     # 1 replica and, checked once the new replica serves: the other generate routes switched on
@@ -895,30 +905,63 @@ def scaled_down(serve_cluster):
                     started[i].set()
         return ("done" if done else "cut"), received
 
+    async def trickle(client, stop: asyncio.Event) -> list[int | str]:
+        got: list[int | str] = []
+        body = {"model": "fixture", "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0}
+        while not stop.is_set():
+            try:
+                got.append((await client.post(f"{serve_cluster.base_url}/v1/completions", json=body)).status_code)
+            except httpx.HTTPError as e:
+                got.append(type(e).__name__)
+            await asyncio.sleep(0.25)
+        return got
+
+    def rolled_out() -> list[dict] | None:
+        """The engine replicas once only a new one is left and Serve calls the app RUNNING; else None."""
+        now = serve_cluster.replicas()
+        if len(now) == 1 and not {r["pid"] for r in now} & before and serve_cluster._apps_running():
+            return now
+        return None
+
     async def load():
         async with httpx.AsyncClient(timeout=httpx.Timeout(600), headers=AUTH) as client:
             tasks = [asyncio.create_task(one(client, i)) for i in range(n)]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 300)
             assert not any(t.done() for t in tasks), "streams must still be running when the scale-down starts"
+            stop = asyncio.Event()
+            during = asyncio.create_task(trickle(client, stop))
             await asyncio.to_thread(serve_cluster.cli, "serve", "deploy", _write(serve_cluster, cfg))
-            return await asyncio.gather(*tasks)
+            streams = await asyncio.gather(*tasks)
+            now = None
+            for _ in range(200):  # up to ~600 s, asking every 3 s
+                if (now := await asyncio.to_thread(rolled_out)) is not None:
+                    break
+                await asyncio.sleep(3)
+            await asyncio.sleep(ROUTER_LINGER_S + 5)  # the old routers' linger ends within this
+            stop.set()
+            return streams, now or serve_cluster.replicas(), await during
 
     before = {r["pid"] for r in serve_cluster.replicas()}
-    results = asyncio.run(load())
-    deadline = time.monotonic() + 120
-    while len(now := serve_cluster.replicas()) != 1 and time.monotonic() < deadline:
-        time.sleep(3)
-    return results, tokens, before, now
+    results, now, during = asyncio.run(load())
+    return results, tokens, before, now, during
 
 
 def test_scaling_down_drains_in_flight_requests(scaled_down):
     """Every stream on a stopping replica ends complete, with all its tokens and [DONE]; the scale-down happened
     and stopped a replica that was serving."""
-    results, tokens, before, now = scaled_down
+    results, tokens, before, now, _during = scaled_down
     assert [kind for kind, _ in results] == ["done"] * len(results), results
     assert all(received == tokens for _, received in results), results
-    assert len(now) == 1, f"the scale-down did not happen within 120 s: {now}"
+    assert len(now) == 1, f"the scale-down did not happen within 600 s: {now}"
     assert before - {r["pid"] for r in now}, "a replica that was serving was stopped"
+
+
+def test_requests_sent_during_the_redeploy_are_all_answered(scaled_down):
+    """Every short request sent while the redeploy rolled out (one at a time, kept-alive connections, no second
+    try) got its 200: no refusal at the ingress, no cut connection."""
+    *_, during = scaled_down
+    assert len(during) >= 20, f"too few requests to say anything about the rollout: {during}"
+    assert set(during) == {200}, {k: during.count(k) for k in set(during)}
 
 
 def test_generate_routes_switched_on_by_a_redeploy_are_checked(serve_cluster, scaled_down):

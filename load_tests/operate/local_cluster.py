@@ -27,6 +27,7 @@ all picked here; the Serve HTTP proxy then runs on the head only
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -117,6 +118,8 @@ class RayNode:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
     def stop(self, timeout: float = 60) -> None:
+        """SIGINT to ``ray start --block``, whose exit hook stops the node's processes; what is left after
+        ``timeout`` is killed by pid."""
         if self.proc is None:
             return
         procs = self.descendants()
@@ -422,8 +425,13 @@ class LocalCluster:
         return self.actors(class_name_prefix)
 
     # ---------------------------------------------------------------- close
-    def close(self) -> None:
-        if any(n.alive() for n in self.nodes[:1]):
+    def close(self, graceful: bool = True) -> None:
+        """Stop the cluster: ``serve shutdown`` (replicas drain and stop), then every node. ``graceful=False``
+        kills each node's processes by pid at once instead (~5 s, not ~70 s with two engine replicas): for a
+        cluster whose run is over and judged, as the load-test CLI's own and the test session's are."""
+        if not graceful:
+            self._kill_processes()
+        elif any(n.alive() for n in self.nodes[:1]):
             try:
                 self.cli("serve", "shutdown", "-y", timeout=120, check=False)
                 self._wait_no_replicas(60)
@@ -432,6 +440,27 @@ class LocalCluster:
         for node in reversed(self.nodes):
             node.stop()
         self._forget_address()
+
+    def _kill_processes(self) -> None:
+        """SIGKILL every process the nodes started, by pid. First each is frozen (SIGSTOP), again for any that
+        appeared meanwhile, until none does: a frozen process cannot fork, so nothing the cluster starts in
+        reaction to the kill escapes it (seen without the freeze: Serve's proxy restarting HAProxy as a worker
+        node's replicas died, the new HAProxy outliving the cluster on its fixed stats and metrics ports)."""
+        frozen: dict[int, psutil.Process] = {}
+        for _ in range(20):
+            new = [p for node in self.nodes for p in node.descendants() if p.pid not in frozen]
+            if not new:
+                break
+            for p in new:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.suspend()
+                frozen[p.pid] = p
+        for p in frozen.values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        deadline = time.monotonic() + 10  # gone or a zombie (whose reaping is its new parent's business)
+        while pids_alive(frozen) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
     def _forget_address(self) -> None:
         """Remove Ray's "current cluster" file if it still names this (now stopped) cluster.
@@ -483,4 +512,12 @@ def _json_list(out: str) -> list[dict[str, Any]]:
 
 
 def pids_alive(pids: Iterable[int]) -> list[int]:
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    """The pids of ``pids`` still running (a zombie has stopped: only its parent's wait is left)."""
+    return [p for p in pids if _running(p)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:  # gone between the listing and the look
+        return False

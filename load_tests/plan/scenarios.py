@@ -1,6 +1,6 @@
 """The named load scenarios: smoke, stress (the main job), chaos (stress plus faults), chaos-lite (CI's A/B),
 soak (chaos for 10 minutes, with probes), and the operations under load: redeploy, scale, autoscale, node-loss
-(and redeploy-lite, CI's).
+(and redeploy-lite, the short redeploy: a long test).
 
 A scenario is a load profile, a request mix, latency targets, and what to
 do to the deployment: engine-level faults (the ``kv_faults`` patch's seeded
@@ -268,7 +268,7 @@ SCENARIOS: dict[str, Scenario] = {
     ),
     "redeploy-lite": under_operations(
         "redeploy-lite",
-        "CI's redeploy: 16 concurrent requests on 2 replicas, the redeploy 15 s in, the load until "
+        "the short redeploy (a long test): 16 concurrent requests on 2 replicas, the redeploy 15 s in, the load until "
         "the new replicas serve plus 15 s",
         (REDEPLOY.model_copy(update={"after_s": 15}),),
         concurrency=16,
