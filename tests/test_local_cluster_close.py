@@ -1,5 +1,5 @@
 """LocalCluster.close(graceful=False): every process the nodes started is killed by pid, including ones forked
-while the kill runs (the way Serve's proxy restarts HAProxy when replicas die), and the nodes stop. No Ray here:
+while the kill runs (as a raylet or Serve's proxy may start one when others die), and the nodes stop. No Ray here:
 each node is a stand-in process whose child keeps forking, as a replica or proxy actor under a raylet would."""
 
 from __future__ import annotations

@@ -444,8 +444,8 @@ class LocalCluster:
     def _kill_processes(self) -> None:
         """SIGKILL every process the nodes started, by pid. First each is frozen (SIGSTOP), again for any that
         appeared meanwhile, until none does: a frozen process cannot fork, so nothing the cluster starts in
-        reaction to the kill escapes it (seen without the freeze: Serve's proxy restarting HAProxy as a worker
-        node's replicas died, the new HAProxy outliving the cluster on its fixed stats and metrics ports)."""
+        reaction to the first deaths (a raylet restarting a worker, Serve's proxy restarting HAProxy) is born
+        after the listing and outlives the cluster."""
         frozen: dict[int, psutil.Process] = {}
         for _ in range(20):
             new = [p for node in self.nodes for p in node.descendants() if p.pid not in frozen]
@@ -513,10 +513,11 @@ def _json_list(out: str) -> list[dict[str, Any]]:
 
 def pids_alive(pids: Iterable[int]) -> list[int]:
     """The pids of ``pids`` still running (a zombie has stopped: only its parent's wait is left)."""
-    return [p for p in pids if _running(p)]
+    return [p for p in pids if running(p)]
 
 
-def _running(pid: int) -> bool:
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs: not gone and not a zombie."""
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:  # gone between the listing and the look

@@ -24,7 +24,7 @@ import psutil
 from serve_app.config.names import replica_id
 
 from ..results.events import ReplicaKilled
-from .local_cluster import QUERY_ERRORS
+from .local_cluster import QUERY_ERRORS, running
 
 log = logging.getLogger("fuzzserve.load_tests")
 
@@ -84,13 +84,6 @@ class LoadTarget:
         event = ReplicaKilled(t=time.monotonic() - t0, replica=rid, pid=victims[rid])
         log.info("killed replica %s (pid %d) at %.0f s", rid, victims[rid], event.t)
         return event
-
-
-def running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def is_local(url: str) -> bool:
