@@ -7,9 +7,17 @@ negative, the prompt-token counters sum, the violation/correction counters
 explain the injected faults, and greedy outputs equal the fault-free run.
 The last test switches the accounting patch off and asserts the lying
 connector does break the engine.
+
+The engines here are vLLM's one-process engine (tests/conftest.py,
+``ONE_PROCESS_ENV``): the subject is what the scheduler, the connector and
+the counters compute, not the process layout. The same faults run through
+Serve, EngineCore in a process of its own, in tests/test_load_ab.py
+(chaos-lite).
 """
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 
@@ -32,6 +40,12 @@ BLOCK_SIZE = 128  # the CPU platform's KV block
 GREEDY = {"temperature": 0, "max_tokens": MAX_TOKENS}
 
 
+@pytest.fixture(scope="module")
+def start_in_one_process(start_engine):
+    """Starts a one-process engine: ``start_in_one_process(env, **llm_kwargs)``."""
+    return functools.partial(start_engine, one_process=True)
+
+
 def _run(engine):
     outs = engine.generate(PROMPTS, GREEDY)
     assert engine.alive()
@@ -42,13 +56,13 @@ def _run(engine):
 
 
 @pytest.fixture(scope="module")
-def reference(start_engine):
+def reference(start_in_one_process):
     """Fault-free run with offloading on, and the same run with offloading off."""
-    on = start_engine(**offload_engine_kwargs())
+    on = start_in_one_process(**offload_engine_kwargs())
     out_on, m_on = _run(on)
     stats = on.rpc(worker_stats)
     on.close()
-    off = start_engine(enforce_eager=True, num_gpu_blocks_override=24, max_num_seqs=16)
+    off = start_in_one_process(enforce_eager=True, num_gpu_blocks_override=24, max_num_seqs=16)
     out_off, _ = _run(off)
     off.close()
     return {"outputs": out_on, "outputs_no_offload": out_off, "metrics": m_on, "worker": stats[0]}
@@ -69,8 +83,8 @@ def test_offload_tier_is_used_and_changes_nothing(reference):
     assert violations(m) == {}, "a fault-free run breaks no invariant"
 
 
-def test_load_failures_are_recomputed_and_accounted(start_engine, reference):
-    engine = start_engine(**offload_engine_kwargs({"seed": 1, "load_failure_rate": 0.1, "load_delay_ms": 3}))
+def test_load_failures_are_recomputed_and_accounted(start_in_one_process, reference):
+    engine = start_in_one_process(**offload_engine_kwargs({"seed": 1, "load_failure_rate": 0.1, "load_delay_ms": 3}))
     outputs, m = _run(engine)
     [w] = engine.rpc(worker_stats)
     engine.close()
@@ -83,8 +97,8 @@ def test_load_failures_are_recomputed_and_accounted(start_engine, reference):
     assert outputs == reference["outputs"]
 
 
-def test_lying_connector_is_clamped(start_engine, reference):
-    engine = start_engine(**offload_engine_kwargs({"seed": 2, "lying_rate": 0.3}))
+def test_lying_connector_is_clamped(start_in_one_process, reference):
+    engine = start_in_one_process(**offload_engine_kwargs({"seed": 2, "lying_rate": 0.3}))
     outputs, m = _run(engine)
     engine.close()
     v = violations(m)
@@ -93,9 +107,9 @@ def test_lying_connector_is_clamped(start_engine, reference):
     assert outputs == reference["outputs"]
 
 
-def test_preemption_storm_and_client_aborts(start_engine, reference):
+def test_preemption_storm_and_client_aborts(start_in_one_process, reference):
     """Long generations in a 16-block pool: admitted requests outgrow it and preempt each other."""
-    engine = start_engine(**offload_engine_kwargs(blocks=16))
+    engine = start_in_one_process(**offload_engine_kwargs(blocks=16))
     outs = engine.generate(PROMPTS, {"temperature": 0, "max_tokens": 128})
     assert [o["finish_reason"] for o in outs] == ["length"] * len(PROMPTS)
     m = engine.eval(metrics)
@@ -114,9 +128,9 @@ def test_preemption_storm_and_client_aborts(start_engine, reference):
     assert violations(m) == {}
 
 
-def test_without_the_accounting_patch_the_lying_connector_breaks_the_engine(start_engine):
+def test_without_the_accounting_patch_the_lying_connector_breaks_the_engine(start_in_one_process):
     """The checker can fail: stock accounting under the same lies dies or goes negative."""
-    engine = start_engine({OFF_ENV: "accounting"}, **offload_engine_kwargs({"seed": 2, "lying_rate": 0.3}))
+    engine = start_in_one_process({OFF_ENV: "accounting"}, **offload_engine_kwargs({"seed": 2, "lying_rate": 0.3}))
     try:
         outs = engine.generate(PROMPTS, GREEDY)
     except EngineError as e:
@@ -130,7 +144,7 @@ def test_without_the_accounting_patch_the_lying_connector_breaks_the_engine(star
         engine.close()
 
 
-def test_fuzz_settings_never_share_kv_through_the_offload_tier(start_engine, patched_engine):
+def test_fuzz_settings_never_share_kv_through_the_offload_tier(start_in_one_process, patched_engine):
     """s=0 computes a prefix; it is evicted to the offload tier; s=1 must not reload it, s=0 must.
 
     References come from the shared patched engine (no offloading), where
@@ -145,7 +159,7 @@ def test_fuzz_settings_never_share_kv_through_the_offload_tier(start_engine, pat
         for name, p in (("neutral", neutral), ("fuzzed", fuzzed))
     }
     assert uncached["neutral"] != uncached["fuzzed"]
-    engine = start_engine(**offload_engine_kwargs(blocks=12))
+    engine = start_in_one_process(**offload_engine_kwargs(blocks=12))
 
     def run(params):
         before = engine.eval(metrics)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.client
 import json
 import socket
 import threading
@@ -195,8 +196,9 @@ def test_a_kept_alive_connection_gets_the_deadline_for_its_next_request(server):
     with _connect(server) as s:
         s.sendall(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
         s.settimeout(5)
-        first = s.recv(65536)
-        assert _status(first) == 200
+        first = http.client.HTTPResponse(s)  # reads exactly one response: its head, then content-length bytes
+        first.begin()
+        assert first.status == 200 and json.loads(first.read()) == {"bytes": 0}
         time.sleep(DEADLINE_S + 0.3)  # idle between requests: Ray's keep-alive bound, not the head deadline
         started = time.monotonic()
         s.sendall(b"GET / HT")  # the next request's head starts, and stops
