@@ -9,8 +9,12 @@ builder runs inside Serve, never starts a cluster). It imports only
 ``serve_app`` (the cluster environment, Serve's names, the typed config),
 nothing of the load tests above ``operate``. It drives the same
 commands a person would type (``ray start``, ``serve deploy``, ``serve
-status``, ``serve shutdown``), so what is tested is what README tells users
-to run, and it cleans up only what it started:
+shutdown``), so what is tested is what README tells users to run; what it
+asks of the cluster while waiting (``serve status``, ``ray list``) it asks
+the dashboard's HTTP API those commands call, in this process: each command
+is a Python process importing Ray, ~3 s of CPU, and a deploy polls every few
+seconds on the cores its replicas are starting on. It cleans up only what it
+started:
 
 * each node is one ``ray start --block`` process in its own session; every
   process of the node (GCS, raylet, dashboard, workers, Serve replicas, vLLM
@@ -28,6 +32,7 @@ all picked here; the Serve HTTP proxy then runs on the head only
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -42,13 +47,12 @@ from typing import Any
 
 import httpx
 import psutil
-import yaml
 
 from load_tests.operate.ports import free_port
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import ServeConfig
 from serve_app.config.names import ENGINE_REPLICA_CLASS, REPLICA_CLASS_PREFIX
-from serve_app.engine.cluster_env import BIN, SINGLE_HOST, prepare_node, ray_root, with_cluster_env
+from serve_app.engine.cluster_env import BIN, SINGLE_HOST, auth_headers, prepare_node, ray_root, with_cluster_env
 
 log = logging.getLogger("fuzzserve.local_cluster")
 
@@ -312,33 +316,44 @@ class LocalCluster:
             raise ClusterError(f"{' '.join(argv)} failed ({r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
         return r.stdout
 
+    def dashboard_json(self, path: str, params: dict[str, str] | None = None, timeout: float = 60) -> Any:
+        """``GET`` one of the dashboard's HTTP APIs (token auth as Ray's CLI presents it); its JSON body.
+
+        A refusal or a body that is not JSON raises :class:`ClusterError`; a connection that fails or times out,
+        ``httpx``'s errors (both in :data:`QUERY_ERRORS`)."""
+        r = httpx.get(f"{self.dashboard_url}{path}", params=params, headers=auth_headers(self._env()), timeout=timeout)
+        if r.status_code != 200:
+            raise ClusterError(f"GET {path}: {r.status_code} {r.text[:2000]}")
+        try:
+            return r.json()
+        except ValueError as e:
+            raise ClusterError(f"GET {path}: not JSON ({e}): {r.text[:2000]}") from None
+
+    def _state_list(self, resource: str, alive_only: bool, detail: bool = False) -> list[dict[str, Any]]:
+        """What ``ray list <resource> --format json [--filter state=ALIVE] [--detail]`` prints, from the state
+        API it calls (``/api/v0/<resource>``)."""
+        params = {"limit": "1000", "timeout": "30", "detail": str(detail).lower()}
+        if alive_only:
+            params |= {"filter_keys": "state", "filter_predicates": "=", "filter_values": "ALIVE"}
+        body = self.dashboard_json(f"/api/v0/{resource}", params)
+        if not body.get("result", False):
+            raise ClusterError(f"ray list {resource}: {body.get('msg')!r}")
+        return list(body["data"]["result"]["result"])
+
     def alive_nodes(self) -> list[dict[str, Any]]:
         try:
-            out = self.cli("ray", "list", "nodes", "--format", "json", "--filter", "state=ALIVE", timeout=60)
-        except (ClusterError, subprocess.TimeoutExpired):
+            return self._state_list("nodes", alive_only=True)
+        except QUERY_ERRORS:
             return []
-        return _json_list(out)
 
     def all_nodes(self) -> list[dict[str, Any]]:
         """Every node Ray knows, alive or dead (``state``: ALIVE / DEAD)."""
-        return _json_list(self.cli("ray", "list", "nodes", "--format", "json", timeout=60))
+        return self._state_list("nodes", alive_only=False)
 
     def actors(self, class_name_prefix: str = REPLICA_CLASS_PREFIX) -> list[dict[str, Any]]:
         """Alive actors whose class name starts with ``class_name_prefix`` (Ray's state API)."""
-        out = self.cli(
-            "ray",
-            "list",
-            "actors",
-            "--format",
-            "json",
-            "--filter",
-            "state=ALIVE",
-            "--limit",
-            "1000",
-            "--detail",
-            timeout=60,
-        )
-        return [a for a in _json_list(out) if a.get("class_name", "").startswith(class_name_prefix)]
+        listed = self._state_list("actors", alive_only=True, detail=True)
+        return [a for a in listed if a.get("class_name", "").startswith(class_name_prefix)]
 
     # ---------------------------------------------------------------- deploy
     def effective_config(
@@ -395,16 +410,22 @@ class LocalCluster:
         self._wait(up, timeout, f"/v1/models of {', '.join(route_prefixes)}")
 
     def serve_status(self, timeout: float = 60) -> dict[str, Any]:
-        return yaml.safe_load(self.cli("serve", "status", timeout=timeout)) or {}
+        """What ``serve status`` prints (applications, their deployments and replica states, the proxies), made
+        the way it makes it: Serve's details from the dashboard, read by Ray's own schema."""
+        from ray.serve.schema import ServeInstanceDetails
+
+        details = ServeInstanceDetails(**self.dashboard_json("/api/serve/applications/", timeout=timeout))
+        # JSON round trip: Serve's status enums (str subclasses) become the plain strings `serve status` prints
+        return json.loads(json.dumps(dataclasses.asdict(details._get_status())))
 
     def _apps_running(self) -> bool:
         try:
             apps = self.serve_status().get("applications") or {}
-        except subprocess.TimeoutExpired:
+        except httpx.TimeoutException:
             # On a saturated 2-core host (replicas compiling, engines starting)
-            # the CLI itself can stall past its timeout; that is "not yet",
+            # the dashboard can stall past the timeout; that is "not yet",
             # and the caller's own deadline still bounds the wait.
-            log.warning("`serve status` did not answer within 60 s; still waiting")
+            log.warning("Serve's status did not come within 60 s; still waiting")
             return False
         failed = {name: a for name, a in apps.items() if a.get("status") in ("DEPLOY_FAILED", "UNHEALTHY")}
         if failed:
@@ -492,23 +513,18 @@ def _cpus(num_cpus: int | None) -> list[str]:
     return [] if num_cpus is None else ["--num-cpus", str(num_cpus)]
 
 
-# What a query of the cluster's state can raise (a ``ray``/``serve`` command and its parsed output): the command
-# failed or timed out (ClusterError, TimeoutExpired), could not start (OSError), or printed something that is not
-# the JSON / YAML it should be (ValueError, json's included; yaml.YAMLError). Callers for whom a failed query is
-# "no answer" catch these and nothing broader: any other exception is a bug and propagates.
+# What a query of the cluster's state can raise (a ``ray``/``serve`` command, or the dashboard API one calls, and
+# the parsed answer): the command failed or timed out, or the API refused (ClusterError, TimeoutExpired), the
+# connection failed or timed out (httpx.HTTPError), a command could not start (OSError), or an answer is not the
+# JSON it should be (ValueError, json's and pydantic's included). Callers for whom a failed
+# query is "no answer" catch these and nothing broader: any other exception is a bug and propagates.
 QUERY_ERRORS: tuple[type[Exception], ...] = (
     ClusterError,
     subprocess.TimeoutExpired,
+    httpx.HTTPError,
     OSError,
     ValueError,
-    yaml.YAMLError,
 )
-
-
-def _json_list(out: str) -> list[dict[str, Any]]:
-    """``ray list --format json`` output; Ray prints a sentence instead of ``[]`` when nothing matches."""
-    out = out.strip()
-    return json.loads(out) if out.startswith("[") else []
 
 
 def pids_alive(pids: Iterable[int]) -> list[int]:

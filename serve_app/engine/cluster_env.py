@@ -241,6 +241,15 @@ def ensure_auth_token(env: Mapping[str, str]) -> Path | None:
     return path
 
 
+def auth_headers(env: Mapping[str, str]) -> dict[str, str]:
+    """The header a client of the cluster presents under token auth (``RAY_AUTH_TOKEN``, else the token file Ray's
+    CLI reads), as Ray's own HTTP clients send it; none when token auth is off."""
+    if env.get(AUTH_MODE, "").lower() != "token":
+        return {}
+    token = env.get(AUTH_TOKEN) or Path(env.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token").read_text()
+    return {"authorization": f"Bearer {token.strip()}"}
+
+
 def ensure_haproxy_dir(directory: Path | None = None) -> Path:
     """Create Serve's HAProxy directory 0700, or check an existing one is this user's and closed to others.
 
