@@ -4,9 +4,12 @@ The failure this guards against: a per-step tensor handed to a compiled model is
 because the graph keeps reading what it was traced with. Here a stock engine
 compiles the model first, then a patched engine starts on the *same* cache
 directory: it must not reuse a stock graph (the patch adds itself to the AOT
-cache key) and its fuzz must bite. (On this CPU build vLLM 0.32 loads no
-AOT artifact and recompiles, docs/fuzz.md, so the reuse cannot happen here;
-tests/test_plugin.py checks the key itself.)
+cache key) and its fuzz must bite. (On this CPU build vLLM 0.32 never loads
+an AOT artifact, docs/fuzz.md, and the project's engine environment turns
+AOT compilation off, ``VLLM_USE_AOT_COMPILE=0`` in
+serve_app/engine/engine_env.py: seen here, the engines trace with
+``DYNAMO_TRACE_ONCE`` and the directory holds only ``modelinfos/``. So the
+reuse cannot happen on CPU; tests/test_plugin.py checks the key itself.)
 Both are vLLM's one-process engine (tests/conftest.py, ``ONE_PROCESS_ENV``):
 the model is compiled and run the same way, one process start sooner; the
 compiled path with EngineCore in its own process is the fuzz matrix's
