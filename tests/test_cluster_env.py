@@ -89,6 +89,21 @@ def test_the_auth_token_is_made_and_kept_readable_by_its_user_only(tmp_path):
     assert ensure_auth_token({AUTH_MODE: "disabled"}) is None
 
 
+def test_the_dashboard_queries_present_the_token_as_rays_clients_do(tmp_path):
+    """LocalCluster's state queries go to the dashboard's HTTP API in-process: under token auth they present the
+    token (the variable first, else the file Ray's CLI reads) as ``authorization: Bearer``; without it, nothing."""
+    from serve_app.engine.cluster_env import AUTH_MODE, AUTH_TOKEN, AUTH_TOKEN_PATH, auth_headers
+
+    token = tmp_path / "auth_token"
+    token.write_text("t" * 64 + "\n")
+    assert auth_headers({AUTH_MODE: "token", AUTH_TOKEN_PATH: str(token)}) == {"authorization": "Bearer " + "t" * 64}
+    assert auth_headers({AUTH_MODE: "token", AUTH_TOKEN: "x", AUTH_TOKEN_PATH: str(token)}) == {
+        "authorization": "Bearer x"
+    }
+    assert auth_headers({AUTH_MODE: "disabled", AUTH_TOKEN_PATH: str(token)}) == {}
+    assert auth_headers({}) == {}
+
+
 def test_serves_haproxy_files_go_to_a_directory_only_this_user_can_enter(tmp_path):
     from serve_app.engine.cluster_env import CLUSTER_ENV, ensure_haproxy_dir, haproxy_dir, haproxy_env
 
