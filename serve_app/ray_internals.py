@@ -45,12 +45,20 @@ symbol                                      why it is needed
                                             by ``FuzzAffinityRouter`` (the public request-router
                                             API exposes only a cache that nothing refreshes on
                                             the direct path).
+``ServeInstanceDetails._get_status``        what ``serve status`` prints, made from the Serve
+                                            details the dashboard's REST API returns: the load
+                                            tests' ``LocalCluster`` polls the dashboard in this
+                                            process instead of starting ``serve status`` (a
+                                            process importing Ray) every few seconds. The CLI
+                                            calls it; no public API returns the status.
 ==========================================  =====================================================
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import json
 from typing import Any
 
 import ray
@@ -121,6 +129,13 @@ if _probe is None:
 
 _get_global_client = _load("ray.serve.context", "_get_global_client")
 
+_serve_details: Any = _load("ray.serve.schema", "ServeInstanceDetails")
+if not hasattr(_serve_details, "_get_status"):
+    raise RayInternalsMoved(
+        f"Ray {ray.__version__}: ServeInstanceDetails._get_status is gone; the status `serve status` prints was "
+        f"verified on Ray {VERIFIED_RAY} (serve_app/ray_internals.py)"
+    )
+
 
 def serve_http_host() -> str:
     """``http_options.host`` of the running Serve instance (blocking: one call to Serve's controller)."""
@@ -136,3 +151,11 @@ async def probe_queue_lens(router, replicas: list) -> list[tuple]:
 def with_ingress_request_router(ingress, router):
     """``ingress`` (an Application) with ``router`` (an Application) as its ingress request router."""
     return ingress._with_ingress_request_router(router)
+
+
+def serve_status(details: dict[str, Any]) -> dict[str, Any]:
+    """What ``serve status`` prints (applications, deployments, replica states, proxies) for ``details``, the JSON
+    of the dashboard's ``GET /api/serve/applications/``: read by Ray's schema, as the CLI reads it."""
+    status = _serve_details(**details)._get_status()
+    # JSON round trip: Serve's status enums (str subclasses) become the plain strings `serve status` prints
+    return json.loads(json.dumps(dataclasses.asdict(status)))

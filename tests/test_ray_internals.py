@@ -48,3 +48,46 @@ def test_the_ingress_routers_modules_load_without_vllm():
     )
     assert not routers, "a router replica would import vLLM"
     assert then_engine, "the control: the engine server's module imports vLLM, and the check must see it"
+
+
+def test_serve_status_is_what_the_cli_prints_from_the_dashboards_details():
+    """``serve status``'s shape from the JSON of ``GET /api/serve/applications/`` (the dashboard's Serve details):
+    statuses as plain strings, replicas counted by state. (Checked against the CLI on a live cluster: the results log's
+    entry of 2026-11-28 21:35-23:40 UTC.)"""
+    replica = {"start_time_s": 1.0}
+    details = {
+        "proxies": {},
+        "applications": {
+            "fuzzserve": {
+                "name": "fuzzserve",
+                "route_prefix": "/",
+                "docs_path": None,
+                "status": "RUNNING",
+                "message": "",
+                "last_deployed_time_s": 1.0,
+                "source": "declarative",
+                "external_scaler_enabled": False,
+                "deployments": {
+                    "LLMServer": {
+                        "name": "LLMServer",
+                        "status": "UPDATING",
+                        "status_trigger": "CONFIG_UPDATE_STARTED",
+                        "message": "",
+                        "deployment_config": {"name": "LLMServer"},
+                        "target_num_replicas": 2,
+                        "required_resources": {},
+                        "replicas": [
+                            {**replica, "replica_id": "a", "state": "RUNNING"},
+                            {**replica, "replica_id": "b", "state": "STARTING"},
+                        ],
+                    }
+                },
+            }
+        },
+    }
+    status = ray_internals.serve_status(details)
+    app = status["applications"]["fuzzserve"]
+    assert type(app["status"]) is str and app["status"] == "RUNNING"
+    deployment = app["deployments"]["LLMServer"]
+    assert deployment["status"] == "UPDATING" and deployment["replica_states"] == {"RUNNING": 1, "STARTING": 1}
+    assert status["proxies"] == {}

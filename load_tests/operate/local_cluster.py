@@ -6,8 +6,10 @@ with it (``load_tests.operate.deploy``), so it is shipped code and cannot be
 in ``testkit`` (test rigs, which shipped packages never import); and it is no
 part of the Serve application itself, which ``serve_app`` is (the app's
 builder runs inside Serve, never starts a cluster). It imports only
-``serve_app`` (the cluster environment, Serve's names, the typed config),
-nothing of the load tests above ``operate``. It drives the same
+``serve_app`` (the cluster environment, Serve's names, the typed config,
+and on first use the private Ray method that makes ``serve status``'s
+status, registered in ``serve_app.ray_internals``), nothing of the load
+tests above ``operate``. It drives the same
 commands a person would type (``ray start``, ``serve deploy``, ``serve
 shutdown``), so what is tested is what README tells users to run; what it
 asks of the cluster while waiting (``serve status``, ``ray list``) it asks
@@ -32,7 +34,6 @@ all picked here; the Serve HTTP proxy then runs on the head only
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
@@ -412,11 +413,9 @@ class LocalCluster:
     def serve_status(self, timeout: float = 60) -> dict[str, Any]:
         """What ``serve status`` prints (applications, their deployments and replica states, the proxies), made
         the way it makes it: Serve's details from the dashboard, read by Ray's own schema."""
-        from ray.serve.schema import ServeInstanceDetails
+        from serve_app import ray_internals  # on first use: the CLI's start-up does not pay for Ray's LLM modules
 
-        details = ServeInstanceDetails(**self.dashboard_json("/api/serve/applications/", timeout=timeout))
-        # JSON round trip: Serve's status enums (str subclasses) become the plain strings `serve status` prints
-        return json.loads(json.dumps(dataclasses.asdict(details._get_status())))
+        return ray_internals.serve_status(self.dashboard_json("/api/serve/applications/", timeout=timeout))
 
     def _apps_running(self) -> bool:
         try:
