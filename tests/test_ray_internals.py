@@ -53,7 +53,7 @@ def test_the_ingress_routers_modules_load_without_vllm():
 def test_serve_status_is_what_the_cli_prints_from_the_dashboards_details():
     """``serve status``'s shape from the JSON of ``GET /api/serve/applications/`` (the dashboard's Serve details):
     statuses as plain strings, replicas counted by state. (Checked against the CLI on a live cluster: the results log's
-    entry of 2026-11-28 21:35-23:40 UTC.)"""
+    entry of 2026-11-28 21:35-00:25 UTC.)"""
     replica = {"start_time_s": 1.0}
     details = {
         "proxies": {},
