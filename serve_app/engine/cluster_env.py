@@ -214,6 +214,11 @@ def exports() -> str:
     return "\n".join(f"export {k}=${{{k}:-{shlex.quote(v)}}}" for k, v in CLUSTER_ENV.items())
 
 
+def auth_token_path(env: Mapping[str, str]) -> Path:
+    """Where Ray reads its token: ``RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``."""
+    return Path(env.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+
+
 def ensure_auth_token(env: Mapping[str, str]) -> Path | None:
     """Create Ray's token file when token auth is on and no token exists (what ``ray.init`` does itself), readable
     by this user only: the file 0600, its directory 0700 (Ray writes them 0644 and 0755, and the token is the key
@@ -224,7 +229,7 @@ def ensure_auth_token(env: Mapping[str, str]) -> Path | None:
     """
     if env.get(AUTH_MODE, "").lower() != "token" or env.get(AUTH_TOKEN):
         return None
-    path = Path(env.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token")
+    path = auth_token_path(env)
     if not path.exists():
         # Ray's own generator (its token format); it writes ~/.ray/auth_token with the process's umask
         subprocess.run(
@@ -246,7 +251,7 @@ def auth_headers(env: Mapping[str, str]) -> dict[str, str]:
     CLI reads), as Ray's own HTTP clients send it; none when token auth is off."""
     if env.get(AUTH_MODE, "").lower() != "token":
         return {}
-    token = env.get(AUTH_TOKEN) or Path(env.get(AUTH_TOKEN_PATH) or Path.home() / ".ray" / "auth_token").read_text()
+    token = env.get(AUTH_TOKEN) or auth_token_path(env).read_text()
     return {"authorization": f"Bearer {token.strip()}"}
 
 
