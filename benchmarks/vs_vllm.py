@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NotRequired, TypedDict
 
-from benchmarks.harness import pair_stats
+from benchmarks.harness import client_priority, pair_stats
 from benchmarks.harness.arms import (
     ARMS,
     MODEL_NAME,
@@ -82,6 +82,7 @@ from benchmarks.harness.arms import (
 from benchmarks.harness.host import HostCpuSampler
 from benchmarks.harness.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.harness.server_counters import CacheCounters, CountersJson, wait_for_requests
+from benchmarks.harness.vllm_bench_serve import SCHED_LINE
 from load_tests.command_logs import command_logging
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import ServeConfig
@@ -162,6 +163,9 @@ class Workload:
     # measured runs: requests per second offered (vLLM's bench: Poisson arrivals from its fixed seed, the same
     # schedule for every arm), the requests in flight still capped; None = vLLM's default, all at once
     request_rate: float | None = None
+    # the client's CPU scheduling (benchmarks.harness.client_priority): fifo, so that no arm's spinning threads
+    # starve the client and its own wait is read as the server's latency; normal, the old way
+    client_sched: str = client_priority.FIFO
 
     def runs(self) -> list[tuple[str, int]]:
         """(label, requests in flight) of each measured run, in order."""
@@ -338,25 +342,32 @@ def bench_argv(
     ]
 
 
-def run_client(argv: list[str], result: Path) -> tuple[dict[str, Any], dict[str, float]]:
-    """Run the client; return (its result JSON, CPU per role from its main run's start to its results)."""
+def run_client(
+    argv: list[str], result: Path, sched: str = client_priority.NORMAL
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Run the client under ``sched`` (:mod:`benchmarks.harness.client_priority`); return (its result JSON, CPU
+    per role from its main run's start to its results). Raises if the client ran with other scheduling."""
     from benchmarks.harness import cpu_accounting
 
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env={**os.environ, **ENGINE_ENV}
-    )
+    env = {**os.environ, **ENGINE_ENV, client_priority.ENV: sched}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     before = after = None
+    ran_with = None
     tail: list[str] = []
     assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
         tail = ([*tail, line])[-60:]
-        if before is None and "Starting main benchmark run" in line:
+        if ran_with is None and SCHED_LINE in line:
+            ran_with = line.split(SCHED_LINE, 1)[1].strip()
+        elif before is None and "Starting main benchmark run" in line:
             before = cpu_accounting.snapshot(proc.pid)
         elif before is not None and after is None and "Serving Benchmark Result" in line:
             after = cpu_accounting.snapshot(proc.pid)
     proc.wait()
     if proc.returncode != 0 or before is None or after is None:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{''.join(tail)}")
+    if ran_with != client_priority.apply_result(sched):
+        raise ProtocolError(f"the client was to run with {sched} scheduling but reported {ran_with!r}")
     return json.loads(result.read_text()), cpu_accounting.delta(before, after)
 
 
@@ -879,6 +890,7 @@ def run_phase(
                 chat=is_chat(label),
             ),
             work / name,
+            workload.client_sched,
         )
         warmed += int(data["completed"])
     # the warm-up's requests must be counted before the first measured run's baseline
@@ -901,6 +913,7 @@ def run_phase(
                 chat=is_chat(label),
             ),
             work / name,
+            workload.client_sched,
         )
         arm.check(f"pair {pair} after the {label} run")
         after = wait_for_requests(arm.metrics_urls, settled, int(data["completed"]))
@@ -994,6 +1007,13 @@ def main(argv: list[str] | None = None) -> int:
         default=2,
         help="times a phase with a void run (failed requests, a stall, cache hits) is run again",
     )
+    ap.add_argument(
+        "--client-sched",
+        choices=client_priority.POLICIES,
+        default=client_priority.FIFO,
+        help="the client's CPU scheduling: fifo (real-time, so that no arm's spinning threads starve it; "
+        "needs CAP_SYS_NICE, else the run falls back to normal and says so) or normal",
+    )
     ap.add_argument("--seed", type=int, default=0, help="the prompt book's seed (every prompt of the run from it)")
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -1019,7 +1039,9 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds,
         reuse_concurrency=args.reuse_concurrency,
         request_rate=args.request_rate,
+        client_sched=args.client_sched,
     )
+    workload.client_sched, sched_refused = client_priority.choose(args.client_sched)
     require_no_ray("before the benchmark")
     from fixture_model.build import ensure_model
 
@@ -1044,7 +1066,11 @@ def main(argv: list[str] | None = None) -> int:
             "client": "vllm bench serve (vllm.benchmarks.serve), custom dataset in file order, "
             "greedy, streamed completions (chat runs: openai-chat, streamed chat completions)",
         },
-        "protocol": [f"{len(plan)} prompt sets, no prompt in two of them (checked)"],
+        "protocol": [
+            f"{len(plan)} prompt sets, no prompt in two of them (checked)",
+            f"the client on {client_priority.apply_result(workload.client_sched)} scheduling, every run (checked)"
+            + (f"; {args.client_sched} was asked: {sched_refused}" if sched_refused else ""),
+        ],
         "replicas": {},
         "below_protocol": (
             f"{args.pairs} pairs (the protocol takes at least {pair_stats.MIN_PAIRS})"

@@ -13,13 +13,23 @@ the benchmark in its own process (``benchmarks.bench_agreement``, which
 counts each client's CPU over the run alone): parsing imports vLLM (its
 start-up, some 10 s of CPU), running is the benchmark. vLLM is imported
 inside them, not at the top, so that importing this module stays cheap.
+
+Run as a command it first applies the scheduling its caller asks for in
+``FUZZSERVE_BENCH_CLIENT_SCHED`` (:mod:`benchmarks.harness.client_priority`:
+``fifo`` keeps a spinning server from starving the client) and prints it.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
+
+from benchmarks.harness import client_priority
+
+log = logging.getLogger("fuzzserve.benchmarks.vllm_bench_serve")
+SCHED_LINE = "client scheduling:"  # the line the caller reads back: what the client ran with
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,7 +53,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(parse_args(sys.argv[1:] if argv is None else argv))
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    # vLLM imported (at normal priority), then the scheduling the caller asked for, before the benchmark runs
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    log.info("%s %s", SCHED_LINE, client_priority.from_env())
+    run(args)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.harness import pair_stats
+from benchmarks.harness import client_priority, pair_stats
 from benchmarks.harness.arms import (
     ProtocolError,
     Shipped,
@@ -279,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         requests=parse_requests(args.requests),
         warmup_prompts=args.warmup_prompts,
         request_rate=args.request_rate,
+        client_sched=client_priority.choose(client_priority.FIFO)[0],
     )
     plan = prompt_plan(workload, args.pairs, args.seed, local_pool_tokens(config, model))
     work = Path(tempfile.mkdtemp(prefix="fuzzserve-handoffs-"))
