@@ -32,6 +32,9 @@ of ours in the measurement path:
   greedy, fixed output length (``--ignore-eos``), streamed completions (and
   chat completions, ``openai-chat``, at the ``--chat`` concurrencies); its
   throughput, TTFT and TPOT as it computes them, over every request it sent;
+  the client on real-time scheduling (:mod:`benchmarks.harness.client_priority`,
+  ``--client-sched``), so that an arm whose threads spin cannot keep it off
+  the CPU and have its wait read as latency (checked in every run);
 * **a reference that fails is not a reference**: a run with any failed
   request, or whose TTFT p99 is over :data:`STALL_P99_OVER_P50` times its
   p50 (a stall: plain vLLM's measured stalls read 17-60x, healthy runs of
@@ -445,7 +448,7 @@ def void_reason(workload: str, counters: CacheCounters, run: Run | None = None) 
     ):
         return (
             f"stalled outside the engine: client TTFT mean {client:.0f} ms, the server's own {server:.0f} ms "
-            f"(a reference's frontend starved)"
+            f"(its frontend or the client starved)"
         )
     if workload == "cold" and counters.hit_tokens > 0:
         return (

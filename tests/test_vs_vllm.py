@@ -590,7 +590,8 @@ def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_
 
     clean = CacheCounters(requests=128, prompt_tokens=16384)
     assert void_reason("cold", clean, timed("plain", 101.0, 10.5)) == (
-        "stalled outside the engine: client TTFT mean 101 ms, the server's own 10 ms (a reference's frontend starved)"
+        "stalled outside the engine: client TTFT mean 101 ms, the server's own 10 ms "
+        "(its frontend or the client starved)"
     )
     reason = void_reason("cold", clean, timed("stock", 101.0, 10.5))
     assert reason is not None and "stalled outside the engine" in reason
