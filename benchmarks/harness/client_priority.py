@@ -4,7 +4,7 @@ Why: on a host where the client shares the cores with the server it measures,
 a server whose processes spin (plain vLLM's EngineCore and worker poll each
 other on CPU, each always runnable) can keep the client off the CPU, and the
 client then reads its own wait as the server's latency. Seen on the 2-core
-host kind (results log, 2026-11-29 01:40-02:05 UTC): at 1 request in flight
+host kind (results log, 2026-11-29 01:10-01:45 UTC): at 1 request in flight
 the client's main thread waited in the run queue 0.35-0.85 s of every second
 (``/proc/<tid>/schedstat``), raising plain vLLM's client-side TTFT mean to
 57-158 ms while vLLM's own histograms put the first token 12-14 ms after
@@ -53,7 +53,7 @@ def apply(policy: str) -> str:
         return apply_result(NORMAL)
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(FIFO_PRIORITY))
-    except (PermissionError, OSError) as e:
+    except OSError as e:  # PermissionError without CAP_SYS_NICE
         log.warning("the benchmark client stays on normal scheduling: SCHED_FIFO refused (%s)", e)
         return f"normal (SCHED_FIFO refused: {e})"
     return apply_result(FIFO)
@@ -71,11 +71,8 @@ def fifo_allowed() -> str | None:
 
 def choose(policy: str) -> tuple[str, str | None]:
     """The policy a benchmark can give its client: ``policy``, or normal with the reason ``fifo`` was refused."""
-    refused = fifo_allowed() if policy == FIFO else None
-    if refused:
-        log.warning("the benchmark client runs on normal scheduling: %s", refused)
-        return NORMAL, refused
-    return policy, None
+    refused = fifo_allowed() if policy == FIFO else None  # a refusal is logged where it happens (apply)
+    return (NORMAL, refused) if refused else (policy, None)
 
 
 def from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> str:

@@ -16,7 +16,8 @@ inside them, not at the top, so that importing this module stays cheap.
 
 Run as a command it first applies the scheduling its caller asks for in
 ``FUZZSERVE_BENCH_CLIENT_SCHED`` (:mod:`benchmarks.harness.client_priority`:
-``fifo`` keeps a spinning server from starving the client) and prints it.
+``fifo`` keeps a spinning server from starving the client) and logs what it
+ran with, the line its caller reads back.
 """
 
 from __future__ import annotations
