@@ -82,6 +82,7 @@ from benchmarks.harness.arms import (
     slug,
     split_arms,
 )
+from benchmarks.harness.cpu_accounting import CLIENT_ROLE
 from benchmarks.harness.host import HostCpuSampler
 from benchmarks.harness.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.harness.server_counters import CacheCounters, CountersJson, wait_for_requests
@@ -116,6 +117,12 @@ FIGURES = {
     "tpot_p50": "TPOT p50",
     "e2el_p50": "latency p50",
 }
+# Beside the figures: the benchmark client's CPU per request (cpu_accounting.CLIENT_ROLE), fixed work whatever the
+# arm (the same prompts, every token streamed), so its pair ratio marks the host's speed in the two phases. The
+# host ran 1.3-1.5x slower for minutes at a time on this machine kind, every process alike (docs/results_log.md,
+# 2026-11-29 04:34); a ratio far from 1 says the pair's arms met different speeds. Reported, never judged.
+SPEED_MARKER = "client_cpu_per_request"
+SPEED_MARKER_TITLE = "client CPU per request (host speed)"
 
 
 @dataclass(frozen=True)
@@ -214,6 +221,8 @@ class Run:
     roles_ms_per_request: dict[str, float] = field(default_factory=dict)
 
     def figure(self, name: str) -> float:
+        if name == SPEED_MARKER:  # ms; 0.0 where the run recorded no client process
+            return self.roles_ms_per_request.get(CLIENT_ROLE, 0.0)
         if name in ("ttft_p50", "ttft_p99", "tpot_p50", "e2el_p50"):
             metric, pct = name.rsplit("_", 1)
             return getattr(self, f"{metric}_ms")[pct]
@@ -467,13 +476,24 @@ def counted(runs: list[Run]) -> list[Run]:
 
 class Comparison(TypedDict):
     """Two arms at one run label, over the pairs where both have a valid run: each figure's pair ratios
-    (candidate / reference), and the requests completed and failed by each arm over those pairs."""
+    (candidate / reference), the host-speed marker's, and the requests completed and failed by each arm over those
+    pairs."""
 
     candidate: str
     reference: str
     figures: dict[str, pair_stats.PairRatio]
+    speed_marker: pair_stats.PairRatio | None  # SPEED_MARKER's ratio: did the pair's arms meet the same host speed
     requests: dict[str, int]
     failed: dict[str, int]
+
+
+def speed_marker(pairs: list[tuple[Run, Run]]) -> pair_stats.PairRatio | None:
+    """:data:`SPEED_MARKER` candidate / reference over ``pairs`` of (reference, candidate) runs; None where a run
+    recorded no client CPU."""
+    values = [(r.figure(SPEED_MARKER), c.figure(SPEED_MARKER)) for r, c in pairs]
+    if not values or any(v <= 0 for pair in values for v in pair):
+        return None
+    return pair_stats.median_ratio(values)
 
 
 def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, Comparison]]:
@@ -503,6 +523,7 @@ def compare(runs: list[Run], reference: str = REFERENCE) -> dict[str, dict[str, 
                     f: pair_stats.median_ratio([(by[p, ref].figure(f), by[p, cand].figure(f)) for p in pairs])
                     for f in FIGURES
                 },
+                "speed_marker": speed_marker([(by[p, ref], by[p, cand]) for p in pairs]),
                 "requests": {s: sum(by[p, s].completed for p in pairs) for s in (ref, cand)},
                 "failed": {s: sum(by[p, s].failed for p in pairs) for s in (ref, cand)},
             }
@@ -720,8 +741,8 @@ def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison
     lines += [
         "Each cell: the median over pairs of the ratio candidate / reference, [bootstrap 90 % interval].",
         "",
-        "| run | arms | pairs | requests (ref / cand) | " + " | ".join(FIGURES.values()) + " |",
-        "|---|---|---|---|" + "---|" * len(FIGURES),
+        "| run | arms | pairs | requests (ref / cand) | " + " | ".join(FIGURES.values()) + f" | {SPEED_MARKER_TITLE} |",
+        "|---|---|---|---|" + "---|" * (len(FIGURES) + 1),
     ]
     for label, comps in ratios.items():
         for name, comp in comps.items():
@@ -731,7 +752,7 @@ def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison
                 f"| {label} | {name} | {figs['req_per_s']['pairs']} | {comp['requests'][ref]} / "
                 f"{comp['requests'][cand]} ({comp['failed'][ref]} / {comp['failed'][cand]} failed) | "
                 + " | ".join(_ci(figs[f]) for f in FIGURES)
-                + " |"
+                + f" | {_ci(marker) if (marker := comp.get('speed_marker')) else '-'} |"
             )
     lines += [
         "",

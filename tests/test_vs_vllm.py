@@ -517,8 +517,50 @@ def test_goals_are_met_only_when_the_median_and_the_whole_interval_say_so():
     assert goal_verdict(1.2, [1.1, 1.3], 1.1, False) == "not met"
 
 
+def _meta(arms, machine):
+    from benchmarks.vs_vllm import Meta
+
+    meta: Meta = {
+        "workload": {"name": "cold", "arms": arms},
+        "date": "d",
+        "command": "c",
+        "machine": machine,
+        "protocol": [],
+        "replicas": {},
+        "below_protocol": None,
+    }
+    return meta
+
+
+def test_the_client_cpu_marks_the_hosts_speed_per_pair_and_is_left_out_where_a_run_has_no_client():
+    """The marker: the client's fixed work per request, candidate over reference, beside the figures, never judged."""
+    from dataclasses import replace
+
+    from benchmarks.harness.cpu_accounting import CLIENT_ROLE
+    from benchmarks.vs_vllm import compare, goals, markdown
+
+    runs = []
+    for p, (ref_ms, cand_ms) in enumerate([(6.0, 6.0), (6.0, 9.0)]):  # pair 1: the candidate met a slow host
+        runs += [
+            replace(_run("plain", p, "c8", 100, 0.02), roles_ms_per_request={CLIENT_ROLE: ref_ms, "EngineCore": 9}),
+            replace(_run("shipped", p, "c8", 100, 0.02), roles_ms_per_request={CLIENT_ROLE: cand_ms}),
+        ]
+    runs += [_run("plain", 0, "c1", 10, 0.3), _run("shipped", 0, "c1", 10, 0.3)]  # no process roles recorded
+    ratios = compare(runs)
+    marker = ratios["c8"]["shipped/plain"]["speed_marker"]
+    assert marker is not None and marker["ratios"] == pytest.approx([1.0, 1.5])
+    assert ratios["c1"]["shipped/plain"]["speed_marker"] is None
+    assert not any("speed" in g["goal"] for g in goals(ratios))  # reported, never judged
+    md = markdown(_meta(["plain", "shipped"], machine="m"), runs, ratios)
+    assert "| client CPU per request (host speed) |" in md
+    c8 = next(line for line in md.splitlines() if line.startswith("| c8 | shipped/plain | 2 |"))
+    assert c8.endswith(" | 1.25x [1.00, 1.50] |"), c8
+    c1 = next(line for line in md.splitlines() if line.startswith("| c1 | shipped/plain | 1 |"))
+    assert c1.endswith(" | - |"), c1
+
+
 def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met(tmp_path):
-    from benchmarks.vs_vllm import Meta, compare, goals, markdown, missing_runs
+    from benchmarks.vs_vllm import compare, goals, markdown, missing_runs
 
     runs = []
     for p in range(2):
@@ -534,16 +576,7 @@ def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met
     assert verdicts[("c8", "TTFT p50 shipped / stock <= 1x")] == "not met"  # 1.2x the peer's
     assert verdicts[("c8", "TTFT p50 shipped / plain <= 1.1x")] == "not met"  # 1.5x plain's
     assert verdicts[("c8", "requests/s shipped / plain >= 1x")] == "met"
-    meta: Meta = {
-        "workload": {"name": "cold", "arms": ["plain", "stock", "shipped"]},
-        "date": "d",
-        "command": "c",
-        "machine": "AMD EPYC, x86_64, 2 CPUs",
-        "protocol": [],
-        "replicas": {},
-        "below_protocol": None,
-    }
-    md = markdown(meta, runs, ratios)
+    md = markdown(_meta(["plain", "stock", "shipped"], machine="AMD EPYC, x86_64, 2 CPUs"), runs, ratios)
     assert "| c8 | TTFT p50 shipped / stock <= 1x | 1.20x [1.20, 1.20] | 2 | **not met** |" in md
     assert "| c8 | stock | 60.0 | 25.0 | 50.0 | 70.0 | 30.0 | 2.00 | 2 | 0 |" in md  # absolute, per arm
     assert "| chat8 | plain | - | - | - | - | - | - | 0 | 1 |" in md  # a void run is counted, its figures not

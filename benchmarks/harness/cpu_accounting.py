@@ -25,11 +25,15 @@ from serve_app.config.names import PROCESS_TITLE_PREFIX
 
 Snapshot = dict[int, tuple[str, float]]
 
+# The benchmark client's role. Its CPU per request is fixed work (the same prompts, read the same way, from any arm
+# that streams every token), so across the arms of a pair it marks the host's speed (vs_vllm's report).
+CLIENT_ROLE = "load generator"
+
 
 def _own_role(p: psutil.Process, loadgen_pid: int) -> str | None:
     """The role a process's own title or command line names, or None."""
     if p.pid == loadgen_pid:
-        return "load generator"
+        return CLIENT_ROLE
     try:
         name = p.name()
         args = p.cmdline()
