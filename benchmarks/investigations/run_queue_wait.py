@@ -38,12 +38,12 @@ from typing import Any
 
 import httpx
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness import client_priority
 from benchmarks.harness.arms import MODEL_NAME, VllmServer, load_config, make_arm
 from benchmarks.harness.prompts import PromptBook
 from load_tests.command_logs import command_logging
+from load_tests.observe.prom_text import parse_samples, total
 from serve_app.engine.engine_env import use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.run_queue_wait")
@@ -116,19 +116,10 @@ def per_second(
 
 
 def histogram_totals(metrics_text: str, names: tuple[str, ...] = SERVER_HISTOGRAMS) -> dict[str, tuple[float, float]]:
-    """(sum, count) of each histogram, over every label set (vLLM's one engine)."""
-    totals = dict.fromkeys(names, (0.0, 0.0))
-    for family in text_string_to_metric_families(metrics_text):
-        if family.name not in totals:
-            continue
-        s, c = totals[family.name]
-        for sample in family.samples:
-            if sample.name.endswith("_sum"):
-                s += sample.value
-            elif sample.name.endswith("_count"):
-                c += sample.value
-        totals[family.name] = (s, c)
-    return totals
+    """(sum, count) of each histogram, over every label set (vLLM's one engine), read with the project's one
+    exposition parser (:func:`load_tests.observe.prom_text.parse_samples`)."""
+    samples = parse_samples(metrics_text)
+    return {name: (total(samples, f"{name}_sum"), total(samples, f"{name}_count")) for name in names}
 
 
 def histogram_means_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict:
