@@ -219,6 +219,9 @@ class Run:
     void: str | None = None  # why the run counts nowhere
     attempt: int = 0  # 0, or which re-run of its phase (a phase with a void run is run again)
     roles_ms_per_request: dict[str, float] = field(default_factory=dict)
+    # CPU seconds per second the hypervisor took from the host over the window (/proc/stat's steal; not inside
+    # host_cpu_s): reported beside the figures, never judged; None in runs recorded before it was read
+    host_steal_cores: float | None = None
 
     def figure(self, name: str) -> float:
         if name == SPEED_MARKER:  # ms; 0.0 where the run recorded no client process
@@ -403,6 +406,7 @@ def summarize_run(
     ]
     t0, t1 = min(s for s, _ in done), max(e for _, e in done)
     busy = sampler.busy_between(t0, t1) if sampler is not None else float("nan")
+    steal = sampler.steal_between(t0, t1) if sampler is not None else float("nan")
     n = data["completed"]
 
     def pct(name: str) -> RunPercentiles:
@@ -430,6 +434,7 @@ def summarize_run(
         host_cpu_s=busy,
         host_cpu_s_per_request=busy / n,
         host_busy_cores=busy / (t1 - t0),
+        host_steal_cores=steal / (t1 - t0),
         roles_ms_per_request=cpu_accounting.per_request(roles, n) if roles else {},
     )
 
@@ -794,14 +799,15 @@ def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison
         "",
         (
             "Every run (vLLM's `bench serve` figures; host CPU from /proc/stat over the client's measured "
-            "window; cache hits from the server):"
+            "window, steal apart: *stolen cores* is what the hypervisor took, a host-speed marker; cache hits "
+            "from the server):"
         ),
         "",
         (
             "| pair | arm | run | conc. | completed | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
-            "host CPU ms/request | busy cores | hits local / offload | void | CPU ms/request by role |"
+            "host CPU ms/request | busy cores | stolen cores | hits local / offload | void | CPU ms/request by role |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         roles = ", ".join(f"{k} {v:.1f}" for k, v in r.roles_ms_per_request.items())
@@ -810,7 +816,8 @@ def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison
             f"| {r.pair} | {r.stack} | {r.label} | {r.concurrency} | {r.completed} | {r.failed} | "
             f"{r.req_per_s:.1f} | {r.ttft_ms['p50']:.0f} / {r.ttft_ms['p99']:.0f} | "
             f"{r.tpot_ms['p50']:.1f} / {r.tpot_ms['p99']:.1f} | {1000 * r.host_cpu_s_per_request:.1f} | "
-            f"{r.host_busy_cores:.2f} | {c.get('prefix_cache_hits', 0):.0f} / {c.get('external_hits', 0):.0f} "
+            f"{r.host_busy_cores:.2f} | {'-' if r.host_steal_cores is None else format(r.host_steal_cores, '.2f')} | "
+            f"{c.get('prefix_cache_hits', 0):.0f} / {c.get('external_hits', 0):.0f} "
             f"| {r.void or ''} | {roles} |"
         )
     lines += ["", "Protocol: " + "; ".join(meta["protocol"]), ""]

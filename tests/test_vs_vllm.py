@@ -28,11 +28,14 @@ intr 12345
 """
 
 
-def test_busy_seconds_counts_every_non_idle_tick_of_the_all_cpu_line():
-    from benchmarks.harness.host import TICKS_PER_S, busy_seconds
+def test_busy_seconds_counts_every_tick_the_hosts_processes_worked_and_steal_apart():
+    from benchmarks.harness.host import TICKS_PER_S, busy_seconds, cpu_seconds
 
-    # user + nice + system + irq + softirq + steal; not idle, iowait, or guest (already inside user)
-    assert busy_seconds(STAT) == pytest.approx((1000 + 50 + 300 + 10 + 40 + 5) / TICKS_PER_S)
+    # user + nice + system + irq + softirq; not idle, iowait, steal (the hypervisor's), or guest (inside user)
+    assert busy_seconds(STAT) == pytest.approx((1000 + 50 + 300 + 10 + 40) / TICKS_PER_S)
+    assert cpu_seconds(STAT) == pytest.approx(((1000 + 50 + 300 + 10 + 40) / TICKS_PER_S, 5 / TICKS_PER_S))
+    # a kernel too old to report steal (7 fields): none stolen, the same busy time
+    assert cpu_seconds("cpu  1000 50 300 9000 200 10 40\n") == pytest.approx((1400 / TICKS_PER_S, 0.0))
     with pytest.raises(ValueError, match="all-CPU line"):
         busy_seconds(STAT.split("\n", 1)[1])  # a per-CPU line first: not the host
 
@@ -50,9 +53,10 @@ def test_sampler_interpolates_a_window_between_samples():
     from benchmarks.harness.host import HostCpuSampler
 
     s = HostCpuSampler()
-    s._t, s._busy = [10.0, 11.0, 12.0], [100.0, 101.5, 103.5]
+    s._t, s._busy, s._steal = [10.0, 11.0, 12.0], [100.0, 101.5, 103.5], [7.0, 7.0, 7.4]
     assert s.busy_between(10.5, 11.5) == pytest.approx(102.5 - 100.75)
     assert s.busy_between(10.0, 12.0) == pytest.approx(3.5)
+    assert s.steal_between(10.0, 11.0) == 0.0 and s.steal_between(10.5, 12.0) == pytest.approx(0.4)
     with pytest.raises(ValueError, match="outside the sampled span"):
         s.busy_between(9.0, 11.0)  # a window the sampler did not see is an error, not an extrapolation
 
@@ -67,7 +71,7 @@ def test_sampler_runs_on_the_clock_of_the_clients_perf_counter(monkeypatch):
     """
     from benchmarks.harness import host
 
-    monkeypatch.setattr(host, "busy_seconds", lambda: 2.0 * time.monotonic())
+    monkeypatch.setattr(host, "cpu_seconds", lambda: (2.0 * time.monotonic(), 0.0))
     with host.HostCpuSampler(interval_s=0.01) as s:
         a = time.perf_counter()
         time.sleep(0.1)
@@ -406,10 +410,16 @@ def test_summarize_run_takes_the_host_cpu_of_the_clients_own_window():
         captured["window"] = (t0, t1)
         return 3.0
 
-    sampler.busy_between = busy
-    run = summarize_run("plain", 0, "c32", 32, data, {}, cast("HostCpuSampler", sampler))  # only busy_between is read
+    def steal(t0, t1):
+        captured["steal window"] = (t0, t1)
+        return 0.5
+
+    sampler.busy_between, sampler.steal_between = busy, steal
+    run = summarize_run("plain", 0, "c32", 32, data, {}, cast("HostCpuSampler", sampler))  # only these two are read
     assert captured["window"] == (5.0, 7.5)  # first send to last successful response; the failed one is out
+    assert captured["steal window"] == (5.0, 7.5)
     assert run.host_cpu_s_per_request == pytest.approx(1.5) and run.host_busy_cores == pytest.approx(3.0 / 2.5)
+    assert run.host_steal_cores == pytest.approx(0.5 / 2.5)  # beside the busy time, not inside it
     assert (run.completed, run.failed) == (2, 1)
 
 

@@ -9,8 +9,14 @@ of :mod:`benchmarks.vs_vllm` come from here and per-process roles
 (:mod:`benchmarks.harness.cpu_accounting`) are only reported beside them.
 
 /proc/stat counts in clock ticks (USER_HZ, 100 per second on Linux) per
-CPU; busy time is ``user + nice + system + irq + softirq + steal`` (guest
-time is already inside ``user``), idle time ``idle + iowait``.
+CPU; busy time is ``user + nice + system + irq + softirq`` (guest time is
+already inside ``user``), idle time ``idle + iowait``. *Steal* (time a
+virtual CPU wanted to run while the hypervisor ran something else) is
+counted apart and is not busy time: it is no work of the host's processes,
+and it comes and goes with the neighbours (on this project's machine kind up
+to a quarter of both CPUs for minutes at a time, a few percent otherwise), so
+counted as busy it would make a phase that met it read more CPU per request. ``top`` and
+node exporter report it apart too (``st``, ``mode="steal"``).
 """
 
 from __future__ import annotations
@@ -26,11 +32,12 @@ import psutil
 PROC_STAT = "/proc/stat"
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 # /proc/stat "cpu" line fields: user nice system idle iowait irq softirq steal guest guest_nice
-_BUSY_FIELDS = (0, 1, 2, 5, 6, 7)
+_BUSY_FIELDS = (0, 1, 2, 5, 6)
+_STEAL_FIELD = 7
 
 
-def busy_seconds(stat_text: str | None = None) -> float:
-    """CPU seconds the whole host has spent busy since boot (all CPUs together)."""
+def cpu_seconds(stat_text: str | None = None) -> tuple[float, float]:
+    """CPU seconds the whole host has spent busy, and had stolen, since boot (all CPUs together)."""
     if stat_text is None:
         with open(PROC_STAT) as f:
             line = f.readline()
@@ -40,11 +47,17 @@ def busy_seconds(stat_text: str | None = None) -> float:
     if name != "cpu":
         raise ValueError(f"{PROC_STAT}: first line is not the all-CPU line: {line!r}")
     ticks = [int(x) for x in fields]
-    return sum(ticks[i] for i in _BUSY_FIELDS if i < len(ticks)) / TICKS_PER_S
+    steal = ticks[_STEAL_FIELD] if len(ticks) > _STEAL_FIELD else 0
+    return sum(ticks[i] for i in _BUSY_FIELDS if i < len(ticks)) / TICKS_PER_S, steal / TICKS_PER_S
+
+
+def busy_seconds(stat_text: str | None = None) -> float:
+    """CPU seconds the whole host has spent busy since boot (all CPUs together; steal not included)."""
+    return cpu_seconds(stat_text)[0]
 
 
 class HostCpuSampler:
-    """Samples :func:`busy_seconds` every ``interval_s`` in a thread, so any window can be read afterwards.
+    """Samples :func:`cpu_seconds` every ``interval_s`` in a thread, so any window can be read afterwards.
 
     The benchmark client reports its measured window in ``time.perf_counter``
     seconds, which on Linux is CLOCK_MONOTONIC, the clock of
@@ -56,6 +69,7 @@ class HostCpuSampler:
         self.interval_s = interval_s
         self._t: list[float] = []
         self._busy: list[float] = []
+        self._steal: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="host-cpu-sampler", daemon=True)
 
@@ -70,9 +84,10 @@ class HostCpuSampler:
         self._sample()
 
     def _sample(self) -> None:
-        busy = busy_seconds()
+        busy, steal = cpu_seconds()
         self._t.append(time.monotonic())
         self._busy.append(busy)
+        self._steal.append(steal)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -80,7 +95,10 @@ class HostCpuSampler:
 
     def busy_at(self, t: float) -> float:
         """Host busy seconds at monotonic time ``t`` (linear between the two samples around it)."""
-        ts, bs = self._t, self._busy
+        return self._at(self._busy, t)
+
+    def _at(self, bs: list[float], t: float) -> float:
+        ts = self._t
         if not ts or t < ts[0] or t > ts[-1]:
             raise ValueError(
                 f"t={t:.3f} is outside the sampled span "
@@ -95,6 +113,10 @@ class HostCpuSampler:
     def busy_between(self, t0: float, t1: float) -> float:
         """Host busy CPU seconds between monotonic times ``t0`` and ``t1``."""
         return self.busy_at(t1) - self.busy_at(t0)
+
+    def steal_between(self, t0: float, t1: float) -> float:
+        """CPU seconds stolen from the host (by its hypervisor) between monotonic times ``t0`` and ``t1``."""
+        return self._at(self._steal, t1) - self._at(self._steal, t0)
 
 
 # What marks a Ray process: its binaries, its Python entry points, its actor
