@@ -569,6 +569,19 @@ def test_the_client_cpu_marks_the_hosts_speed_per_pair_and_is_left_out_where_a_r
     assert c1.endswith(" | - |"), c1
 
 
+def test_every_run_row_shows_its_stolen_cores_and_a_dash_where_a_run_recorded_none():
+    from dataclasses import replace
+
+    from benchmarks.vs_vllm import compare, markdown
+
+    runs = [replace(_run("plain", 0, "c8", 100, 0.02), host_steal_cores=0.25), _run("shipped", 0, "c8", 100, 0.02)]
+    md = markdown(_meta(["plain", "shipped"], machine="m"), runs, compare(runs))
+    assert "| busy cores | stolen cores |" in md
+    rows = {line.split(" | ")[1]: line for line in md.splitlines() if line.startswith("| 0 | ")}
+    assert "| 2.00 | 0.25 | 0 / 0 |" in rows["plain"], rows["plain"]  # busy cores, then stolen, then hits
+    assert "| 2.00 | - | 0 / 0 |" in rows["shipped"], rows["shipped"]  # recorded before steal was read
+
+
 def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met(tmp_path):
     from benchmarks.vs_vllm import compare, goals, markdown, missing_runs
 
