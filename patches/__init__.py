@@ -17,6 +17,7 @@ every symbol (docs/patches.md).
 | accounting | patches.accounting | prompt-token accounting that never goes negative |
 | cpu_inproc | patches.cpu_inproc | on CPU, a one-worker engine runs its model in EngineCore (no worker process) |
 | shm_wait | patches.shm_wait | on CPU, EngineCore and worker sleep instead of spinning while waiting for each other |
+| stats_thread | patches.stats_thread | opt-in: the async engine's stat loggers record on their own thread |
 """
 
 from __future__ import annotations

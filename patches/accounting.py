@@ -64,6 +64,7 @@ Remove when
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter as _Tally
 from typing import Any
 
@@ -76,13 +77,30 @@ log = logger()
 _WIRE_PREFIX = "fuzzserve."  # keys in SchedulerStats.num_kv_fetch_reqs_by_stage
 _V, _C = "v:", "c:"
 
-# Per process: counts not yet shipped (EngineCore) or not yet recorded (frontend).
+# Per process: counts not yet shipped (EngineCore) or not yet recorded (frontend). Counted on the thread that finds
+# the fault and taken by the one that records (the stats_thread patch's, in an async frontend), so under a lock.
 _pending: _Tally[str] = _Tally()
+_pending_lock = threading.Lock()
 _logged_kinds: set[str] = set()
 
 
+def _add_pending(key: str, n: int = 1) -> None:
+    with _pending_lock:
+        _pending[key] += n
+
+
+def _take_pending() -> dict[str, int]:
+    """Every pending count, removed (an empty dict, without the lock, when there is none)."""
+    if not _pending:
+        return {}
+    with _pending_lock:
+        taken = dict(_pending)
+        _pending.clear()
+    return taken
+
+
 def record_violation(kind: str, **diagnostics: Any) -> None:
-    _pending[_V + kind] += 1
+    _add_pending(_V + kind)
     if kind not in _logged_kinds:
         _logged_kinds.add(kind)
         log.warning(
@@ -94,7 +112,7 @@ def record_violation(kind: str, **diagnostics: Any) -> None:
 
 
 def record_correction(kind: str, **diagnostics: Any) -> None:
-    _pending[_C + kind] += 1
+    _add_pending(_C + kind)
     log.debug("accounting: corrected %s: %s", kind, diagnostics)
 
 
@@ -269,9 +287,8 @@ def _wrap_make_stats(original):
         stats = original(self, *args, **kwargs)
         if stats is not None and _pending:
             wire = stats.num_kv_fetch_reqs_by_stage
-            for key, n in _pending.items():
+            for key, n in _take_pending().items():
                 wire[_WIRE_PREFIX + key] = wire.get(_WIRE_PREFIX + key, 0) + n
-            _pending.clear()
         return stats
 
     return make_stats
@@ -380,7 +397,7 @@ def _drain_wire(scheduler_stats: Any) -> None:
     if not wire:
         return
     for key in [k for k in wire if k.startswith(_WIRE_PREFIX)]:
-        _pending[key[len(_WIRE_PREFIX) :]] += wire.pop(key)
+        _add_pending(key[len(_WIRE_PREFIX) :], wire.pop(key))
 
 
 def _wrap_manager_record(original):
@@ -399,10 +416,9 @@ def _wrap_logger_record(original):
         result = original(self, scheduler_stats, iteration_stats, *args, **kwargs)
         engine_idx = kwargs.get("engine_idx", args[1] if len(args) > 1 else 0) or 0
         if _pending and hasattr(self, "_fuzzserve_violations"):
-            for key, n in list(_pending.items()):
+            for key, n in _take_pending().items():
                 counter = self._fuzzserve_violations if key.startswith(_V) else self._fuzzserve_corrections
                 counter.labels(model_name=self._fuzzserve_model_name, engine=str(engine_idx), kind=key[2:]).inc(n)
-            _pending.clear()
         return result
 
     return record

@@ -11,4 +11,5 @@ PATCH_MODULES: dict[str, str] = {
     "accounting": "patches.accounting",
     "cpu_inproc": "patches.cpu_inproc",
     "shm_wait": "patches.shm_wait",
+    "stats_thread": "patches.stats_thread",
 }

@@ -245,4 +245,15 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
         _CURRENT_PLATFORM,
     ),
     "shm_wait": (_CURRENT_PLATFORM,),
+    "stats_thread": (
+        _r(
+            "vllm.v1.metrics.loggers:StatLoggerManager.log",
+            why="the periodic log call (AsyncLLM.do_log_stats) the swapped class hands to the thread, after the "
+            "records before it",
+        ),
+        _r(
+            "vllm.v1.engine.async_llm:AsyncLLM.do_log_stats",
+            why="how the periodic log reaches the manager: through logger_manager.log()",
+        ),
+    ),
 }

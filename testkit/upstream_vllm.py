@@ -107,6 +107,10 @@ AREAS = {
     ),
     # shm_wait: SpinCondition.wait
     "shared-memory broadcast": Area(["tests/distributed/test_shm_broadcast.py"], ("shm_wait",)),
+    # stats_thread: AsyncLLM._run_output_handler, AsyncLLM.shutdown, the StatLoggerManager's class
+    "async engine stat loggers": Area(
+        ["tests/v1/metrics/test_engine_logger_apis.py", "tests/v1/metrics/test_ray_metrics.py"], ("stats_thread",)
+    ),
 }
 
 # Tests whose outcome the patches change on purpose: test id -> the patch behaviour that explains it.

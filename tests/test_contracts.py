@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from fixture_model import build
-from patches import shm_wait, switches
+from patches import shm_wait, stats_thread, switches
 from serve_app.config import names
 from serve_app.engine import cluster_env, engine_env
 from serve_app.observability import contract as observability
@@ -37,6 +37,7 @@ PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model",
 CONTRACTS: dict[str, tuple[str, ...]] = {
     "patches/switches.py": (switches.OFF_ENV, switches.ALLOW_UNVERIFIED_ENV),
     "patches/shm_wait.py": (shm_wait.NAP_ENV,),
+    "patches/stats_thread.py": (stats_thread.ENABLE_ENV,),
     "serve_app/engine/cluster_env.py": (
         cluster_env.HAPROXY,
         cluster_env.FORWARD_BODY,
