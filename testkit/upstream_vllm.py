@@ -53,6 +53,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
+from patches.stats_thread import ENABLE_ENV as STATS_THREAD_ENV
 from patches.switches import OFF_ENV
 from serve_app.engine.engine_env import HF_HUB_OFFLINE
 
@@ -191,10 +192,12 @@ def ensure_stand_in_configs() -> Path:
 
 
 def run_once(tree: Path, paths: list[str], off: str, junit: Path, timeout: float) -> dict[str, tuple[str, str]]:
-    """Run ``paths`` in a pytest subprocess with FUZZSERVE_PATCHES_OFF=``off``; test id -> (outcome, message)."""
+    """Run ``paths`` in a pytest subprocess with FUZZSERVE_PATCHES_OFF=``off`` (and the opt-in patches opted in:
+    what is on meets upstream's tests); test id -> (outcome, message)."""
     env = {
         **os.environ,
         OFF_ENV: off,
+        STATS_THREAD_ENV: "1",
         HF_HUB_OFFLINE: "1",
         "HF_HOME": str(HF_HOME),
         "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)]),
