@@ -59,8 +59,9 @@ Measured
     ``handoff_split`` 1.30x / 1.33x at 8 in flight (both of its phases
     there with 1.35x the host CPU per request and a 40 % longer engine
     step: the host's speed or the thread, not told apart), 0.94x / 1.05x
-    in chat at 8, 0.80x / 0.84x in chat at 32. Not resolved, so not on by
-    default.
+    in chat at 8, 0.80x / 0.84x in chat at 32. Then ``vs_vllm``, 4 pairs
+    at 8 in flight: TTFT p50 0.97x [0.90, 1.02], req/s 0.96x [0.82, 1.08].
+    No effect resolved, so not on by default.
 
 Switches
     ``FUZZSERVE_STATS_THREAD=1`` (in ``ray start``'s environment, or a
