@@ -4,7 +4,7 @@ thread its stat loggers record on: ``python -m testkit.async_engine_probe MODEL`
 A probe logger (vLLM's public custom stat logger interface, beside vLLM's own loggers) notes the thread of each
 ``record`` and ``log`` call and the prompt and generation tokens the steps report; the output names the class of
 the engine's logger manager and the event loop's thread. Run as a child process so that the patches' switches
-(``FUZZSERVE_PATCHES_OFF``) apply to a fresh vLLM import.
+(``FUZZSERVE_STATS_THREAD``, ``FUZZSERVE_PATCHES_OFF``) apply to a fresh vLLM import.
 """
 
 from __future__ import annotations
