@@ -66,13 +66,12 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
 from benchmarks.harness import client_priority, pair_stats
 from benchmarks.harness.arms import (
     ARMS,
     MODEL_NAME,
-    Arm,
     ProtocolError,
     load_config,
     make_arm,
@@ -886,8 +885,18 @@ def cpu_model(cpuinfo: str | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------- driver
+class PhaseTarget(Protocol):
+    """What a phase sends its runs to: a started arm (:mod:`benchmarks.harness.arms`), or one application of a
+    shared cluster (:mod:`benchmarks.investigations.interleaved`)."""
+
+    base_url: str
+    metrics_urls: list[str]
+
+    def check(self, when: str) -> None: ...
+
+
 def run_phase(
-    arm: Arm,
+    arm: PhaseTarget,
     stack: str,
     pair: int,
     workload: Workload,
@@ -896,8 +905,10 @@ def run_phase(
     work: Path,
     sampler: HostCpuSampler,
     attempt: int = 0,
+    baseline: CacheCounters | None = None,
 ) -> list[Run]:
-    """The warm-up and every measured run of one started arm."""
+    """The warm-up and every measured run of one started arm; ``baseline``: the server's counters before the
+    warm-up (None: a fresh server, all zero; an arm sharing a cluster that served before passes what it read)."""
     runs: list[Run] = []
     warm = plan[pair, "warmup"]
     warmed = 0
@@ -925,7 +936,7 @@ def run_phase(
         )
         warmed += int(data["completed"])
     # the warm-up's requests must be counted before the first measured run's baseline
-    settled = wait_for_requests(arm.metrics_urls, CacheCounters(), warmed)
+    settled = wait_for_requests(arm.metrics_urls, baseline or CacheCounters(), warmed)
     for label, c in workload.runs():
         prompts = plan[pair, label]
         arm.check(f"pair {pair} before the {label} run")

@@ -61,6 +61,8 @@ Measured
     step: the host's speed or the thread, not told apart), 0.94x / 1.05x
     in chat at 8, 0.80x / 0.84x in chat at 32. Then ``vs_vllm``, 4 pairs
     at 8 in flight: TTFT p50 0.97x [0.90, 1.02], req/s 0.96x [0.82, 1.08].
+    Interleaved in one cluster (``benchmarks.investigations.interleaved``,
+    6 rounds at 8 in flight): TTFT p50 0.95x [0.90, 1.04], req/s 0.99x.
     No effect resolved, so not on by default.
 
 Switches
