@@ -731,32 +731,6 @@ def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
         assert set(allowed) == os.sched_getaffinity(0), "the replica process itself must not be bound"
 
 
-def test_each_replicas_own_threads_run_on_the_short_slice_and_its_engine_on_the_default(serve_cluster):
-    """serve_config.yaml's frontend_slice_us: 100 reaches every thread of each replica's own process, threads
-    started for the requests served so far included, and not its EngineCore (started before the replica asked:
-    its steps are what the replica's threads preempt). Read from /proc, not from the module that set it."""
-    import psutil
-
-    from serve_app.engine.core_binding import ENGINE_CORE_NAME
-
-    def slice_ns(pid: int, tid: int) -> int:
-        with open(f"/proc/{pid}/task/{tid}/sched") as f:
-            return next(int(line.split()[-1]) for line in f if line.startswith("se.slice"))
-
-    with open(f"/proc/{os.getpid()}/sched") as f:
-        default = next(int(line.split()[-1]) for line in f if line.startswith("se.slice"))
-    assert default != 100_000, "the test process must be on the kernel's default to tell the two apart"
-    replicas = serve_cluster.replicas()
-    assert replicas
-    for r in replicas:
-        replica = psutil.Process(r["pid"])
-        own = {t.id: slice_ns(replica.pid, t.id) for t in replica.threads()}
-        assert len(own) > 3 and set(own.values()) == {100_000}, (replica.pid, own)
-        [engine_core] = [p for p in replica.children() if p.name().startswith(ENGINE_CORE_NAME)]
-        engine = {t.id: slice_ns(engine_core.pid, t.id) for t in engine_core.threads()}
-        assert set(engine.values()) == {default}, (engine_core.pid, engine)
-
-
 def test_admitted_requests_are_counted_by_fuzz_setting(serve_cluster):
     """The guard's counter, as Ray's metrics agent exports it: exactly the requests it admitted, by label."""
     from load_tests.observe.prom_text import parse_samples, series

@@ -74,13 +74,12 @@ def test_config_parses_at_every_layer(name, kind, built_fixture):
 def test_shipped_cpu_config_is_the_fast_stack():
     """serve_config.yaml is the stack docs/serve.md measures as the shipped config: replicas sized to the
     cluster on the direct path, each engine (and its EngineCore) on a core of its own, the frontend's CPU
-    reserved as ray.serve.llm does by default, the shm_wait nap on, the replica's own threads on a short
-    scheduler slice."""
+    reserved as ray.serve.llm does by default, the shm_wait nap on."""
     from serve_app.app import FuzzServeArgs
 
     [application] = load("serve_config.yaml").applications
     args = FuzzServeArgs.model_validate(application.args)
-    assert args.server_kwargs() == {"engine_cores_per_replica": 1, "shm_wait": True, "frontend_slice_us": 100}
+    assert args.server_kwargs() == {"engine_cores_per_replica": 1, "shm_wait": True}
     assert args.engine_replicas == "fit"
     assert not args.ingress_deployment_config, "the direct path has no ingress deployment to configure"
     [llm] = args.llm_configs
@@ -345,7 +344,6 @@ def test_direct_graph(monkeypatch, built_fixture):
     assert "FuzzServer" in server.func_or_class.__name__
     assert server.init_kwargs["guard"]["xargs"]["reserved"] == "refuse"
     assert server.init_kwargs["engine_cores_per_replica"] == 1 and server.init_kwargs["shm_wait"] is True
-    assert server.init_kwargs["frontend_slice_us"] == 100
     router = graph._ingress_request_router._bound_deployment
     from serve_app.ray_internals import LLMRouterBase
 

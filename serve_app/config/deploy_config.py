@@ -136,22 +136,9 @@ class FuzzServeArgs(BaseModel):
         "the cpu_inproc patch off); false where they have a core to themselves",
     )
 
-    frontend_slice_us: int | None = Field(
-        100,
-        ge=100,
-        le=100_000,
-        description="the scheduler slice, in microseconds, of each engine replica's own threads (HTTP, "
-        "vLLM's frontend, tokenizing; not its engine's), so that they get a core soon after they wake "
-        "(Linux 6.12+; serve_app/engine/cpu_slices.py); null: the kernel's default",
-    )
-
     def server_kwargs(self) -> dict[str, Any]:
         """What every engine replica of this app is bound with (serve_app.engine.core_binding.EngineServer)."""
-        return {
-            "engine_cores_per_replica": self.engine_cores_per_replica,
-            "shm_wait": self.shm_wait,
-            "frontend_slice_us": self.frontend_slice_us,
-        }
+        return {"engine_cores_per_replica": self.engine_cores_per_replica, "shm_wait": self.shm_wait}
 
 
 def _args_of_the_builder(value: Any, handler: Callable[[Any], Any], info: ValidationInfo) -> Any:

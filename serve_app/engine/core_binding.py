@@ -62,26 +62,17 @@ from serve_app.engine.cpu_cores import (  # noqa: F401 -- re-exported: the bindi
     replica_cores,
     switch_patch_off,
 )
-from serve_app.engine.cpu_slices import shorten_process
 
 log = logging.getLogger("ray.serve")
 
 
 class EngineServer(LLMServer):
     """``LLMServer`` whose engine binds to this replica's own cores when ``engine_cores_per_replica`` is set,
-    whose engine processes spin instead of nap while waiting for each other when ``shm_wait`` is False, and
-    whose own threads (not its engine's) run on a short scheduler slice when ``frontend_slice_us`` is set
-    (:mod:`serve_app.engine.cpu_slices`)."""
+    and whose engine processes spin instead of nap while waiting for each other when ``shm_wait`` is False."""
 
     # Serve awaits an async constructor (LLMServer's own is one); mypy knows only the synchronous kind.
     async def __init__(  # type: ignore[misc]
-        self,
-        llm_config,
-        *,
-        engine_cores_per_replica: int | None = None,
-        shm_wait: bool = True,
-        frontend_slice_us: int | None = None,
-        **kwargs,
+        self, llm_config, *, engine_cores_per_replica: int | None = None, shm_wait: bool = True, **kwargs
     ):
         if not shm_wait:  # before the engine starts: its processes inherit this environment
             log.info("shm_wait: false; this replica's engine runs with %s", switch_patch_off("shm_wait"))
@@ -101,8 +92,6 @@ class EngineServer(LLMServer):
                 log.info("EngineCore %s pinned to cores %s", pids, value)
             else:  # vLLM renamed or moved its engine process: the binding still holds for the model threads
                 log.warning("no %s child process found; EngineCore not pinned to cores %s", ENGINE_CORE_NAME, value)
-        if frontend_slice_us is not None:  # after the engine started: EngineCore keeps the kernel's default slice
-            shorten_process(frontend_slice_us)
 
     def reconfigure(self, user_config: Any = None, rank: Any = None) -> None:
         """Serve's hook (it passes ``rank`` because this method takes one): when Serve gives this replica another
