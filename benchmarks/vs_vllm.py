@@ -218,6 +218,9 @@ class Run:
     void: str | None = None  # why the run counts nowhere
     attempt: int = 0  # 0, or which re-run of its phase (a phase with a void run is run again)
     roles_ms_per_request: dict[str, float] = field(default_factory=dict)
+    # ms per request the role's threads waited for a core (runnable, not running; schedstat), over the client's
+    # main run; empty in runs recorded before it was read
+    roles_wait_ms_per_request: dict[str, float] = field(default_factory=dict)
     # CPU seconds per second the hypervisor took from the host over the window (/proc/stat's steal; not inside
     # host_cpu_s): reported beside the figures, never judged; None in runs recorded before it was read
     host_steal_cores: float | None = None
@@ -358,14 +361,16 @@ def bench_argv(
 
 def run_client(
     argv: list[str], result: Path, sched: str = client_priority.NORMAL
-) -> tuple[dict[str, Any], dict[str, float]]:
+) -> tuple[dict[str, Any], dict[str, float], dict[str, float]]:
     """Run the client under ``sched`` (:mod:`benchmarks.harness.client_priority`); return (its result JSON, CPU
-    per role from its main run's start to its results). Raises if the client ran with other scheduling."""
+    seconds per role and seconds per role its threads waited for a core, from its main run's start to its
+    results). Raises if the client ran with other scheduling."""
     from benchmarks.harness import cpu_accounting
 
     env = {**os.environ, **ENGINE_ENV, client_priority.ENV: sched}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
     before = after = None
+    waits_before = waits_after = None
     ran_with = None
     tail: list[str] = []
     assert proc.stdout is not None  # stdout=PIPE
@@ -375,14 +380,17 @@ def run_client(
             ran_with = line.split(SCHED_LINE, 1)[1].strip()
         elif before is None and "Starting main benchmark run" in line:
             before = cpu_accounting.snapshot(proc.pid)
+            waits_before = cpu_accounting.wait_snapshot(proc.pid)
         elif before is not None and after is None and "Serving Benchmark Result" in line:
             after = cpu_accounting.snapshot(proc.pid)
+            waits_after = cpu_accounting.wait_snapshot(proc.pid)
     proc.wait()
     if proc.returncode != 0 or before is None or after is None:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{''.join(tail)}")
     if ran_with != client_priority.apply_result(sched):
         raise ProtocolError(f"the client was to run with {sched} scheduling but reported {ran_with!r}")
-    return json.loads(result.read_text()), cpu_accounting.delta(before, after)
+    waited = cpu_accounting.delta(waits_before or {}, waits_after or {})
+    return json.loads(result.read_text()), cpu_accounting.delta(before, after), waited
 
 
 def summarize_run(
@@ -393,6 +401,7 @@ def summarize_run(
     data: dict[str, Any],
     roles: dict[str, float],
     sampler: HostCpuSampler | None,
+    waited: dict[str, float] | None = None,
 ) -> Run:
     """A :class:`Run` from the client's result and the host's CPU over its measured window."""
     from benchmarks.harness import cpu_accounting
@@ -435,6 +444,7 @@ def summarize_run(
         host_busy_cores=busy / (t1 - t0),
         host_steal_cores=steal / (t1 - t0),
         roles_ms_per_request=cpu_accounting.per_request(roles, n) if roles else {},
+        roles_wait_ms_per_request=cpu_accounting.per_request(waited, n) if waited else {},
     )
 
 
@@ -804,12 +814,14 @@ def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison
         "",
         (
             "| pair | arm | run | conc. | completed | failed | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | "
-            "host CPU ms/request | busy cores | stolen cores | hits local / offload | void | CPU ms/request by role |"
+            "host CPU ms/request | busy cores | stolen cores | hits local / offload | void | CPU ms/request by role | "
+            "waited for a core ms/request by role |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         roles = ", ".join(f"{k} {v:.1f}" for k, v in r.roles_ms_per_request.items())
+        waits = ", ".join(f"{k} {v:.1f}" for k, v in r.roles_wait_ms_per_request.items()) or "-"
         c = r.counters
         lines.append(
             f"| {r.pair} | {r.stack} | {r.label} | {r.concurrency} | {r.completed} | {r.failed} | "
@@ -817,7 +829,7 @@ def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison
             f"{r.tpot_ms['p50']:.1f} / {r.tpot_ms['p99']:.1f} | {1000 * r.host_cpu_s_per_request:.1f} | "
             f"{r.host_busy_cores:.2f} | {'-' if r.host_steal_cores is None else format(r.host_steal_cores, '.2f')} | "
             f"{c.get('prefix_cache_hits', 0):.0f} / {c.get('external_hits', 0):.0f} "
-            f"| {r.void or ''} | {roles} |"
+            f"| {r.void or ''} | {roles} | {waits} |"
         )
     lines += ["", "Protocol: " + "; ".join(meta["protocol"]), ""]
     return "\n".join(lines)
@@ -919,7 +931,7 @@ def run_phase(
         if not len(part):
             continue
         name = f"warmup-{pair}-{slug(stack)}-{attempt}-{label}.json"
-        data, _ = run_client(
+        data, _, _ = run_client(
             bench_argv(
                 arm.base_url,
                 model,
@@ -941,7 +953,7 @@ def run_phase(
         prompts = plan[pair, label]
         arm.check(f"pair {pair} before the {label} run")
         name = f"{slug(stack)}-{pair}-{attempt}-{label}.json"
-        data, roles = run_client(
+        data, roles, waited = run_client(
             bench_argv(
                 arm.base_url,
                 model,
@@ -960,7 +972,7 @@ def run_phase(
         arm.check(f"pair {pair} after the {label} run")
         after = wait_for_requests(arm.metrics_urls, settled, int(data["completed"]))
         counters, settled = after - settled, after
-        run = summarize_run(stack, pair, label, c, data, roles, sampler)
+        run = summarize_run(stack, pair, label, c, data, roles, sampler, waited)
         run.prompts, run.counters, run.attempt = prompts.describe(), counters.to_json(), attempt
         run.void = void_reason(workload.name, counters, run)
         runs.append(run)

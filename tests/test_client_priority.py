@@ -92,7 +92,7 @@ def fake_client(tmp_path: Path, reports: str) -> tuple[list[str], Path]:
 
 def test_run_client_takes_a_client_that_ran_as_asked(tmp_path):
     argv, result = fake_client(tmp_path, "normal")
-    data, _ = run_client(argv, result, "normal")
+    data, _, _ = run_client(argv, result, "normal")
     assert data == {"completed": 1}
     assert json.loads(result.read_text()) == data
 

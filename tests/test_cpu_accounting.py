@@ -1,5 +1,8 @@
 """Per-role CPU accounting of the benchmarks (pure logic plus a real measurement of this process)."""
 
+import os
+import signal
+import subprocess
 import time
 
 import pytest
@@ -62,3 +65,44 @@ def test_engine_processes_count_as_their_replicas_engine():
     assert roles[12] == roles[11] == "EngineCore of replica c:LLMServer:fixture.handle_request"  # the worker
     assert roles[22] == "EngineCore of vLLM API server" and roles[30] is None
     assert cpu_columns({roles[12]: 2.0}, "c")["engine"] == 2.0
+
+
+def _loadgen(body: str) -> subprocess.Popen:
+    """A stand-in load generator: a shell whose two children run ``body`` on core 0 alone (they inherit its role)."""
+    core = min(os.sched_getaffinity(0))
+    script = f"taskset -c {core} sh -c '{body}' & taskset -c {core} sh -c '{body}' & wait"
+    return subprocess.Popen(["sh", "-c", script], start_new_session=True)
+
+
+def _waited(body: str, seconds: float = 0.6) -> float:
+    proc = _loadgen(body)
+    try:
+        time.sleep(0.2)  # both children started
+        before = cpu_accounting.wait_snapshot(proc.pid)
+        time.sleep(seconds)
+        after = cpu_accounting.wait_snapshot(proc.pid)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return cpu_accounting.delta(before, after).get(cpu_accounting.CLIENT_ROLE, 0.0)
+
+
+def test_threads_that_share_one_core_are_seen_waiting_for_it():
+    """Two busy processes on one core: each waits about half the time, read from the kernel's schedstat."""
+    assert _waited("while :; do :; done") > 0.25
+
+
+def test_sleeping_threads_do_not_wait_for_a_core():
+    """The negative control: the same two processes asleep wait for nothing."""
+    assert _waited("sleep 5") < 0.05
+
+
+def test_waits_sum_every_thread_of_a_process(tmp_path, monkeypatch):
+    """Each thread's second schedstat field (ns runnable, not running), summed per process; a thread whose file
+    is gone or unreadable is skipped."""
+    for tid, line in ((10, "5 2000000000 3"), (11, "1 500000000 1"), (12, "garbage")):
+        d = tmp_path / "10" / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "schedstat").write_text(line + "\n")
+    monkeypatch.setattr(cpu_accounting, "_roles", lambda pid: ({10: None}, {10: "x"}, {10: "x", 99: None}))
+    assert cpu_accounting.wait_snapshot(None, proc=str(tmp_path)) == {10: ("x", 2.5)}

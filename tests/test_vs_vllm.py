@@ -672,3 +672,20 @@ def test_a_phase_run_again_counts_once_per_pair_in_every_table():
     figures = arm_figures(runs)
     assert figures["c1"]["shipped"]["req_per_s"] == 20 and figures["c1"]["shipped"]["runs"] == 1
     assert figures["c8"]["shipped"]["runs"] == 1 and figures["c8"]["shipped"]["void"] == 1
+
+
+def test_every_run_shows_the_time_its_roles_waited_for_a_core(tmp_path):
+    """Beside CPU per role, each run's wait for a core per role (ms per request, schedstat), '-' where a run
+    recorded none (runs measured before it was read)."""
+    from dataclasses import replace
+
+    from benchmarks.vs_vllm import compare, markdown
+
+    runs = [
+        replace(_run("plain", 0, "c8", 100, 0.02), roles_wait_ms_per_request={"EngineCore": 4.25}),
+        _run("shipped", 0, "c8", 100, 0.02),
+    ]
+    md = markdown(_meta(["plain", "shipped"], machine="AMD EPYC, x86_64, 2 CPUs"), runs, compare(runs))
+    [plain_row] = [line for line in md.splitlines() if line.startswith("| 0 | plain | c8 |")]
+    [shipped_row] = [line for line in md.splitlines() if line.startswith("| 0 | shipped | c8 |")]
+    assert plain_row.endswith("| EngineCore 4.2 |") and shipped_row.endswith("| - |")

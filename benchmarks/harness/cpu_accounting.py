@@ -101,6 +101,31 @@ def snapshot(loadgen_pid: int | None = None) -> Snapshot:
     return out
 
 
+def wait_snapshot(loadgen_pid: int | None = None, proc: str = "/proc") -> Snapshot:
+    """pid -> (role, seconds its threads have waited in a run queue so far: runnable, not running), the sum over
+    the threads alive now (``/proc/<pid>/task/<tid>/schedstat``'s second field). A thread that ends between two
+    snapshots takes its wait with it, so a delta is a lower bound where threads come and go."""
+    procs, _own, roles = _roles(loadgen_pid)
+    out: Snapshot = {}
+    for pid in procs:
+        role = roles.get(pid)
+        if role is None:
+            continue
+        waited_ns = 0
+        try:
+            tids = os.listdir(f"{proc}/{pid}/task")
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                with open(f"{proc}/{pid}/task/{tid}/schedstat") as f:
+                    waited_ns += int(f.read().split()[1])
+            except (OSError, IndexError, ValueError):
+                continue  # the thread ended meanwhile
+        out[pid] = (role, waited_ns / 1e9)
+    return out
+
+
 def resolve_roles(own: dict[int, str | None], parent: dict[int, int]) -> dict[int, str | None]:
     """Each pid's role: its own (an engine qualified by whose engine it is), else its parent's, recursively.
 
