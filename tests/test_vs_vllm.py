@@ -689,3 +689,33 @@ def test_every_run_shows_the_time_its_roles_waited_for_a_core(tmp_path):
     [plain_row] = [line for line in md.splitlines() if line.startswith("| 0 | plain | c8 |")]
     [shipped_row] = [line for line in md.splitlines() if line.startswith("| 0 | shipped | c8 |")]
     assert plain_row.endswith("| EngineCore 4.2 |") and shipped_row.endswith("| - |")
+
+
+class _Child(_Proc):
+    def __init__(self, pid, cmd, ppid, name=None):
+        super().__init__(pid, cmd, name)
+        self._ppid = ppid
+
+    def ppid(self):
+        return self._ppid
+
+
+def test_an_engine_that_outlived_its_replica_is_found_and_a_live_ones_is_not():
+    """An EngineCore or Worker re-parented to init is left behind (its replica was killed, its title is vLLM's, so
+    the Ray check misses it); one under its replica or plain vLLM's server is not, nor anything else orphaned."""
+    from benchmarks.harness.host import lingering_engines, orphaned_engines
+
+    procs = [
+        _Child(30, "VLLM::EngineCore", 1, name="VLLM::EngineCor"),  # orphaned
+        _Child(31, "VLLM::Worker_TP0", 1, name="VLLM::Worker_TP"),  # orphaned
+        _Child(32, "VLLM::EngineCore", 3, name="VLLM::EngineCor"),  # under replica 3
+        _Child(33, "VLLM::EngineCore", 20, name="VLLM::EngineCor"),  # under plain vLLM's server
+        _Child(34, "sshd: root", 1),
+    ]
+    found = orphaned_engines(cast("list[psutil.Process]", procs))
+    assert [int(f.split()[0]) for f in found] == [30, 31]
+    calls = iter([["30 VLLM::EngineCore"], []])
+    assert lingering_engines(timeout_s=5, poll_s=0, find=lambda: next(calls)) == []  # it exited by itself
+    assert lingering_engines(timeout_s=0.05, poll_s=0.01, find=lambda: ["30 VLLM::EngineCore"]) == [
+        "30 VLLM::EngineCore"
+    ]

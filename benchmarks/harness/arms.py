@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 import psutil
 
-from benchmarks.harness.host import find_ray_processes, ray_processes
+from benchmarks.harness.host import find_ray_processes, lingering_engines, ray_processes
 from patches.switches import ALL, OFF_ENV
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import LLMSpec, ServeConfig
@@ -360,7 +360,7 @@ class Shipped:
 
     def __exit__(self, *exc: object) -> None:
         self.cluster.close()
-        left = ray_processes()
+        left = ray_processes() + lingering_engines()
         if left:
             raise ProtocolError(f"the {self.name} phase's cluster left Ray processes behind:\n  " + "\n  ".join(left))
 

@@ -25,7 +25,7 @@ import bisect
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 
@@ -151,3 +151,34 @@ def find_ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[tu
 def ray_processes(procs: Iterable[psutil.Process] | None = None) -> list[str]:
     """``"<pid> <command>"`` of every alive Ray process on the host (empty when none)."""
     return [f"{p.pid} {cmd[:120]}" for p, cmd in find_ray_processes(procs)]
+
+
+# vLLM titles its engine processes so (the kernel keeps 15 characters of a title as the process name)
+_ENGINE_TITLES = ("VLLM::EngineCor", "VLLM::Worker")
+
+
+def orphaned_engines(procs: Iterable[psutil.Process] | None = None) -> list[str]:
+    """``"<pid> <command>"`` of every vLLM engine process (EngineCore, Worker) whose parent is gone: re-parented
+    to init (pid 1). A replica's engine is its child, plain vLLM's its API server's; one that outlived its parent
+    (a replica killed without its engine being stopped) still holds its cores and memory, and a Ray-process check
+    misses it: its title is vLLM's, not Ray's."""
+    found = []
+    for p in procs if procs is not None else psutil.process_iter():
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE or not p.name().startswith(_ENGINE_TITLES) or p.ppid() != 1:
+                continue
+            found.append(f"{p.pid} {(' '.join(p.cmdline()) or p.name())[:120]}")
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def lingering_engines(
+    timeout_s: float = 30.0, poll_s: float = 0.5, find: Callable[[], list[str]] = orphaned_engines
+) -> list[str]:
+    """The orphaned engines still alive after ``timeout_s``: an engine whose replica was just stopped watches for
+    its parent's end and exits by itself within seconds, so only one that stays is left behind."""
+    deadline = time.monotonic() + timeout_s
+    while (left := find()) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return left

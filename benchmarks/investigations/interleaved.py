@@ -63,7 +63,7 @@ from benchmarks.harness.arms import (
     split_arms,
     stock_config,
 )
-from benchmarks.harness.host import HostCpuSampler, ray_processes
+from benchmarks.harness.host import HostCpuSampler, lingering_engines, ray_processes
 from benchmarks.harness.server_counters import read_counters
 from load_tests.command_logs import command_logging
 from serve_app.config import deploy_config
@@ -245,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
                 vs_vllm.write_results(args.out, meta, runs)
     finally:
         cluster.close(graceful=False)
-        left = ray_processes()
+        left = ray_processes() + lingering_engines()
         if left:
             log.error("the cluster left Ray processes behind:\n  %s", "\n  ".join(left))
     vs_vllm.plot(runs, args.out / "vs_vllm.png")
