@@ -176,8 +176,8 @@ def orphaned_engines(procs: Iterable[psutil.Process] | None = None) -> list[str]
 def lingering_engines(
     timeout_s: float = 30.0, poll_s: float = 0.5, find: Callable[[], list[str]] = orphaned_engines
 ) -> list[str]:
-    """The orphaned engines still alive after ``timeout_s``: an engine whose replica was just stopped watches for
-    its parent's end and exits by itself within seconds, so only one that stays is left behind."""
+    """The orphaned engines still alive after ``timeout_s``: a replica being shut down stops its engine, which
+    can outlive it by a moment, so only an engine that stays is reported as left behind."""
     deadline = time.monotonic() + timeout_s
     while (left := find()) and time.monotonic() < deadline:
         time.sleep(poll_s)
