@@ -369,8 +369,7 @@ def run_client(
 
     env = {**os.environ, **ENGINE_ENV, client_priority.ENV: sched}
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO, env=env)
-    before = after = None
-    waits_before = waits_after = None
+    before = after = None  # (CPU, waits) snapshots at the main run's start and at its results
     ran_with = None
     tail: list[str] = []
     assert proc.stdout is not None  # stdout=PIPE
@@ -379,18 +378,17 @@ def run_client(
         if ran_with is None and SCHED_LINE in line:
             ran_with = line.split(SCHED_LINE, 1)[1].strip()
         elif before is None and "Starting main benchmark run" in line:
-            before = cpu_accounting.snapshot(proc.pid)
-            waits_before = cpu_accounting.wait_snapshot(proc.pid)
+            before = cpu_accounting.snapshots(proc.pid)
         elif before is not None and after is None and "Serving Benchmark Result" in line:
-            after = cpu_accounting.snapshot(proc.pid)
-            waits_after = cpu_accounting.wait_snapshot(proc.pid)
+            after = cpu_accounting.snapshots(proc.pid)
     proc.wait()
     if proc.returncode != 0 or before is None or after is None:
         raise RuntimeError(f"vllm bench serve failed ({proc.returncode}):\n{''.join(tail)}")
     if ran_with != client_priority.apply_result(sched):
         raise ProtocolError(f"the client was to run with {sched} scheduling but reported {ran_with!r}")
-    waited = cpu_accounting.delta(waits_before or {}, waits_after or {})
-    return json.loads(result.read_text()), cpu_accounting.delta(before, after), waited
+    (cpu_before, waits_before), (cpu_after, waits_after) = before, after
+    cpu, waited = cpu_accounting.delta(cpu_before, cpu_after), cpu_accounting.delta(waits_before, waits_after)
+    return json.loads(result.read_text()), cpu, waited
 
 
 def summarize_run(

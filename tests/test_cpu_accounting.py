@@ -106,3 +106,26 @@ def test_waits_sum_every_thread_of_a_process(tmp_path, monkeypatch):
         (d / "schedstat").write_text(line + "\n")
     monkeypatch.setattr(cpu_accounting, "_roles", lambda pid: ({10: None}, {10: "x"}, {10: "x", 99: None}))
     assert cpu_accounting.wait_snapshot(None, proc=str(tmp_path)) == {10: ("x", 2.5)}
+
+
+def test_one_scan_reads_both_the_cpu_and_the_waits(tmp_path, monkeypatch):
+    """snapshots() gives what snapshot() and wait_snapshot() give, scanning the processes once."""
+    (tmp_path / "10" / "task" / "10").mkdir(parents=True)
+    (tmp_path / "10" / "task" / "10" / "schedstat").write_text("5 2000000000 3\n")
+    scans = []
+
+    def roles(pid):
+        scans.append(pid)
+        return {10: _FakeProc()}, {10: "x"}, {10: "x"}
+
+    monkeypatch.setattr(cpu_accounting, "_roles", roles)
+    assert cpu_accounting.snapshots(None, proc=str(tmp_path)) == ({10: ("x", 1.5)}, {10: ("x", 2.0)})
+    assert len(scans) == 1
+
+
+class _FakeProc:
+    def cpu_times(self):
+        class T:
+            user, system = 1.0, 0.5
+
+        return T()

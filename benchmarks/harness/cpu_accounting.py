@@ -85,45 +85,65 @@ def titled_processes(loadgen_pid: int | None = None) -> dict[int, str]:
     return {pid: role for pid, r in own.items() if r is not None and (role := roles.get(pid))}
 
 
+def _benchmark_processes(loadgen_pid: int | None) -> list[tuple[int, psutil.Process, str]]:
+    """(pid, process, role) of every process that has a role (not the shell, kernel threads, ...): one scan."""
+    procs, _own, roles = _roles(loadgen_pid)
+    return [(pid, p, role) for pid, p in procs.items() if (role := roles.get(pid)) is not None]
+
+
+def _cpu_seconds(p: psutil.Process) -> float | None:
+    try:
+        t = p.cpu_times()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+    return t.user + t.system
+
+
+def _waited_seconds(pid: int, proc: str) -> float | None:
+    """The run-queue wait of ``pid``'s threads alive now (schedstat's second field, summed), or None if gone."""
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return None
+    waited_ns = 0
+    for tid in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/schedstat") as f:
+                waited_ns += int(f.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+    return waited_ns / 1e9
+
+
 def snapshot(loadgen_pid: int | None = None) -> Snapshot:
     """pid -> (role, cpu seconds so far) for every process we can read."""
-    procs, _own, roles = _roles(loadgen_pid)
-    out: Snapshot = {}
-    for pid, p in procs.items():
-        role = roles.get(pid)
-        if role is None:
-            continue  # not part of the benchmark (shell, kernel threads, ...)
-        try:
-            t = p.cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-            continue
-        out[pid] = (role, t.user + t.system)
-    return out
+    return {
+        pid: (role, cpu) for pid, p, role in _benchmark_processes(loadgen_pid) if (cpu := _cpu_seconds(p)) is not None
+    }
 
 
 def wait_snapshot(loadgen_pid: int | None = None, proc: str = "/proc") -> Snapshot:
     """pid -> (role, seconds its threads have waited in a run queue so far: runnable, not running), the sum over
     the threads alive now (``/proc/<pid>/task/<tid>/schedstat``'s second field). A thread that ends between two
     snapshots takes its wait with it, so a delta is a lower bound where threads come and go."""
-    procs, _own, roles = _roles(loadgen_pid)
-    out: Snapshot = {}
-    for pid in procs:
-        role = roles.get(pid)
-        if role is None:
-            continue
-        waited_ns = 0
-        try:
-            tids = os.listdir(f"{proc}/{pid}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                with open(f"{proc}/{pid}/task/{tid}/schedstat") as f:
-                    waited_ns += int(f.read().split()[1])
-            except (OSError, IndexError, ValueError):
-                continue  # the thread ended meanwhile
-        out[pid] = (role, waited_ns / 1e9)
-    return out
+    return {
+        pid: (role, waited)
+        for pid, _p, role in _benchmark_processes(loadgen_pid)
+        if (waited := _waited_seconds(pid, proc)) is not None
+    }
+
+
+def snapshots(loadgen_pid: int | None = None, proc: str = "/proc") -> tuple[Snapshot, Snapshot]:
+    """:func:`snapshot` and :func:`wait_snapshot` from one scan of the processes (the scan, every process's
+    title and parent, is the costly part; a run's edges read both)."""
+    cpu: Snapshot = {}
+    waits: Snapshot = {}
+    for pid, p, role in _benchmark_processes(loadgen_pid):
+        if (seconds := _cpu_seconds(p)) is not None:
+            cpu[pid] = (role, seconds)
+        if (waited := _waited_seconds(pid, proc)) is not None:
+            waits[pid] = (role, waited)
+    return cpu, waits
 
 
 def resolve_roles(own: dict[int, str | None], parent: dict[int, int]) -> dict[int, str | None]:
