@@ -85,6 +85,7 @@ from benchmarks.harness.cpu_accounting import CLIENT_ROLE
 from benchmarks.harness.host import HostCpuSampler
 from benchmarks.harness.prompts import BLOCK_TOKENS, PromptBook, PromptSet, check_disjoint
 from benchmarks.harness.server_counters import CacheCounters, CountersJson, wait_for_requests
+from benchmarks.harness.stopping import stop_on_term
 from benchmarks.harness.vllm_bench_serve import SCHED_LINE
 from load_tests.command_logs import command_logging
 from serve_app.config import deploy_config
@@ -1071,6 +1072,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     command_logging()
+    stop_on_term()  # a stopped run (SIGTERM) unwinds like Ctrl-C: what it started is stopped
     use_engine_env()
     pair_stats.check_pairs(args.pairs, smoke=args.smoke)
     arms = split_arms(args.arms or DEFAULT_ARMS[args.workload])

@@ -69,6 +69,7 @@ from benchmarks.harness.arms import (
     split_arms,
 )
 from benchmarks.harness.host import HostCpuSampler
+from benchmarks.harness.stopping import stop_on_term
 from benchmarks.investigations.handoff_hooks import plugin_env
 from benchmarks.vs_vllm import REPO, Run, Workload, local_pool_tokens, machine, parse_requests, prompt_plan, run_phase
 from load_tests.command_logs import command_logging
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     arms = split_arms(args.arms)
     command_logging()
+    stop_on_term()  # a stopped run (SIGTERM) unwinds like Ctrl-C: what it started is stopped
     use_engine_env()
     pair_stats.check_pairs(args.pairs, smoke=True)
     require_no_ray("before the benchmark")

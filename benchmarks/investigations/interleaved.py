@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import tempfile
 import time
@@ -65,6 +64,7 @@ from benchmarks.harness.arms import (
 )
 from benchmarks.harness.host import HostCpuSampler, lingering_engines, ray_processes
 from benchmarks.harness.server_counters import read_counters
+from benchmarks.harness.stopping import stop_on_term
 from load_tests.command_logs import command_logging
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import Application, ServeConfig
@@ -225,8 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "below_protocol": "interleaved lever runs in one cluster (not the headline's protocol)",
     }
     runs: list[vs_vllm.Run] = []
-    # a TERM (a stopped job) unwinds like an exception, so that the cluster below is torn down
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    stop_on_term()  # a stopped job (SIGTERM) unwinds like Ctrl-C, so that the cluster below is torn down
     cluster = LocalCluster(num_cpus=CPUS_PER_ARM * len(arms), log_dir=work / "cluster")
     cluster.start()
     try:
