@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 # a stand-in for a benchmark: a finally block that stops what it started, and a TERM from outside while it runs
 SCRIPT = """
@@ -19,7 +22,7 @@ finally:
 
 def _run(setup: str) -> subprocess.CompletedProcess:
     code = SCRIPT.format(setup=setup)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
 
 
 def test_a_term_runs_the_finally_blocks_once_stop_on_term_is_set():
