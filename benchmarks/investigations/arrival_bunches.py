@@ -30,15 +30,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import statistics
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from load_tests.command_logs import command_logging
-
-log = logging.getLogger("fuzzserve.benchmarks.arrival_bunches")
 
 BIG = 4  # a bunch of at least this many requests counts as large
 
