@@ -382,6 +382,16 @@ def test_keys_are_compared_as_digests_of_any_length():
     assert all(len(d) == 32 for d in guard._digests) and b"short" not in guard._digests
 
 
+# a POST to /v1/completions from this host, as an ASGI server hands it to the guard
+COMPLETIONS_SCOPE = {
+    "type": "http",
+    "method": "POST",
+    "path": "/v1/completions",
+    "headers": [(b"host", b"localhost")],
+    "root_path": "",
+}
+
+
 def test_a_slow_body_gets_408():
     import asyncio
 
@@ -400,16 +410,51 @@ def test_a_slow_body_gets_408():
     async def send(message):
         sent.append(message)
 
-    scope = {
-        "type": "http",
-        "method": "POST",
-        "path": "/v1/completions",
-        "headers": [(b"host", b"localhost")],
-        "root_path": "",
-    }
+    scope = dict(COMPLETIONS_SCOPE)  # the app adds keys to its scope
     asyncio.run(asyncio.wait_for(guard(scope, receive, send), 5))
     start = next(m for m in sent if isinstance(m, dict) and m["type"] == "http.response.start")
     assert start["status"] == 408
+
+
+def test_the_body_is_read_in_the_requests_own_task():
+    """Every task the guard starts costs a request turns of a busy event loop before vLLM sees it (the request
+    timeline, docs/benchmarks.md): the body is read by the task that serves the request, the app sees it whole,
+    and a deadline still applies (test_a_slow_body_gets_408). Negative control: under asyncio.wait_for, Python
+    3.11 reads in a task of its own, which this test sees."""
+    import asyncio
+
+    readers: list[Any] = []
+    sent: list[Any] = []
+
+    async def receive():
+        readers.append(asyncio.current_task())
+        return {"type": "http.request", "body": b'{"prompt": "hi", "max_tokens": 1}', "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    guard = RequestGuard(
+        Starlette(routes=[Route("/v1/completions", echo, methods=["POST"])]), GuardConfig(api_keys_env=None)
+    )
+    scope = dict(COMPLETIONS_SCOPE)  # the app adds keys to its scope
+
+    async def serve():
+        await guard(scope, receive, send)
+        return asyncio.current_task()
+
+    request_task = asyncio.run(serve())
+    assert readers and all(t is request_task for t in readers)
+    assert next(m for m in sent if m["type"] == "http.response.start")["status"] == 200
+
+    async def in_a_task_of_its_own():  # the control: what wait_for does
+        return await asyncio.wait_for(receive(), 1)
+
+    async def control():
+        await in_a_task_of_its_own()
+        return asyncio.current_task()
+
+    readers.clear()
+    assert asyncio.run(control()) is not readers[0]
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,27 @@ first token reaches the frontend, and one per EngineCore step output:
   wall-clock arrival, converted to monotonic here) and the TTFT vLLM itself
   records (``ttft``).
 
+And the request's way in and its first bytes out, one ``edge`` record per
+HTTP request when it ends, written by two more wrappers of ASGI callables:
+
+* ``Starlette.__call__`` (``edge: app``; vLLM's OpenAI app is a FastAPI
+  app, in vLLM's server and in a replica alike): when the app was entered
+  (``in``), when its first response body left it (``first``), when it
+  returned (``end``), and the frontend requests it added (``rids``, read in
+  ``add_request_async`` through a context variable the wrapper sets);
+* in a Ray Serve replica, ``Replica._direct_ingress_asgi`` (``edge: ray``;
+  Ray's HTTP server on the replica's main event loop, before the hop to the
+  thread that runs the app): the same three times, its ``first`` when the
+  body was handed to uvicorn's transport (each ``first``: as the bytes are
+  handed on, before the send returns).
+
+Both carry the request's ``X-Request-Id`` (``xrid``; Ray's middleware sets
+one on every request), which joins the two edges of one request; ``rids``
+joins the app's edge to the first-token record, and the app's ``prompt`` (a
+digest of the body's prompt, or of its last chat message; :func:`prompt_digest`,
+read from the body the app received, when the request has ended) joins it
+to the client's request, whose prompts the benchmark wrote.
+
 The same plugin serves vLLM's own OpenAI server and a Ray Serve replica
 (whose frontend is the same ``AsyncLLM``): a process that has no frontend
 (EngineCore) opens the file and never writes to it. Every clock here is the
@@ -38,10 +59,13 @@ metadata is outside every installed package).
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import hashlib
 import json
 import logging
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +76,10 @@ TRACE_ENV = "FUZZSERVE_HANDOFF_TRACE"
 PLUGIN_DIR = Path(__file__).resolve().parent / "handoff_plugin"
 
 logger = logging.getLogger("vllm.fuzzserve.handoff_hooks")  # under vLLM's logger: its handlers and level
+
+
+# the app edge's record of the request the current task serves (None outside one): add_request_async adds its rid
+_EDGE: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("fuzzserve_handoff_edge", default=None)
 
 
 class TraceWriter:
@@ -80,6 +108,9 @@ def install(path: Path) -> None:
     @functools.wraps(add_request_async)
     async def traced_add(self, request, *args, **kwargs):
         sent[request.request_id] = time.monotonic()
+        edge = _EDGE.get()
+        if edge is not None:
+            edge["rids"].append(request.request_id)
         return await add_request_async(self, request, *args, **kwargs)
 
     process_outputs = OutputProcessor.process_outputs
@@ -120,6 +151,92 @@ def install(path: Path) -> None:
     traced_process._handoff_traced = True  # type: ignore[attr-defined]  # a marker on the wrapper function
     AsyncMPClient.add_request_async = traced_add
     OutputProcessor.process_outputs = traced_process  # type: ignore[method-assign]  # wraps vLLM's method in place
+    install_edges(writer, pid)
+
+
+BODY_CAP = 1 << 20  # bytes of a request body kept for its prompt's digest
+
+
+def prompt_digest(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def body_prompt(body: bytes) -> str | None:
+    """The digest of a completions body's ``prompt`` or a chat body's last message, or None."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    prompt = data.get("prompt") if isinstance(data, dict) else None
+    if prompt is None and isinstance(data, dict) and data.get("messages"):
+        prompt = data["messages"][-1].get("content")
+        if isinstance(prompt, list):  # content parts: their text, in order
+            prompt = "".join(part.get("text", "") for part in prompt if isinstance(part, dict))
+    return prompt_digest(prompt) if isinstance(prompt, str) else None
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str | None:
+    for key, value in scope.get("headers") or ():
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def traced_asgi(call, writer: TraceWriter, edge: str, pid: int):
+    """An ASGI method ``(self, scope, receive, send)`` wrapped to write one ``edge`` record per HTTP request.
+
+    The app edge records only the outermost app of a request (a mounted app inside it is the same request)."""
+
+    @functools.wraps(call)
+    async def wrapper(self, scope, receive, send):
+        if scope.get("type") != "http" or (edge == "app" and _EDGE.get() is not None):
+            return await call(self, scope, receive, send)
+        record: dict[str, Any] = {
+            "edge": edge,
+            "pid": pid,
+            "xrid": _header(scope, b"x-request-id"),
+            "path": scope.get("path"),
+            "in": time.monotonic(),
+            "first": None,
+            "rids": [],
+        }
+        token = _EDGE.set(record) if edge == "app" else None
+        body = bytearray()
+
+        async def tapped_receive():
+            message = await receive()
+            if message.get("type") == "http.request" and len(body) < BODY_CAP:
+                body.extend(message.get("body", b""))
+            return message
+
+        async def timed_send(message):
+            # taken as the bytes are handed on: a client on real-time scheduling may read them before send returns
+            if record["first"] is None and message.get("type") == "http.response.body" and message.get("body"):
+                record["first"] = time.monotonic()
+            await send(message)
+
+        try:
+            return await call(self, scope, tapped_receive, timed_send)
+        finally:
+            record["end"] = time.monotonic()
+            if token is not None:
+                _EDGE.reset(token)
+                record["prompt"] = body_prompt(bytes(body))
+            writer.write(record)
+
+    wrapper._handoff_traced = True  # type: ignore[attr-defined]  # the marker install_edges() checks
+    return wrapper
+
+
+def install_edges(writer: TraceWriter, pid: int) -> None:
+    """Wrap Starlette's app entry, and Ray's direct-ingress entry where this process is a Serve replica."""
+    from starlette.applications import Starlette
+
+    if not getattr(Starlette.__call__, "_handoff_traced", False):
+        Starlette.__call__ = traced_asgi(Starlette.__call__, writer, "app", pid)  # type: ignore[method-assign]
+    replica = sys.modules.get("ray.serve._private.replica")  # imported only where this process is a replica
+    if replica is not None and not getattr(replica.Replica._direct_ingress_asgi, "_handoff_traced", False):
+        replica.Replica._direct_ingress_asgi = traced_asgi(replica.Replica._direct_ingress_asgi, writer, "ray", pid)
 
 
 def install_from_env() -> None:

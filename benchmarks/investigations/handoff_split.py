@@ -36,7 +36,11 @@ shipped stack, HAProxy, Ray's replica and the guard.
 Per run, each part's mean over the run's requests; per arm, the median over
 its runs (blocks ABBA, :func:`benchmarks.harness.pair_stats.block_order`); beside it
 the step cycle (time between two step outputs) and the share of requests that
-waited for a step. Results: ``handoffs.json`` and ``handoffs.md`` in ``--out``.
+waited for a step. And the whole first token, client clock to client clock, in
+stages from the client through HAProxy, Ray's replica, vLLM's app and back
+(:mod:`benchmarks.investigations.request_timeline`: each request joined to the
+client's by its prompt), for the bunches' first requests and for all.
+Results: ``handoffs.json`` and ``handoffs.md`` in ``--out``.
 This is a benchmark, not a test: it asserts no target (tests/test_handoff_split.py
 checks the split on planted traces, the hooks on vLLM's real frontend classes,
 and that vLLM loads them as a plugin only where the benchmark says).
@@ -70,6 +74,7 @@ from benchmarks.harness.arms import (
 )
 from benchmarks.harness.host import HostCpuSampler
 from benchmarks.harness.stopping import stop_on_term
+from benchmarks.investigations import request_timeline
 from benchmarks.investigations.handoff_hooks import plugin_env
 from benchmarks.vs_vllm import REPO, Run, Workload, local_pool_tokens, machine, parse_requests, prompt_plan, run_phase
 from load_tests.command_logs import command_logging
@@ -83,12 +88,13 @@ DEFAULT_OUT = REPO / "docs" / "benchmarks" / "handoff_split"
 
 # ----------------------------------------------------------------------------- the split (pure)
 def read_trace(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(request records, step records) of a trace file, each in the order written."""
+    """(first-token records, step records) of a trace file, each in the order written."""
     requests: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
     for line in Path(path).read_text().splitlines():
         record = json.loads(line)
-        (steps if "step" in record else requests).append(record)
+        if "edge" not in record:  # the HTTP edges' records: request_timeline reads them
+            (steps if "step" in record else requests).append(record)
     return requests, steps
 
 
@@ -232,7 +238,52 @@ def markdown(meta: dict[str, Any], results: list[dict[str, Any]]) -> str:
             f"| {r['pair']} | {r['arm']} | {r['label']} | {s.get('requests', 0)} | {r['ttft_p50_ms']:.1f} | "
             f"{r['req_per_s']:.1f} | {cells} | {r['void'] or ''} |"
         )
+    lines += timeline_markdown(results)
     return "\n".join(lines) + "\n"
+
+
+def run_timeline(client_file: Path, prompts_file: Path, edges, firsts) -> dict[str, Any]:
+    """A run's stage means (:mod:`benchmarks.investigations.request_timeline`), or ``{"error": why}`` where its
+    client file and the trace do not join."""
+    try:
+        client = json.loads(client_file.read_text())
+        prompts = request_timeline.read_prompts(prompts_file)
+        return request_timeline.summarize(client, request_timeline.join(client, prompts, edges, firsts), 0.005)
+    except (OSError, request_timeline.JoinError) as e:
+        return {"error": str(e)}
+
+
+def timeline_markdown(results: list[dict[str, Any]]) -> list[str]:
+    """Per run label and arm, each stage's median over the arm's runs of the run's mean, first requests and all."""
+    stages = request_timeline.STAGES
+    lines = [
+        "",
+        (
+            "Request by request, client clock to client clock (`request_timeline`; `first`: the bunches' first "
+            "requests; the median over the arm's runs of each run's mean, ms):"
+        ),
+        "",
+        "| run | arm | requests | " + " | ".join(stages) + " | TTFT (mean) |",
+        "|" + "---|" * (len(stages) + 4),
+    ]
+    for label in dict.fromkeys(r["label"] for r in results):
+        for arm in dict.fromkeys(r["arm"] for r in results):
+            mine = [
+                r["timeline"]
+                for r in results
+                if r["label"] == label and r["arm"] == arm and not r["void"] and "all" in r.get("timeline", {})
+            ]
+            for which in ("first", "all") if mine else ():
+                med = {k: statistics.median(m[which][k] for m in mine) for k in (*stages, "ttft")}
+                n = sum(m[which]["requests"] for m in mine)
+                cells = " | ".join(f"{med[k]:.1f}" for k in stages)
+                lines.append(f"| {label} | {arm} ({which}) | {n} | {cells} | {med['ttft']:.1f} |")
+    errors = [
+        f"- pair {r['pair']} {r['arm']} {r['label']}: {r['timeline']['error']}"
+        for r in results
+        if "error" in r.get("timeline", {})
+    ]
+    return lines + (["", "Runs whose requests did not join:", "", *errors] if errors else [])
 
 
 # ----------------------------------------------------------------------------- driver
@@ -254,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arms", default="plain,engine", help="arms of benchmarks.vs_vllm, comma-separated")
     ap.add_argument("--pairs", type=int, default=2, help="blocks of every arm, ABC then CBA (even)")
     ap.add_argument("--requests", default="1:128,8:400", help="requests in flight:prompts per run, comma-separated")
+    ap.add_argument("--chat", default="8:400,32:800", help="chat completions runs, in flight:prompts ('' for none)")
     ap.add_argument("--warmup-prompts", type=int, default=100)
     ap.add_argument(
         "--request-rate",
@@ -279,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     workload = Workload(
         name="cold",
         requests=parse_requests(args.requests),
+        chat=parse_requests(args.chat) if args.chat else {},
         warmup_prompts=args.warmup_prompts,
         request_rate=args.request_rate,
         client_sched=client_priority.choose(client_priority.FIFO)[0],
@@ -305,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             with traced(make_arm(stack, config, model, work / f"{slug(stack)}-{pair}"), trace) as arm:
                 runs: list[Run] = run_phase(arm, stack, pair, workload, plan, model, work, sampler)
             requests, steps = read_trace(trace)
+            edges, firsts = request_timeline.read_records(trace)
             warm = len(requests) - sum(r.completed for r in runs)
             parts = partition(requests, steps, [warm] + [r.completed for r in runs])[1:]
             for run, (reqs, stps) in zip(runs, parts, strict=False):
@@ -312,6 +366,12 @@ def main(argv: list[str] | None = None) -> int:
                 if split.get("requests"):
                     split["client"] = run.ttft_ms["mean"]
                     split["outside"] = run.ttft_ms["mean"] - split["server"]
+                timeline = run_timeline(
+                    work / f"{slug(stack)}-{pair}-{run.attempt}-{run.label}.json",
+                    work / "prompts" / f"{plan[pair, run.label].name}.jsonl",
+                    edges,
+                    firsts,
+                )
                 results.append(
                     {
                         "arm": stack,
@@ -321,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
                         "ttft_p50_ms": run.ttft_ms["p50"],
                         "req_per_s": run.req_per_s,
                         "split": split,
+                        "timeline": timeline,
                     }
                 )
                 log.info(

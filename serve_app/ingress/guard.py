@@ -228,8 +228,11 @@ class RequestGuard:
                 if not message.get("more_body", False):
                     return b"".join(chunks)
 
+        # asyncio.timeout, not wait_for: wait_for runs read() as a task of its own, two more turns of a busy
+        # event loop before the request reaches vLLM (docs/benchmarks.md: the request timeline)
         try:
-            return await asyncio.wait_for(read(), self.config.body_timeout_s)
+            async with asyncio.timeout(self.config.body_timeout_s):
+                return await read()
         except TimeoutError:
             raise RequestRejected(
                 f"the request body did not arrive within {self.config.body_timeout_s:g} s", None, 408, "timeout_error"

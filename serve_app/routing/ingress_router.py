@@ -124,8 +124,9 @@ async def bounded_body(request: Request, limit: int = ROUTE_BODY_LIMIT) -> bytes
 
 async def read_route_body(request: Request) -> bytes | JSONResponse:
     """The routing call's body, or the 413 / 408 answer for one too long or too slow."""
-    try:
-        body = await asyncio.wait_for(bounded_body(request), ROUTE_BODY_TIMEOUT_S)
+    try:  # in this task (asyncio.timeout): wait_for would read in a task of its own, turns of the loop later
+        async with asyncio.timeout(ROUTE_BODY_TIMEOUT_S):
+            body = await bounded_body(request)
     except TimeoutError:
         return JSONResponse(
             {"detail": f"the routing body did not arrive within {ROUTE_BODY_TIMEOUT_S:g} s"}, status_code=408
