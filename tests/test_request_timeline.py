@@ -203,3 +203,40 @@ def test_handoff_split_reads_each_runs_timeline_and_names_a_run_that_does_not_jo
     text = "\n".join(hs.timeline_markdown(results))
     assert "| c8 | shipped (first) | 4 | 2.0 | 1.0 |" in text  # two runs' bunch-first requests, 2 each
     assert "pair 2 shipped c8: request 0: no app record" in text
+
+
+def test_front_in_splits_into_the_renderers_marks_where_the_trace_has_them(tmp_path):
+    edges, firsts = _trace(tmp_path, STARTS)
+    app = edges["app"][0]  # request 0: arrival + 5 ms, sent + 6 ms
+    app |= {"tok_in": STARTS[0] + 0.0052, "tok_out": STARTS[0] + 0.0055, "rendered": STARTS[0] + 0.0057}
+    row = rt.join(CLIENT, PROMPTS, edges, firsts)[0]
+    parts = [row[k] for k in rt.FRONT_PARTS]
+    assert parts == pytest.approx([0.2, 0.3, 0.2, 0.3]) and sum(parts) == pytest.approx(row["front_in"])
+    summary = rt.summarize(CLIENT, rt.join(CLIENT, PROMPTS, edges, firsts), 0.005)
+    assert "tokenize" not in summary["all"], "requests 1 and 2 have no marks: no mean over some of them"
+    assert "front_in: tokenize" not in rt.markdown([("c.json", summary)])
+
+
+def test_a_stage_is_marked_only_inside_a_request_and_only_at_its_first_call():
+    from benchmarks.investigations import handoff_hooks as hh
+
+    async def tokenize():
+        await asyncio.sleep(0.01)
+        return [1, 2]
+
+    marked = hh.timed_stage(tokenize, "tok_in", "tok_out")
+
+    async def request():
+        record = {"rids": []}
+        token = hh._EDGE.set(record)
+        try:
+            assert await marked() == [1, 2]
+            first = dict(record)
+            await marked()
+        finally:
+            hh._EDGE.reset(token)
+        return first, record
+
+    first, record = asyncio.run(request())
+    assert first["tok_out"] - first["tok_in"] >= 0.009 and record == first, "the second call changes nothing"
+    assert asyncio.run(marked()) == [1, 2]  # outside a request: nothing to mark, the result unchanged

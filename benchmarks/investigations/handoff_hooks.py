@@ -26,6 +26,10 @@ HTTP request when it ends, written by two more wrappers of ASGI callables:
   (``in``), when its first response body left it (``first``), when it
   returned (``end``), and the frontend requests it added (``rids``, read in
   ``add_request_async`` through a context variable the wrapper sets);
+* vLLM's renderer, in the app edge's record: when tokenizing was asked for
+  (``tok_in``) and its caller resumed with the tokens (``tok_out``; the
+  renderer tokenizes on a thread pool), and when the whole render returned
+  to its caller (``rendered``; vLLM's arrival is the render's first line);
 * in a Ray Serve replica, ``Replica._direct_ingress_asgi`` (``edge: ray``;
   Ray's HTTP server on the replica's main event loop, before the hop to the
   thread that runs the app): the same three times, its ``first`` when the
@@ -228,10 +232,41 @@ def traced_asgi(call, writer: TraceWriter, edge: str, pid: int):
     return wrapper
 
 
+def timed_stage(method, before: str | None, after: str):
+    """An async method wrapped to mark, in the app edge's record of the request it serves, when it was called
+    (``before``) and when its caller resumed with the result (``after``); the first call of a request only."""
+
+    @functools.wraps(method)
+    async def wrapper(*args, **kwargs):
+        record = _EDGE.get()
+        if record is not None and before is not None:
+            record.setdefault(before, time.monotonic())
+        result = await method(*args, **kwargs)
+        if record is not None:
+            record.setdefault(after, time.monotonic())
+        return result
+
+    wrapper._handoff_traced = True  # type: ignore[attr-defined]  # the marker install_edges() checks
+    return wrapper
+
+
+def install_render_marks() -> None:
+    """Mark vLLM's renderer stages inside ``front_in``: tokenizing (handed to the renderer's thread pool) and the
+    whole render (vLLM's arrival is its first line)."""
+    from vllm.renderers.base import BaseRenderer
+
+    if getattr(BaseRenderer.tokenize_prompts_async, "_handoff_traced", False):
+        return
+    BaseRenderer.tokenize_prompts_async = timed_stage(BaseRenderer.tokenize_prompts_async, "tok_in", "tok_out")
+    BaseRenderer.render_cmpl_async = timed_stage(BaseRenderer.render_cmpl_async, None, "rendered")
+    BaseRenderer.render_chat_async = timed_stage(BaseRenderer.render_chat_async, None, "rendered")
+
+
 def install_edges(writer: TraceWriter, pid: int) -> None:
     """Wrap Starlette's app entry, and Ray's direct-ingress entry where this process is a Serve replica."""
     from starlette.applications import Starlette
 
+    install_render_marks()
     if not getattr(Starlette.__call__, "_handoff_traced", False):
         Starlette.__call__ = traced_asgi(Starlette.__call__, writer, "app", pid)  # type: ignore[method-assign]
     replica = sys.modules.get("ray.serve._private.replica")  # imported only where this process is a replica

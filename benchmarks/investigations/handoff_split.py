@@ -278,6 +278,17 @@ def timeline_markdown(results: list[dict[str, Any]]) -> list[str]:
                 n = sum(m[which]["requests"] for m in mine)
                 cells = " | ".join(f"{med[k]:.1f}" for k in stages)
                 lines.append(f"| {label} | {arm} ({which}) | {n} | {cells} | {med['ttft']:.1f} |")
+    parts = request_timeline.FRONT_PARTS
+    marked = [r for r in results if not r["void"] and all(k in r.get("timeline", {}).get("all", {}) for k in parts)]
+    if marked:
+        lines += ["", "`front_in` in parts, where vLLM's renderer was marked (ms, as above):", ""]
+        lines += ["| run | arm | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 2)]
+        for label in dict.fromkeys(r["label"] for r in marked):
+            for arm in dict.fromkeys(r["arm"] for r in marked):
+                mine = [r["timeline"] for r in marked if r["label"] == label and r["arm"] == arm]
+                for which in ("first", "all") if mine else ():
+                    cells = " | ".join(f"{statistics.median(m[which][k] for m in mine):.1f}" for k in parts)
+                    lines.append(f"| {label} | {arm} ({which}) | {cells} |")
     errors = [
         f"- pair {r['pair']} {r['arm']} {r['label']}: {r['timeline']['error']}"
         for r in results

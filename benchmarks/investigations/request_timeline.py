@@ -27,6 +27,11 @@ stages that add up to it:
 ``to_client``       the socket until the client reads its first token: HAProxy, the client
 ==================  ===========================================================================
 
+Where the trace marks vLLM's renderer, ``front_in`` splits further (:data:`FRONT_PARTS`): the render until it
+asks for tokens, tokenizing (handed to the renderer's thread pool, and the turn back to the loop), the rest of
+the render, and from the render's end until the frontend hands the request to EngineCore (vLLM's handler, the
+streaming response, the engine's input processing).
+
 Requests are joined to the server's records by their prompts (every prompt of a run is unique; the
 client sends them in the order of its prompt file, ``--prompts``, and reports them in that order; the
 app's edge records a digest of the prompt it received): never by order, which the server's event loops
@@ -60,6 +65,9 @@ STAGES = (
     "app_to_wire",
     "to_client",
 )
+# front_in's parts, where the trace marks vLLM's renderer (they add up to front_in): the render until it asks for
+# tokens, tokenizing (the renderer's thread pool and the turn back), the render's end, then until EngineCore has it
+FRONT_PARTS = ("render_pre", "tokenize", "render_post", "to_engine")
 PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -102,6 +110,13 @@ def stages(
         "app_to_wire": ray["first"] - app["first"] if ray else 0.0,
         "to_client": start + ttft - outer_first,
     }
+    if all(app.get(k) is not None for k in ("tok_in", "tok_out", "rendered")):
+        s |= {
+            "render_pre": app["tok_in"] - first["arrival"],
+            "tokenize": app["tok_out"] - app["tok_in"],
+            "render_post": app["rendered"] - app["tok_out"],
+            "to_engine": first["sent"] - app["rendered"],
+        }
     return {k: 1000 * v for k, v in s.items()}
 
 
@@ -146,14 +161,16 @@ def summarize(client: dict[str, Any], rows: list[dict[str, float]], gap_s: float
     firsts = [g[0] for g in bunches(client["start_times"], gap_s)]
     out: dict[str, Any] = {}
     for name, idx in (("first", firsts), ("all", list(range(len(rows))))):
-        mean = {k: statistics.fmean(rows[i][k] for i in idx) for k in STAGES}
+        keys = [*STAGES, *(k for k in FRONT_PARTS if all(k in rows[i] for i in idx))]
+        mean = {k: statistics.fmean(rows[i][k] for i in idx) for k in keys}
         ttft = statistics.fmean(1000 * client["ttfts"][i] for i in idx)
         out[name] = {**mean, "requests": len(idx), "ttft": ttft}
     return out
 
 
 def markdown(rows: list[tuple[str, dict[str, Any]]]) -> str:
-    head = ["file", "requests", *STAGES, "TTFT (mean)"]
+    parts = [k for k in FRONT_PARTS if all(k in summary["all"] for _, summary in rows)]
+    head = ["file", "requests", *STAGES, "TTFT (mean)", *(f"front_in: {k}" for k in parts)]
     lines = [
         "Mean ms per request; `first`: the bunches' first requests (starts within 5 ms of each other form a bunch)",
         "",
@@ -164,7 +181,7 @@ def markdown(rows: list[tuple[str, dict[str, Any]]]) -> str:
         for which in ("first", "all"):
             s = summary[which]
             cells = [f"{name} ({which})", str(s["requests"]), *(f"{s[k]:.1f}" for k in STAGES)]
-            lines.append("| " + " | ".join([*cells, f"{s['ttft']:.1f}"]) + " |")
+            lines.append("| " + " | ".join([*cells, f"{s['ttft']:.1f}", *(f"{s[k]:.1f}" for k in parts)]) + " |")
     return "\n".join(lines)
 
 
