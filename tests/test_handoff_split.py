@@ -182,7 +182,7 @@ def test_vllm_loads_the_hooks_as_a_plugin_only_where_the_benchmark_puts_them(tmp
     assert trace.exists() and trace.read_text() == "", "installed, and nothing written without a request"
 
 
-def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes(tmp_path, monkeypatch):
+def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes(tmp_path, handoff_originals):
     """vLLM's OutputProcessor and AsyncMPClient, wrapped by install(): a request's first token is written with
     the EngineCore events it carried, later tokens are not, and every step output is."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -193,9 +193,6 @@ def test_the_hooks_record_vllms_own_timestamps_through_its_real_frontend_classes
 
     from benchmarks.investigations import handoff_hooks
 
-    # the originals come back after the test
-    monkeypatch.setattr(OutputProcessor, "process_outputs", OutputProcessor.process_outputs)
-    monkeypatch.setattr(AsyncMPClient, "add_request_async", AsyncMPClient.add_request_async)
     trace = tmp_path / "trace.jsonl"
     handoff_hooks.install(trace)
     handoff_hooks.install(trace)  # idempotent

@@ -110,7 +110,7 @@ def test_the_prompt_is_read_from_a_completions_or_a_chat_body():
     assert body_prompt(b"not json") is None and body_prompt(b'{"prompt": [1, 2]}') is None
 
 
-def test_the_edge_hooks_record_the_outermost_app_once_with_the_frontend_requests_it_added(tmp_path, monkeypatch):
+def test_the_edge_hooks_record_the_outermost_app_once_with_the_frontend_requests_it_added(tmp_path, handoff_originals):
     """Starlette's real app class wrapped by install_edges(): one record per HTTP request, for the outer app only
     (a mounted app inside it is the same request), with the rid that add_request_async saw in its context and the
     time its first body bytes left; a lifespan scope is not recorded. A Ray-style entry wrapped by traced_asgi
@@ -121,7 +121,6 @@ def test_the_edge_hooks_record_the_outermost_app_once_with_the_frontend_requests
 
     from benchmarks.investigations import handoff_hooks as hh
 
-    monkeypatch.setattr(Starlette, "__call__", Starlette.__call__)  # the original comes back after the test
     writer = hh.TraceWriter(tmp_path / "trace.jsonl")
     hh.install_edges(writer, 7)
     hh.install_edges(writer, 7)  # idempotent

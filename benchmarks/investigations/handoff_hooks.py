@@ -159,6 +159,16 @@ def install(path: Path) -> None:
 
 
 BODY_CAP = 1 << 20  # bytes of a request body kept for its prompt's digest
+# every method the hooks replace, as (module, class, attribute): what a test puts back after installing them
+WRAPPED = (
+    ("vllm.v1.engine.core_client", "AsyncMPClient", "add_request_async"),
+    ("vllm.v1.engine.output_processor", "OutputProcessor", "process_outputs"),
+    ("starlette.applications", "Starlette", "__call__"),
+    ("vllm.renderers.base", "BaseRenderer", "tokenize_prompts_async"),
+    ("vllm.renderers.base", "BaseRenderer", "render_cmpl_async"),
+    ("vllm.renderers.base", "BaseRenderer", "render_chat_async"),
+    ("ray.serve._private.replica", "Replica", "_direct_ingress_asgi"),
+)
 
 
 def prompt_digest(text: str) -> str:
