@@ -226,7 +226,7 @@ def test_a_stage_is_marked_only_inside_a_request_and_only_at_its_first_call():
     marked = hh.timed_stage(tokenize, "tok_in", "tok_out")
 
     async def request():
-        record = {"rids": []}
+        record: dict[str, object] = {"rids": []}
         token = hh._EDGE.set(record)
         try:
             assert await marked() == [1, 2]

@@ -267,9 +267,11 @@ def install_render_marks() -> None:
 
     if getattr(BaseRenderer.tokenize_prompts_async, "_handoff_traced", False):
         return
-    BaseRenderer.tokenize_prompts_async = timed_stage(BaseRenderer.tokenize_prompts_async, "tok_in", "tok_out")
-    BaseRenderer.render_cmpl_async = timed_stage(BaseRenderer.render_cmpl_async, None, "rendered")
-    BaseRenderer.render_chat_async = timed_stage(BaseRenderer.render_chat_async, None, "rendered")
+    # each wraps vLLM's method in place (what this instrument is)
+    tokenize = timed_stage(BaseRenderer.tokenize_prompts_async, "tok_in", "tok_out")
+    BaseRenderer.tokenize_prompts_async = tokenize  # type: ignore[method-assign]
+    BaseRenderer.render_cmpl_async = timed_stage(BaseRenderer.render_cmpl_async, None, "rendered")  # type: ignore[method-assign]
+    BaseRenderer.render_chat_async = timed_stage(BaseRenderer.render_chat_async, None, "rendered")  # type: ignore[method-assign]
 
 
 def install_edges(writer: TraceWriter, pid: int) -> None:
