@@ -38,6 +38,7 @@ from pathlib import Path
 from load_tests.command_logs import command_logging
 
 BIG = 4  # a bunch of at least this many requests counts as large
+GAP_MS = 5.0  # starts closer than this to the previous one are one bunch (a fraction of a decode step here)
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("files", nargs="+", type=Path, help="vllm bench serve result files (--save-detailed)")
-    ap.add_argument("--gap-ms", type=float, default=5.0, help="starts closer than this are one bunch")
+    ap.add_argument("--gap-ms", type=float, default=GAP_MS, help="starts closer than this are one bunch")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     command_logging()

@@ -96,6 +96,11 @@ class TraceWriter:
         self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
 
 
+def load_trace(path: Path) -> list[dict[str, Any]]:
+    """Every record of a trace :class:`TraceWriter` wrote, in the order written."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
 def install(path: Path) -> None:
     """Wrap vLLM's frontend in this process (idempotent: a second call does nothing)."""
     from vllm.v1.engine.core_client import AsyncMPClient
@@ -215,7 +220,7 @@ def traced_asgi(call, writer: TraceWriter, edge: str, pid: int):
             "rids": [],
         }
         token = _EDGE.set(record) if edge == "app" else None
-        body = bytearray()
+        body = bytearray()  # the app edge's: the body its app read, for the prompt's digest
 
         async def tapped_receive():
             message = await receive()
@@ -230,7 +235,7 @@ def traced_asgi(call, writer: TraceWriter, edge: str, pid: int):
             await send(message)
 
         try:
-            return await call(self, scope, tapped_receive, timed_send)
+            return await call(self, scope, tapped_receive if token is not None else receive, timed_send)
         finally:
             record["end"] = time.monotonic()
             if token is not None:

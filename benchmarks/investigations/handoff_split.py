@@ -75,7 +75,8 @@ from benchmarks.harness.arms import (
 from benchmarks.harness.host import HostCpuSampler
 from benchmarks.harness.stopping import stop_on_term
 from benchmarks.investigations import request_timeline
-from benchmarks.investigations.handoff_hooks import plugin_env
+from benchmarks.investigations.arrival_bunches import GAP_MS
+from benchmarks.investigations.handoff_hooks import load_trace, plugin_env
 from benchmarks.vs_vllm import REPO, Run, Workload, local_pool_tokens, machine, parse_requests, prompt_plan, run_phase
 from load_tests.command_logs import command_logging
 from serve_app.engine.engine_env import use_engine_env
@@ -87,12 +88,11 @@ DEFAULT_OUT = REPO / "docs" / "benchmarks" / "handoff_split"
 
 
 # ----------------------------------------------------------------------------- the split (pure)
-def read_trace(path: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(first-token records, step records) of a trace file, each in the order written."""
+def split_trace(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(first-token records, step records) of a trace's records, each in the order written."""
     requests: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
-    for line in Path(path).read_text().splitlines():
-        record = json.loads(line)
+    for record in records:
         if "edge" not in record:  # the HTTP edges' records: request_timeline reads them
             (steps if "step" in record else requests).append(record)
     return requests, steps
@@ -248,7 +248,8 @@ def run_timeline(client_file: Path, prompts_file: Path, edges, firsts) -> dict[s
     try:
         client = json.loads(client_file.read_text())
         prompts = request_timeline.read_prompts(prompts_file)
-        return request_timeline.summarize(client, request_timeline.join(client, prompts, edges, firsts), 0.005)
+        rows = request_timeline.join(client, prompts, edges, firsts)
+        return request_timeline.summarize(client, rows, GAP_MS / 1000)
     except (OSError, request_timeline.JoinError) as e:
         return {"error": str(e)}
 
@@ -368,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
             trace = work / f"{slug(stack)}-{pair}.trace.jsonl"
             with traced(make_arm(stack, config, model, work / f"{slug(stack)}-{pair}"), trace) as arm:
                 runs: list[Run] = run_phase(arm, stack, pair, workload, plan, model, work, sampler)
-            requests, steps = read_trace(trace)
-            edges, firsts = request_timeline.read_records(trace)
+            records = load_trace(trace)
+            requests, steps = split_trace(records)
+            edges, firsts = request_timeline.index_records(records)
             warm = len(requests) - sum(r.completed for r in runs)
             parts = partition(requests, steps, [warm] + [r.completed for r in runs])[1:]
             for run, (reqs, stps) in zip(runs, parts, strict=False):

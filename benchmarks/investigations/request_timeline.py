@@ -50,8 +50,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.investigations.arrival_bunches import bunches
-from benchmarks.investigations.handoff_hooks import prompt_digest
+from benchmarks.investigations.arrival_bunches import GAP_MS, bunches
+from benchmarks.investigations.handoff_hooks import load_trace, prompt_digest
 from load_tests.command_logs import command_logging
 
 STAGES = (
@@ -75,19 +75,23 @@ class JoinError(ValueError):
     """The client's requests and the server's records do not line up."""
 
 
-def read_records(path: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+def index_records(records: list[dict[str, Any]]) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
     """A trace's edge records by edge (``ray``, ``app``; completions and chat only) and first-token records by
     rid."""
     edges: dict[str, list[dict[str, Any]]] = {"ray": [], "app": []}
     firsts: dict[str, dict[str, Any]] = {}
-    for line in Path(path).read_text().splitlines():
-        record = json.loads(line)
+    for record in records:
         if "edge" in record:
             if record.get("path") in PATHS:
                 edges[record["edge"]].append(record)
         elif "rid" in record:
             firsts[record["rid"]] = record
     return edges, firsts
+
+
+def read_records(path: Path) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """:func:`index_records` of a trace file."""
+    return index_records(load_trace(path))
 
 
 def stages(
@@ -168,11 +172,11 @@ def summarize(client: dict[str, Any], rows: list[dict[str, float]], gap_s: float
     return out
 
 
-def markdown(rows: list[tuple[str, dict[str, Any]]]) -> str:
+def markdown(rows: list[tuple[str, dict[str, Any]]], gap_ms: float = GAP_MS) -> str:
     parts = [k for k in FRONT_PARTS if all(k in summary["all"] for _, summary in rows)]
     head = ["file", "requests", *STAGES, "TTFT (mean)", *(f"front_in: {k}" for k in parts)]
     lines = [
-        "Mean ms per request; `first`: the bunches' first requests (starts within 5 ms of each other form a bunch)",
+        f"Mean ms per request; `first`: the bunches' first requests (starts within {gap_ms:g} ms form a bunch)",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -194,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("trace", type=Path, help="a trace handoff_split wrote (its work directory, *.trace.jsonl)")
     ap.add_argument("client", type=Path, help="the client result file of one of that trace's runs")
     ap.add_argument("prompts", type=Path, help="the prompt file of that run (the work directory's prompts/)")
-    ap.add_argument("--gap-ms", type=float, default=5.0, help="starts closer than this are one bunch")
+    ap.add_argument("--gap-ms", type=float, default=GAP_MS, help="starts closer than this are one bunch")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = ap.parse_args(argv)
     command_logging()
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(client, join(client, read_prompts(args.prompts), edges, firsts), args.gap_ms / 1000)
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
-    print(markdown([(args.client.name, summary)]))
+    print(markdown([(args.client.name, summary)], args.gap_ms))
     return 0
 
 
