@@ -18,6 +18,7 @@ every symbol (docs/patches.md).
 | cpu_inproc | patches.cpu_inproc | on CPU, a one-worker engine runs its model in EngineCore (no worker process) |
 | shm_wait | patches.shm_wait | on CPU, EngineCore and worker sleep instead of spinning while waiting for each other |
 | stats_thread | patches.stats_thread | opt-in: the async engine's stat loggers record on their own thread |
+| inline_render | patches.inline_render | a short text prompt is tokenized on the event loop, not the renderer's pool |
 """
 
 from __future__ import annotations

@@ -98,6 +98,15 @@ def installed_keys(obj: Any) -> set[str]:
     return keys
 
 
+def upstream_of(obj: Any) -> Any:
+    """The upstream function behind every change :func:`install` stacked on ``obj`` (``obj`` itself if none)."""
+    while True:
+        inner = getattr(getattr(obj, "__func__", obj), _ORIGINAL_ATTR, None)
+        if inner is None:
+            return obj
+        obj = inner
+
+
 def install(owner: Any, attr: str, make: Callable[..., Any], *args: Any, key: str | None = None) -> bool:
     """Replace ``owner.attr`` with ``make(original, *args)``, once: the one way every patch changes vLLM.
 

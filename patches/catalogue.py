@@ -12,4 +12,5 @@ PATCH_MODULES: dict[str, str] = {
     "cpu_inproc": "patches.cpu_inproc",
     "shm_wait": "patches.shm_wait",
     "stats_thread": "patches.stats_thread",
+    "inline_render": "patches.inline_render",
 }

@@ -29,8 +29,8 @@ import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from ._framework import upstream_of
 from .registry import Patch, Target
 
 
@@ -325,15 +325,6 @@ def check_tree(all_patches: dict[str, Patch], root: Path) -> list[TargetCheck]:
 # --------------------------------------------------------------------------- the installed vLLM, imported
 
 
-def _original(obj: Any) -> Any:
-    """The upstream function behind any of our wrappers (``install`` keeps it as ``__wrapped_original__``)."""
-    while True:
-        inner = getattr(getattr(obj, "__func__", obj), "__wrapped_original__", None)
-        if inner is None:
-            return obj
-        obj = inner
-
-
 def check_target_imported(target: Target) -> list[str]:
     """Import the symbol; where it is a function, check its signature (of the original, behind our wrappers)."""
     if target.kind == "env_default":
@@ -348,7 +339,7 @@ def check_target_imported(target: Target) -> list[str]:
         return [] if hasattr(owner, target.attr) else [f"{target.module} has no {target.attr}"]
     if not hasattr(owner, target.attr):
         return []  # an instance attribute: only the source says
-    fn = _original(inspect.getattr_static(owner, target.attr))
+    fn = upstream_of(inspect.getattr_static(owner, target.attr))
     fn = getattr(fn, "__func__", fn)
     if not callable(fn) or isinstance(fn, type):
         return []

@@ -256,4 +256,50 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
             why="how the periodic log reaches the manager: through logger_manager.log()",
         ),
     ),
+    "inline_render": (
+        _r(
+            "vllm.renderers.base:BaseRenderer.render_cmpl",
+            params=("prompts", "tok_params"),
+            keywords=("prompt_extras", "skip_mm_cache"),
+            why="a short completions request renders through upstream's synchronous render, the same steps",
+        ),
+        _r(
+            "vllm.renderers.base:BaseRenderer.render_messages_async",
+            params=("messages", "params"),
+            why="the chat template renders where upstream renders it (the pool, under its render timeout)",
+        ),
+        _r(
+            "vllm.renderers.base:BaseRenderer.tokenize_prompts",
+            params=("prompts", "params"),
+            why="a short chat prompt is tokenized inline by upstream's synchronous tokenizing",
+        ),
+        _r(
+            "vllm.renderers.base:BaseRenderer.tokenize_prompts_async",
+            params=("prompts", "params"),
+            why="a long chat prompt is tokenized on upstream's pool",
+        ),
+        _r(
+            "vllm.renderers.base:BaseRenderer.process_for_engine",
+            params=("prompt", "arrival_time"),
+            keywords=("skip_mm_cache", "tok_params"),
+            why="a short chat prompt is prepared for the engine inline",
+        ),
+        _r(
+            "vllm.renderers.base:BaseRenderer.process_for_engine_async",
+            params=("prompt", "arrival_time"),
+            keywords=("skip_mm_cache", "tok_params"),
+            why="a long chat prompt is prepared for the engine as upstream prepares it",
+        ),
+        _r(
+            "vllm.renderers.base:BaseRenderer._apply_prompt_extras",
+            params=("prompts", "prompt_extras"),
+            why="the request's extras (cache salt, media_io_kwargs) are added to the tokenized prompt as upstream adds "
+            "them",
+        ),
+        _r(
+            "vllm.renderers.base:BaseRenderer",
+            attrs=("default_chat_tok_params",),
+            why="a chat request without its own tokenize parameters gets upstream's defaults",
+        ),
+    ),
 }

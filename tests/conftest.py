@@ -117,11 +117,16 @@ def serve_cluster(fixture_model, tmp_path_factory):
 @pytest.fixture
 def handoff_originals(monkeypatch):
     """Every method benchmarks/investigations/handoff_hooks.py wraps comes back after the test (the hooks install
-    process-wide; left in place, a later test's install finds them marked and writes to this test's trace)."""
+    process-wide; left in place, a later test's install finds them marked and writes to this test's trace). The
+    project's patches, which the hooks apply before their marks, are switched off: applied here they would change
+    vLLM for every later test of this process."""
     import importlib
     import sys
 
     from benchmarks.investigations.handoff_hooks import WRAPPED
+    from patches.switches import ALL, OFF_ENV
+
+    monkeypatch.setenv(OFF_ENV, ALL)
 
     for module, cls, attr in WRAPPED:
         if module.startswith("ray.") and module not in sys.modules:

@@ -122,7 +122,9 @@ def test_register_applies_once_and_switches_off():
     n_wraps = sum(t.kind == "wrap" for p in all_patches().values() for t in p.targets)
     on = _run(PROBE, {switches.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
-    applied = "['accounting', 'cpu_inproc', 'cpu_offload', 'fuzz', 'kv_faults', 'shm_wait', 'stats_thread']"
+    applied = (
+        "['accounting', 'cpu_inproc', 'cpu_offload', 'fuzz', 'inline_render', 'kv_faults', 'shm_wait', 'stats_thread']"
+    )
     assert f"applied {applied} True False True" in on.stdout
     assert len(_wraps(on.stdout)) == n_wraps and set(_wraps(on.stdout).values()) <= {"1", "not-here"}
     off = _run(PROBE, {switches.OFF_ENV: "all"})

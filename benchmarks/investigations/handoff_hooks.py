@@ -27,9 +27,14 @@ HTTP request when it ends, written by two more wrappers of ASGI callables:
   returned (``end``), and the frontend requests it added (``rids``, read in
   ``add_request_async`` through a context variable the wrapper sets);
 * vLLM's renderer, in the app edge's record: when tokenizing was asked for
-  (``tok_in``) and its caller resumed with the tokens (``tok_out``; the
-  renderer tokenizes on a thread pool), and when the whole render returned
-  to its caller (``rendered``; vLLM's arrival is the render's first line);
+  (``tok_in``) and its caller resumed with the tokens (``tok_out``; upstream
+  tokenizes on a thread pool, the ``inline_render`` patch a short prompt
+  through the synchronous ``tokenize_prompts`` or ``render_cmpl``, marked
+  the same), and when the whole render returned to its caller
+  (``rendered``; vLLM's arrival is the render's first line). The project's
+  patches are applied before these marks (``patches.register``, which
+  applies each once and obeys their switches), so the marks wrap them and
+  see a render that the patch ends without upstream's methods;
 * in a Ray Serve replica, ``Replica._direct_ingress_asgi`` (``edge: ray``;
   Ray's HTTP server on the replica's main event loop, before the hop to the
   thread that runs the app): the same three times, its ``first`` when the
@@ -170,6 +175,7 @@ WRAPPED = (
     ("vllm.v1.engine.output_processor", "OutputProcessor", "process_outputs"),
     ("starlette.applications", "Starlette", "__call__"),
     ("vllm.renderers.base", "BaseRenderer", "tokenize_prompts_async"),
+    ("vllm.renderers.base", "BaseRenderer", "tokenize_prompts"),
     ("vllm.renderers.base", "BaseRenderer", "render_cmpl_async"),
     ("vllm.renderers.base", "BaseRenderer", "render_chat_async"),
     ("ray.serve._private.replica", "Replica", "_direct_ingress_asgi"),
@@ -265,16 +271,39 @@ def timed_stage(method, before: str | None, after: str):
     return wrapper
 
 
+def timed_sync_stage(method, before: str, after: str):
+    """:func:`timed_stage` for a synchronous method (the ``inline_render`` patch's tokenizing)."""
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):
+        record = _EDGE.get()
+        if record is not None:
+            record.setdefault(before, time.monotonic())
+        result = method(*args, **kwargs)
+        if record is not None:
+            record.setdefault(after, time.monotonic())
+        return result
+
+    wrapper._handoff_traced = True  # type: ignore[attr-defined]  # the marker install_edges() checks
+    return wrapper
+
+
 def install_render_marks() -> None:
-    """Mark vLLM's renderer stages inside ``front_in``: tokenizing (handed to the renderer's thread pool) and the
-    whole render (vLLM's arrival is its first line)."""
+    """Mark vLLM's renderer stages inside ``front_in``: tokenizing (on the renderer's thread pool, or inline) and
+    the whole render (vLLM's arrival is its first line)."""
     from vllm.renderers.base import BaseRenderer
+
+    import patches
 
     if getattr(BaseRenderer.tokenize_prompts_async, "_handoff_traced", False):
         return
+    # the project's patches first (as this process's vLLM plugin would apply them; once, switches obeyed), so that
+    # the marks wrap them whichever plugin vLLM loads first
+    patches.register()
     # each wraps vLLM's method in place (what this instrument is)
     tokenize = timed_stage(BaseRenderer.tokenize_prompts_async, "tok_in", "tok_out")
     BaseRenderer.tokenize_prompts_async = tokenize  # type: ignore[method-assign]
+    BaseRenderer.tokenize_prompts = timed_sync_stage(BaseRenderer.tokenize_prompts, "tok_in", "tok_out")  # type: ignore[method-assign]
     BaseRenderer.render_cmpl_async = timed_stage(BaseRenderer.render_cmpl_async, None, "rendered")  # type: ignore[method-assign]
     BaseRenderer.render_chat_async = timed_stage(BaseRenderer.render_chat_async, None, "rendered")  # type: ignore[method-assign]
 
