@@ -14,7 +14,12 @@ What it changes
     under upstream's render timeout; a Hugging Face tokenizer's template
     returns token ids, so there the patch saves chat the tasks, not the
     pool). Anything else, and every request with the patch off, takes
-    upstream's asynchronous path unchanged.
+    upstream's asynchronous path unchanged. And ``HfRenderer._render_with_timeout``
+    (``vllm/renderers/hf.py``): the chat template's render is awaited under
+    ``asyncio.timeout`` instead of ``asyncio.wait_for``, which in Python 3.11
+    runs it as a task of its own (Python 3.12's ``wait_for`` is
+    ``asyncio.timeout``); on a timeout, upstream's own handling runs (a
+    fresh pool, its error).
 
 Why
     Upstream's asynchronous render hands each prompt to a task of its own
@@ -62,6 +67,7 @@ Switches
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -157,6 +163,27 @@ def _wrap_render_chat_async(original):
     return render_chat_async
 
 
+def _wrap_render_with_timeout(original):
+    async def _render_with_timeout(self, coro):
+        import vllm.envs as envs
+
+        if envs.VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT <= 0:
+            return await original(self, coro)  # upstream awaits it as it is
+        try:
+            async with asyncio.timeout(envs.VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT):  # no task of its own (wait_for's)
+                return await coro
+        except TimeoutError:
+            pass
+        # upstream's handling of a render that timed out (a fresh pool, its error): shown the timeout
+        return await original(self, _timed_out())
+
+    return _render_with_timeout
+
+
+async def _timed_out():
+    raise TimeoutError
+
+
 _RENDERER = "vllm.renderers.base:BaseRenderer"
 
 PATCH = Patch(
@@ -179,6 +206,14 @@ PATCH = Patch(
             keywords=("prompt_extras", "skip_mm_cache"),
             why="one conversation's short rendered prompt is tokenized and prepared inline after upstream renders "
             "its chat template",
+        ),
+        Target(
+            "vllm.renderers.hf:HfRenderer._render_with_timeout",
+            "wrap",
+            make=_wrap_render_with_timeout,
+            params=("coro",),
+            why="the chat template's render is awaited under asyncio.timeout, not asyncio.wait_for (which runs it "
+            "as a task of its own); a timeout still gets upstream's handling",
         ),
     ),
 )

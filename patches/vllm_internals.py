@@ -301,5 +301,9 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
             attrs=("default_chat_tok_params",),
             why="a chat request without its own tokenize parameters gets upstream's defaults",
         ),
+        _r(
+            "vllm.envs:VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT",
+            why="the chat template's render timeout, read as upstream's _render_with_timeout reads it (0: none)",
+        ),
     ),
 }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import types
 from collections.abc import Awaitable
 from typing import Any
 
@@ -58,6 +59,7 @@ def test_only_plain_prompts_within_the_limit_are_inline(prompts, size):
 def renderer(fixture_model):
     """vLLM's renderer for the fixture model, its tokenizer recording the thread of each call."""
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.renderers.hf import HfRenderer
     from vllm.renderers.registry import renderer_from_config
 
     config = EngineArgs(model=str(fixture_model), max_model_len=2048).create_engine_config()
@@ -71,6 +73,9 @@ def renderer(fixture_model):
 
     r.tokenizer.__class__ = type(f"Recording{tokenizer_cls.__name__}", (tokenizer_cls,), {"__call__": __call__})
     r.tokenizer_threads = threads
+    # upstream's template render, whether or not the patches are applied in this process (building vLLM's config
+    # loads vLLM's plugins): the chat tests compare the render around it, which is all render_chat_async changes
+    r._render_with_timeout = types.MethodType(upstream_of(HfRenderer.__dict__["_render_with_timeout"]), r)
     return r
 
 
@@ -102,13 +107,14 @@ def _run(awaitable: Awaitable[Any]) -> tuple[Any, int, int, list[bool]]:
         await asyncio.sleep(0)  # the ticker's first turn
         turns = tasks = 0
         try:
-            return await awaitable, turns
+            result = await awaitable
+            return result, turns, tasks  # read here: asyncio.run's shutdown makes tasks of its own
         finally:
             done = True
 
     loop_thread = threading.get_ident()
-    result, turns = asyncio.run(main())
-    return result, turns, tasks, [t == loop_thread for t in _threads.pop()]
+    result, turns, created = asyncio.run(main())
+    return result, turns, created, [t == loop_thread for t in _threads.pop()]
 
 
 _threads: list[list[int]] = []
@@ -118,9 +124,10 @@ def _render(renderer, method: str, wrap: bool, *args, **kwargs):
     """Render through upstream's method (``wrap`` False) or the patch's wrapper of it (building vLLM's config
     loads vLLM's plugins, our patches among them, in this process: upstream's is the function beneath them)."""
     from vllm.renderers.base import BaseRenderer
+    from vllm.renderers.hf import HfRenderer
 
-    upstream = upstream_of(BaseRenderer.__dict__[method])
-    fn = getattr(inline_render, f"_wrap_{method}")(upstream) if wrap else upstream
+    upstream = upstream_of((HfRenderer if method == "_render_with_timeout" else BaseRenderer).__dict__[method])
+    fn = getattr(inline_render, f"_wrap_{method.lstrip('_')}")(upstream) if wrap else upstream
     renderer.tokenizer_threads.clear()
 
     async def go():
@@ -199,8 +206,7 @@ def test_a_short_chat_is_prepared_without_a_task_per_step_into_upstreams_result(
     (conv, patched), _, tasks, _ = _render(renderer, "render_chat_async", True, [conversation], ChatParams())
     (up_conv, upstream), _, up_tasks, _ = _render(renderer, "render_chat_async", False, [conversation], ChatParams())
     assert conv == up_conv and _same(patched, upstream) and patched[0]["prompt_token_ids"]
-    # upstream gathers each of its three steps (render the messages, tokenize, prepare) in a task per
-    # conversation; the template's own (its render timeout) are upstream's in both
+    # upstream gathers each of its three steps (render the messages, tokenize, prepare) in a task per conversation
     assert up_tasks - tasks == 3
 
 
@@ -232,3 +238,26 @@ def test_a_long_chat_and_several_conversations_keep_upstreams_path(renderer):
     (up_convs, upstream), *_ = _render(renderer, "render_chat_async", False, two, params)
     assert convs == up_convs and _same(patched, upstream)
     assert on_loop == [False, False]
+
+
+@pytest.mark.engine
+def test_the_template_render_times_out_with_upstreams_handling_and_no_task_of_its_own(renderer, monkeypatch):
+    monkeypatch.setenv("VLLM_CHAT_TEMPLATE_RENDER_TIMEOUT", "0.2")
+    pool = renderer._executor._inner
+
+    def render(delay: float, wrap: bool):
+        async def template():
+            await asyncio.sleep(delay)
+            return [1, 2, 3]
+
+        return _render(renderer, "_render_with_timeout", wrap, template())
+
+    result, _, tasks, _ = render(0.01, True)
+    up_result, _, up_tasks, _ = render(0.01, False)
+    assert result == up_result == [1, 2, 3]
+    assert (tasks, up_tasks) == (0, 1), "upstream's asyncio.wait_for runs the render as a task of its own"
+    for wrap in (True, False):
+        with pytest.raises(TimeoutError, match="Chat template rendering timed out after 0.2s"):
+            render(5.0, wrap)
+        assert renderer._executor._inner is not pool, "a render that timed out leaves a fresh pool"
+        pool = renderer._executor._inner
