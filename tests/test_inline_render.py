@@ -257,7 +257,7 @@ def test_the_template_render_times_out_with_upstreams_handling_and_no_task_of_it
     assert result == up_result == [1, 2, 3]
     assert (tasks, up_tasks) == (0, 1), "upstream's asyncio.wait_for runs the render as a task of its own"
     for wrap in (True, False):
-        with pytest.raises(TimeoutError, match="Chat template rendering timed out after 0.2s"):
+        with pytest.raises(TimeoutError, match=r"Chat template rendering timed out after 0\.2s"):
             render(5.0, wrap)
         assert renderer._executor._inner is not pool, "a render that timed out leaves a fresh pool"
         pool = renderer._executor._inner
