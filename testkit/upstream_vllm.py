@@ -112,6 +112,15 @@ AREAS = {
     "async engine stat loggers": Area(
         ["tests/v1/metrics/test_engine_logger_apis.py", "tests/v1/metrics/test_ray_metrics.py"], ("stats_thread",)
     ),
+    # inline_render: BaseRenderer.render_cmpl_async / render_chat_async, HfRenderer._render_with_timeout
+    "renderer": Area(
+        [
+            "tests/renderers/test_completions.py",
+            "tests/renderers/test_hf.py",
+            "tests/renderers/test_executor_replace.py",
+        ],
+        ("inline_render",),
+    ),
 }
 
 # Tests whose outcome the patches change on purpose: test id -> the patch behaviour that explains it.
