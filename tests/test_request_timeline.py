@@ -180,6 +180,7 @@ def test_the_edge_hooks_record_the_outermost_app_once_with_the_frontend_requests
     app_rec, ray_rec = records
     assert app_rec["xrid"] == ray_rec["xrid"] == "abc" and app_rec["rids"] == ["r1"] and ray_rec["rids"] == []
     assert t <= ray_rec["in"] <= app_rec["in"] <= app_rec["first"] <= ray_rec["first"] <= ray_rec["end"]
+    assert app_rec["in"] <= app_rec["started"] <= app_rec["first"], "the response's start, before its first body"
     assert app_rec["pid"] == 7 and app_rec["path"] == "/v1/completions"
     assert app_rec["prompt"] == prompt_digest("a b c") and "prompt" not in ray_rec
     assert next(m["body"] for m in sent if m["type"] == "http.response.body" and m.get("body")) == b"data: 1\n\n"
@@ -214,6 +215,11 @@ def test_front_in_splits_into_the_renderers_marks_where_the_trace_has_them(tmp_p
     summary = rt.summarize(CLIENT, rt.join(CLIENT, PROMPTS, edges, firsts), 0.005)
     assert "tokenize" not in summary["all"], "requests 1 and 2 have no marks: no mean over some of them"
     assert "front_in: tokenize" not in rt.markdown([("c.json", summary)])
+    assert not any(k in row for k in rt.TO_ENGINE_PARTS), "no response start or add_request marked"
+    app |= {"started": STARTS[0] + 0.0058, "gen": STARTS[0] + 0.0059}
+    row = rt.join(CLIENT, PROMPTS, edges, firsts)[0]
+    way = [row[k] for k in rt.TO_ENGINE_PARTS]
+    assert way == pytest.approx([0.1, 0.1, 0.1]) and sum(way) == pytest.approx(row["to_engine"])
 
 
 def test_a_stage_is_marked_only_inside_a_request_and_only_at_its_first_call():

@@ -31,7 +31,10 @@ HTTP request when it ends, written by two more wrappers of ASGI callables:
   tokenizes on a thread pool, the ``inline_render`` patch a short prompt
   through the synchronous ``tokenize_prompts`` or ``render_cmpl``, marked
   the same), and when the whole render returned to its caller
-  (``rendered``; vLLM's arrival is the render's first line). The project's
+  (``rendered``; vLLM's arrival is the render's first line), then when the
+  app sent its response's start (``started``, by the edge's send) and when
+  vLLM's engine client was asked to add the request (``gen``,
+  ``AsyncLLM.add_request``). The project's
   patches are applied before these marks (``patches.register``, which
   applies each once and obeys their switches), so the marks wrap them and
   see a render that the patch ends without upstream's methods;
@@ -178,6 +181,7 @@ WRAPPED = (
     ("vllm.renderers.base", "BaseRenderer", "tokenize_prompts"),
     ("vllm.renderers.base", "BaseRenderer", "render_cmpl_async"),
     ("vllm.renderers.base", "BaseRenderer", "render_chat_async"),
+    ("vllm.v1.engine.async_llm", "AsyncLLM", "add_request"),
     ("ray.serve._private.replica", "Replica", "_direct_ingress_asgi"),
 )
 
@@ -238,6 +242,8 @@ def traced_asgi(call, writer: TraceWriter, edge: str, pid: int):
             # taken as the bytes are handed on: a client on real-time scheduling may read them before send returns
             if record["first"] is None and message.get("type") == "http.response.body" and message.get("body"):
                 record["first"] = time.monotonic()
+            elif message.get("type") == "http.response.start":
+                record.setdefault("started", time.monotonic())
             await send(message)
 
         try:
@@ -292,6 +298,7 @@ def install_render_marks() -> None:
     """Mark vLLM's renderer stages inside ``front_in``: tokenizing (on the renderer's thread pool, or inline) and
     the whole render (vLLM's arrival is its first line)."""
     from vllm.renderers.base import BaseRenderer
+    from vllm.v1.engine.async_llm import AsyncLLM
 
     import patches
 
@@ -306,6 +313,9 @@ def install_render_marks() -> None:
     BaseRenderer.tokenize_prompts = timed_sync_stage(BaseRenderer.tokenize_prompts, "tok_in", "tok_out")  # type: ignore[method-assign]
     BaseRenderer.render_cmpl_async = timed_stage(BaseRenderer.render_cmpl_async, None, "rendered")  # type: ignore[method-assign]
     BaseRenderer.render_chat_async = timed_stage(BaseRenderer.render_chat_async, None, "rendered")  # type: ignore[method-assign]
+    # and the way from the render to EngineCore: vLLM's engine client asked to add the request (the response's
+    # start, which the app sends first, is marked by the app edge's send)
+    AsyncLLM.add_request = timed_stage(AsyncLLM.add_request, "gen", "added")  # type: ignore[method-assign]
 
 
 def install_edges(writer: TraceWriter, pid: int) -> None:

@@ -279,8 +279,10 @@ def timeline_markdown(results: list[dict[str, Any]]) -> list[str]:
                 n = sum(m[which]["requests"] for m in mine)
                 cells = " | ".join(f"{med[k]:.1f}" for k in stages)
                 lines.append(f"| {label} | {arm} ({which}) | {n} | {cells} | {med['ttft']:.1f} |")
-    parts = request_timeline.FRONT_PARTS
+    parts: tuple[str, ...] = request_timeline.FRONT_PARTS
     marked = [r for r in results if not r["void"] and all(k in r.get("timeline", {}).get("all", {}) for k in parts)]
+    way = request_timeline.TO_ENGINE_PARTS  # to_engine's own parts, where every marked run has them
+    parts += way if marked and all(k in r["timeline"]["all"] for r in marked for k in way) else ()
     if marked:
         lines += ["", "`front_in` in parts, where vLLM's renderer was marked (ms, as above):", ""]
         lines += ["| run | arm | " + " | ".join(parts) + " |", "|" + "---|" * (len(parts) + 2)]

@@ -30,7 +30,10 @@ stages that add up to it:
 Where the trace marks vLLM's renderer, ``front_in`` splits further (:data:`FRONT_PARTS`): the render until it
 asks for tokens, tokenizing (handed to the renderer's thread pool, and the turn back to the loop), the rest of
 the render, and from the render's end until the frontend hands the request to EngineCore (vLLM's handler, the
-streaming response, the engine's input processing).
+streaming response, the engine's input processing); where it also marks the response's start and vLLM's
+``AsyncLLM.add_request``, that last part splits again (:data:`TO_ENGINE_PARTS`): until the app sends the
+response's start, until the streamed body's first read asks the engine client to add the request, and until
+the request is sent.
 
 Requests are joined to the server's records by their prompts (every prompt of a run is unique; the
 client sends them in the order of its prompt file, ``--prompts``, and reports them in that order; the
@@ -68,6 +71,10 @@ STAGES = (
 # front_in's parts, where the trace marks vLLM's renderer (they add up to front_in): the render until it asks for
 # tokens, tokenizing (the renderer's thread pool and the turn back), the render's end, then until EngineCore has it
 FRONT_PARTS = ("render_pre", "tokenize", "render_post", "to_engine")
+# to_engine's parts, where the trace also marks the response's start and the engine client's add_request (they add
+# up to to_engine): the handler's return until the app sends the response's start (FastAPI, Starlette's streaming
+# response), until the streamed body's first read asks vLLM's engine client to add the request, then until it is sent
+TO_ENGINE_PARTS = ("to_response", "to_generate", "to_send")
 PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
@@ -121,6 +128,12 @@ def stages(
             "render_post": app["rendered"] - app["tok_out"],
             "to_engine": first["sent"] - app["rendered"],
         }
+        if app.get("started") is not None and app.get("gen") is not None:
+            s |= {
+                "to_response": app["started"] - app["rendered"],
+                "to_generate": app["gen"] - app["started"],
+                "to_send": first["sent"] - app["gen"],
+            }
     return {k: 1000 * v for k, v in s.items()}
 
 
@@ -165,7 +178,7 @@ def summarize(client: dict[str, Any], rows: list[dict[str, float]], gap_s: float
     firsts = [g[0] for g in bunches(client["start_times"], gap_s)]
     out: dict[str, Any] = {}
     for name, idx in (("first", firsts), ("all", list(range(len(rows))))):
-        keys = [*STAGES, *(k for k in FRONT_PARTS if all(k in rows[i] for i in idx))]
+        keys = [*STAGES, *(k for k in (*FRONT_PARTS, *TO_ENGINE_PARTS) if all(k in rows[i] for i in idx))]
         mean = {k: statistics.fmean(rows[i][k] for i in idx) for k in keys}
         ttft = statistics.fmean(1000 * client["ttfts"][i] for i in idx)
         out[name] = {**mean, "requests": len(idx), "ttft": ttft}
@@ -173,7 +186,7 @@ def summarize(client: dict[str, Any], rows: list[dict[str, float]], gap_s: float
 
 
 def markdown(rows: list[tuple[str, dict[str, Any]]], gap_ms: float = GAP_MS) -> str:
-    parts = [k for k in FRONT_PARTS if all(k in summary["all"] for _, summary in rows)]
+    parts = [k for k in (*FRONT_PARTS, *TO_ENGINE_PARTS) if all(k in summary["all"] for _, summary in rows)]
     head = ["file", "requests", *STAGES, "TTFT (mean)", *(f"front_in: {k}" for k in parts)]
     lines = [
         f"Mean ms per request; `first`: the bunches' first requests (starts within {gap_ms:g} ms form a bunch)",
