@@ -59,10 +59,25 @@ Cost
     alone on this host, so a long prompt kept on the pool is not free
     either.
 
+Measured
+    Against the shipped stack with the patch's limit at 0 (upstream's
+    render), beside the stock peer, ``handoff_split`` 2 pairs at 8 in
+    flight and chat 8 (2026-11-30 06:51, docs/results_log.md; below the
+    benchmark protocol, on a slow host): ``front_in`` of a bunch's first
+    request 14.7 against 28.5 ms (chat 25.2 against 34.5), the client's
+    mean TTFT 87.0 against 104.6 ms (chat 101.4 against 116.4), every run
+    with the patch below every run without; req/s and host CPU per
+    request unchanged. Part of the saving waits again on the loop between
+    the render's end and EngineCore (13.4 against 4.7 ms). Then against
+    the stock peer, ``vs_vllm`` 4 pairs at 8 in flight (2026-11-30 07:50):
+    TTFT p50 0.81x [0.78, 0.89], chat 0.81x [0.69, 0.88].
+
 Switches
     ``FUZZSERVE_PATCHES_OFF=inline_render`` restores upstream's hand-offs
     for every prompt; ``FUZZSERVE_INLINE_RENDER_MAX_CHARS=<n>`` sets the
-    limit (``0`` is the same as off).
+    limit (``0`` is the same as off), read when the patch is applied (the
+    process's start); a value that is not a number of characters stops it
+    there with an error naming the variable.
 """
 
 from __future__ import annotations
