@@ -83,12 +83,12 @@ Switches
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .registry import Patch, Target
+from .switches import env_number
 
 MAX_CHARS_ENV = "FUZZSERVE_INLINE_RENDER_MAX_CHARS"
 DEFAULT_MAX_CHARS = 2048
@@ -102,16 +102,9 @@ _PLAIN_KEYS = frozenset(
 def max_chars(env: Mapping[str, str] | None = None) -> int:
     """The limit from ``FUZZSERVE_INLINE_RENDER_MAX_CHARS`` (default 2048; 0: never inline); a clear error on a bad
     value."""
-    raw = (os.environ if env is None else env).get(MAX_CHARS_ENV, "").strip()
-    if not raw:
-        return DEFAULT_MAX_CHARS
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError(f"{MAX_CHARS_ENV}={raw!r}: expected a number of characters (0 or more)") from None
-    if value < 0:
-        raise ValueError(f"{MAX_CHARS_ENV}={raw!r}: expected a number of characters (0 or more)")
-    return value
+    return env_number(
+        MAX_CHARS_ENV, DEFAULT_MAX_CHARS, int, lambda v: v >= 0, "a number of characters (0 or more)", env
+    )
 
 
 def inline_size(prompts: Sequence[Any], limit: int) -> int | None:

@@ -70,6 +70,7 @@ import time
 from typing import Any
 
 from .registry import Patch, Target, on_cpu
+from .switches import env_number
 
 NAP_ENV = "FUZZSERVE_SHM_NAP_S"
 DEFAULT_NAP_S = 0.0002
@@ -77,16 +78,8 @@ DEFAULT_NAP_S = 0.0002
 
 def nap_seconds(env: dict[str, str] | None = None) -> float:
     """The nap from ``FUZZSERVE_SHM_NAP_S`` (default 200 us); a clear error on a bad value."""
-    raw = (os.environ if env is None else env).get(NAP_ENV, "").strip()
-    if not raw:
-        return DEFAULT_NAP_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{NAP_ENV}={raw!r}: expected seconds (a number from 0 to 0.01)") from None
-    if not 0 <= value <= 0.01:  # also refuses nan; longer naps would add that much to every engine step
-        raise ValueError(f"{NAP_ENV}={raw!r}: expected seconds (a number from 0 to 0.01)")
-    return value
+    # the bound also refuses nan; longer naps would add that much to every engine step
+    return env_number(NAP_ENV, DEFAULT_NAP_S, float, lambda v: 0 <= v <= 0.01, "seconds (a number from 0 to 0.01)", env)
 
 
 def _wrap_wait(original):

@@ -18,7 +18,10 @@ Importing this module imports nothing of vLLM.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
+
+_N = TypeVar("_N", int, float)
 
 OFF_ENV = "FUZZSERVE_PATCHES_OFF"
 ALLOW_UNVERIFIED_ENV = "FUZZSERVE_ALLOW_UNVERIFIED_VLLM"
@@ -56,3 +59,26 @@ def with_patch_off(name: str, value: str | None) -> str:
     if not is_off(name, value):
         names.append(name)
     return ",".join(names)
+
+
+def env_number(
+    name: str,
+    default: _N,
+    parse: Callable[[str], _N],
+    accept: Callable[[_N], bool],
+    expected: str,
+    env: Mapping[str, str] | None = None,
+) -> _N:
+    """A patch's numeric setting from ``name`` in ``env`` (default: this process's environment): ``default`` when
+    unset or blank, else ``parse`` of it where ``accept`` holds; a :class:`ValueError` naming the variable, its
+    value and what was ``expected`` otherwise."""
+    raw = (os.environ if env is None else env).get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = parse(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected {expected}") from None
+    if not accept(value):
+        raise ValueError(f"{name}={raw!r}: expected {expected}")
+    return value
