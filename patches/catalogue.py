@@ -13,4 +13,5 @@ PATCH_MODULES: dict[str, str] = {
     "shm_wait": "patches.shm_wait",
     "stats_thread": "patches.stats_thread",
     "inline_render": "patches.inline_render",
+    "early_submit": "patches.early_submit",
 }

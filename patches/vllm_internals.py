@@ -306,4 +306,26 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
             why="the chat template's render timeout, read as upstream's _render_with_timeout reads it (0: none)",
         ),
     ),
+    "early_submit": (
+        _r(
+            "vllm.v1.engine.async_llm:AsyncLLM.generate",
+            params=("prompt", "sampling_params", "request_id"),
+            why="a stream's first step is the engine client's generate, whose first step adds the request",
+        ),
+        _r(
+            "vllm.entrypoints.openai.completion.serving:OpenAIServingCompletion.completion_stream_generator",
+            params=("request", "engine_inputs", "result_generator"),
+            why="a streamed completion is returned as this async generator, not yet started",
+        ),
+        _r(
+            "vllm.entrypoints.openai.chat_completion.serving:OpenAIServingChat.chat_completion_stream_generator",
+            params=("request", "result_generator"),
+            why="a streamed chat completion is returned as this async generator, not yet started",
+        ),
+        _r(
+            "vllm.entrypoints.serve.utils.sse_keep_alive:with_sse_keep_alive",
+            params=("generator", "interval"),
+            why="the routes pass the stream on as it is (keep-alive off) or iterate and close it (anext, aclose)",
+        ),
+    ),
 }

@@ -121,6 +121,14 @@ AREAS = {
         ],
         ("inline_render",),
     ),
+    # early_submit: OpenAIServingCompletion.create_completion, OpenAIServingChat.create_chat_completion
+    "OpenAI serving": Area(
+        [
+            "tests/entrypoints/openai/completion/test_serving_completion.py",
+            "tests/entrypoints/openai/chat_completion/test_serving_chat.py",
+        ],
+        ("early_submit",),
+    ),
 }
 
 # Tests whose outcome the patches change on purpose: test id -> the patch behaviour that explains it.

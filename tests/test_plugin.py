@@ -123,7 +123,8 @@ def test_register_applies_once_and_switches_off():
     on = _run(PROBE, {switches.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
     applied = (
-        "['accounting', 'cpu_inproc', 'cpu_offload', 'fuzz', 'inline_render', 'kv_faults', 'shm_wait', 'stats_thread']"
+        "['accounting', 'cpu_inproc', 'cpu_offload', 'early_submit', 'fuzz', 'inline_render', 'kv_faults', 'shm_wait', "
+        "'stats_thread']"
     )
     assert f"applied {applied} True False True" in on.stdout
     assert len(_wraps(on.stdout)) == n_wraps and set(_wraps(on.stdout).values()) <= {"1", "not-here"}

@@ -220,6 +220,10 @@ def test_front_in_splits_into_the_renderers_marks_where_the_trace_has_them(tmp_p
     row = rt.join(CLIENT, PROMPTS, edges, firsts)[0]
     way = [row[k] for k in rt.TO_ENGINE_PARTS]
     assert way == pytest.approx([0.1, 0.1, 0.1]) and sum(way) == pytest.approx(row["to_engine"])
+    app |= {"started": STARTS[0] + 0.0059, "gen": STARTS[0] + 0.0058}  # early_submit: asked before the start
+    row = rt.join(CLIENT, PROMPTS, edges, firsts)[0]
+    way = [row[k] for k in rt.TO_ENGINE_PARTS]
+    assert way == pytest.approx([0.1, 0.0, 0.2]) and sum(way) == pytest.approx(row["to_engine"])
 
 
 def test_a_stage_is_marked_only_inside_a_request_and_only_at_its_first_call():

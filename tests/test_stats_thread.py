@@ -7,13 +7,7 @@ The recorder's logic is tested on plain callables; what the patch claims of vLLM
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
-import os
-import signal
-import subprocess
-import sys
 import threading
 import time
 
@@ -21,7 +15,7 @@ import pytest
 
 from patches.stats_thread import ENABLE_ENV, RECORDER_ATTR, StatsRecorder, opted_in, threaded_manager_cls
 from patches.switches import OFF_ENV
-from serve_app.engine.engine_env import ENGINE_ENV
+from testkit.child_probe import run_probe
 
 
 def test_calls_run_in_order_on_the_recorder_thread_and_close_finishes_them():
@@ -99,21 +93,7 @@ def _thread() -> str:
 
 
 def _probe(model, env: dict[str, str]) -> dict:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "testkit.async_engine_probe", str(model)],
-        env={**os.environ, **ENGINE_ENV, **env},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        out, err = proc.communicate(timeout=600)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # the engine's own processes, if any were left
-    assert proc.returncode == 0, err[-4000:]
-    return json.loads(out.strip().splitlines()[-1])
+    return run_probe("testkit.async_engine_probe", str(model), env=env)
 
 
 @pytest.mark.engine

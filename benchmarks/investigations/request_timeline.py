@@ -32,8 +32,9 @@ asks for tokens, tokenizing (handed to the renderer's thread pool, and the turn 
 the render, and from the render's end until the frontend hands the request to EngineCore (vLLM's handler, the
 streaming response, the engine's input processing); where it also marks the response's start and vLLM's
 ``AsyncLLM.add_request``, that last part splits again (:data:`TO_ENGINE_PARTS`): until the app sends the
-response's start, until the streamed body's first read asks the engine client to add the request, and until
-the request is sent.
+response's start (or, where the ``early_submit`` patch asks the engine first, until it asks), until the streamed
+body's first read asks the engine client to add the request (0 where it asked first), and until the request is
+sent.
 
 Requests are joined to the server's records by their prompts (every prompt of a run is unique; the
 client sends them in the order of its prompt file, ``--prompts``, and reports them in that order; the
@@ -129,9 +130,10 @@ def stages(
             "to_engine": first["sent"] - app["rendered"],
         }
         if app.get("started") is not None and app.get("gen") is not None:
+            asked = min(app["started"], app["gen"])  # the early_submit patch asks before the response starts
             s |= {
-                "to_response": app["started"] - app["rendered"],
-                "to_generate": app["gen"] - app["started"],
+                "to_response": asked - app["rendered"],
+                "to_generate": app["gen"] - asked,
                 "to_send": first["sent"] - app["gen"],
             }
     return {k: 1000 * v for k, v in s.items()}
