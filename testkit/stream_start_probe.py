@@ -44,6 +44,15 @@ def _scope(path: str, body: bytes) -> dict[str, Any]:
     }
 
 
+def _read_sse(body: str) -> dict[str, Any]:
+    """A streamed response's events: how many carried a choice, the text they carried (completions' ``text``,
+    chat's ``delta.content``), and whether it ended with ``[DONE]``."""
+    events = [e.removeprefix("data: ") for e in body.split("\n\n") if e.startswith("data: ")]
+    choices = [c for e in events if e != "[DONE]" for c in json.loads(e).get("choices", [])]
+    text = "".join(c.get("text") or (c.get("delta") or {}).get("content") or "" for c in choices)
+    return {"chunks": len(choices), "text": text, "done": bool(events) and events[-1] == "[DONE]"}
+
+
 async def probe(model: str) -> dict[str, Any]:
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
@@ -112,8 +121,7 @@ async def probe(model: str) -> dict[str, Any]:
                 "added": len(adds),
                 "aborted": sum(m[1] == "abort" for m in mine),
                 "started": bool(start_mark),
-                "chunks": sum(c.startswith("data: {") for c in "".join(chunks).split("\n\n")),
-                "text": "".join(chunks),
+                **_read_sse("".join(chunks)),
             }
 
         common = {"model": "fixture", "temperature": 0, "stream": True}
