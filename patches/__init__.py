@@ -19,7 +19,7 @@ every symbol (docs/patches.md).
 | shm_wait | patches.shm_wait | on CPU, EngineCore and worker sleep instead of spinning while waiting for each other |
 | stats_thread | patches.stats_thread | opt-in: the async engine's stat loggers record on their own thread |
 | inline_render | patches.inline_render | a short text prompt is tokenized on the event loop, not the renderer's pool |
-| early_submit | patches.early_submit | a streamed request reaches the engine when its handler returns, not when its response starts |
+| early_submit | patches.early_submit | a streamed request reaches the engine when its handler returns |
 """
 
 from __future__ import annotations

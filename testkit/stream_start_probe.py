@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import json
 import sys
+from collections.abc import MutableMapping
 from typing import Any
 
 MAX_TOKENS = 8
@@ -66,7 +67,8 @@ async def probe(model: str) -> dict[str, Any]:
     marks: list[tuple[int, str, str]] = []  # (sequence, what, request path or id)
     added = asyncio.Event()
 
-    async with build_async_engine_client(args) as engine:
+    async with build_async_engine_client(args) as client:
+        engine: Any = client  # vLLM's AsyncLLM: add_request, abort and the unfinished count are its own
         tasks = await engine.get_supported_tasks()
         app = build_app(args, tasks, engine.model_config)
         await init_app_state(engine, app.state, args, tasks)
@@ -104,7 +106,7 @@ async def probe(model: str) -> dict[str, Any]:
                     await asyncio.Event().wait()  # a client that stays: no disconnect until the app is done
                 return {"type": "http.disconnect"}
 
-            async def send(message: dict[str, Any]) -> None:
+            async def send(message: MutableMapping[str, Any]) -> None:
                 if message["type"] == "http.response.start":
                     start_mark.append(next(seq))
                     marks.append((start_mark[0], "start", path))

@@ -42,7 +42,8 @@ def _stream(log: list[str], items=("a", "b", "c"), wait: asyncio.Event | None = 
 
 def test_the_first_step_runs_before_anyone_iterates_and_upstreams_stream_does_not():
     async def main():
-        log, control = [], []
+        log: list[str] = []
+        control: list[str] = []
         stream = EarlyStream(_stream(log))
         plain = _stream(control)
         await asyncio.sleep(0)  # one turn of the loop
