@@ -1,4 +1,4 @@
-"""Patch ``early_submit``: a streamed request reaches the engine when its handler returns, not when its response starts.
+"""Patch ``early_submit`` (opt-in): a streamed request reaches the engine when its handler returns, not later.
 
 What it changes
     ``OpenAIServingCompletion.create_completion``
@@ -52,20 +52,45 @@ Cost
     upstream does (the cancellation reaches the task awaited).
 
 Measured
-    Not yet.
+    Against the shipped stack with the patch off, ``vs_vllm`` 2 pairs at
+    1 / 8 / 32 / 128 in flight and chat 8 / 32 beside plain vLLM and the
+    stock peer (2026-11-30 10:35, docs/results_log.md; below the
+    benchmark protocol, on a slow host): TTFT p50 lower with the patch in
+    8 of the 10 pairs at 8 in flight and above (8 in flight: 69 / 61
+    against 72 / 69 ms), the same at 1 in flight, where it has nothing to
+    save; req/s lower with it in 10 of 12, but its runs met a slower host in
+    both pairs (the client's own CPU per request 1.01-1.30x in 10 of 12,
+    1.02 / 1.09x at 1 in flight), so its cost in throughput is not resolved.
+    But TTFT p99 was higher with it in every row (211 against 125 ms at 8
+    in flight) and the end-to-end latency p50 from 8 in flight, and at 8
+    in flight its decode (TPOT 1.22-1.31x) and EngineCore's CPU per
+    request (1.23-1.25x) grew far more than at 1 (1.04-1.09x, 1.06-1.08x):
+    likely each request reaching EngineCore alone rather than with the
+    others of its bunch (their prefills no longer share a step; with the
+    fixture model a step's cost is mostly fixed). Hence opt-in.
 
 Switches
-    ``FUZZSERVE_PATCHES_OFF=early_submit`` keeps upstream's lazy stream.
+    Off by default: ``FUZZSERVE_EARLY_SUBMIT=1`` in the serving process's
+    environment (under Serve: before ``ray start``) turns it on;
+    ``FUZZSERVE_PATCHES_OFF=early_submit`` keeps it off either way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from .registry import Patch, Target
+
+ENABLE_ENV = "FUZZSERVE_EARLY_SUBMIT"
+
+
+def opted_in() -> bool:
+    """FUZZSERVE_EARLY_SUBMIT=1 in this process's environment (off by default)."""
+    return os.environ.get(ENABLE_ENV, "").strip() == "1"
 
 
 class EarlyStream(AsyncGenerator):
@@ -155,6 +180,7 @@ PATCH = Patch(
             "wrap",
             make=_wrap_create,
             params=("request", "raw_request"),
+            when=opted_in,
             why="a streamed completion's first step (the engine client's add_request) starts when the handler "
             "returns, not when Starlette iterates the response",
         ),
@@ -163,6 +189,7 @@ PATCH = Patch(
             "wrap",
             make=_wrap_create,
             params=("request", "raw_request"),
+            when=opted_in,
             why="a streamed chat completion's first step starts when the handler returns",
         ),
     ),

@@ -53,6 +53,7 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple
 
+from patches.early_submit import ENABLE_ENV as EARLY_SUBMIT_ENV
 from patches.stats_thread import ENABLE_ENV as STATS_THREAD_ENV
 from patches.switches import OFF_ENV
 from serve_app.engine.engine_env import HF_HUB_OFFLINE
@@ -215,6 +216,7 @@ def run_once(tree: Path, paths: list[str], off: str, junit: Path, timeout: float
         **os.environ,
         OFF_ENV: off,
         STATS_THREAD_ENV: "1",
+        EARLY_SUBMIT_ENV: "1",
         HF_HUB_OFFLINE: "1",
         "HF_HOME": str(HF_HOME),
         "PYTHONPATH": os.pathsep.join([str(PLUGIN_DIR), str(REPO), str(tree)]),

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from fixture_model import build
-from patches import inline_render, shm_wait, stats_thread, switches
+from patches import early_submit, inline_render, shm_wait, stats_thread, switches
 from serve_app.config import names
 from serve_app.engine import cluster_env, engine_env
 from serve_app.observability import contract as observability
@@ -39,6 +39,7 @@ CONTRACTS: dict[str, tuple[str, ...]] = {
     "patches/shm_wait.py": (shm_wait.NAP_ENV,),
     "patches/stats_thread.py": (stats_thread.ENABLE_ENV,),
     "patches/inline_render.py": (inline_render.MAX_CHARS_ENV,),
+    "patches/early_submit.py": (early_submit.ENABLE_ENV,),
     "serve_app/engine/cluster_env.py": (
         cluster_env.HAPROXY,
         cluster_env.FORWARD_BODY,

@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from patches.early_submit import EarlyStream, early
+from patches.early_submit import ENABLE_ENV, EarlyStream, early, opted_in
 from patches.switches import OFF_ENV
 from testkit.child_probe import run_probe
 from testkit.stream_start_probe import MAX_TOKENS
@@ -147,14 +147,24 @@ def test_only_a_streamed_requests_stream_is_started():
     asyncio.run(main())
 
 
+def test_the_patch_is_off_unless_opted_in(monkeypatch):
+    for value, on in (("1", True), (" 1 ", True), ("", False), ("0", False), ("yes", False)):
+        monkeypatch.setenv(ENABLE_ENV, value)
+        assert opted_in() is on
+    monkeypatch.delenv(ENABLE_ENV)
+    assert opted_in() is False
+
+
 @pytest.fixture(scope="module")
 def probes(fixture_model):
-    """vLLM's real app and engine, patched and with the patch off (one-process engines: the patch is the
-    frontend's)."""
+    """vLLM's real app and engine, opted in and by default, where the patch is off (one-process engines: the patch
+    is the frontend's)."""
     one_process = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     return {
         on: run_probe(
-            "testkit.stream_start_probe", str(fixture_model), env={**one_process, OFF_ENV: "" if on else "early_submit"}
+            "testkit.stream_start_probe",
+            str(fixture_model),
+            env={**one_process, OFF_ENV: "", ENABLE_ENV: "1" if on else ""},
         )
         for on in (True, False)
     }
@@ -162,8 +172,8 @@ def probes(fixture_model):
 
 @pytest.mark.engine
 def test_vllms_app_gives_the_engine_a_streamed_request_before_its_response_starts(probes):
-    """Patched, completions and chat reach the engine before the response starts; off (the control), after it,
-    as upstream; the streams are the same, token for token."""
+    """Opted in, completions and chat reach the engine before the response starts; by default (the control),
+    after it, as upstream; the streams are the same, token for token."""
     for kind in ("completion", "chat"):
         on, off = probes[True]["streams"][kind], probes[False]["streams"][kind]
         assert on["added"] == off["added"] == 1 and on["started"] and off["started"]
