@@ -153,7 +153,7 @@ class EarlyStream(AsyncGenerator):
 
 
 async def _first_step(stream: AsyncGenerator[Any, None]) -> Any:
-    # a coroutine of its own (not ``anext(stream)`` itself): create_task takes coroutines only
+    # a coroutine of its own, which is what create_task is documented to take (``anext(stream)`` is an awaitable)
     return await stream.__anext__()
 
 

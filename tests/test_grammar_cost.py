@@ -37,3 +37,6 @@ def test_a_compile_is_timed_and_one_past_its_limit_is_killed():
     # the spec (not while it was still starting up)
     slow = measure("32000", specs()["string pattern ([a-z]{0,50}){0,50}"], timeout_s=5)
     assert slow["started"] and slow["timed_out"] and "compile_s" not in slow, slow
+    # the limit counts from the child's start on the spec; one that has not started within startup_s is killed
+    stuck = measure("239", small, timeout_s=120, startup_s=0.01)
+    assert not stuck["started"] and stuck["timed_out"] and "compile_s" not in stuck, stuck
