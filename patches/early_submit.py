@@ -79,18 +79,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from .registry import Patch, Target
+from .switches import env_flag
 
 ENABLE_ENV = "FUZZSERVE_EARLY_SUBMIT"
 
 
 def opted_in() -> bool:
     """FUZZSERVE_EARLY_SUBMIT=1 in this process's environment (off by default)."""
-    return os.environ.get(ENABLE_ENV, "").strip() == "1"
+    return env_flag(ENABLE_ENV)
 
 
 class EarlyStream(AsyncGenerator):

@@ -73,7 +73,6 @@ Switches
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 from collections import Counter
@@ -81,6 +80,7 @@ from typing import Any
 
 from ._framework import logger
 from .registry import Patch, Target
+from .switches import env_flag
 
 log = logger()
 
@@ -181,7 +181,7 @@ def _wrap_shutdown(original):
 
 def opted_in() -> bool:
     """FUZZSERVE_STATS_THREAD=1 in this process's environment (off by default)."""
-    return os.environ.get(ENABLE_ENV, "").strip() == "1"
+    return env_flag(ENABLE_ENV)
 
 
 _ASYNC_LLM = "vllm.v1.engine.async_llm:AsyncLLM"

@@ -61,6 +61,12 @@ def with_patch_off(name: str, value: str | None) -> str:
     return ",".join(names)
 
 
+def env_flag(name: str, env: Mapping[str, str] | None = None) -> bool:
+    """An opt-in patch's switch: ``name`` set to ``1`` in ``env`` (default: this process's environment); anything
+    else, unset included, is off."""
+    return (os.environ if env is None else env).get(name, "").strip() == "1"
+
+
 def env_number(
     name: str,
     default: _N,

@@ -12,7 +12,8 @@ when the app sends its response's start. It sends:
   added, aborted, and nothing unfinished left in the engine) or, where the request is added only once the
   response starts, as soon as the response starts.
 
-Run as a child process so that the patches' switches (``FUZZSERVE_PATCHES_OFF``) apply to a fresh vLLM import.
+Run as a child process so that the patches' switches (``FUZZSERVE_EARLY_SUBMIT``, ``FUZZSERVE_PATCHES_OFF``)
+apply to a fresh vLLM import.
 """
 
 from __future__ import annotations
@@ -155,11 +156,7 @@ def main(argv: list[str] | None = None) -> None:
 
     use_engine_env()
     (model,) = sys.argv[1:] if argv is None else argv
-    sys.stdout.write(json.dumps(probe_sync(model)) + "\n")
-
-
-def probe_sync(model: str) -> dict[str, Any]:
-    return asyncio.run(probe(model))
+    sys.stdout.write(json.dumps(asyncio.run(probe(model))) + "\n")
 
 
 if __name__ == "__main__":
