@@ -50,7 +50,10 @@ of ours in the measurement path:
 
 Results: ``vs_vllm.json`` (every run, every figure, every counter, the
 protocol checks), ``vs_vllm.md`` (the tables) and ``vs_vllm.png`` in
-``--out``, with the command line. This is a benchmark, not a test: nothing
+``--out``, with the command line, rewritten after every phase. A stopped run
+is continued with the same command and ``--resume``
+(:mod:`benchmarks.harness.resume`: only the same measurement, on the same
+machine kind and code; its measured phases are kept). This is a benchmark, not a test: nothing
 here asserts a target (tests/test_vs_vllm.py checks the protocol).
 """
 
@@ -68,7 +71,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal, NotRequired, Protocol, TypedDict
 
-from benchmarks.harness import client_priority, pair_stats
+from benchmarks.harness import client_priority, pair_stats, resume
 from benchmarks.harness.arms import (
     ARMS,
     MODEL_NAME,
@@ -247,6 +250,10 @@ class Meta(TypedDict):
     protocol: list[str]
     replicas: dict[str, int]
     below_protocol: str | None
+    # the git tree of what the run measures (benchmarks.harness.resume.code_version; None: not vouched for), and
+    # when each sitting of a resumed run started (absent in runs recorded before either was kept)
+    code: NotRequired[str | None]
+    sittings: NotRequired[list[str]]
 
 
 # ----------------------------------------------------------------------------- prompts
@@ -705,6 +712,11 @@ def markdown(meta: Meta, runs: list[Run], ratios: dict[str, dict[str, Comparison
         "",
         f"Host: {meta['machine']}.",
         "",
+        *(
+            [f"Sittings (a stopped run resumed): {', '.join(meta['sittings'])}.", ""]
+            if len(meta.get("sittings", [])) > 1
+            else []
+        ),
         f"Workload: {json.dumps(meta['workload'])}.",
         "",
     ]
@@ -1070,6 +1082,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="the prompt book's seed (every prompt of the run from it)")
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml", help="the shipped config")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run recorded in --out (the same command otherwise): its phases with a valid run at "
+        "every label are kept, the others run; refused unless the workload, arms, pairs, seed, machine kind and "
+        "code under test are the same",
+    )
     args = ap.parse_args(argv)
     command_logging()
     stop_on_term()  # a stopped run (SIGTERM) unwinds like Ctrl-C: what it started is stopped
@@ -1109,6 +1128,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.vs_vllm " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": machine(),
+        "code": resume.code_version(),
         "workload": {
             **asdict(workload),
             "runs": workload.runs(),
@@ -1134,10 +1154,36 @@ def main(argv: list[str] | None = None) -> int:
     }
     meta["workload"]["requests"] = {str(k): v for k, v in workload.requests.items()}
     meta["workload"]["chat"] = {str(k): v for k, v in workload.chat.items()}
-    runs: list[Run] = []
+    meta["sittings"] = [meta["date"]]
+    labels = [label for label, _ in workload.runs()]
+    recorded: list[dict[str, Any]] = []  # a resumed run's runs, as recorded
+    done: set[tuple[int, str]] = set()
+    if args.resume:
+        try:
+            previous = resume.load(args.out)
+            resume.check_same(previous["meta"], dict(meta))
+        except resume.ResumeRefused as e:
+            ap.error(f"--resume: {e}")
+        recorded, done = previous["runs"], resume.done_phases(previous["runs"], labels)
+        kept: Meta = previous["meta"]
+        kept.setdefault("sittings", [kept["date"]]).append(meta["date"])
+        kept["protocol"] += [
+            (
+                f"resumed {meta['date']} by `{meta['command']}`: {len(done)} of {len(arms) * args.pairs} phases "
+                "kept from the earlier sitting(s)"
+            ),
+            *meta["protocol"],
+        ]
+        meta = kept
+        log.info("resuming %s: %d phase(s) kept", args.out / "vs_vllm.json", len(done))
+    runs: list[Run] = [Run(**r) for r in recorded]
     with HostCpuSampler() as sampler:
         for pair, stack in pair_stats.block_order(arms, args.pairs):
-            for attempt in range(1 + args.retries):
+            if (pair, stack) in done:
+                log.info("pair %d: %s kept from the earlier sitting", pair, stack)
+                continue
+            first = resume.next_attempt(recorded, pair, stack)
+            for attempt in range(first, first + 1 + args.retries):
                 log.info("pair %d: %s%s", pair, stack, f" (run again: {attempt})" if attempt else "")
                 with make_arm(stack, config, model, work / f"{slug(stack)}-{pair}-{attempt}") as arm:
                     meta["replicas"][f"{pair}-{stack}"] = arm.replicas
@@ -1160,14 +1206,14 @@ def main(argv: list[str] | None = None) -> int:
                     pair,
                     stack,
                     sum(bool(r.void) for r in phase),
-                    "; the phase runs again" if attempt < args.retries else "; no re-run left",
+                    "; the phase runs again" if attempt < first + args.retries else "; no re-run left",
                 )
     plot(runs, args.out / "vs_vllm.png")
     print(markdown(meta, runs, compare(runs)))
     void = [f"pair {r.pair} {r.stack} {r.label} (run {r.attempt + 1}): {r.void}" for r in runs if r.void]
     if void:
         log.warning("%d void run(s), their figures count nowhere:\n  %s", len(void), "\n  ".join(void))
-    missing = missing_runs(runs, arms, args.pairs, [label for label, _ in workload.runs()])
+    missing = missing_runs(runs, arms, args.pairs, labels)
     if missing:
         log.error("no valid run after %d re-run(s) for: %s", args.retries, ", ".join(missing))
         return 2
