@@ -53,7 +53,8 @@ protocol checks), ``vs_vllm.md`` (the tables) and ``vs_vllm.png`` in
 ``--out``, with the command line, rewritten after every phase. A stopped run
 is continued with the same command and ``--resume``
 (:mod:`benchmarks.harness.resume`: only the same measurement, on the same
-machine kind and code; its measured phases are kept). This is a benchmark, not a test: nothing
+machine kind and code; its whole pairs are kept, a pair measured in part
+runs again in full). This is a benchmark, not a test: nothing
 here asserts a target (tests/test_vs_vllm.py checks the protocol).
 """
 
@@ -1085,9 +1086,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--resume",
         action="store_true",
-        help="continue the run recorded in --out (the same command otherwise): its phases with a valid run at "
-        "every label are kept, the others run; refused unless the workload, arms, pairs, seed, machine kind and "
-        "code under test are the same",
+        help="continue the run recorded in --out (the same command otherwise): its pairs with a valid run of "
+        "every arm at every label are kept, the others run in full; refused unless the workload, arms, pairs, "
+        "seed, machine kind and code under test are the same",
     )
     args = ap.parse_args(argv)
     command_logging()
@@ -1164,7 +1165,7 @@ def main(argv: list[str] | None = None) -> int:
             resume.check_same(previous["meta"], dict(meta))
         except resume.ResumeRefused as e:
             ap.error(f"--resume: {e}")
-        recorded, done = previous["runs"], resume.done_phases(previous["runs"], labels)
+        recorded, done = previous["runs"], resume.done_phases(previous["runs"], labels, arms)
         kept: Meta = previous["meta"]
         kept.setdefault("sittings", [kept["date"]]).append(meta["date"])
         kept["protocol"] += [
@@ -1180,7 +1181,7 @@ def main(argv: list[str] | None = None) -> int:
     with HostCpuSampler() as sampler:
         for pair, stack in pair_stats.block_order(arms, args.pairs):
             if (pair, stack) in done:
-                log.info("pair %d: %s kept from the earlier sitting", pair, stack)
+                log.info("pair %d: %s kept from an earlier sitting", pair, stack)
                 continue
             first = resume.next_attempt(recorded, pair, stack)
             for attempt in range(first, first + 1 + args.retries):

@@ -3,8 +3,9 @@
 What must hold for a resumed run's figures to mean what a single sitting's do:
 only the same measurement (workload, arms, pairs, seed), machine kind and
 code under test may be continued; every phase with a valid run at each label
-is kept and no other; a phase left with a void run runs again under a new
-attempt number; the results say that, and when, the run was resumed.
+is kept only within a pair whose every arm has one, a pair measured in part
+runs again in full under new attempt numbers; the results say that, and
+when, the run was resumed.
 The driver's loop runs here with its engines replaced by a recorder (the
 engines are not what these tests are about: tests/test_vs_vllm.py and the
 benchmark's own runs measure them).
@@ -92,20 +93,26 @@ def _row(pair, stack, label, void=None, attempt=0):
     return {"pair": pair, "stack": stack, "label": label, "void": void, "attempt": attempt}
 
 
-def test_a_phase_is_done_only_with_a_valid_run_at_every_label():
+def test_a_pair_is_kept_only_with_a_valid_run_of_every_arm_at_every_label():
+    arms, labels = ["plain", "shipped"], ["c1", "c8"]
     runs = [
-        _row(0, "plain", "c1"),
-        _row(0, "plain", "c8"),
-        _row(0, "shipped", "c1"),
+        # pair 0: whole (shipped's void c8 was measured again, valid)
+        *[_row(0, a, lab) for a in arms for lab in labels if (a, lab) != ("shipped", "c8")],
         _row(0, "shipped", "c8", void="stalled"),
-        _row(1, "shipped", "c1", void="1 failed request(s)"),
-        _row(1, "shipped", "c1", attempt=1),
-        _row(1, "shipped", "c8", attempt=1),
+        _row(0, "shipped", "c8", attempt=1),
+        # pair 1: plain whole, shipped's c8 void with no valid run after it: the pair runs again
+        _row(1, "plain", "c1"),
+        _row(1, "plain", "c8"),
+        _row(1, "shipped", "c1"),
+        _row(1, "shipped", "c8", void="1 failed request(s)"),
+        # pair 2: one arm only (stopped half-way): runs again in full
+        _row(2, "plain", "c1"),
+        _row(2, "plain", "c8"),
     ]
-    assert resume.done_phases(runs, ["c1", "c8"]) == {(0, "plain"), (1, "shipped")}
-    assert resume.next_attempt(runs, 0, "shipped") == 1
-    assert resume.next_attempt(runs, 1, "shipped") == 2
-    assert resume.next_attempt(runs, 1, "plain") == 0
+    assert resume.done_phases(runs, labels, arms) == {(0, "plain"), (0, "shipped")}
+    assert resume.next_attempt(runs, 0, "shipped") == 2
+    assert resume.next_attempt(runs, 2, "plain") == 1
+    assert resume.next_attempt(runs, 2, "shipped") == 0
 
 
 class _Stopped(KeyboardInterrupt):
@@ -176,27 +183,27 @@ def driver(monkeypatch, tmp_path):
     return vs_vllm.main, calls, state, args, out
 
 
-def test_a_resumed_run_keeps_the_measured_phases_and_runs_only_the_rest(driver):
+def test_a_resumed_run_keeps_the_whole_pairs_and_runs_the_rest_in_full(driver):
     main, calls, state, args, out = driver
-    state["stop_after"] = 2  # stopped during the third phase: pair 0 done, pair 1 shipped never finished
-    state["void"] = {(0, "shipped", 0)}  # pair 0 shipped's first attempt is void, its re-run is valid
+    state["stop_after"] = 4  # stopped during the fifth phase: pair 0 whole, pair 1 with one arm measured
+    state["void"] = {(0, "shipped", 0)}  # pair 0 shipped's first attempt is void, its re-run (attempt 1) valid
     with pytest.raises(_Stopped):
         main(args)
-    assert calls == [(0, "plain", 0), (0, "shipped", 0)]
+    assert calls == [(0, "plain", 0), (0, "shipped", 0), (0, "shipped", 1), (1, "shipped", 0)]
     first = json.loads((out / "vs_vllm.json").read_text())
-    assert len(first["runs"]) == 4
+    assert len(first["runs"]) == 8
 
     calls.clear()
     state["stop_after"] = None
     assert main([*args, "--resume"]) == 0
-    # pair 0 plain kept; pair 0 shipped (void at c8) runs again as attempt 1; pair 1 (shipped, plain) in full
-    assert calls == [(0, "shipped", 1), (1, "shipped", 0), (1, "plain", 0)]
+    # pair 0 kept; pair 1 in full, its shipped phase measured again in this sitting (attempt 1)
+    assert calls == [(1, "shipped", 1), (1, "plain", 0)]
     data = json.loads((out / "vs_vllm.json").read_text())
-    assert len(data["runs"]) == 4 + 2 * 3  # the earlier sitting's runs, the void one included, and the new ones
-    assert [r["attempt"] for r in data["runs"] if (r["pair"], r["stack"]) == (0, "shipped")] == [0, 0, 1, 1]
+    assert len(data["runs"]) == 8 + 2 * 2  # the earlier sitting's runs, the void one included, and the new ones
+    assert [r["attempt"] for r in data["runs"] if (r["pair"], r["stack"]) == (1, "shipped")] == [0, 0, 1, 1]
     meta = data["meta"]
     assert meta["command"] == first["meta"]["command"] and len(meta["sittings"]) == 2
-    assert any(p.startswith("resumed ") and "1 of 4 phases kept" in p for p in meta["protocol"])
+    assert any(p.startswith("resumed ") and "2 of 4 phases kept" in p for p in meta["protocol"])
     assert "Sittings (a stopped run resumed)" in (out / "vs_vllm.md").read_text()
     assert data["ratios"]["c8"]["shipped/plain"]["figures"]["req_per_s"]["pairs"] == 2
 

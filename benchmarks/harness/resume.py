@@ -12,9 +12,10 @@ the same machine kind, with the same code under test. :func:`check_same`
 refuses anything else, naming what differs; what was resumed, when and where,
 is recorded in the results.
 
-A phase counts as done when every run label has a valid run (void runs count
-nowhere, as in a single sitting); a phase left with a void run, or never
-reached, runs in full, its attempts numbered after the ones already recorded.
+A pair is kept when every arm of it has a valid run at every run label (void
+runs count nowhere, as in a single sitting); a pair measured only in part, or
+never reached, runs in full, each phase's attempts numbered after the ones
+already recorded, so that each pair's arms are measured in one sitting.
 """
 
 from __future__ import annotations
@@ -96,13 +97,17 @@ def check_same(recorded: dict[str, Any], now: dict[str, Any]) -> None:
         )
 
 
-def done_phases(runs: Iterable[dict[str, Any]], labels: Sequence[str]) -> set[tuple[int, str]]:
-    """(pair, arm) of every phase with a valid (non-void) run at each of ``labels``."""
+def done_phases(runs: Iterable[dict[str, Any]], labels: Sequence[str], arms: Sequence[str]) -> set[tuple[int, str]]:
+    """(pair, arm) of every phase kept: those of each pair in which **every** arm has a valid (non-void) run at
+    each of ``labels``. A pair measured only in part runs again in full, so that no pair's ratio compares arms
+    measured in different sittings (the host's speed differs from one to the next: 0.5-1x on this machine kind)."""
     valid: dict[tuple[int, str], set[str]] = {}
     for r in runs:
         if r.get("void") is None:
             valid.setdefault((r["pair"], r["stack"]), set()).add(r["label"])
-    return {phase for phase, got in valid.items() if set(labels) <= got}
+    pairs = {pair for pair, _ in valid}
+    whole = {p for p in pairs if all(set(labels) <= valid.get((p, arm), set()) for arm in arms)}
+    return {(p, arm) for p in whole for arm in arms}
 
 
 def next_attempt(runs: Iterable[dict[str, Any]], pair: int, stack: str) -> int:
