@@ -74,3 +74,30 @@ def test_junit_names_map_back_to_node_ids(tmp_path):
     (tmp_path / "tests" / "v1" / "test_m.py").write_text("")
     assert up.node_id(tmp_path, "tests.v1.test_m::test_x[a-b]") == "tests/v1/test_m.py::test_x[a-b]"
     assert up.node_id(tmp_path, "tests.v1.test_m.TestC::test_y") == "tests/v1/test_m.py::TestC::test_y"
+
+
+def test_an_area_path_missing_from_the_sdist_fails_before_anything_runs(monkeypatch, tmp_path, capsys):
+    """A path the sdist lacks would collect nothing and leave its area looking clean (it did: 0 tests ran for
+    `OpenAI serving`, whose completion path was not in 0.32.0)."""
+    area = "OpenAI serving"
+    paths = up.AREAS[area].paths
+    ran: list[object] = []
+    monkeypatch.setattr(up, "ensure_tree", lambda: tmp_path)
+    monkeypatch.setattr(up, "ensure_stand_in_configs", lambda: None)
+    monkeypatch.setattr(up, "rerun_differences", lambda *a: None)
+
+    def run_once(*args: object) -> dict[str, tuple[str, str]]:
+        ran.append(args)
+        return {}
+
+    monkeypatch.setattr(up, "run_once", run_once)
+    for path in paths[1:]:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("")
+    out = ["--areas", area, "--out", str(tmp_path / "report.md")]
+    assert up.main(out) == 2
+    assert ran == [] and paths[0] in capsys.readouterr().err
+    (tmp_path / paths[0]).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / paths[0]).write_text("")
+    assert up.main(out) == 1  # every path there: the area runs (here: nothing collected, which fails too)
+    assert len(ran) == 2
