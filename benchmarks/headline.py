@@ -68,11 +68,13 @@ def table(results: dict[str, Any]) -> str:
 
 def summary(results: dict[str, Any]) -> str:
     """One line on the run: host, sittings, runs, void runs, failed requests and cache hits in counted runs."""
-    meta, runs = results["meta"], results["runs"]
-    void = sum(1 for r in runs if r.get("void"))
-    counted = {(r["pair"], r["stack"], r["label"]): r for r in runs if not r.get("void")}.values()
-    failed = sum(r["failed"] for r in counted)
-    hits = sum((r.get("counters") or {}).get("hit_tokens", 0.0) for r in counted)
+    from benchmarks.vs_vllm import Run, counted  # the benchmark's own rule for the runs that count
+
+    meta, runs = results["meta"], [Run(**r) for r in results["runs"]]
+    void = sum(1 for r in runs if r.void)
+    valid = counted(runs)
+    failed = sum(r.failed for r in valid)
+    hits = sum(r.counters.get("hit_tokens", 0.0) for r in valid)
     sittings = meta.get("sittings") or [meta["date"]]
     return (
         f"host {meta['machine']}; started {sittings[0]}"
