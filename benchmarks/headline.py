@@ -67,20 +67,21 @@ def table(results: dict[str, Any]) -> str:
 
 
 def summary(results: dict[str, Any]) -> str:
-    """One line on the run: host, sittings, runs, void runs, failed requests and cache hits in counted runs."""
+    """One line on the run: host, sittings, runs, void runs, failed requests in **all** runs (a run with one is
+    void, so over the counted runs the figure would be 0 by construction) and cache hits in the counted runs."""
     from benchmarks.vs_vllm import Run, counted  # the benchmark's own rule for the runs that count
 
     meta, runs = results["meta"], [Run(**r) for r in results["runs"]]
     void = sum(1 for r in runs if r.void)
     valid = counted(runs)
-    failed = sum(r.failed for r in valid)
+    failed = sum(r.failed for r in runs)
     hits = sum(r.counters.get("hit_tokens", 0.0) for r in valid)
     sittings = meta.get("sittings") or [meta["date"]]
     return (
         f"host {meta['machine']}; started {sittings[0]}"
         + (f" in {len(sittings)} sittings" if len(sittings) > 1 else "")
-        + f"; {meta['workload']['pairs']} pairs; {void} void runs of {len(runs)}, {failed} failed requests and "
-        f"{hits:.0f} cache-hit tokens in the counted runs"
+        + f"; {meta['workload']['pairs']} pairs; {void} void runs of {len(runs)}, {failed} failed requests in all "
+        f"runs, {hits:.0f} cache-hit tokens in the counted runs"
         + (f"; **below protocol**: {meta['below_protocol']}" if meta.get("below_protocol") else "")
     )
 

@@ -53,7 +53,13 @@ def test_the_generator_gives_the_table_written_by_hand_and_shows_a_changed_verdi
     for row in HAND_WRITTEN_4ARMS.splitlines():
         assert row in lines
     assert summary(results).startswith("host AMD EPYC, x86_64, 2 CPUs, 24 GiB, Python 3.11.7; started 2026-11-29")
-    assert "0 void runs of 144, 0 failed requests and 0 cache-hit tokens" in summary(results)
+    assert "0 void runs of 144, 0 failed requests in all runs, 0 cache-hit tokens" in summary(results)
+    # a void run's failed requests are counted though the run is not (the counted runs never have any)
+    retried = copy.deepcopy(results)
+    failing = copy.deepcopy(retried["runs"][0])
+    failing.update(failed=3, void="3 failed request(s)", attempt=failing.get("attempt", 0) + 1)
+    retried["runs"].insert(0, failing)
+    assert "1 void runs of 145, 3 failed requests in all runs" in summary(retried)
 
     changed = copy.deepcopy(results)
     for g in changed["goals"]:
