@@ -12,6 +12,7 @@ every symbol (docs/patches.md).
 | name   | module          | concern                                            |
 |--------|-----------------|----------------------------------------------------|
 | fuzz   | patches.fuzz    | per-request ``fuzz_strength`` on input embeddings  |
+| fuzz_layer | patches.fuzz_layer | the same at any depth: the residual stream leaving decoder layer k |
 | cpu_offload | patches.cpu_offload | vLLM's native KV offloading on the CPU platform |
 | kv_faults | patches.kv_faults | seeded KV load failures, delays, lying connector (off unless configured) |
 | accounting | patches.accounting | prompt-token accounting that never goes negative |

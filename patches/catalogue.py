@@ -6,6 +6,7 @@ from __future__ import annotations
 
 PATCH_MODULES: dict[str, str] = {
     "fuzz": "patches.fuzz",
+    "fuzz_layer": "patches.fuzz_layer",
     "cpu_offload": "patches.cpu_offload",
     "kv_faults": "patches.kv_faults",
     "accounting": "patches.accounting",

@@ -86,7 +86,17 @@ import torch
 
 from . import fuzz_math
 from ._framework import logger
-from .fuzz_params import NEUTRAL, FuzzParamError, FuzzSpec, parse_fuzz_args, parse_or_neutral
+from .fuzz_params import (
+    NEUTRAL,
+    NO_LAYER_REPORT,
+    SCOPES,
+    FuzzParamError,
+    FuzzSpec,
+    LayerReport,
+    parse_fuzz_args,
+    parse_or_neutral,
+    resolve_layer,
+)
 from .registry import Patch, Target
 
 log = logger()
@@ -134,6 +144,12 @@ def _wrap_validate_params(original):
                 reason = _fuzz_unsupported_reason(self)
                 if reason:
                     raise _validation_error(FuzzParamError("fuzz_strength", reason, spec.strength))
+            if spec.layer != 0:
+                # patches.fuzz_layer's frontend hook fetched what the workers found of the model's layers
+                report = getattr(self, "_fuzzserve_layers", None) or LayerReport(0, NO_LAYER_REPORT)
+                err = report.refusal(spec)
+                if err is not None:
+                    raise _validation_error(err)
         return original(self, params, supported_tasks, *args, **kwargs)
 
     return _validate_params
@@ -144,7 +160,7 @@ def _wrap_validate_params(original):
 # --------------------------------------------------------------------------
 
 
-def salted(cache_salt: str | None, spec: FuzzSpec) -> str | None:
+def salted(cache_salt: str | None, spec: FuzzSpec, prompt_len: int | None = None) -> str | None:
     """The salt the engine keys KV on: the client's salt in its own namespace, then the fuzz salt.
 
     A client salt becomes ``client:<length>:<salt>`` and a fuzz salt
@@ -152,11 +168,19 @@ def salted(cache_salt: str | None, spec: FuzzSpec) -> str | None:
     unambiguous, so no client salt, whatever it contains, yields the salt
     of another client salt or of any fuzz setting. Neutral requests without
     a salt keep none (KV shared among them, as stock vLLM shares it).
+
+    Settings whose perturbation of a token depends on where the prompt ends
+    (a ``fuzz_tokens`` scope or a ramp: :attr:`FuzzSpec.depends_on_prompt_length`)
+    add the prompt length (``:prompt=<n>``): a request that continues another
+    one's output reads the same token ids at the same positions, but what was a
+    generated token there is a prompt token here, perturbed otherwise.
     """
     client = f"client:{len(cache_salt)}:{cache_salt}" if cache_salt else None
     fuzz_salt = spec.cache_salt()
     if fuzz_salt is None:
         return client
+    if spec.depends_on_prompt_length:
+        fuzz_salt += f":prompt={prompt_len if prompt_len is not None else 'unknown'}"
     return fuzz_salt if client is None else f"{client}|{fuzz_salt}"
 
 
@@ -177,7 +201,10 @@ def _wrap_request_init(original):
                 )
         # every request: a client's salt is namespaced even when the request is neutral
         if not spec.is_neutral or bound.arguments.get("cache_salt"):
-            bound.arguments["cache_salt"] = salted(bound.arguments.get("cache_salt"), spec)
+            prompt = bound.arguments.get("prompt_token_ids")
+            bound.arguments["cache_salt"] = salted(
+                bound.arguments.get("cache_salt"), spec, len(prompt) if prompt is not None else None
+            )
         return original(*bound.args, **bound.kwargs)
 
     return __init__
@@ -301,18 +328,68 @@ def find_input_embedding(model: torch.nn.Module, device: torch.device) -> tuple[
     return candidates[id(unique[0])], unique[0]
 
 
-class _BatchRows:
-    """Per-request fuzz values of one batch composition (request ids in row order)."""
+def num_decoder_layers(runner: Any) -> int:
+    """The served model's decoder-layer count as its config states it (all pipeline stages; 0 where the runner has
+    no model config, as in the fill's unit tests): what ``fuzz_layer`` is resolved against."""
+    config = getattr(runner, "model_config", None)
+    return int(config.get_total_num_hidden_layers()) if config is not None else 0
 
-    def __init__(self, req_ids: list[str], specs: list[FuzzSpec]):
+
+class _BatchRows:
+    """Per-request fuzz values of one batch composition (request ids in row order).
+
+    ``point``: where each request's perturbation applies (0: the input
+    embedding; k: the residual stream leaving decoder layer k; -1: nowhere,
+    a layer out of the model's range that slipped past the frontend).
+    Requests with a scope or a ramp (``varies``) get per-token strengths
+    from their prompt length and each token's position
+    (:meth:`token_values`); the others one value per request.
+    """
+
+    def __init__(self, req_ids: list[str], specs: list[FuzzSpec], prompt_lens: list[int], num_layers: int):
         self.req_ids = req_ids
-        self.mult = np.array([s.scale_multiplier for s in specs], dtype=np.float32)
-        self.std = np.array([s.noise_std for s in specs], dtype=np.float32)
-        self.base = np.array([fuzz_math.seed_base(s.seed) if s.noise_std else 0 for s in specs], dtype=np.uint32)
-        self.noisy = self.std != 0
-        self.fuzzed = np.array([not s.is_neutral for s in specs], dtype=bool)
+        points = [0 if s.is_neutral else resolve_layer(s.layer, num_layers) for s in specs]
+        self.unplaced = [rid for rid, p in zip(req_ids, points, strict=True) if p is None]
+        self.point = np.array([-1 if p is None else p for p in points], dtype=np.int64)
+        self.fuzzed = np.array([not s.is_neutral for s in specs], dtype=bool) & (self.point >= 0)
+        self.gauss = np.array([s.mode == "gaussian" for s in specs], dtype=bool)
+        self.s0 = np.array([s.strength for s in specs], dtype=np.float64)
+        self.s1 = np.array([s.strength if s.strength_end is None else s.strength_end for s in specs], dtype=np.float64)
+        self.ramp = np.array([s.ramp_tokens for s in specs], dtype=np.float64)
+        self.scope = np.array([SCOPES.index(s.tokens) for s in specs], dtype=np.int8)
+        self.prompt_len = np.array(prompt_lens, dtype=np.int64)
+        varies = self.fuzzed & ((self.scope != 0) | np.array([s.has_ramp for s in specs], dtype=bool))
+        self.any_varies = bool(varies.any())
+        # one value per request, for batches where no request varies per token
+        self.mult = np.where(self.fuzzed & ~self.gauss, 1.0 - np.minimum(self.s0, 1.0), 1.0).astype(np.float32)
+        self.std = np.where(self.fuzzed & self.gauss, self.s0, 0.0).astype(np.float32)
+        self.base = np.array(
+            [
+                fuzz_math.seed_base(s.seed) if f and g else 0
+                for s, f, g in zip(specs, self.fuzzed, self.gauss, strict=True)
+            ],
+            dtype=np.uint32,
+        )
         self.any_fuzzed = bool(self.fuzzed.any())
-        self.any_noise = bool(self.noisy.any())
+        self.any_noise = bool((self.fuzzed & self.gauss).any())
+        self.any_layers = bool((self.fuzzed & (self.point > 0)).any())
+
+    def token_values(self, req_idx: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per token of the step: the multiplier and the noise std (float32), from the definition of
+        :meth:`patches.fuzz_params.FuzzSpec.strength_at`, vectorised."""
+        if not self.any_varies:
+            return self.mult[req_idx], self.std[req_idx]
+        g = positions - self.prompt_len[req_idx]
+        s0, s1, ramp = self.s0[req_idx], self.s1[req_idx], self.ramp[req_idx]
+        frac = np.where(ramp > 0, np.minimum(np.maximum(g, 0) / np.maximum(ramp, 1.0), 1.0), 1.0)
+        s = np.where(g < 0, s0, s0 + (s1 - s0) * frac)
+        scope = self.scope[req_idx]
+        out_of_scope = ((scope == 1) & (g >= 0)) | ((scope == 2) & (g < 0)) | ~self.fuzzed[req_idx]
+        s = np.where(out_of_scope, 0.0, s)
+        gauss = self.gauss[req_idx]
+        mult = np.where(gauss, 1.0, 1.0 - np.minimum(s, 1.0)).astype(np.float32)
+        std = np.where(gauss, s, 0.0).astype(np.float32)
+        return mult, std
 
 
 class _RunnerFuzzState:
@@ -330,19 +407,23 @@ class _RunnerFuzzState:
         self.mult.cpu.fill_(1.0)
         self.mult.gpu.fill_(1.0)
         self.module_name = module_name
+        self.num_layers = num_decoder_layers(runner)
         self.dirty_upto = 0  # tokens [0, dirty_upto) may hold non-neutral values
-        self.specs: dict[str, FuzzSpec] = {}
+        self.specs: dict[str, tuple[FuzzSpec, int]] = {}  # request id -> (settings, prompt length)
         self.rows: _BatchRows | None = None
         self.arange = np.arange(max(n, runner.max_num_reqs), dtype=np.int64)
         self.no_rows = torch.zeros(0, dtype=torch.int64, device=runner.device)  # scale-only steps: no noise
         self.warned: set[str] = set()
         self.self_tested = False  # set by _self_test once the model was seen to read the perturbed embeddings
-        self.stats = {"steps": 0, "steps_fuzzed": 0, "tokens": 0, "tokens_fuzzed": 0}
-        codes = fuzz_math.dim_codes(hidden_size).to(runner.device)
+        self.stats = {"steps": 0, "steps_fuzzed": 0, "tokens": 0, "tokens_fuzzed": 0, "tokens_fuzzed_at_layers": 0}
+        self.codes = fuzz_math.dim_codes(hidden_size).to(runner.device)
+        # Where the decoder layers' perturbation reads its values (patches.fuzz_layer sets it on load; None: no
+        # layer hooks in this worker, and a request aimed at a layer is served unperturbed, with a warning).
+        self.layers: Any = None
         module.register_buffer("fuzz_mult", self.mult.gpu, persistent=False)
         module.register_buffer("fuzz_std", self.std.gpu, persistent=False)
         module.register_buffer("fuzz_key", self.key.gpu, persistent=False)
-        module.register_buffer("fuzz_codes", codes, persistent=False)
+        module.register_buffer("fuzz_codes", self.codes, persistent=False)
         # What the eager fast paths read: is any token of this step perturbed,
         # and which tokens get noise (a device tensor of row indices, or None).
         # Plain attributes: torch types Module.__setattr__ for tensors and modules only, but sets any value.
@@ -351,9 +432,10 @@ class _RunnerFuzzState:
         self.module = module
         PATCH.target(EMBEDDING_FORWARD).apply_to(module)
 
-    def spec_of(self, runner: Any, req_id: str) -> FuzzSpec:
-        spec = self.specs.get(req_id)
-        if spec is None:
+    def spec_of(self, runner: Any, req_id: str) -> tuple[FuzzSpec, int]:
+        """A request's settings and prompt length, parsed once per request."""
+        cached = self.specs.get(req_id)
+        if cached is None:
             state = runner.requests.get(req_id)
             params = getattr(state, "sampling_params", None)
             spec, err = parse_or_neutral(getattr(params, "extra_args", None))
@@ -364,8 +446,8 @@ class _RunnerFuzzState:
                 )
             if len(self.specs) > 4 * runner.max_num_reqs + 64:
                 self.specs = {r: s for r, s in self.specs.items() if r in runner.requests}
-            self.specs[req_id] = spec
-        return spec
+            cached = self.specs[req_id] = (spec, int(getattr(state, "num_prompt_tokens", 0) or 0))
+        return cached
 
     def batch_rows(self, runner: Any, req_ids: list[str]) -> _BatchRows:
         """The per-request values of the batch ``req_ids`` (recomputed only when the batch changed).
@@ -376,8 +458,26 @@ class _RunnerFuzzState:
         """
         rows = self.rows
         if rows is None or rows.req_ids != req_ids:
-            rows = self.rows = _BatchRows(req_ids, [self.spec_of(runner, rid) for rid in req_ids])
+            specs = [self.spec_of(runner, rid) for rid in req_ids]
+            rows = self.rows = _BatchRows(req_ids, [s for s, _ in specs], [p for _, p in specs], self.num_layers)
+            self._warn_unserved(rows)
         return rows
+
+    def _warn_unserved(self, rows: _BatchRows) -> None:
+        """Requests this worker cannot perturb where they ask (the frontend refuses them; one got here anyway)."""
+        unserved = list(rows.unplaced)
+        if rows.any_layers and (self.layers is None or not self.layers.reachable):
+            unserved += [rid for rid, f, p in zip(rows.req_ids, rows.fuzzed, rows.point, strict=True) if f and p > 0]
+        for rid in unserved:
+            if rid not in self.warned:
+                self.warned.add(rid)
+                log.warning(
+                    "fuzz: request %s asks for a fuzz_layer this worker cannot perturb (the model has %d decoder "
+                    "layers; layer hooks %s); served unperturbed there",
+                    rid,
+                    self.num_layers,
+                    "reachable" if self.layers is not None and self.layers.reachable else "not reachable",
+                )
 
     def fill(self, runner: Any, num_scheduled_tokens: np.ndarray) -> None:
         """Write this step's per-token values into the buffers, in place."""
@@ -389,33 +489,52 @@ class _RunnerFuzzState:
         self.stats["steps"] += 1
         self.stats["tokens"] += total
         module = vars(self.module)  # plain attributes: skip nn.Module.__setattr__ every step
-        module["fuzz_active"] = rows.any_fuzzed
         module["fuzz_noise_rows"] = None
         if not rows.any_fuzzed:
-            if self.dirty_upto:
-                self._neutralize(0, self.dirty_upto)
-                self._publish(self.dirty_upto)
-                self.dirty_upto = 0
+            module["fuzz_active"] = False
+            self._clear()
+            if self.layers is not None:
+                self.layers.clear()
             return
 
         req_idx = np.repeat(self.arange[:num_reqs], counts)
         starts = np.cumsum(counts) - counts
         positions = batch.num_computed_tokens_cpu[req_idx] + (self.arange[:total] - starts[req_idx])
-        np.take(rows.mult, req_idx, out=self.mult.np[:total])
-        np.take(rows.std, req_idx, out=self.std.np[:total])
+        mult, std = rows.token_values(req_idx, positions)
+        perturbed = (mult != 1.0) | (std != 0.0)
+        if rows.any_layers:
+            point = rows.point[req_idx]
+            at_layer = point > 0
+            if self.layers is not None:
+                self.layers.fill(total, np.where(at_layer & perturbed, point, 0), mult, std)
+            mult = np.where(at_layer, np.float32(1.0), mult)
+            std = np.where(at_layer, np.float32(0.0), std)
+            self.stats["tokens_fuzzed_at_layers"] += int((at_layer & perturbed).sum())
+        elif self.layers is not None:
+            self.layers.clear()
+        self.stats["tokens_fuzzed"] += int(perturbed.sum())
+        self.stats["steps_fuzzed"] += 1
+        # The embedding's buffers hold neutral values for tokens perturbed at a layer; the keys serve both.
+        module["fuzz_active"] = bool((mult != 1.0).any() or (std != 0.0).any())
+        self.mult.np[:total] = mult
+        self.std.np[:total] = std
         self.key.np[:total] = fuzz_math.token_keys(rows.base[req_idx], positions)
-        if rows.any_noise:
-            noise_rows = np.flatnonzero(rows.noisy[req_idx])
-            if len(noise_rows) < total:  # else the full arithmetic is as cheap
-                module["fuzz_noise_rows"] = torch.from_numpy(noise_rows).to(self.mult.gpu.device, non_blocking=True)
-        else:
+        noise_rows = np.flatnonzero(std)
+        if not len(noise_rows):
             module["fuzz_noise_rows"] = self.no_rows
+        elif len(noise_rows) < total:  # else the full arithmetic is as cheap
+            module["fuzz_noise_rows"] = torch.from_numpy(noise_rows).to(self.mult.gpu.device, non_blocking=True)
         if self.dirty_upto > total:
             self._neutralize(total, self.dirty_upto)
         self._publish(max(total, self.dirty_upto))
         self.dirty_upto = total
-        self.stats["steps_fuzzed"] += 1
-        self.stats["tokens_fuzzed"] += int(counts[rows.fuzzed].sum())
+
+    def _clear(self) -> None:
+        """The embedding's buffers neutral again where an earlier step dirtied them."""
+        if self.dirty_upto:
+            self._neutralize(0, self.dirty_upto)
+            self._publish(self.dirty_upto)
+            self.dirty_upto = 0
 
     def force_scale(self, n: int, mult: float) -> None:
         """Every one of the first ``n`` token rows scaled by ``mult``, for the start-up self-test (no request)."""
@@ -644,7 +763,7 @@ PATCH = Patch(
             "vllm.v1.request:Request.__init__",
             "wrap",
             make=_wrap_request_init,
-            keywords=("request_id", "sampling_params", "cache_salt"),
+            keywords=("request_id", "prompt_token_ids", "sampling_params", "cache_salt"),
             why="EngineCore: the fuzz settings salt the request's KV cache keys (no KV shared across perturbations)",
         ),
         Target(

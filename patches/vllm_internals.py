@@ -67,8 +67,9 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
         ),
         _r(
             "vllm.v1.worker.gpu_input_batch:CachedRequestState",
-            attrs=("sampling_params",),
-            why="a request's fuzz settings in the worker (`runner.requests[id].sampling_params`)",
+            attrs=("sampling_params", "num_prompt_tokens"),
+            why="a request's fuzz settings in the worker (`runner.requests[id].sampling_params`), and where its "
+            "prompt ends (`fuzz_tokens` scopes and ramps count generated tokens from there)",
         ),
         _r(
             "vllm.v1.utils:CpuGpuBuffer",
@@ -104,6 +105,48 @@ RELIES_ON: dict[str, tuple[Target, ...]] = {
             keywords=("force_attention", "randomize_inputs"),
             why="the start-up self-test runs the model as vLLM's warm-up does (attention metadata built, so the output "
             "is deterministic; random token ids from a fixed seed, since token 0 may embed to zeros)",
+        ),
+    ),
+    "fuzz_layer": (
+        _r(
+            "vllm.config.model:ModelConfig.get_total_num_hidden_layers",
+            why="the model's decoder-layer count: the length of the layer list looked for, and what fuzz_layer is "
+            "resolved against",
+        ),
+        _r(
+            "vllm.v1.engine.async_llm:AsyncLLM.collective_rpc",
+            params=("method",),
+            why="the frontend asks the workers once for what they found of the layers",
+        ),
+        _r(
+            "vllm.v1.engine.llm_engine:LLMEngine.collective_rpc",
+            params=("method",),
+            why="the same for the offline engine",
+        ),
+        _r(
+            "vllm.v1.serial_utils:run_method",
+            params=("obj", "method"),
+            why="collective_rpc looks a method given by name up on the worker (its wrapper forwards attributes), "
+            "where the report is an attribute set on the worker object",
+        ),
+        _r(
+            "vllm.model_executor.models.utils:PPMissingLayer",
+            why="the placeholder of a layer on another pipeline stage: skipped when the layers are hooked",
+        ),
+        _r(
+            "vllm.distributed.parallel_state:get_pp_group",
+            attrs=("world_size",),
+            why="fuzz_layer is refused under pipeline parallelism (the step fill runs on the first stage)",
+        ),
+        _r(
+            "vllm.distributed.parallel_state:model_parallel_is_initialized",
+            why="a process without parallel groups runs no pipeline parallelism",
+        ),
+        _r(
+            "vllm.v1.worker.gpu_model_runner:GPUModelRunner._dummy_run",
+            params=("num_tokens",),
+            keywords=("force_attention", "randomize_inputs"),
+            why="the layers' self-test runs the model as the fuzz patch's does",
         ),
     ),
     "cpu_offload": (

@@ -100,18 +100,19 @@ for name, patch in all_patches().items():  # every wrap of the registry (docs/pa
         if t.kind != "wrap":
             continue
         if t.when is not None and not t.when():
-            print("WRAP", t.symbol, "not-here")
+            print("WRAP", f"{name}:{t.symbol}", "not-here")
             continue
         obj, times = getattr(t.owner(), t.attr), 0
         while obj is not None:  # every change stacked on the symbol, down to upstream's function
             obj = getattr(obj, "__func__", obj)
             times += getattr(obj, "__fuzzserve_key__", None) == fw.change_key(t.make)
             obj = getattr(obj, "__wrapped_original__", None)
-        print("WRAP", t.symbol, times)
+        print("WRAP", f"{name}:{t.symbol}", times)
 """
 
 
 def _wraps(out: str) -> dict[str, str]:
+    """``patch:symbol`` -> how often that patch's wrap is in place (two patches may wrap one symbol)."""
     return {line.split()[1]: line.split()[2] for line in out.splitlines() if line.startswith("WRAP")}
 
 
@@ -123,8 +124,8 @@ def test_register_applies_once_and_switches_off():
     on = _run(PROBE, {switches.OFF_ENV: ""})
     assert on.returncode == 0, on.stderr
     applied = (
-        "['accounting', 'cpu_inproc', 'cpu_offload', 'early_submit', 'fuzz', 'inline_render', 'kv_faults', 'shm_wait', "
-        "'stats_thread']"
+        "['accounting', 'cpu_inproc', 'cpu_offload', 'early_submit', 'fuzz', 'fuzz_layer', 'inline_render', "
+        "'kv_faults', 'shm_wait', 'stats_thread']"
     )
     assert f"applied {applied} True False True" in on.stdout
     assert len(_wraps(on.stdout)) == n_wraps and set(_wraps(on.stdout).values()) <= {"1", "not-here"}
