@@ -1,15 +1,19 @@
-"""Patch ``fuzz``: per-request perturbation of input embeddings (``fuzz_strength``).
+"""Patch ``fuzz``: per-request perturbation of input embeddings (``fuzz_strength``), on chosen tokens, on a schedule.
 
 What it changes
     * Frontend (``InputProcessor._validate_params``): validates the fuzz keys of
       ``SamplingParams.extra_args`` (the OpenAI API's ``vllm_xargs``) before a
       request reaches the engine. A bad value raises ``VLLMValidationError``
       naming ``vllm_xargs.<field>``: HTTP 400 from the OpenAI server, an
-      exception from ``LLM.generate``.
+      exception from ``LLM.generate``. A ``fuzz_layer`` other than 0 is
+      checked against what the workers found of the model's decoder layers
+      (the ``fuzz_layer`` patch fetches that report; without it, refused).
     * EngineCore (``Request.__init__``): folds a salt derived from the fuzz
       settings into the request's ``cache_salt``, so KV computed under one
       perturbation is never reused by a request with another (prefix cache and
-      KV offload tier both key blocks on token ids + salt). A client's own
+      KV offload tier both key blocks on token ids + salt). Settings whose
+      perturbation depends on where the prompt ends (a ``fuzz_tokens`` scope,
+      a ramp) add the prompt length to that salt. A client's own
       ``cache_salt`` goes into a namespace of its own (``client:<length>:<salt>``)
       on every request, so no client salt can equal a fuzz salt: without it, a
       neutral request sent with ``cache_salt: "fuzz:scale:0.5"`` planted
@@ -32,8 +36,11 @@ What it changes
       requests unfuzzed.
     * Worker (``GPUModelRunner._prepare_inputs``): refills those buffers in
       place each step, one value per scheduled token (prompt and generated
-      tokens alike) from the token's request, and notes for the eager fast
-      paths whether any token is perturbed and which need noise.
+      tokens alike) from the token's request: its strength at that position
+      (``FuzzSpec.strength_at``: the scope, the ramp), and notes for the eager
+      fast paths whether any token is perturbed and which need noise. Tokens
+      aimed at a decoder layer (``fuzz_layer``) get neutral values here and
+      theirs in the ``fuzz_layer`` patch's buffers.
     * Worker (``vllm.compilation.caching.aot_compile_hash_factors``): adds a
       fingerprint of this patch's code to the key of vLLM's AOT compile cache.
     * Every process: ``VLLM_USE_V2_MODEL_RUNNER`` defaults to ``0`` (the hooks
@@ -690,12 +697,14 @@ def worker_stats(worker: Any) -> dict[str, Any]:
     """
     runner = getattr(worker, "model_runner", worker)
     state = getattr(runner, "_fuzzserve_fuzz", None)
+    layers = getattr(state, "layers", None)
     return {
         "pid": os.getpid(),
         "installed": state is not None,
         "module": getattr(state, "module_name", None),
         "self_tested": getattr(state, "self_tested", False),
         "buffer_ptr": state.mult.gpu.data_ptr() if state is not None else None,
+        "layers": layers.report() | dict(layers.stats) if layers is not None else None,
         **(dict(state.stats) if state is not None else {}),
     }
 
@@ -705,18 +714,19 @@ def worker_stats(worker: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
-def _code_fingerprint() -> str:
+def code_fingerprint(names: tuple[str, ...] = ("fuzz.py", "fuzz_math.py")) -> str:
+    """A hash of the named modules of this package (what a compiled graph of the patch traced)."""
     import hashlib
     from pathlib import Path
 
     h = hashlib.sha256()
-    for name in ("fuzz.py", "fuzz_math.py"):
+    for name in names:
         h.update((Path(__file__).with_name(name)).read_bytes())
     return h.hexdigest()[:16]
 
 
 def _wrap_aot_hash_factors(original):
-    factor = f"fuzzserve-fuzz:{_code_fingerprint()}"
+    factor = f"fuzzserve-fuzz:{code_fingerprint()}"
 
     def aot_compile_hash_factors(*args, **kwargs):
         return [*original(*args, **kwargs), factor]

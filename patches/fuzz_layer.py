@@ -34,6 +34,9 @@ What it changes
       as the ``fuzz`` patch does. The worker answers what it found through
       ``collective_rpc("fuzzserve_layer_report")`` (an attribute of the worker
       object, set here).
+    * Worker (``vllm.compilation.caching.aot_compile_hash_factors``): adds a
+      fingerprint of this module to the key of vLLM's AOT compile cache, as
+      the ``fuzz`` patch adds its own.
     * Frontend (``AsyncLLM.get_supported_tasks`` / ``LLMEngine``'s, which the
       engine calls before validating each request): fetches that report once
       through the engine's ``collective_rpc``, so the ``fuzz`` patch's
@@ -492,6 +495,15 @@ def combine(reports: Iterable[dict[str, Any]]) -> LayerReport:
     return LayerReport(layers, reason)
 
 
+def _wrap_aot_hash_factors(original):
+    factor = f"fuzzserve-fuzz_layer:{fuzz.code_fingerprint(('fuzz_layer.py',))}"
+
+    def aot_compile_hash_factors(*args, **kwargs):
+        return [*original(*args, **kwargs), factor]
+
+    return aot_compile_hash_factors
+
+
 # --------------------------------------------------------------------------
 # Frontend: the report, fetched once
 # --------------------------------------------------------------------------
@@ -542,6 +554,13 @@ _RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
 PATCH = Patch(
     __doc__,
     (
+        Target(
+            "vllm.compilation.caching:aot_compile_hash_factors",
+            "wrap",
+            make=_wrap_aot_hash_factors,
+            why="the AOT compile cache key gets a fingerprint of this patch's code: a graph compiled without the "
+            "layers' op would never call it (the self-test would then refuse fuzz_layer)",
+        ),
         Target(
             f"{_RUNNER}.load_model",
             "wrap",

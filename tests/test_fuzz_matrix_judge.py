@@ -85,12 +85,26 @@ def test_reference_noise_is_the_patch_noise(seed):
 
 def test_reference_perturbation():
     e = torch.randn(5, 8, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(reference.perturb(e, reference.Fuzz(0.25)), e.double() * 0.75)
-    assert torch.equal(reference.perturb(e, reference.Fuzz(1.5)), e.double() * 0.0)  # clamped to 1
-    g = reference.perturb(e, reference.Fuzz(0.5, "gaussian", seed=3))
+    assert torch.equal(reference.perturb(e, reference.Fuzz(0.25), 5), e.double() * 0.75)
+    assert torch.equal(reference.perturb(e, reference.Fuzz(1.5), 5), e.double() * 0.0)  # clamped to 1
+    g = reference.perturb(e, reference.Fuzz(0.5, "gaussian", seed=3), 5)
     rms = e.double().pow(2).mean(-1, keepdim=True).sqrt()
     z = torch.tensor([reference.noise(3, p, 8) for p in range(5)])
     assert torch.allclose(g, e.double() + 0.5 * rms * z)
+
+
+def test_reference_scopes_and_ramp():
+    e = torch.randn(6, 8, generator=torch.Generator().manual_seed(1))
+    # prompt of 3 tokens (positions 0-2), generated 3-5
+    prompt = reference.perturb(e, reference.Fuzz(0.5, tokens="prompt"), 3)
+    assert torch.equal(prompt[:3], e[:3].double() * 0.5) and torch.equal(prompt[3:], e[3:].double())
+    generated = reference.perturb(e, reference.Fuzz(0.5, tokens="generated"), 3)
+    assert torch.equal(generated[:3], e[:3].double()) and torch.equal(generated[3:], e[3:].double() * 0.5)
+    ramp = reference.perturb(e, reference.Fuzz(0.0, end=1.0, ramp=2), 3)
+    factors = [1.0, 1.0, 1.0, 1.0, 0.5, 0.0]  # g = 0, 1, 2: strength 0, 0.5, 1
+    assert torch.equal(ramp, e.double() * torch.tensor(factors, dtype=torch.float64).unsqueeze(-1))
+    step = reference.perturb(e, reference.Fuzz(0.2, end=1.0, ramp=0), 3)
+    assert torch.allclose(step, e.double() * torch.tensor([0.8] * 3 + [0.0] * 3, dtype=torch.float64).unsqueeze(-1))
 
 
 def test_fuzz_labels_and_xargs():
@@ -99,6 +113,42 @@ def test_fuzz_labels_and_xargs():
     g = reference.Fuzz(1.0, "gaussian", seed=-7)
     assert g.xargs() == {"fuzz_strength": 1.0, "fuzz_mode": "gaussian", "fuzz_seed": -7}
     assert g.label == "gaussian 1 seed -7"
+    deep = reference.Fuzz(0.25, "gaussian", seed=5, layer=-1, tokens="generated", end=2.0, ramp=4)
+    assert deep.xargs() == {
+        "fuzz_strength": 0.25,
+        "fuzz_mode": "gaussian",
+        "fuzz_seed": 5,
+        "fuzz_layer": -1,
+        "fuzz_tokens": "generated",
+        "fuzz_strength_end": 2.0,
+        "fuzz_ramp_tokens": 4,
+    }
+    assert deep.label == "gaussian 0.25->2/4 seed 5 layer -1 generated"
+
+
+def test_the_reference_strength_is_the_patch_definition():
+    """Two writings of one definition (the reference's, the parser's): equal at every position."""
+    from patches.fuzz_params import parse_fuzz_args
+
+    for f in (
+        reference.Fuzz(0.5),
+        reference.Fuzz(0.5, tokens="prompt"),
+        reference.Fuzz(0.5, tokens="generated"),
+        reference.Fuzz(0.25, end=2.0, ramp=4),
+        reference.Fuzz(1.0, end=0.0, ramp=0, tokens="generated"),
+        reference.Fuzz(0.0, end=3.0, ramp=7, tokens="all"),
+    ):
+        spec = parse_fuzz_args(f.xargs())
+        assert [f.at(p, 10) for p in range(30)] == [spec.strength_at(p, 10) for p in range(30)], f.label
+
+
+def test_a_refused_case_fails_its_row():
+    from patches.matrix.judge import refusal
+
+    r = refusal("prompt 0 scale 0.5 layer 1", "fuzz_layer is not available on this server: ...")
+    assert r.verdict == "refused" and not r.ok
+    row = ArchitectureResult("llama", "eager", "native", "native", cases=[_judge(), r], tokens_fuzzed=10)
+    assert not row.ok and row.counts()["refused"] == 1
 
 
 def test_a_row_passes_only_when_every_part_holds():

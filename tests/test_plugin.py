@@ -171,7 +171,8 @@ def test_patch_is_part_of_the_compile_cache_key(fixture_model):
         return eval(r.stdout.split("FACTORS", 1)[1].strip())
 
     patched, stock = factors(""), factors("all")
-    assert patched[:-1] == stock and patched[-1].startswith("fuzzserve-fuzz:")
+    assert patched[:-2] == stock and patched[-2].startswith("fuzzserve-fuzz:")
+    assert patched[-1].startswith("fuzzserve-fuzz_layer:")
 
 
 NAP_PROBE = """

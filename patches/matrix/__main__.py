@@ -6,6 +6,8 @@ no model hub and a bounded CPU KV cache from it):
     python -m patches.matrix                          # every architecture, eager and compiled (~25 min on 2 cores)
     python -m patches.matrix --arch olmo2 gpt_neox --mode eager
     python -m patches.matrix --patches-off fuzz --arch olmo2   # the negative control: must fail
+    python -m patches.matrix --patches-off fuzz_layer --arch llama   # the deeper settings refused: must fail
+    python -m patches.matrix --layer-offset -1 --arch llama    # the planted off-by-one layer: must fail
     python -m patches.matrix --json out/matrix.json --markdown out/matrix.md
 
 Exit status 0 only when every row passes (every request equal to the
@@ -35,6 +37,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--patches-off", default="", help="FUZZSERVE_PATCHES_OFF in the engines (the negative control)")
     p.add_argument(
+        "--layer-offset",
+        type=int,
+        default=0,
+        help="the reference perturbs this many layers off the requested one (the planted off-by-one control)",
+    )
+    p.add_argument(
         "--init-range",
         type=float,
         default=INIT_RANGE,
@@ -47,8 +55,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def _neutral_dlogprob(r: ArchitectureResult) -> float:
     """The largest engine-vs-reference log-prob difference over the neutral requests: the numerics, with no fuzz."""
-    neutral = [c.max_dlogprob for c in r.cases if c.label.endswith((" none", " scale 0"))]
+    neutral = [c.max_dlogprob for c in r.cases if c.label.endswith((" none", " scale 0")) and c.verdict != "refused"]
     return max(neutral, default=float("nan"))
+
+
+def _served_max(r: ArchitectureResult) -> float:
+    """The largest engine-vs-reference log-prob difference over the requests served (a refusal has none)."""
+    return max((c.max_dlogprob for c in r.cases if c.verdict != "refused"), default=float("nan"))
 
 
 def markdown(results: list[ArchitectureResult], header: str) -> str:
@@ -56,19 +69,21 @@ def markdown(results: list[ArchitectureResult], header: str) -> str:
         header,
         "",
         (
-            "| architecture | vLLM backend | mode | requests | equal | near-tie | differs | max dlogprob, s = 0 "
-            "| max dlogprob, all | cached tokens, pass 2 | verdict |"
+            "| architecture | vLLM backend | mode | requests | equal | near-tie | differs | refused "
+            "| max dlogprob, s = 0 | max dlogprob, all | cached tokens, pass 2 | verdict |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         c = r.counts()
         if r.refused:
-            lines.append(f"| {r.name} | {r.backend} | {r.mode} | - | - | - | - | - | - | - | refused: {r.refused} |")
+            lines.append(
+                f"| {r.name} | {r.backend} | {r.mode} | - | - | - | - | - | - | - | - | refused: {r.refused} |"
+            )
             continue
         lines.append(
             f"| {r.name} | {r.backend} | {r.mode} | {len(r.cases)} | {c['equal']} | {c['near-tie']} | {c['differs']} "
-            f"| {_neutral_dlogprob(r):.1e} | {max(x.max_dlogprob for x in r.cases):.1e} "
+            f"| {c['refused']} | {_neutral_dlogprob(r):.1e} | {_served_max(r):.1e} "
             f"| {min(x.cached_tokens for x in r.cases)}-{max(x.cached_tokens for x in r.cases)} "
             f"| {'pass' if r.ok else 'FAIL'} |"
         )
@@ -88,7 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         task = progress.add_task("fuzz matrix", total=len(jobs))
         for arch, mode in jobs:
             progress.update(task, description=f"{arch} ({mode})")
-            r = run_architecture(arch, mode, patches_off=args.patches_off, init_range=args.init_range)
+            r = run_architecture(
+                arch, mode, patches_off=args.patches_off, init_range=args.init_range, layer_offset=args.layer_offset
+            )
             results.append(r)
             progress.console.print(
                 f"{arch:9s} {mode:8s} {r.backend:12s} {'pass' if r.ok else 'FAIL'} {r.counts()} "
@@ -99,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     header = (
         f"Fuzz matrix, {stamp}, vLLM {vllm.__version__}"
         + (f", FUZZSERVE_PATCHES_OFF={args.patches_off}" if args.patches_off else "")
+        + (f", reference planted {args.layer_offset:+d} layer" if args.layer_offset else "")
         + f", weights initialised at {args.init_range:g}"
         + f": `python -m patches.matrix {' '.join(argv if argv is not None else sys.argv[1:])}`".rstrip()
     )

@@ -1,8 +1,9 @@
 """The architectures of the fuzz matrix: tiny random models of the families users serve, built locally.
 
 Each entry is a transformers config class with the smallest shape vLLM's CPU
-backend takes (hidden 128, 2 layers, head_dim 64: the CPU attention refuses
-16) over a word-level tokenizer built here (no model hub is reachable;
+backend takes (hidden 128, head_dim 64: the CPU attention refuses 16), with 4
+decoder layers (so that ``fuzz_layer`` 1, L/2 and -1 are three different
+depths) over a word-level tokenizer built here (no model hub is reachable;
 :func:`build_tokenizer`, the fixture model's vocabulary). Every other
 setting is the family's default, so a model ties or unties its embeddings,
 scales them (Gemma's ``sqrt(hidden)``, Granite's ``embedding_multiplier``),
@@ -37,7 +38,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 HIDDEN = 128
-LAYERS = 2
+LAYERS = 4
 HEADS = 2
 HEAD_DIM = 64
 FFN = 256
@@ -57,6 +58,9 @@ class Architecture:
     config_class: str
     backend: str  # "native" or "transformers"
     kwargs: dict[str, Any] = field(default_factory=dict)
+    # Where the Hugging Face model keeps its decoder layers, written down per family for the reference (never found
+    # by a search, so that the reference does not share the patch's way of finding them).
+    layers: str = "model.layers"
 
 
 def _decoder(**extra: Any) -> dict[str, Any]:
@@ -88,6 +92,7 @@ ARCHITECTURES: dict[str, Architecture] = {
             "GPT2Config",
             "native",
             dict(n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS, n_inner=FFN, n_positions=MAX_POS),
+            layers="transformer.h",
         ),
         Architecture(
             "opt",
@@ -101,6 +106,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                 word_embed_proj_dim=HIDDEN,
                 max_position_embeddings=MAX_POS,
             ),
+            layers="model.decoder.layers",
         ),
         Architecture(
             "gpt_neox",
@@ -113,6 +119,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                 num_attention_heads=HEADS,
                 max_position_embeddings=MAX_POS,
             ),
+            layers="gpt_neox.layers",
         ),
         Architecture("phi", "PhiConfig", "transformers", _decoder(num_key_value_heads=HEADS)),
         Architecture("olmo2", "Olmo2Config", "transformers", _decoder()),

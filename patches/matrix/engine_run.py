@@ -55,28 +55,54 @@ def run(job: dict[str, Any]) -> dict[str, Any]:
         seed=0,
     )
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in job["prompts"]]
-    batch = [prompts[c["prompt"]] for c in job["cases"]]
+    refused = _refusals(llm, [c["xargs"] for c in job["cases"]])
+    served = [i for i, c in enumerate(job["cases"]) if json.dumps(c["xargs"], sort_keys=True) not in refused]
+    batch = [prompts[job["cases"][i]["prompt"]] for i in served]
     params = [
         SamplingParams(
-            temperature=0.0, max_tokens=job["max_tokens"], ignore_eos=True, logprobs=1, extra_args=c["xargs"]
+            temperature=0.0,
+            max_tokens=job["max_tokens"],
+            ignore_eos=True,
+            logprobs=1,
+            extra_args=job["cases"][i]["xargs"],
         )
-        for c in job["cases"]
+        for i in served
     ]
     passes = []
     for _ in range(job["passes"]):
-        outs = llm.generate(batch, params, use_tqdm=False)
-        passes.append(
-            [
-                {
-                    "tokens": list(o.outputs[0].token_ids),
-                    "logprobs": _chosen_logprobs(o.outputs[0]),
-                    "cached": o.num_cached_tokens or 0,
-                }
-                for o in outs
-            ]
-        )
+        outs = llm.generate(batch, params, use_tqdm=False) if batch else []
+        by_case: list[dict[str, Any]] = [
+            {"refused": refused.get(json.dumps(c["xargs"], sort_keys=True), "")} for c in job["cases"]
+        ]  # replaced below for every case served
+        for i, o in zip(served, outs, strict=True):
+            by_case[i] = {
+                "tokens": list(o.outputs[0].token_ids),
+                "logprobs": _chosen_logprobs(o.outputs[0]),
+                "cached": o.num_cached_tokens or 0,
+            }
+        passes.append(by_case)
     stats = llm.collective_rpc(worker_stats)
     return {"passes": passes, "worker": stats}
+
+
+def _refusals(llm: Any, settings: list[dict[str, Any] | None]) -> dict[str, str]:
+    """The settings the engine refuses (its validation error's message, by the setting's JSON), each asked once
+    with a one-token request: one refused request would fail ``generate`` for the whole batch."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.inputs import TokensPrompt
+
+    refused: dict[str, str] = {}
+    for xargs in {json.dumps(x, sort_keys=True): x for x in settings}.values():
+        try:
+            llm.generate(
+                [TokensPrompt(prompt_token_ids=[1])],
+                SamplingParams(max_tokens=1, extra_args=xargs),
+                use_tqdm=False,
+            )
+        except VLLMValidationError as e:
+            refused[json.dumps(xargs, sort_keys=True)] = str(e)
+    return refused
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,10 @@ Two comparisons, both against :class:`patches.matrix.reference.Reference`:
   same).
 
 ``equal``: the same tokens and every ``dlogprob`` within :data:`ATOL`.
+``refused``: the engine refused the setting (HTTP 400 / a validation error:
+a ``fuzz_layer`` on a model whose layers it cannot reach), the message
+kept; the matrix expects every architecture to serve every setting, so a
+refusal fails its row.
 ``near-tie``: other tokens, but at every position the engine's token is
 within :data:`TIE` of the reference's best and the log-probs agree within
 :data:`ATOL`: two float32 implementations breaking a tie differently, shown
@@ -38,16 +42,22 @@ class CaseVerdict:
     """One request of the matrix, judged."""
 
     label: str
-    verdict: str  # "equal", "near-tie" or "differs"
+    verdict: str  # "equal", "near-tie", "differs" or "refused"
     max_dlogprob: float
     max_gap: float
     tokens_equal: bool
     repeat_equal: bool
     cached_tokens: int  # prompt tokens the second pass read from the prefix cache
+    refused: str = ""  # the engine's message, where it refused the setting
 
     @property
     def ok(self) -> bool:
         return self.verdict in ("equal", "near-tie")
+
+
+def refusal(label: str, message: str) -> CaseVerdict:
+    """A request whose setting the engine refused."""
+    return CaseVerdict(label, "refused", float("nan"), float("nan"), False, False, 0, message)
 
 
 def judge(

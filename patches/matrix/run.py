@@ -22,8 +22,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .architectures import ARCHITECTURES, INIT_RANGE, WORDS, build, build_tokenizer, resolved_backend
-from .judge import CaseVerdict, judge
+from .architectures import ARCHITECTURES, INIT_RANGE, LAYERS, WORDS, build, build_tokenizer, resolved_backend
+from .judge import CaseVerdict, judge, refusal
 from .reference import Fuzz, Reference
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,10 @@ MODES = ("eager", "compiled")
 MAX_TOKENS = 8
 PROMPT_WORDS = (300, 280, 260, 240)  # over two KV blocks of 128 tokens each: the second pass reads them from the cache
 SHARED_PREFIX = 150  # prompts 0 and 1 share their first 150 words (a whole block, under one salt per setting)
-# Every prompt under each setting, all in one batch: scale mode's whole range, gaussian mode at two strengths and seeds.
-SETTINGS: tuple[Fuzz, ...] = (
+# Every prompt under each setting, all in one batch: scale mode's whole range, gaussian mode at two strengths and seeds
+# on the input embeddings (what the matrix proved before fuzz reached deeper), then every depth the matrix asks for
+# (settings_for) under each scope and a ramp.
+EMBEDDING_SETTINGS: tuple[Fuzz, ...] = (
     Fuzz(),
     Fuzz(0.0),
     Fuzz(0.5),
@@ -42,6 +44,30 @@ SETTINGS: tuple[Fuzz, ...] = (
     Fuzz(0.5, "gaussian", seed=1),
     Fuzz(1.0, "gaussian", seed=-7),
 )
+SCOPES = ("all", "prompt", "generated")
+
+
+def depths(num_layers: int) -> tuple[int, ...]:
+    """The ``fuzz_layer`` values the matrix tries: the embeddings, the first layer, the middle one and the last
+    (counted from the end), each once."""
+    return tuple(dict.fromkeys((0, 1, num_layers // 2, -1)))
+
+
+def settings_for(num_layers: int) -> tuple[Fuzz, ...]:
+    """Every setting of the mixed batch for a model of ``num_layers`` decoder layers: the embedding settings, then
+    at each depth each scope in scale (0.5) and gaussian (1.0, seed 11) mode, and a ramp in each mode (scale 0 to 1,
+    gaussian 0.25 to 2, over 4 generated tokens)."""
+    out = list(EMBEDDING_SETTINGS)
+    for layer in depths(num_layers):
+        for tokens in SCOPES:
+            out.append(Fuzz(0.5, layer=layer, tokens=tokens))
+            out.append(Fuzz(1.0, "gaussian", seed=11, layer=layer, tokens=tokens))
+        out.append(Fuzz(0.0, layer=layer, end=1.0, ramp=4))
+        out.append(Fuzz(0.25, "gaussian", seed=5, layer=layer, end=2.0, ramp=4))
+    return tuple(dict.fromkeys(out))  # Fuzz(0.5) at layer 0, all tokens, is an embedding setting already
+
+
+SETTINGS = settings_for(LAYERS)
 # The engine inherits this process's environment: the project's engine environment (scripts/env.sh exports it: no
 # model hub, the CPU KV cache size; serve_app/engine/engine_env.py is its home, which the plugin package may not
 # import).
@@ -63,6 +89,7 @@ class ArchitectureResult:
     backend: str
     expected_backend: str
     patches_off: str = ""
+    layer_offset: int = 0  # the reference's planted off-by-one (the control); 0 in a real run
     cases: list[CaseVerdict] = field(default_factory=list)
     tokens_fuzzed: int = 0
     refused: str = ""  # the engine's reason, where it did not serve
@@ -80,7 +107,7 @@ class ArchitectureResult:
         )
 
     def counts(self) -> dict[str, int]:
-        out = {"equal": 0, "near-tie": 0, "differs": 0}
+        out = {"equal": 0, "near-tie": 0, "differs": 0, "refused": 0}
         for c in self.cases:
             out[c.verdict] += 1
         return out
@@ -92,6 +119,7 @@ class ArchitectureResult:
             "backend": self.backend,
             "expected_backend": self.expected_backend,
             "patches_off": self.patches_off,
+            "layer_offset": self.layer_offset,
             "ok": self.ok,
             "counts": self.counts(),
             "tokens_fuzzed": self.tokens_fuzzed,
@@ -194,18 +222,22 @@ def run_architecture(
     workdir: Path | None = None,
     timeout: float = START_TIMEOUT_S,
     init_range: float = INIT_RANGE,
+    layer_offset: int = 0,
 ) -> ArchitectureResult:
     """Serve architecture ``name``'s mixed batch in vLLM (``mode``: eager or compiled) and judge every request.
 
     ``patches_off``: a value for ``FUZZSERVE_PATCHES_OFF`` in the engine (the
-    matrix's negative control: with ``fuzz`` off, the fuzzed requests must
+    matrix's negative controls: with ``fuzz`` off, the fuzzed requests must
+    come out ``differs``; with ``fuzz_layer`` off, the deeper ones refused).
+    ``layer_offset``: the reference perturbs that many layers off the
+    requested one (the planted off-by-one control: the layer cases must
     come out ``differs``). ``init_range``: the random weights' scale (the
     families' default, 0.02, gives nearly flat logits and so near-ties).
     """
     started = time.monotonic()
     arch = ARCHITECTURES[name]
     path = build(name, init_range)
-    result = ArchitectureResult(name, mode, resolved_backend(path), arch.backend, patches_off)
+    result = ArchitectureResult(name, mode, resolved_backend(path), arch.backend, patches_off, layer_offset)
     ids = prompts()
     try:
         out = serve(path, mode, ids, patches_off=patches_off, workdir=workdir, timeout=timeout)
@@ -215,12 +247,16 @@ def run_architecture(
         return result
     first, second = out["passes"]
     result.tokens_fuzzed = sum(w.get("tokens_fuzzed", 0) for w in out["worker"])
-    ref = Reference(str(path))
+    ref = Reference(str(path), arch.layers, layer_offset)
     for (p, fuzz), a, b in zip(cases_of(len(ids)), first, second, strict=True):
+        label = f"prompt {p} {fuzz.label}"
+        if "refused" in a:
+            result.cases.append(refusal(label, a["refused"]))
+            continue
         forced_lp, forced_best = ref.forced(ids[p], a["tokens"], fuzz)
         result.cases.append(
             judge(
-                f"prompt {p} {fuzz.label}",
+                label,
                 a["tokens"],
                 a["logprobs"],
                 ref.greedy(ids[p], fuzz, MAX_TOKENS),
