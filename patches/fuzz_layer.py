@@ -16,10 +16,12 @@ What it changes
       returns one tensor (Hugging Face layers, on vLLM's Transformers backend;
       GPT-2, OPT), and ``hidden + residual`` where it returns the pair vLLM's
       own layers return (the residual add deferred to the next layer's fused
-      norm): there the perturbed stream goes into ``hidden`` and the
-      residual row becomes 0, so the next norm adds exactly the perturbed
-      stream. Other tokens' rows are not touched: bit for bit what stock vLLM
-      computes.
+      norm): there ``hidden`` becomes ``x' - residual``, so the next norm's
+      add gives the perturbed stream (to one rounding of the residual's
+      scale), and ``residual``, which may alias a tensor the model still
+      holds (the embedding output, the layer's input), is never written. Only
+      the layer's own output is written, and only its aimed rows: every other
+      token is bit for bit what stock vLLM computes.
     * Worker: per-token buffers for the layers (multiplier, noise std, which
       layer), filled in place by the ``fuzz`` patch's step fill, beside the
       embedding's; the noise keys are the embedding's.
@@ -144,25 +146,26 @@ def _perturb(
         n = h.shape[0]
         sel = (point[:n] == at).unsqueeze(-1)
         x = h.to(torch.float32) if r is None else h.to(torch.float32) + r.to(torch.float32)
-        new = fuzz_math.perturb(x, mult[:n], std[:n], key[:n], codes).to(h.dtype)
-        h.copy_(torch.where(sel, new, h))
+        new = fuzz_math.perturb(x, mult[:n], std[:n], key[:n], codes)
         if r is not None:
-            r.copy_(torch.where(sel, torch.zeros_like(r), r))
+            new = new - r.to(torch.float32)
+        h.copy_(torch.where(sel, new.to(h.dtype), h))
         return
     rows = state.rows.get(at)
     if rows is None:
         return
     x = h.index_select(0, rows).to(torch.float32)
-    if r is not None:
-        x = x + r.index_select(0, rows).to(torch.float32)
+    res = r.index_select(0, rows).to(torch.float32) if r is not None else None
+    if res is not None:
+        x = x + res
     m = mult.index_select(0, rows)
     if state.noisy.get(at, False):
         new = fuzz_math.perturb(x, m, std.index_select(0, rows), key.index_select(0, rows), codes)
     else:
         new = x * m.unsqueeze(-1)
+    if res is not None:
+        new = new - res  # the next norm adds the residual back: hidden + residual is the perturbed stream
     h.index_copy_(0, rows, new.to(h.dtype))
-    if r is not None:
-        r.index_fill_(0, rows, 0)
 
 
 def _register_ops() -> None:
@@ -187,7 +190,7 @@ def _register_ops() -> None:
     def _(hidden, mult, std, key, point, codes, at, state_id) -> None:
         return None
 
-    @torch.library.custom_op("fuzzserve::perturb_pair_", mutates_args=("hidden", "residual"))
+    @torch.library.custom_op("fuzzserve::perturb_pair_", mutates_args=("hidden",))
     def perturb_pair_(
         hidden: torch.Tensor,
         residual: torch.Tensor,
