@@ -703,6 +703,71 @@ def test_fuzz_affinity_keeps_each_salt_and_prefix_on_the_replica_the_router_pred
         assert {k: v for k, v in served.items() if v} == {home(xargs): 4}, (xargs, served)
 
 
+def _home(replicas: dict[str, str], prompt: str, xargs) -> str:
+    """The replica the fuzz router sends (prompt, xargs) to, by the router's own key and hash."""
+    from serve_app.routing.fuzz_router import DEFAULT_PREFIX_CHARS, rendezvous, routing_key
+
+    request = types.SimpleNamespace(args=[types.SimpleNamespace(prompt=prompt, vllm_xargs=xargs)])
+    key = routing_key(cast("PendingRequest", request), DEFAULT_PREFIX_CHARS)  # a stand-in: its args are read
+    assert key is not None  # the request has a prompt
+    return replicas[rendezvous(key, sorted(replicas))]
+
+
+def _cached(cluster) -> float:
+    return sum(rc.prompt_tokens_cached for rc in wait_quiet(cluster).values())
+
+
+def test_settings_that_differ_in_a_depth_scope_or_schedule_key_never_share_kv(serve_cluster):
+    """KV isolation through the deployment: a request that differs from another only in ``fuzz_layer``,
+    ``fuzz_tokens`` or the ramp keys never reads the other's KV (prefix cache and offload tier), and a neutral
+    request carrying the other's salt string as its own ``cache_salt`` plants nothing it can read.
+
+    Each variant is chosen among many so that the fuzz router sends it to the same replica as the request it
+    must not share with (else the check would hold by routing alone); the same setting sent again reads its KV
+    (the positive control: the prompt is long enough to be cached, and the replica caches it).
+    """
+    from fixture_model.tasks import LETTERS, NUMBERS
+    from patches.fuzz import salted
+    from patches.fuzz_params import parse_fuzz_args
+    from serve_app.config.names import replica_id
+
+    replicas = {r["name"]: replica_id(r["name"]) for r in serve_cluster.replicas()}
+    words = LETTERS + NUMBERS
+    # ~400 tokens: three whole 128-token KV blocks; unique to this test (its own word order)
+    prompt = " ".join(words[(7 * i + 3) % len(words)] for i in range(400))
+    base = {"fuzz_strength": 0.5, "fuzz_mode": "gaussian", "fuzz_seed": 4, "fuzz_layer": 1}
+    home = _home(replicas, prompt, base)
+    pools = {
+        "fuzz_layer": [{**base, "fuzz_layer": k} for k in (2, -1, -2, 0, -3)],
+        "fuzz_tokens": [{**base, "fuzz_tokens": t, "fuzz_seed": s} for t in ("prompt", "generated") for s in (4,)]
+        + [{**base, "fuzz_tokens": "all"}],
+        "ramp": [{**base, "fuzz_strength_end": e, "fuzz_ramp_tokens": r} for e in (0.5, 1.0, 2.0) for r in range(6)],
+    }
+    variants = {key: [v for v in pool if _home(replicas, prompt, v) == home] for key, pool in pools.items()}
+    variants = {
+        k: [v for v in vs if parse_fuzz_args(v).cache_salt() != parse_fuzz_args(base).cache_salt()]
+        for k, vs in variants.items()
+    }
+    assert all(variants.values()), f"a variant of each key on the base's replica: {variants}"
+    # the hostile client: a neutral request whose cache_salt is the engine's salt of the base setting, on a prompt
+    # the router sends to the same replica as the base
+    hostile_prompt = next(p for p in (f"{prompt} {w}" for w in words) if _home(replicas, p, None) == home)
+    hostile_salt = salted(None, parse_fuzz_args(base))
+    assert hostile_salt is not None and hostile_salt.startswith("fuzz:")
+
+    start = _cached(serve_cluster)
+    assert text(complete(serve_cluster, hostile_prompt, None, cache_salt=hostile_salt)) is not None
+    assert text(complete(serve_cluster, hostile_prompt, base)) is not None  # would read the planted KV if it could
+    for vs in variants.values():
+        for v in vs:
+            assert text(complete(serve_cluster, prompt, v)) is not None
+    assert text(complete(serve_cluster, prompt, base)) is not None
+    assert _cached(serve_cluster) == start, "a request read KV computed under other settings"
+    # the positive control: the base setting again reads its own KV, on the same replica
+    assert text(complete(serve_cluster, prompt, base)) is not None
+    assert _cached(serve_cluster) - start >= 256
+
+
 def test_each_engine_computes_on_the_cores_of_its_replica_rank(serve_cluster):
     """serve_config.yaml's engine_cores_per_replica: 1 reaches each replica's engine.
 

@@ -215,39 +215,56 @@ def serve(
         return _run_engine(job, engine_env, work, timeout)
 
 
-def run_architecture(
+@dataclass
+class Served:
+    """What one engine of the matrix produced (or why it refused), ready to be judged against a reference."""
+
+    name: str
+    mode: str
+    path: Path
+    ids: list[list[int]]
+    patches_off: str = ""
+    out: dict | None = None  # patches.matrix.engine_run's output
+    refused: str = ""
+    seconds: float = 0.0
+
+
+def serve_architecture(
     name: str,
     mode: str = "eager",
     patches_off: str = "",
     workdir: Path | None = None,
     timeout: float = START_TIMEOUT_S,
     init_range: float = INIT_RANGE,
-    layer_offset: int = 0,
-) -> ArchitectureResult:
-    """Serve architecture ``name``'s mixed batch in vLLM (``mode``: eager or compiled) and judge every request.
-
-    ``patches_off``: a value for ``FUZZSERVE_PATCHES_OFF`` in the engine (the
-    matrix's negative controls: with ``fuzz`` off, the fuzzed requests must
-    come out ``differs``; with ``fuzz_layer`` off, the deeper ones refused).
-    ``layer_offset``: the reference perturbs that many layers off the
-    requested one (the planted off-by-one control: the layer cases must
-    come out ``differs``). ``init_range``: the random weights' scale (the
-    families' default, 0.02, gives nearly flat logits and so near-ties).
-    """
+) -> Served:
+    """Build architecture ``name``'s checkpoint and serve its mixed batch in vLLM (``mode``: eager or compiled)."""
     started = time.monotonic()
-    arch = ARCHITECTURES[name]
     path = build(name, init_range)
-    result = ArchitectureResult(name, mode, resolved_backend(path), arch.backend, patches_off, layer_offset)
-    ids = prompts()
+    served = Served(name, mode, path, prompts(), patches_off)
     try:
-        out = serve(path, mode, ids, patches_off=patches_off, workdir=workdir, timeout=timeout)
+        served.out = serve(path, mode, served.ids, patches_off=patches_off, workdir=workdir, timeout=timeout)
     except EngineRefused as e:
-        result.refused = str(e)
-        result.seconds = time.monotonic() - started
+        served.refused = str(e)
+    served.seconds = time.monotonic() - started
+    return served
+
+
+def judge_served(served: Served, layer_offset: int = 0) -> ArchitectureResult:
+    """Judge every request an engine served against the reference (the reference ``layer_offset`` layers off
+    the requested one: the planted off-by-one control, where every layer case must come out ``differs``)."""
+    started = time.monotonic()
+    arch = ARCHITECTURES[served.name]
+    result = ArchitectureResult(
+        served.name, served.mode, resolved_backend(served.path), arch.backend, served.patches_off, layer_offset
+    )
+    if served.out is None:
+        result.refused = served.refused
+        result.seconds = served.seconds
         return result
-    first, second = out["passes"]
-    result.tokens_fuzzed = sum(w.get("tokens_fuzzed", 0) for w in out["worker"])
-    ref = Reference(str(path), arch.layers, layer_offset)
+    first, second = served.out["passes"]
+    result.tokens_fuzzed = sum(w.get("tokens_fuzzed", 0) for w in served.out["worker"])
+    ref = Reference(str(served.path), arch.layers, layer_offset)
+    ids = served.ids
     for (p, fuzz), a, b in zip(cases_of(len(ids)), first, second, strict=True):
         label = f"prompt {p} {fuzz.label}"
         if "refused" in a:
@@ -266,5 +283,27 @@ def run_architecture(
                 b["cached"],
             )
         )
-    result.seconds = time.monotonic() - started
+    result.seconds = served.seconds + time.monotonic() - started
     return result
+
+
+def run_architecture(
+    name: str,
+    mode: str = "eager",
+    patches_off: str = "",
+    workdir: Path | None = None,
+    timeout: float = START_TIMEOUT_S,
+    init_range: float = INIT_RANGE,
+    layer_offset: int = 0,
+) -> ArchitectureResult:
+    """Serve architecture ``name``'s mixed batch in vLLM (``mode``: eager or compiled) and judge every request.
+
+    ``patches_off``: a value for ``FUZZSERVE_PATCHES_OFF`` in the engine (the
+    matrix's negative controls: with ``fuzz`` off, the fuzzed requests must
+    come out ``differs``; with ``fuzz_layer`` off, the deeper ones refused).
+    ``layer_offset``: see :func:`judge_served`. ``init_range``: the random
+    weights' scale (the families' default, 0.02, gives nearly flat logits and
+    so near-ties).
+    """
+    served = serve_architecture(name, mode, patches_off, workdir, timeout, init_range)
+    return judge_served(served, layer_offset)
