@@ -33,6 +33,7 @@ from serve_app.engine.engine_env import use_engine_env
 from serve_app.routing.routers import ROUTERS
 
 from .errors import SetupError
+from .load.fuzz_sweep import LAYERS, parse_layers
 from .observe.monitor import SETTLE_INTERVAL_S
 from .operate.deploy import DEFAULT_REPLICAS, DeploySettings
 from .plan.scenarios import SCENARIOS, Scenario
@@ -241,6 +242,13 @@ def _output_args(ap: argparse.ArgumentParser) -> None:
         help="run the fuzz sweep through the deployment after the load (default: on, except smoke)",
     )
     out.add_argument("--sweep-per-task", type=int, default=15)
+    out.add_argument(
+        "--sweep-layers",
+        type=parse_layers,
+        default=LAYERS,
+        help="the fuzz sweep's depths, fuzz_layer values (default: 0,1,-1: the input embeddings, after the first "
+        "decoder layer, after the last)",
+    )
     out.add_argument("--no-progress", action="store_true", help="no live progress bar")
     out.add_argument(
         "--record-metrics",
@@ -397,6 +405,7 @@ def outputs_from(args: argparse.Namespace, sc: Scenario) -> Outputs:
         title=title,
         repeat=args.repeat,
         fuzz_sweep_per_task=args.sweep_per_task if sweep_on else None,
+        fuzz_sweep_layers=args.sweep_layers,
         slo_attainment=args.slo_attainment,
     )
 

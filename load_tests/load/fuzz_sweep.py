@@ -1,12 +1,15 @@
-"""Fuzz sweep: fixture-task accuracy and output divergence against fuzz strength, per mode.
+"""Fuzz sweep: fixture-task accuracy and output divergence against fuzz strength, per mode and depth.
 
-    python -m load_tests.load.fuzz_sweep [--model DIR] [--per-task N] [--compile] [--json OUT]
+    python -m load_tests.load.fuzz_sweep [--model DIR] [--per-task N] [--layers 0,1,-1] [--compile] [--json OUT]
 
 Runs a patched vLLM engine (offline ``LLM`` API) on the fixture model's
-held-out prompts at every strength of each mode's sweep, greedy decoding, and
-reports per strength: task accuracy, and divergence from the unfuzzed (s = 0)
-output (share of prompts whose output differs, and mean share of differing
-tokens). The same functions are used by the tests and by the load-test report.
+held-out prompts at every strength of each mode's sweep, at every depth
+(``fuzz_layer``: 0 the input embeddings, 1 after the first decoder layer, -1
+after the last), greedy decoding, and reports per (mode, depth, strength):
+task accuracy, and divergence from the unfuzzed (s = 0) output (share of
+prompts whose output differs, and mean share of differing tokens). The same
+functions are used by the tests and by the load-test report (a table and a
+layer x strength heatmap).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ SWEEPS: dict[str, list[float]] = {
     "gaussian": [0.0, 0.1, 0.3, *LOG_SWEEP[1:]],
 }
 MAX_TOKENS = 8
+# The depths swept by default: valid on any model with a decoder layer (0: the input embeddings, 1: after the first
+# layer, -1: after the last); on the 2-layer fixture model, every point there is.
+LAYERS: tuple[int, ...] = (0, 1, -1)
 
 
 @dataclass
@@ -45,10 +51,25 @@ class SweepPoint:
     accuracy_by_task: dict[str, float]
     changed_outputs: float  # share of prompts whose output differs from s = 0
     token_divergence: float  # mean share of output tokens that differ from s = 0
+    layer: int = 0  # fuzz_layer: 0 the input embeddings, k after decoder layer k, negative from the end
 
 
-def fuzz_xargs(mode: str, strength: float, seed: int = 0) -> dict[str, Any]:
-    return {"fuzz_strength": strength, "fuzz_mode": mode, "fuzz_seed": seed}
+def fuzz_xargs(mode: str, strength: float, seed: int = 0, layer: int = 0) -> dict[str, Any]:
+    xargs: dict[str, Any] = {"fuzz_strength": strength, "fuzz_mode": mode, "fuzz_seed": seed}
+    if layer:
+        xargs["fuzz_layer"] = layer
+    return xargs
+
+
+def parse_layers(text: str) -> tuple[int, ...]:
+    """``"0,1,-1"`` -> (0, 1, -1): the depths of a sweep, in order, each once."""
+    try:
+        layers = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise ValueError(f"layers {text!r}: comma-separated integers (fuzz_layer values), e.g. 0,1,-1") from None
+    if not layers:
+        raise ValueError("layers: at least one fuzz_layer value")
+    return layers
 
 
 def token_divergence(a: list[int], b: list[int]) -> float:
@@ -60,7 +81,7 @@ def token_divergence(a: list[int], b: list[int]) -> float:
     return 1.0 - same / n
 
 
-def summarize(mode: str, strength: float, examples, outputs, baseline) -> SweepPoint:
+def summarize(mode: str, strength: float, examples, outputs, baseline, layer: int = 0) -> SweepPoint:
     """Score one strength: ``outputs``/``baseline`` are (text, token_ids) per example."""
     from fixture_model.tasks import is_correct
 
@@ -76,19 +97,34 @@ def summarize(mode: str, strength: float, examples, outputs, baseline) -> SweepP
         accuracy_by_task={t: sum(v) / len(v) for t, v in by_task.items()},
         changed_outputs=sum(d > 0 for d in div) / len(div),
         token_divergence=float(np.mean(div)),
+        layer=layer,
     )
 
 
-def run_sweep(generate, examples, sweeps: dict[str, list[float]] = SWEEPS) -> list[SweepPoint]:
-    """``generate(prompts, xargs) -> [(text, token_ids)]`` runs one greedy batch."""
+def run_sweep(
+    generate, examples, sweeps: dict[str, list[float]] = SWEEPS, layers: tuple[int, ...] = (0,)
+) -> list[SweepPoint]:
+    """``generate(prompts, xargs) -> [(text, token_ids)]`` runs one greedy batch; every strength of each mode
+    at every depth of ``layers`` (s = 0 is the unfuzzed baseline, run once)."""
     prompts = [ex.prompt for ex in examples]
     baseline = generate(prompts, None)
     points = []
-    for mode, strengths in sweeps.items():
-        for s in strengths:
-            outputs = baseline if s == 0 else generate(prompts, fuzz_xargs(mode, s))
-            points.append(summarize(mode, s, examples, outputs, baseline))
+    for layer in layers:
+        for mode, strengths in sweeps.items():
+            for s in strengths:
+                outputs = baseline if s == 0 else generate(prompts, fuzz_xargs(mode, s, layer=layer))
+                points.append(summarize(mode, s, examples, outputs, baseline, layer))
     return points
+
+
+def layer_grid(points: list[SweepPoint], mode: str) -> tuple[list[int], list[float], list[list[float | None]]]:
+    """Accuracy of one mode as (depths, strengths, grid[depth][strength]), None where not swept: the heatmap's and
+    the report table's data."""
+    pts = [p for p in points if p.mode == mode]
+    layers = list(dict.fromkeys(p.layer for p in pts))
+    strengths = sorted({p.strength for p in pts})
+    acc = {(p.layer, p.strength): p.accuracy for p in pts}
+    return layers, strengths, [[acc.get((k, s)) for s in strengths] for k in layers]
 
 
 def offline_generator(llm):
@@ -149,12 +185,14 @@ def print_table(points: list[SweepPoint]) -> None:
     from rich.table import Table
 
     table = Table(title="fuzz sweep (fixture model, greedy)")
-    for col in ("mode", "fuzz_strength", "accuracy", "count", "abc", "copy", "outputs changed", "token divergence"):
+    columns = ("mode", "fuzz_layer", "fuzz_strength", "accuracy", "count", "abc", "copy", "outputs changed")
+    for col in (*columns, "token divergence"):
         table.add_column(col, justify="right")
     for p in points:
         t = p.accuracy_by_task
         table.add_row(
             p.mode,
+            str(p.layer),
             f"{p.strength:g}",
             f"{p.accuracy:.2f}",
             *(f"{t.get(k, 0):.2f}" for k in ("count", "abc", "copy")),
@@ -168,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=None, help="checkpoint (default: build/reuse the fixture model)")
     ap.add_argument("--per-task", type=int, default=30, help="held-out prompts per task")
+    ap.add_argument("--layers", type=parse_layers, default=LAYERS, help="fuzz_layer values to sweep (default: 0,1,-1)")
     ap.add_argument("--compile", action="store_true", help="run with torch.compile (enforce_eager=False)")
     ap.add_argument("--json", type=Path, default=None, help="also write the points as JSON here")
     ap.add_argument("--offload-gib", type=float, default=0.25, help="KV offload tier size (GiB)")
@@ -195,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_offloading_backend="native",
     )
     try:
-        points = run_sweep(offline_generator(llm), held_out_examples(args.per_task))
+        points = run_sweep(offline_generator(llm), held_out_examples(args.per_task), layers=args.layers)
     finally:
         del llm
     print_table(points)

@@ -160,19 +160,43 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
         "",
     ]
     if sweep:
-        lines += [
-            "## Fuzz sweep (greedy, through the deployment)",
-            "",
-            "| mode | fuzz_strength | accuracy | outputs changed | token divergence |",
-            "|---|---|---|---|---|",
-        ]
-        lines += [
-            f"| {p.mode} | {p.strength:g} | {p.accuracy:.2f} | {p.changed_outputs:.2f} | {p.token_divergence:.2f} |"
-            for p in sweep
-        ]
-        lines.append("")
+        lines += sweep_lines(sweep)
     lines += ["## Plots", ""] + [f"![{img}]({img})" for img in images]
     return "\n".join(lines) + "\n"
+
+
+def sweep_lines(sweep) -> list[str]:
+    """The fuzz sweep: task accuracy by depth x strength per mode (the heatmap's numbers), then every point."""
+    from ..load.fuzz_sweep import layer_grid
+
+    lines = ["## Fuzz sweep (greedy, through the deployment)", ""]
+    for mode in dict.fromkeys(p.mode for p in sweep):
+        layers, strengths, grid = layer_grid(sweep, mode)
+        lines += [
+            (
+                f"Task accuracy, {mode} mode, by `fuzz_layer` (rows; 0: the input embeddings, -1: after the last "
+                "decoder layer) and `fuzz_strength` (columns):"
+            ),
+            "",
+            "| fuzz_layer | " + " | ".join(f"{s:g}" for s in strengths) + " |",
+            "|---|" + "---|" * len(strengths),
+        ]
+        lines += [
+            f"| {k} | " + " | ".join("-" if a is None else f"{a:.2f}" for a in row) + " |"
+            for k, row in zip(layers, grid, strict=True)
+        ]
+        lines.append("")
+    lines += [
+        "| mode | fuzz_layer | fuzz_strength | accuracy | outputs changed | token divergence |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {p.mode} | {p.layer} | {p.strength:g} | {p.accuracy:.2f} | {p.changed_outputs:.2f} "
+        f"| {p.token_divergence:.2f} |"
+        for p in sweep
+    ]
+    lines.append("")
+    return lines
 
 
 def capacity_lines(cap: Capacity) -> list[str]:

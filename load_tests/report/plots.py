@@ -105,21 +105,49 @@ def plot_throughput(results: list[RequestResult], path: Path, events: Sequence[E
 
 
 def plot_sweep(points, path: Path) -> None:
+    """Accuracy and divergence against strength at the input embeddings (fuzz_layer 0), one line per mode."""
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.6))
     for mode in sorted({p.mode for p in points}):
-        pts = [p for p in points if p.mode == mode]
+        pts = [p for p in points if p.mode == mode and p.layer == 0]
         xs = [max(p.strength, 1e-2) for p in pts]
         axes[0].plot(xs, [p.accuracy for p in pts], marker="o", label=mode)
         axes[1].plot(xs, [p.token_divergence for p in pts], marker="o", label=mode)
     for ax, title in zip(axes, ("fixture-task accuracy", "token divergence from s = 0"), strict=False):
         ax.set_xscale("log")
         ax.set_xlabel("fuzz_strength (s = 0 drawn at 0.01)")
-        ax.set_title(title)
+        ax.set_title(f"{title}, fuzz_layer 0")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def plot_sweep_layers(points, path: Path) -> None:
+    """Task accuracy as a heatmap of depth (fuzz_layer, rows) by strength (columns), one panel per mode."""
+    from ..load.fuzz_sweep import layer_grid
+
+    plt = _plt()
+    modes = list(dict.fromkeys(p.mode for p in points))
+    fig, axes = plt.subplots(1, len(modes), figsize=(6.2 * len(modes), 2.8), squeeze=False)
+    image = None
+    for ax, mode in zip(axes[0], modes, strict=True):
+        layers, strengths, grid = layer_grid(points, mode)
+        values = [[float("nan") if a is None else a for a in row] for row in grid]
+        image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        ax.set_xticks(range(len(strengths)), [f"{s:g}" for s in strengths], rotation=45, fontsize=8)
+        ax.set_yticks(range(len(layers)), [str(k) for k in layers])
+        ax.set_xlabel("fuzz_strength")
+        ax.set_ylabel("fuzz_layer")
+        ax.set_title(f"{mode}: task accuracy")
+        for i, row in enumerate(values):
+            for j, a in enumerate(row):
+                if a == a:  # not NaN
+                    ax.text(j, i, f"{a:.2f}", ha="center", va="center", fontsize=7, color="white" if a < 0.6 else "k")
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9, label="accuracy")
+    fig.savefig(path, dpi=90, bbox_inches="tight")
     plt.close(fig)
 
 

@@ -11,6 +11,7 @@ Files in the output directory:
 ``counters.png``     prompt-token counters over time, per replica, by source
 ``throughput.png``   completed requests per second over time
 ``fuzz_sweep.png``   accuracy and divergence against fuzz strength (when a sweep ran)
+``fuzz_sweep_layers.png``   accuracy by fuzz_layer x fuzz_strength, per mode (a sweep over several depths)
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ..load.client import RequestResult
 from ..observe.monitor import InvariantChecker
 from ..results.models import RunSummary
 from .markdown import markdown
-from .plots import plot_capacity, plot_counters, plot_latency_cdf, plot_sweep, plot_throughput
+from .plots import plot_capacity, plot_counters, plot_latency_cdf, plot_sweep, plot_sweep_layers, plot_throughput
 
 # The files above that every report writes (a run's other outputs must not take these names).
 REPORT_FILES = frozenset(
@@ -36,6 +37,7 @@ REPORT_FILES = frozenset(
         "counters.png",
         "throughput.png",
         "fuzz_sweep.png",
+        "fuzz_sweep_layers.png",
         "capacity.png",
     }
 )
@@ -81,6 +83,9 @@ def write_report(
         (out / "fuzz_sweep.json").write_text(json.dumps([asdict(p) for p in sweep], indent=2))
         plot_sweep(sweep, out / "fuzz_sweep.png")
         images.append("fuzz_sweep.png")
+        if len({p.layer for p in sweep}) > 1:
+            plot_sweep_layers(sweep, out / "fuzz_sweep_layers.png")
+            images.append("fuzz_sweep_layers.png")
     path = out / "report.md"
     path.write_text(markdown(summary, title, sweep, images))
     return path

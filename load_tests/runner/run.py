@@ -67,6 +67,9 @@ class Outputs(BaseModel):
     fuzz_sweep_per_task: int | None = Field(
         None, ge=1, description="the fuzz sweep through the deployment after the load, this many examples per task"
     )
+    fuzz_sweep_layers: tuple[int, ...] = Field(
+        (0, 1, -1), min_length=1, description="the sweep's depths (fuzz_layer values; 0: the input embeddings)"
+    )
     slo_attainment: float = Field(
         0.95, gt=0, le=1, description="sweep profile: share of a step's complete answers that must meet the SLO"
     )
@@ -139,7 +142,7 @@ def run(
         ]
         sweep = None
         if outputs.fuzz_sweep_per_task:
-            sweep = http_sweep(load_target, outputs.fuzz_sweep_per_task, console)
+            sweep = http_sweep(load_target, outputs.fuzz_sweep_per_task, console, outputs.fuzz_sweep_layers)
     finally:
         if cluster is not None:
             with console.status("shutting the cluster down"):
@@ -204,9 +207,9 @@ def one_run(
     return loaded, summary
 
 
-def http_sweep(target: LoadTarget, per_task: int, console: Console) -> list[SweepPoint]:
-    with console.status("fuzz sweep through the deployment"):
-        points = run_sweep(http_generator(target.base_url, target.api_key), held_out_examples(per_task))
+def http_sweep(target: LoadTarget, per_task: int, console: Console, layers: tuple[int, ...] = (0,)) -> list[SweepPoint]:
+    with console.status(f"fuzz sweep through the deployment (fuzz_layer {', '.join(map(str, layers))})"):
+        points = run_sweep(http_generator(target.base_url, target.api_key), held_out_examples(per_task), layers=layers)
     print_table(points)
     return points
 
