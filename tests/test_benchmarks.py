@@ -540,3 +540,69 @@ def test_guard_cost_times_the_shipped_guard_on_the_headlines_request_and_fails_o
     bad["vllm_xargs"] = {"kv_transfer_params": "x"}
     with pytest.raises(RuntimeError, match="refused the benchmark's request"):
         asyncio.run(guard_cost.time_block(guard_cost.guarded(guard_cost.answer_one_chunk), json.dumps(bad).encode(), 1))
+
+
+def test_layer_cost_runs_its_arms_abba_and_divides_within_pairs():
+    """benchmarks.layer_cost: each pair and mode runs both arms, the first arm alternating; each figure is the
+    median of within-pair ratios; the goal is met only when the whole interval clears it."""
+    from benchmarks import layer_cost as lc
+
+    order = lc.plan(4)
+    firsts = [next(arm for p, m, arm, w in order if (p, m, w) == (pair, "eager", "neutral")) for pair in range(4)]
+    assert firsts == ["without", "with", "without", "with"]
+    assert {(m, a, w) for _p, m, a, w in order} == {(m, a, "neutral") for m in lc.MODES for a in lc.ARMS} | {
+        (m, "with", w) for m in lc.MODES for w in lc.FUZZED
+    }
+
+    def run(p, m, a, w, rps, cpu):
+        return {"pair": p, "mode": m, "arm": a, "workload": w, "req_per_s": rps, "cpu_ms_per_req": cpu}
+
+    runs = []
+    for p in range(4):
+        for m in lc.MODES:
+            runs += [run(p, m, "without", "neutral", 10.0, 4.0), run(p, m, "with", "neutral", 10.0 - 0.1 * p, 4.0)]
+            runs += [run(p, m, "with", w, 5.0, 8.0 if p else 0.0) for w in lc.FUZZED]
+    table = lc.summarize(runs)
+    neutral = next(
+        r for r in table if (r["mode"], r["compare"], r["figure"]) == ("eager", "neutral: with / without", "req_per_s")
+    )
+    assert neutral["ratios"] == pytest.approx([1.0, 0.99, 0.98, 0.97]) and neutral["median"] == pytest.approx(0.985)
+    assert lc.verdict(neutral) == "not met"  # the interval reaches 0.97
+    assert lc.verdict({"ci90": [0.981, 1.02]}) == "met" and lc.verdict({"ci90": [None, None]}) == "not met"
+    noise = next(
+        r
+        for r in table
+        if (r["mode"], r["compare"], r["figure"]) == ("compiled", "noise@-1 / neutral", "cpu_ms_per_req")
+    )
+    assert noise["median"] == pytest.approx(2.0)
+    md = lc.markdown(
+        {
+            "command": "c",
+            "machine": "m",
+            "date": "d",
+            "model": "fixture",
+            "workload": {
+                "requests": 1,
+                "prompt_tokens": 1,
+                "output_tokens": 1,
+                "pairs": 4,
+                "omp_bind": "0",
+                "host_cores": "1",
+            },
+        },
+        runs,
+        table,
+    )
+    assert "| eager | neutral: with / without | 0.985 [" in md and "not met" in md
+
+
+@pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
+@pytest.mark.engine
+def test_layer_cost_benchmark_tiny(tmp_path, fixture_model):
+    from benchmarks import layer_cost
+
+    args = ["--pairs", "2", "--requests", "4", "--output-tokens", "4", "--settle-s", "0", "--out", str(tmp_path)]
+    assert layer_cost.main(args) == 0
+    data = json.loads((tmp_path / "layer_cost.json").read_text())
+    assert len(data["runs"]) == len(layer_cost.plan(2))
+    assert (tmp_path / "layer_cost.md").read_text().startswith("# What fuzz at depth costs")
