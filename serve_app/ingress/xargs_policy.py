@@ -13,8 +13,10 @@ sessions). vLLM's OpenAI request models also take ``kv_transfer_params`` as a
 *top-level* field and copy it into the same place. A client must not set any
 of them. Policy:
 
-* fuzz keys (``fuzz_strength``, ``fuzz_mode``, ``fuzz_seed``) are validated
-  with ``patches.fuzz_params`` (the engine's own rules);
+* fuzz keys (``fuzz_strength``, ``fuzz_mode``, ``fuzz_seed``, ``fuzz_layer``,
+  ``fuzz_tokens``, ``fuzz_strength_end``, ``fuzz_ramp_tokens``) are validated
+  with ``patches.fuzz_params`` (the engine's own rules; the model's range of
+  ``fuzz_layer`` is the frontend's, which knows the model);
 * reserved engine keys, in ``vllm_xargs`` or at the top level, are refused
   (``reserved="refuse"``, the default) or silently dropped
   (``reserved="strip"``, for clients that cannot be changed);
