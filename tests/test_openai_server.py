@@ -79,6 +79,10 @@ def test_fuzz_over_http(server):
         ({"fuzz_strength": 1, "fuzz_mode": "nope"}, "fuzz_mode"),
         ({"fuzz_strength": 1, "fuzz_seed": 0.5}, "fuzz_seed"),
         ({"fuzz_typo": 1}, "fuzz_typo"),
+        ({"fuzz_strength": 1, "fuzz_layer": 3}, "fuzz_layer"),  # the fixture model has 2 decoder layers
+        ({"fuzz_strength": 1, "fuzz_layer": -4}, "fuzz_layer"),
+        ({"fuzz_strength": 1, "fuzz_tokens": "output"}, "fuzz_tokens"),
+        ({"fuzz_strength": 1, "fuzz_ramp_tokens": 4}, "fuzz_ramp_tokens"),
     ],
 )
 def test_bad_fuzz_gets_400_naming_the_field(server, xargs, field):
@@ -86,6 +90,20 @@ def test_bad_fuzz_gets_400_naming_the_field(server, xargs, field):
     assert r.status_code == 400, r.text
     assert field in r.json()["error"]["message"]
     assert complete(server, {"fuzz_strength": 0.5}).status_code == 200
+
+
+def test_fuzz_at_depth_over_http(server):
+    """Through vLLM's own server: the frontend knows the model's layers (the workers' report), serves every depth
+    in range, and says the count when a client is out of it."""
+    plain = complete(server).json()["choices"][0]["text"]
+    for layer in (1, 2, -1, -3):
+        r = complete(server, {"fuzz_strength": 3.0, "fuzz_mode": "gaussian", "fuzz_seed": 5, "fuzz_layer": layer})
+        assert r.status_code == 200, r.text
+        if layer != -3:  # -3 is the embeddings on a 2-layer model
+            assert r.json()["choices"][0]["text"] != plain, layer
+    r = complete(server, {"fuzz_strength": 1, "fuzz_layer": 7})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "vllm_xargs.fuzz_layer"
+    assert "between -3 and 2" in r.json()["error"]["message"] and "2 decoder layers" in r.json()["error"]["message"]
 
 
 def test_chat_with_fuzz(server):
