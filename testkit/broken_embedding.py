@@ -13,6 +13,11 @@ plugin would), and served from a copy of the matrix's Llama checkpoint whose
 ``FuzzNoModuleLlamaForCausalLM``
     ``embed_input_ids`` looks the table up itself, so no embedding module
     runs: the patch must refuse to start, naming the switch.
+``FuzzTwoStacksLlamaForCausalLM``
+    a second ``nn.ModuleList`` holds the same decoder layers (``model.mirror``),
+    so the ``fuzz_layer`` patch cannot tell which list is the model's stack:
+    the engine must serve, and refuse every ``fuzz_layer`` but 0 with a 400
+    saying why (never 200 with output unperturbed at the layer asked for).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from pathlib import Path
 
 BYPASS = "FuzzBypassLlamaForCausalLM"
 NO_MODULE = "FuzzNoModuleLlamaForCausalLM"
+TWO_STACKS = "FuzzTwoStacksLlamaForCausalLM"
 
 
 def register() -> None:
@@ -41,8 +47,14 @@ def register() -> None:
         def embed_input_ids(self, input_ids, *args, **kwargs):
             return torch.nn.functional.embedding(input_ids, self.model.embed_tokens.weight)
 
+    class FuzzTwoStacksLlamaForCausalLM(LlamaForCausalLM):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.model.mirror = torch.nn.ModuleList(list(self.model.layers))  # the same layers, listed twice
+
     ModelRegistry.register_model(BYPASS, FuzzBypassLlamaForCausalLM)
     ModelRegistry.register_model(NO_MODULE, FuzzNoModuleLlamaForCausalLM)
+    ModelRegistry.register_model(TWO_STACKS, FuzzTwoStacksLlamaForCausalLM)
 
 
 def checkpoint(source: Path, architecture: str, out: Path) -> Path:

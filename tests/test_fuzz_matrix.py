@@ -25,7 +25,7 @@ import pytest
 
 from patches.matrix.__main__ import markdown
 from patches.matrix.architectures import LAYERS, build
-from patches.matrix.run import EngineRefused, judge_served, run_architecture, serve, serve_architecture
+from patches.matrix.run import EngineRefused, cases_of, judge_served, run_architecture, serve, serve_architecture
 from testkit import broken_embedding
 
 pytestmark = pytest.mark.engine
@@ -102,3 +102,27 @@ def test_a_model_whose_forward_bypasses_its_embedding_is_refused_at_start(tmp_pa
         timeout=600,
     )
     assert all(len(c["tokens"]) == 8 for c in out["passes"][0])
+
+
+def test_a_model_whose_layers_cannot_be_told_apart_serves_with_fuzz_layer_refused(tmp_path):
+    """Two lists hold the decoder layers: the layer patch cannot know which is the stack. The engine serves every
+    request at the embeddings and refuses every other depth, saying why, before any of it is served."""
+    path = broken_embedding.checkpoint(build("llama"), broken_embedding.TWO_STACKS, tmp_path / "model")
+    out = serve(
+        path,
+        "eager",
+        [[1, 5, 6, 7]],
+        setup="testkit.broken_embedding:register",
+        env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"},  # the model is registered in this one process
+        workdir=tmp_path / "work",
+        timeout=600,
+    )
+    first = out["passes"][0]
+    cases = cases_of(1)
+    assert len(first) == len(cases)
+    for (_p, fuzz), case in zip(cases, first, strict=True):
+        if fuzz.layer and not fuzz.neutral:
+            assert "no single list of 4 decoder layers" in case["refused"], case
+            assert "model.layers" in case["refused"] and "model.mirror" in case["refused"]
+        else:
+            assert not case.get("refused") and len(case["tokens"]) == 8, (fuzz.label, case)
