@@ -254,3 +254,24 @@ def test_one_embedding_is_found():
     assert found is not None
     name, module = found
     assert name == "embed_tokens" and isinstance(module, torch.nn.Embedding)
+
+
+def test_float_noise_is_judged_against_the_float64_reference():
+    """Beyond ATOL of the float32 reference with its tokens: float-noise only when the engine is within ATOL plus
+    the float32 reference's own distance from the float64 one; a real disagreement stays differs."""
+    from patches.matrix.judge import rejudge
+
+    engine = [-1.0, -2.0, -0.5]
+    forced32 = [-1.0, -2.0 + 3 * ATOL, -0.5]  # the float32 reference, 3 ATOL off the engine
+    v = _judge(engine_logprobs=engine, forced_logprobs=forced32)
+    assert v.verdict == "differs" and v.float_noise_candidate
+    forced64 = [-1.0, -2.0 + 1.9 * ATOL, -0.5]  # float32 reference 1.1 ATOL from float64; engine 1.9 ATOL from it
+    r = rejudge(v, engine, forced32, forced64)
+    assert r.verdict == "float-noise" and r.ok and r.float_floor == pytest.approx(1.1 * ATOL)
+    assert r.dlogprob64 == pytest.approx(1.9 * ATOL)
+    far64 = [-1.0, -2.0 + 2.5 * ATOL, -0.5]  # the float32 reference 0.5 ATOL from float64, the engine 2.5 from it
+    r = rejudge(v, engine, forced32, far64)
+    assert r.verdict == "differs" and not r.ok and r.dlogprob64 == pytest.approx(2.5 * ATOL)
+    # other tokens, or a second pass that disagrees, never become float-noise
+    other = _judge(engine_logprobs=engine, forced_logprobs=forced32, repeat_tokens=[9, 9, 9])
+    assert not other.float_noise_candidate and rejudge(other, engine, forced32, forced64) is other

@@ -69,10 +69,10 @@ def markdown(results: list[ArchitectureResult], header: str) -> str:
         header,
         "",
         (
-            "| architecture | vLLM backend | mode | requests | equal | near-tie | differs | refused "
+            "| architecture | vLLM backend | mode | requests | equal | near-tie | float-noise | differs | refused "
             "| max dlogprob, s = 0 | max dlogprob, all | cached tokens, pass 2 | verdict |"
         ),
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         c = r.counts()
@@ -82,7 +82,8 @@ def markdown(results: list[ArchitectureResult], header: str) -> str:
             )
             continue
         lines.append(
-            f"| {r.name} | {r.backend} | {r.mode} | {len(r.cases)} | {c['equal']} | {c['near-tie']} | {c['differs']} "
+            f"| {r.name} | {r.backend} | {r.mode} | {len(r.cases)} | {c['equal']} | {c['near-tie']} "
+            f"| {c['float-noise']} | {c['differs']} "
             f"| {c['refused']} | {_neutral_dlogprob(r):.1e} | {_served_max(r):.1e} "
             f"| {min(x.cached_tokens for x in r.cases)}-{max(x.cached_tokens for x in r.cases)} "
             f"| {'pass' if r.ok else 'FAIL'} |"

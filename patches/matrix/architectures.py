@@ -86,7 +86,16 @@ ARCHITECTURES: dict[str, Architecture] = {
         Architecture("gemma", "GemmaConfig", "native", _decoder(head_dim=HEAD_DIM)),
         Architecture("gemma2", "Gemma2Config", "native", _decoder(head_dim=HEAD_DIM, query_pre_attn_scalar=HEAD_DIM)),
         Architecture("phi3", "Phi3Config", "native", _decoder()),
-        Architecture("granite", "GraniteConfig", "native", _decoder(embedding_multiplier=12.0)),
+        # Granite's muP multipliers: the embeddings x 12 and the attention scaled by 1/head_dim, which *replaces*
+        # 1/sqrt(head_dim) (the config class's default of 1.0 left the random model's attention logits 8x a
+        # checkpoint's, so peaked that float32 rounding alone moved its log-probs past the judge's bound: the
+        # results log, 2026-12-07)
+        Architecture(
+            "granite",
+            "GraniteConfig",
+            "native",
+            _decoder(embedding_multiplier=12.0, attention_multiplier=1.0 / HEAD_DIM),
+        ),
         Architecture(
             "gpt2",
             "GPT2Config",

@@ -167,7 +167,8 @@ def perturb(vectors: Any, fuzz: Fuzz, prompt_len: int) -> Any:
 class Reference:
     """A transformers model perturbed as a request's fuzz says: greedy continuations and per-position log-probs."""
 
-    def __init__(self, model_path: str, layers_path: str = "model.layers", layer_offset: int = 0):
+    def __init__(self, model_path: str, layers_path: str = "model.layers", layer_offset: int = 0, double: bool = False):
+        """``double``: the model in float64 (the exact answer float32 implementations are measured against)."""
         import torch
         import transformers
 
@@ -175,7 +176,8 @@ class Reference:
         config = transformers.AutoConfig.from_pretrained(model_path)
         model_class = getattr(transformers, config.architectures[0])
         torch.manual_seed(0)
-        self.model = model_class.from_pretrained(model_path, dtype=torch.float32, attn_implementation="eager")
+        dtype = torch.float64 if double else torch.float32
+        self.model = model_class.from_pretrained(model_path, dtype=dtype, attn_implementation="eager")
         self.model.eval()
         self.layers = operator.attrgetter(layers_path)(self.model)
         self.layer_offset = layer_offset

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .architectures import ARCHITECTURES, INIT_RANGE, LAYERS, WORDS, build, build_tokenizer, resolved_backend
-from .judge import CaseVerdict, judge, refusal
+from .judge import CaseVerdict, judge, refusal, rejudge
 from .reference import Fuzz, Reference
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ class ArchitectureResult:
         )
 
     def counts(self) -> dict[str, int]:
-        out = {"equal": 0, "near-tie": 0, "differs": 0, "refused": 0}
+        out = {"equal": 0, "near-tie": 0, "float-noise": 0, "differs": 0, "refused": 0}
         for c in self.cases:
             out[c.verdict] += 1
         return out
@@ -264,6 +264,7 @@ def judge_served(served: Served, layer_offset: int = 0) -> ArchitectureResult:
     first, second = served.out["passes"]
     result.tokens_fuzzed = sum(w.get("tokens_fuzzed", 0) for w in served.out["worker"])
     ref = Reference(str(served.path), arch.layers, layer_offset)
+    ref64: Reference | None = None  # the float64 reference, built for the first request beyond ATOL with equal tokens
     ids = served.ids
     for (p, fuzz), a, b in zip(cases_of(len(ids)), first, second, strict=True):
         label = f"prompt {p} {fuzz.label}"
@@ -271,18 +272,20 @@ def judge_served(served: Served, layer_offset: int = 0) -> ArchitectureResult:
             result.cases.append(refusal(label, a["refused"]))
             continue
         forced_lp, forced_best = ref.forced(ids[p], a["tokens"], fuzz)
-        result.cases.append(
-            judge(
-                label,
-                a["tokens"],
-                a["logprobs"],
-                ref.greedy(ids[p], fuzz, MAX_TOKENS),
-                forced_lp,
-                forced_best,
-                b["tokens"],
-                b["cached"],
-            )
+        verdict = judge(
+            label,
+            a["tokens"],
+            a["logprobs"],
+            ref.greedy(ids[p], fuzz, MAX_TOKENS),
+            forced_lp,
+            forced_best,
+            b["tokens"],
+            b["cached"],
         )
+        if verdict.float_noise_candidate:
+            ref64 = ref64 or Reference(str(served.path), arch.layers, layer_offset, double=True)
+            verdict = rejudge(verdict, a["logprobs"], forced_lp, ref64.forced(ids[p], a["tokens"], fuzz)[0])
+        result.cases.append(verdict)
     result.seconds = served.seconds + time.monotonic() - started
     return result
 
