@@ -9,6 +9,7 @@ must start what they promise (counts, not timings).
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import aiohttp
@@ -331,3 +332,40 @@ def test_the_operators_own_requests_are_sent_again_after_a_refusal_at_the_ingres
 
     seen, (status, completed) = asyncio.run(with_ingress(1, go))
     assert seen == 2 and status == 200 and completed == 1
+
+
+def test_the_mix_reaches_every_depth_scope_and_ramp_and_keeps_its_other_draws():
+    """Fuzzed requests at the embeddings and at layers 1 and -1, with scopes and ramps; drawn from a stream of
+    their own, so the rest of every request (its strength, mode, prompt, stream) is what the same seed drew before
+    these keys existed."""
+    specs = [draw(Mix(bad=0.0), 3, i) for i in range(600)]
+    fuzzed = [s for s in specs if s.tags["fuzz_mode"] != "none"]
+    assert {s.tags["fuzz_layer"] for s in fuzzed} == {0, 1, -1}
+    assert {s.tags["fuzz_tokens"] for s in fuzzed} == {"all", "prompt", "generated"}
+    assert any(s.tags["fuzz_ramp"] for s in fuzzed)
+    flat = [draw(Mix(bad=0.0, deep=0.0, scheduled=0.0), 3, i) for i in range(600)]
+    for a, b in zip(specs, flat, strict=True):
+        assert {k: v for k, v in a.tags.items() if k not in ("fuzz_layer", "fuzz_tokens", "fuzz_ramp")} == {
+            k: v for k, v in b.tags.items() if k not in ("fuzz_layer", "fuzz_tokens", "fuzz_ramp")
+        }
+        assert a.stream == b.stream and a.cancel_after_chunks == b.cancel_after_chunks
+        xa, xb = (a.body or {}).get("vllm_xargs"), (b.body or {}).get("vllm_xargs")
+        assert (xa is None) == (xb is None)
+        if xb is not None and xa is not None:
+            assert {k: xa[k] for k in xb} == xb
+    from patches.fuzz_params import parse_fuzz_args
+
+    for s in fuzzed:  # every drawn setting is valid for the guard's parser
+        assert s.body is not None
+        parse_fuzz_args(s.body["vllm_xargs"])
+
+
+def test_with_the_layer_patch_off_the_run_sends_no_depth():
+    from load_tests.plan.scenarios import SCENARIOS
+    from load_tests.runner.run import Outputs, without_refused_depths
+
+    sc, outputs = SCENARIOS["stress"], Outputs(out=Path("x"), title="t", fuzz_sweep_per_task=2)
+    off_sc, off_out = without_refused_depths(sc, outputs, "accounting,fuzz_layer")
+    assert off_sc.mix.deep == 0.0 and off_out.fuzz_sweep_layers == (0,)
+    assert without_refused_depths(sc, outputs, "fuzz,fuzz_layer") == (sc, outputs)  # stock: keys ignored
+    assert without_refused_depths(sc, outputs, None) == (sc, outputs)

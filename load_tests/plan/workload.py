@@ -8,7 +8,10 @@ reproducible and a spec can be re-created from its index.
 The kinds and why each is there:
 
 * fuzz levels: s = 0 and a log-spaced sweep from 1 to 10, in both
-  modes (every level gets its own KV cache salt in the engine);
+  modes (every level gets its own KV cache salt in the engine); a share of the
+  fuzzed requests at a decoder layer (``fuzz_layer`` 1 or -1, valid on any
+  model), and a share with a ``fuzz_tokens`` scope or a ramp (their KV salted
+  with the prompt length too);
 * long shared prefixes: a few multi-block (128-token blocks on CPU) prefixes
   shared by many requests, so the prefix cache and the offload tier are hit,
   evicted and reloaded;
@@ -56,6 +59,19 @@ class Mix(BaseModel):
     chat: float = Field(0.3, ge=0, le=1)
     cancel: float = Field(0.1, ge=0, le=1, description="share of streams the client drops mid-way")
     bad: float = Field(0.05, ge=0, le=1, description="share of deliberately bad requests (expect 4xx)")
+    deep: float = Field(
+        0.5,
+        ge=0,
+        le=1,
+        description="share of fuzzed requests at a decoder layer (fuzz_layer 1 or -1) instead of the input embeddings",
+    )
+    scheduled: float = Field(
+        0.3,
+        ge=0,
+        le=1,
+        description="share of fuzzed requests with a fuzz_tokens scope (prompt or generated) or a ramp over the "
+        "generated tokens",
+    )
     hostile: float = Field(
         0.0,
         ge=0,
@@ -180,11 +196,28 @@ BAD_REQUESTS: list[tuple[dict[str, Any] | bytes, int, str | None]] = [
     ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_mode": "chaotic"}}, 400, "vllm_xargs.fuzz_mode"),
     ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_seed": 0.5}}, 400, "vllm_xargs.fuzz_seed"),
     ({"vllm_xargs": {"fuzz_strenght": 1}}, 400, "vllm_xargs.fuzz_strenght"),
+    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_layer": 9999}}, 400, "vllm_xargs.fuzz_layer"),  # past the model's layers
+    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_tokens": "output"}}, 400, "vllm_xargs.fuzz_tokens"),
+    ({"vllm_xargs": {"fuzz_strength": 1, "fuzz_ramp_tokens": 4}}, 400, "vllm_xargs.fuzz_ramp_tokens"),
     ({"vllm_xargs": {"kv_transfer_params": {"do_remote_prefill": True}}}, 400, "vllm_xargs.kv_transfer_params"),
     ({"kv_transfer_params": {"do_remote_decode": True}}, 400, "kv_transfer_params"),
     (b'{"model": "fixture", "prompt": "count 1 2", ', 400, None),
     ({"max_tokens": -3}, 400, "max_tokens"),
 ]
+
+
+def _depth_and_schedule(mix: Mix, rng: random.Random) -> dict[str, Any]:
+    """The keys beyond strength, mode and seed of one fuzzed request: a layer (1 or -1), a scope or a ramp."""
+    extra: dict[str, Any] = {}
+    if rng.random() < mix.deep:
+        extra["fuzz_layer"] = rng.choice((1, -1))
+    if rng.random() < mix.scheduled:
+        kind = rng.choice(("prompt", "generated", "ramp"))
+        if kind == "ramp":
+            extra.update(fuzz_strength_end=rng.choice(FUZZ_LEVELS), fuzz_ramp_tokens=rng.randrange(9))
+        else:
+            extra["fuzz_tokens"] = kind
+    return extra
 
 
 def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
@@ -273,6 +306,12 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
         strength = rng.choice(FUZZ_LEVELS[1:])
         body["vllm_xargs"] = {"fuzz_strength": strength, "fuzz_mode": mode, "fuzz_seed": rng.randrange(4)}
         tags.update(fuzz_mode=mode, fuzz_strength=strength)
+        # depth, scope and schedule from a stream of their own: every other draw of the request (and so of every
+        # run seeded before these keys existed) stays what it was
+        extra = _depth_and_schedule(mix, random.Random(f"depth:{seed}:{index}"))
+        body["vllm_xargs"].update(extra)
+        tags.update(fuzz_layer=extra.get("fuzz_layer", 0), fuzz_tokens=extra.get("fuzz_tokens", "all"))
+        tags.update(fuzz_ramp="fuzz_strength_end" in extra)
     else:
         if rng.random() < mix.explicit_zero:  # s = 0 sent explicitly: must equal no fuzz at all
             body["vllm_xargs"] = {"fuzz_strength": 0.0}

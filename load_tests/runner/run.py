@@ -92,6 +92,16 @@ def check_target(sc: Scenario, target: RunTarget) -> None:
         log.info("the scenario's engine settings (KV pool size) apply to local deployments only")
 
 
+def without_refused_depths(sc: Scenario, outputs: Outputs, patches_off: str | None) -> tuple[Scenario, Outputs]:
+    """With the ``fuzz_layer`` patch off (and ``fuzz`` on) a deployment refuses every ``fuzz_layer`` but 0 with a
+    400: the mix sends none (``deep`` 0) and the sweep stays at the embeddings. With ``fuzz`` off too every fuzz
+    key is ignored (stock vLLM), and the mix is left as it is."""
+    if not is_off("fuzz_layer", patches_off) or is_off("fuzz", patches_off):
+        return sc, outputs
+    sc = sc.model_copy(update={"mix": sc.mix.model_copy(update={"deep": 0.0})})
+    return sc, outputs.model_copy(update={"fuzz_sweep_layers": (0,)})
+
+
 def repeat_run(sc: Scenario, run_config: RunConfig, k: int) -> tuple[Scenario, RunConfig]:
     """The ``k``-th of ``repeat`` runs: its own seed (seed + k), and with a prompts file its own slice of it, so
     that no run sends another's requests again (a repeat would hit the caches the first one filled)."""
@@ -119,6 +129,7 @@ def run(
     ``outputs.out``; the summary (with ``repeat`` > 1, the last run's carrying every run's figures)."""
     console = console or Console()
     check_target(sc, target)
+    sc, outputs = without_refused_depths(sc, outputs, settings.patches_off)
     cluster = None
     ref = None
     try:
