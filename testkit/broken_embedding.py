@@ -48,8 +48,8 @@ def register() -> None:
             return torch.nn.functional.embedding(input_ids, self.model.embed_tokens.weight)
 
     class FuzzTwoStacksLlamaForCausalLM(LlamaForCausalLM):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
+        def __init__(self, *, vllm_config, prefix: str = ""):  # vLLM reads this signature: keyword-only, by name
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
             self.model.mirror = torch.nn.ModuleList(list(self.model.layers))  # the same layers, listed twice
 
     ModelRegistry.register_model(BYPASS, FuzzBypassLlamaForCausalLM)
