@@ -48,6 +48,7 @@ from benchmarks.harness.pair_stats import median_ratio
 from benchmarks.harness.targets import ENGINE, EngineKwargs
 from benchmarks.patch_overhead import _tree_cpu
 from benchmarks.serve_stack import REPO, SETTLE_S, _machine, prompts
+from benchmarks.vs_vllm import cpu_model
 from load_tests.command_logs import command_logging
 from patches.switches import OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV
@@ -134,7 +135,7 @@ def markdown(meta: dict[str, Any], runs: list[dict[str, Any]], table: list[dict[
     lines = [
         "# What fuzz at depth costs",
         "",
-        f"`{meta['command']}` on {meta['machine']}, {meta['date']}. Model: {meta['model']}.",
+        f"`{meta['command']}` on {meta.get('cpu', '?')}, {meta['machine']}, {meta['date']}. Model: {meta['model']}.",
         "",
         (
             f"Offline `LLM.generate`, {w['requests']} distinct prompts of {w['prompt_tokens']} tokens, "
@@ -242,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.layer_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(),
+        "cpu": cpu_model(),
         "model": "fixture (hidden 128 x 2 layers)",
         "workload": {
             "requests": args.requests,
