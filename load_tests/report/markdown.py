@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
+from ..load.fuzz_sweep import layer_grid
 from ..results.models import Capacity, ClientServer, HostileVerdict, Repeats, RunSummary, ServerPercentiles
 
 
@@ -167,8 +168,6 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
 
 def sweep_lines(sweep) -> list[str]:
     """The fuzz sweep: task accuracy by depth x strength per mode (the heatmap's numbers), then every point."""
-    from ..load.fuzz_sweep import layer_grid
-
     lines = ["## Fuzz sweep (greedy, through the deployment)", ""]
     for mode in dict.fromkeys(p.mode for p in sweep):
         layers, strengths, grid = layer_grid(sweep, mode)

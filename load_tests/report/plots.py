@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from ..load.client import RequestResult
+from ..load.fuzz_sweep import layer_grid
 from ..load.outcomes import OK_OUTCOMES
 from ..observe.counters import SOURCES
 from ..observe.monitor import InvariantChecker
@@ -126,8 +127,6 @@ def plot_sweep(points, path: Path) -> None:
 
 def plot_sweep_layers(points, path: Path) -> None:
     """Task accuracy as a heatmap of depth (fuzz_layer, rows) by strength (columns), one panel per mode."""
-    from ..load.fuzz_sweep import layer_grid
-
     plt = _plt()
     modes = list(dict.fromkeys(p.mode for p in points))
     fig, axes = plt.subplots(1, len(modes), figsize=(6.2 * len(modes), 2.8), squeeze=False)
