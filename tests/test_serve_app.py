@@ -750,8 +750,13 @@ def test_settings_that_differ_in_a_depth_scope_or_schedule_key_never_share_kv(se
     }
     assert all(variants.values()), f"a variant of each key on the base's replica: {variants}"
     # the hostile client: a neutral request whose cache_salt is the engine's salt of the base setting, on a prompt
-    # the router sends to the same replica as the base
-    hostile_prompt = next(p for p in (f"{prompt} {w}" for w in words) if _home(replicas, p, None) == home)
+    # the router sends to the same replica both neutral and with the base setting (it keys on a prompt's first
+    # characters: the candidates differ at the front)
+    hostile_prompt = next(
+        p
+        for p in (f"{w} {v} {prompt}" for w in words for v in words)
+        if _home(replicas, p, None) == _home(replicas, p, base) == home
+    )
     hostile_salt = salted(None, parse_fuzz_args(base))
     assert hostile_salt is not None and hostile_salt.startswith("fuzz:")
 
