@@ -19,7 +19,7 @@ fi
 # promtool + prometheus for the monitoring rules' tests, project-local (.cache/tools); fast when already there.
 "$ROOT/scripts/install_promtool.sh"
 
-stamp_want=$( (cat pyproject.toml scripts/bootstrap.sh; echo "$build") | sha256sum | cut -d' ' -f1)
+stamp_want=$( (cat pyproject.toml constraints.txt scripts/bootstrap.sh; echo "$build") | sha256sum | cut -d' ' -f1)
 stamp_file="$VENV/.fuzzserve-bootstrap"
 if [[ -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp_want" ]]; then
     exit 0
@@ -27,15 +27,16 @@ fi
 
 echo "bootstrap: building $VENV (vLLM build: $build); first run takes several minutes" >&2
 [[ -x "$VENV/bin/python" ]] || "$PY" -m venv "$VENV"
-pip=("$VENV/bin/python" -m pip install --quiet --progress-bar off)
+# Every install reads constraints.txt: the versions deploy/Dockerfile installs too (tests/test_kuberay.py).
+pip=("$VENV/bin/python" -m pip install --quiet --progress-bar off -c "$ROOT/constraints.txt")
 # This machine kind's pip config lists local index folders that lack most
 # packages; pip warns about each one. Those warnings are noise, not errors.
 quiet_index_warnings() { grep -v "is ignored: it is neither a file nor a directory" >&2 || true; }
 
-# torch first, pinned exactly. On CPU hosts of this kind pip finds the CPU
-# wheel of torch 2.13.0 on local disk; asking for it before vLLM keeps pip from
-# resolving a CUDA torch (gigabytes) from the registry.
-"${pip[@]}" "torch==2.13.0" 2> >(quiet_index_warnings)
+# torch first, at constraints.txt's version. On CPU hosts of this kind pip finds
+# the CPU wheel of that torch on local disk; asking for it before vLLM keeps pip
+# from resolving a CUDA torch (gigabytes) from the registry.
+"${pip[@]}" torch 2> >(quiet_index_warnings)
 "${pip[@]}" -e ".[$build,test]" 2> >(quiet_index_warnings)
 
 if [[ "$build" == cpu ]]; then
