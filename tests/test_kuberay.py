@@ -11,6 +11,7 @@ offline: no Kubernetes cluster or container runtime can be reached from these ma
 from __future__ import annotations
 
 import copy
+import dataclasses
 import re
 import subprocess
 import sys
@@ -68,7 +69,7 @@ def test_a_drift_either_way_is_caught(tmp_path, monkeypatch):
     assert k.drifted(t) is None
     changed = tmp_path / "serve_config.yaml"
     changed.write_text(t.serve_config.read_text().replace("max_body_bytes: 1048576", "max_body_bytes: 2097152"))
-    assert "differs" in (k.drifted(k.Manifest(**{**t.__dict__, "serve_config": changed})) or "")
+    assert "differs" in (k.drifted(dataclasses.replace(t, serve_config=changed)) or "")
     # a change of the environment table
     monkeypatch.setitem(ce.CLUSTER_ENV, "RAY_SERVE_CONTROL_LOOP_INTERVAL_S", "0.25")
     assert "differs" in (k.drifted(t) or "")
@@ -283,7 +284,14 @@ def test_the_check_command_passes_the_committed_manifests_and_exits_1_on_drift(t
     assert wrote.returncode == 0, wrote.stderr[-2000:]
     doc = yaml.safe_load(out.read_text())
     assert {c["image"] for c in containers(doc)} == {"reg.example/fz:1"}
+    assert "the image reg.example/fz:1 (deploy/Dockerfile)" in out.read_text()
     assert ks.check_manifest(doc, check_llm=False) == []
+    # --validate: a user's edited copy, passing, then with a misspelt field
+    validate = [sys.executable, "-m", "serve_app.config.kuberay", "--validate", str(out)]
+    assert subprocess.run(validate, cwd=REPO, capture_output=True, text=True).returncode == 0
+    out.write_text(out.read_text().replace("terminationGracePeriodSeconds:", "terminationGracePeriodSecond:"))
+    bad = subprocess.run(validate, cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 1 and "'terminationGracePeriodSecond' was unexpected" in bad.stderr
 
 
 # ----------------------------------------------------------------------------- one constraints file
