@@ -295,6 +295,28 @@ def test_the_check_command_passes_the_committed_manifests_and_exits_1_on_drift(t
 
 
 # ----------------------------------------------------------------------------- one constraints file
+def hadolint(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "hadolint"), "--no-color", str(path)], capture_output=True, text=True
+    )
+
+
+def test_the_dockerfile_passes_hadolint_and_a_planted_mistake_does_not(tmp_path):
+    """The image is never built here: hadolint (ShellCheck inside) is what reads its shell and instructions."""
+    ok = hadolint(DOCKERFILE)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    planted = tmp_path / "Dockerfile"
+    # ADD where COPY is meant (DL3020), and an unquoted variable holding a flag and its value (ShellCheck's SC2086)
+    text = DOCKERFILE.read_text()
+    planted.write_text(
+        text.replace("COPY --chown=ray:users patches", "ADD --chown=ray:users patches")
+        .replace("torch_index=https://download.pytorch.org/whl/cpu", 'torch_index="--index-url https://x/cpu"')
+        .replace('${torch_index:+--index-url "$torch_index"}', "$torch_index")
+    )
+    bad = hadolint(planted)
+    assert bad.returncode != 0 and "DL3020" in bad.stdout and "SC2086" in bad.stdout, bad.stdout
+
+
 def pip_lines(text: str) -> list[str]:
     """The shell lines that run ``pip install`` (continuations joined, comments dropped)."""
     joined = re.sub(r"\\\n", " ", text)
