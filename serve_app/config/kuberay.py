@@ -33,13 +33,16 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from ray.serve.config import ProxyLocation
 
 from serve_app.config import deploy_config as dc
 from serve_app.config.kuberay_schema import check_manifest, documents
@@ -233,8 +236,6 @@ TARGETS = {
 # ----------------------------------------------------------------------------- the Serve config
 def k8s_serve_config(cfg: dc.ServeConfig, workers: int) -> dc.ServeConfig:
     """``cfg`` as a RayService runs it (:data:`K8S_SERVE_CHANGES`): every other key as the file says."""
-    from ray.serve.config import ProxyLocation
-
     out = dc.replaced(
         cfg, http_options=dc.replaced(cfg.http_options, host="0.0.0.0"), proxy_location=ProxyLocation.EveryNode
     )
@@ -478,15 +479,11 @@ def constraints(path: Path = CONSTRAINTS) -> dict[str, str]:
 
 def normalise(name: str) -> str:
     """A distribution name as pip compares them (PEP 503)."""
-    import re
-
     return re.sub(r"[-_.]+", "-", name).lower().strip()
 
 
 def installed_mismatches(pins: Mapping[str, str]) -> list[str]:
     """Every installed distribution of ``pins`` whose version differs (a local label, ``+cpu``, aside)."""
-    from importlib import metadata
-
     wrong = []
     for dist, version in pins.items():
         try:
@@ -501,8 +498,6 @@ def installed_mismatches(pins: Mapping[str, str]) -> list[str]:
 def check_image() -> list[str]:
     """What the manifests rely on in the environment this runs in (the image's last build step): the pinned
     versions installed, vLLM present, Ray at the manifests' rayVersion, the project's plugin importable."""
-    from importlib import metadata
-
     problems = installed_mismatches(constraints())
     if metadata.version("ray") != RAY_VERSION:
         problems.append(f"ray {metadata.version('ray')}: the manifests' rayVersion is {RAY_VERSION}")
@@ -519,8 +514,6 @@ def check_image() -> list[str]:
 
 
 def _installed(dist: str) -> bool:
-    from importlib import metadata
-
     try:
         metadata.version(dist)
     except metadata.PackageNotFoundError:

@@ -40,6 +40,8 @@ from typing import Any
 
 import jsonschema
 import yaml
+from pydantic import ValidationError
+from ray.serve.schema import ServeDeploySchema
 
 from serve_app.config import deploy_config as dc
 
@@ -116,9 +118,6 @@ def operator_errors(doc: dict[str, Any]) -> list[str]:
 
 def serve_errors(serve_config: str, check_llm: bool = True) -> list[str]:
     """Layer 3: where ``serveConfigV2`` fails Ray Serve's schema, the project's config or ``LLMConfig``."""
-    from pydantic import ValidationError
-    from ray.serve.schema import ServeDeploySchema
-
     try:
         document = yaml.safe_load(serve_config)
     except yaml.YAMLError as e:
@@ -135,7 +134,7 @@ def serve_errors(serve_config: str, check_llm: bool = True) -> list[str]:
         return [f"serveConfigV2 (the project's config): {_first(e) if isinstance(e, ValidationError) else e}"]
     if not check_llm:
         return []
-    from ray.serve.llm import LLMConfig
+    from ray.serve.llm import LLMConfig  # here, not above: it imports vLLM (about 10 s)
 
     errors = []
     for app in dc.fuzz_applications(cfg):
