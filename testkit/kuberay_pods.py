@@ -139,11 +139,9 @@ def pod_env(container: dict[str, Any], token: str, secrets_: dict[tuple[str, str
 
 def start_args(pod: Pod, head_ip: str) -> list[str]:
     """``ray start`` for the pod, flags from its group's ``rayStartParams`` (KubeRay's own additions first)."""
-    params = dict(pod.group.get("rayStartParams") or {})
-    if pod.head:
-        args = ["--head", f"--port={GCS_PORT}", f"--dashboard-agent-listen-port={AGENT_PORT}"]
-    else:
-        args = [f"--address={head_ip}:{GCS_PORT}", f"--dashboard-agent-listen-port={AGENT_PORT}"]
+    # KubeRay's defaults where the group does not set them, then the group's own
+    params = {"dashboard-agent-listen-port": str(AGENT_PORT), **(pod.group.get("rayStartParams") or {})}
+    args = ["--head", f"--port={GCS_PORT}"] if pod.head else [f"--address={head_ip}:{GCS_PORT}"]
     args += [f"--{k}={v}" for k, v in params.items()]
     return [str(BIN / "ray"), "start", *args]
 

@@ -176,9 +176,20 @@ def test_probes_and_ports(target):
     command = worker["readinessProbe"]["exec"]["command"][-1]
     assert f"localhost:{k.SERVE_PORT}/-/healthz" in command and "local_raylet_healthz" in command
     assert worker["readinessProbe"]["failureThreshold"] == 1  # KubeRay's for a RayService worker
+    # Ray's ports between nodes pinned on every group and named on its container (docs/security.md lists them)
     cluster = doc["spec"]["rayClusterConfig"]
     for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]:
-        assert group["rayStartParams"]["metrics-export-port"] == str(k.METRICS_PORT)
+        [c] = group["template"]["spec"]["containers"]
+        declared = {p["name"]: p["containerPort"] for p in c["ports"]}
+        for flag, (pname, port) in k.NODE_PORTS.items():
+            assert group["rayStartParams"][flag] == str(port) and declared[pname] == port, (
+                flag,
+                group["rayStartParams"],
+            )
+    security = (REPO / "docs" / "security.md").read_text()
+    assert all(f"--{flag}" in security for flag in k.NODE_PORTS if flag != "dashboard-agent-listen-port")
+    for c in (head, worker):  # no port declared twice, under two names
+        assert len({p["containerPort"] for p in c["ports"]}) == len(c["ports"]), c["ports"]
 
 
 # ----------------------------------------------------------------------------- the offline checks

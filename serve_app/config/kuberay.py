@@ -66,6 +66,18 @@ SERVE_PORT = 8000
 METRICS_PORT = 8080
 DASHBOARD_AGENT_PORT = 52365  # the dashboard agent's HTTP port: Ray's node health endpoint (/api/healthz)
 HEAD_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001}
+# Ray's ports between nodes that it would otherwise pick at random on every node (docs/security.md, "Ray's own
+# ports"), pinned so that a NetworkPolicy or firewall can name each: rayStartParams flag -> (container port name,
+# port). What stays a range: the workers' gRPC ports (Ray's --min/--max-worker-port, 10002-19999) and Serve's
+# replicas' and ingress routers' own HTTP ports (30000-31000).
+NODE_PORTS = {
+    "metrics-export-port": ("metrics", METRICS_PORT),
+    "dashboard-agent-listen-port": ("dashboard-agent", DASHBOARD_AGENT_PORT),
+    "node-manager-port": ("raylet", 6380),
+    "object-manager-port": ("object-manager", 8076),
+    "dashboard-agent-grpc-port": ("agent-grpc", 8077),
+    "runtime-env-agent-port": ("runtime-env", 8078),
+}
 
 
 # ----------------------------------------------------------------------------- what changes off one host
@@ -322,15 +334,13 @@ def manifest(target: Manifest, image: str | None = None, name: str | None = None
     env.append(
         {"name": API_KEYS_ENV, "valueFrom": {"secretKeyRef": {"name": API_KEYS_SECRET, "key": API_KEYS_SECRET_KEY}}}
     )
-    head = _container(
-        "ray-head", image, env, target.head_resources, {**HEAD_PORTS, "serve": SERVE_PORT, "metrics": METRICS_PORT}
-    )
+    node_ports = dict(NODE_PORTS.values())
+    node_params = {flag: str(port) for flag, (_, port) in NODE_PORTS.items()}
+    head = _container("ray-head", image, env, target.head_resources, {**HEAD_PORTS, "serve": SERVE_PORT, **node_ports})
     # KubeRay 1.7's values (ray-operator/controllers/ray/common/pod.go, initLivenessAndReadinessProbe)
     head["livenessProbe"] = _probe(_NODE_HEALTH, initial=30, timeout=5, failures=120)
     head["readinessProbe"] = _probe(_NODE_HEALTH, initial=10, timeout=5, failures=10)
-    worker = _container(
-        "ray-worker", image, env, target.worker_resources, {"serve": SERVE_PORT, "metrics": METRICS_PORT}
-    )
+    worker = _container("ray-worker", image, env, target.worker_resources, {"serve": SERVE_PORT, **node_ports})
     worker["livenessProbe"] = _probe(_NODE_HEALTH, initial=30, timeout=2, failures=120)
     worker["readinessProbe"] = _probe(_WORKER_READY, initial=10, timeout=2, failures=1)
     grace = drain_seconds(serve_cfg) + 30
@@ -348,11 +358,7 @@ def manifest(target: Manifest, image: str | None = None, name: str | None = None
                 "rayVersion": RAY_VERSION,
                 "authOptions": {"mode": "token"},
                 "headGroupSpec": {
-                    "rayStartParams": {
-                        "num-cpus": "0",
-                        "dashboard-host": "0.0.0.0",
-                        "metrics-export-port": str(METRICS_PORT),
-                    },
+                    "rayStartParams": {"num-cpus": "0", "dashboard-host": "0.0.0.0", **node_params},
                     "template": {"spec": {"containers": [head]}},
                 },
                 "workerGroupSpecs": [
@@ -361,7 +367,7 @@ def manifest(target: Manifest, image: str | None = None, name: str | None = None
                         "replicas": target.workers,
                         "minReplicas": target.workers,
                         "maxReplicas": target.workers,
-                        "rayStartParams": {**target.worker_start_params, "metrics-export-port": str(METRICS_PORT)},
+                        "rayStartParams": {**target.worker_start_params, **node_params},
                         "template": {"spec": {"terminationGracePeriodSeconds": grace, "containers": [worker]}},
                     }
                 ],
@@ -413,6 +419,9 @@ def header(target: Manifest, image: str | None = None) -> str:
     lines.append("# Not set though KubeRay's high-throughput LLM sample sets them:")
     lines.extend(f"#   {k}: {why}" for k, why in NOT_FROM_THE_SAMPLE.items())
     lines += [
+        "# Ports: Ray's ports between nodes pinned (rayStartParams) and named on the containers, so that a",
+        "# NetworkPolicy can name each; ranges: the workers' gRPC ports 10002-19999, Serve's replica and router",
+        "# ports 30000-31000 (docs/kubernetes.md#ports-and-exposure).",
         "# Probes: what KubeRay 1.7 injects for Ray >= 2.53, written out (node health; a worker is ready once its",
         "# raylet and Serve's HAProxy answer). Workers: one engine replica each, drained within",
         "# terminationGracePeriodSeconds (graceful_shutdown_timeout_s + 30 s).",
