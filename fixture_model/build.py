@@ -187,7 +187,10 @@ def _batches(tokenizer, examples, rng):
 
 def train(out_dir: Path) -> None:
     import torch
+    from rich.console import Console
+    from rich.progress import Progress
     from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
     from .tasks import held_out_examples, training_examples
 
@@ -213,19 +216,12 @@ def train(out_dir: Path) -> None:
     examples = training_examples(TRAIN["n_examples"], seed=TRAIN["seed"])
     batches = _batches(tokenizer, examples, rng)
 
-    progress_cls: type[Progress] | None
-    try:
-        from rich.progress import Progress
-
-        progress_cls = Progress
-    except ImportError:  # pragma: no cover - rich is a dependency
-        progress_cls = None
     t0 = time.monotonic()
     model.train()
-    progress = progress_cls(transient=True) if progress_cls else None
-    task = progress.add_task("training fixture model", total=TRAIN["steps"]) if progress else None
-    if progress:
-        progress.start()
+    # on stderr: stdout is the checkpoint's path alone (scripts/main.sh reads it)
+    progress = Progress(console=Console(stderr=True), transient=True)
+    task = progress.add_task("training fixture model", total=TRAIN["steps"])
+    progress.start()
     try:
         for _step in range(TRAIN["steps"]):
             x = next(batches)
@@ -236,11 +232,9 @@ def train(out_dir: Path) -> None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
-            if progress and task is not None:  # task is set whenever progress is
-                progress.update(task, advance=1, description=f"training fixture model (loss {loss.item():.3f})")
+            progress.update(task, advance=1, description=f"training fixture model (loss {loss.item():.3f})")
     finally:
-        if progress:
-            progress.stop()
+        progress.stop()
     train_s = time.monotonic() - t0
 
     accuracy = evaluate_hf(model, tokenizer, held_out_examples(20))
@@ -254,6 +248,7 @@ def train(out_dir: Path) -> None:
 
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     model.eval()
+    hf_logging.disable_progress_bar()  # one shard, written in a blink: its bar is noise on the console
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "fixture_build.json").write_text(

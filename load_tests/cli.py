@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from rich.console import Console
 
-from load_tests.command_logs import command_logging
+from load_tests.command_logs import command_logging, log_to_file
 from patches.switches import OFF_ENV
 from serve_app.engine.engine_env import use_engine_env
 from serve_app.routing.routers import ROUTERS
@@ -40,7 +40,7 @@ from .plan.scenarios import SCENARIOS, Scenario
 from .plan.steps import Operation, Scale
 from .plan.workload import file_prompts
 from .report.console import print_summary
-from .report.write import REPORT_FILES
+from .report.write import REPORT_FILES, RUN_LOG
 from .results.models import EXIT_USAGE
 from .runner.loop import RunConfig
 from .runner.run import Outputs, RunTarget, run
@@ -439,12 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     command_logging()
     use_engine_env()
-    console = Console()
+    # soft wrap: a line longer than the terminal is the terminal's to wrap (a log file or pipe gets it whole)
+    console = Console(soft_wrap=True)
     try:
         inputs = inputs_from(args)
     except ValueError as e:
         console.print(f"[red]bad load settings[/]: {e}")
         return EXIT_USAGE
+    log_to_file(inputs.outputs.out / RUN_LOG)
     try:
         summary = run(*inputs, console)
     except SetupError as e:

@@ -3,9 +3,12 @@ and set-up's library JSON lines kept out of the terminal (scripts/env.sh)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+
+from load_tests.command_logs import FORMAT
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,6 +30,46 @@ def test_a_command_prints_its_own_progress_and_the_libraries_warnings_and_errors
     assert "library note" not in r.stderr
 
 
+# A command that imports the project's Serve modules mid-run, as the load-test CLI does (serve_app.ray_internals
+# imports Ray Serve LLM's serve package, whose first import sets up the process's logging).
+MID_RUN = """
+import logging
+{setup}
+import serve_app.ray_internals  # mid-run
+logging.getLogger("fuzzserve.load_tests").info("load finished")
+logging.getLogger("httpx").info("HTTP Request: GET /api/serve/applications/")
+"""
+
+
+def json_records(text: str) -> list[str]:
+    """The lines of ``text`` that are JSON objects (Ray's JSONFormatter's records)."""
+    found = []
+    for line in text.splitlines():
+        try:
+            if isinstance(json.loads(line), dict):
+                found.append(line)
+        except ValueError:
+            pass
+    return found
+
+
+def test_the_console_stays_plain_after_ray_serve_llm_is_imported_mid_run():
+    setup = "from load_tests.command_logs import command_logging\ncommand_logging()"
+    r = subprocess.run(
+        [sys.executable, "-c", MID_RUN.format(setup=setup)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr
+    assert json_records(r.stderr) == [], r.stderr
+    assert "load finished" in r.stderr and "HTTP Request" not in r.stderr
+    # the control: the same with a plain set-up before the import gets Ray's JSON records, the library's INFO included
+    plain = f"logging.basicConfig(level=logging.WARNING, format={FORMAT!r})"
+    r = subprocess.run(
+        [sys.executable, "-c", MID_RUN.format(setup=plain)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr
+    assert any("HTTP Request" in line for line in json_records(r.stderr)), r.stderr
+
+
 def test_set_up_keeps_library_json_lines_below_error_off_the_terminal():
     """The filter scripts/env.sh puts on set-up's stderr, fed what the bootstrap's import check prints."""
     [line] = [
@@ -45,3 +88,18 @@ def test_set_up_keeps_library_json_lines_below_error_off_the_terminal():
         ["grep", "-v", "-E", pattern], input="\n".join(lines) + "\n", capture_output=True, text=True
     ).stdout
     assert out.splitlines() == lines[2:]
+
+
+def test_a_run_log_takes_every_library_record_the_console_leaves_out(tmp_path):
+    log = tmp_path / "out" / "run.log"
+    setup = (
+        "from pathlib import Path\nfrom load_tests.command_logs import command_logging, log_to_file\n"
+        f"command_logging()\nlog_to_file(Path({str(log)!r}))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", MID_RUN.format(setup=setup)], capture_output=True, text=True, timeout=120, cwd=REPO
+    )
+    assert r.returncode == 0, r.stderr
+    assert "load finished" in r.stderr and "HTTP Request" not in r.stderr and json_records(r.stderr) == []
+    text = log.read_text()
+    assert "INFO httpx: HTTP Request: GET" in text and "INFO fuzzserve.load_tests: load finished" in text

@@ -12,6 +12,9 @@ process (the same code, without a second interpreter start per case).
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -71,9 +74,47 @@ def test_a_replica_reported_by_two_endpoints_fails_the_run(tmp_path):
     assert code == 1 and any("duplicate_replica" in f and "reported by 2 endpoints" in f for f in summary["failures"])
 
 
+# What the CLI's console may hold (issue 70: the console is the report): its own log records, plain text;
+# rich's tables; and the lines the CLI prints, each whole (a line wrapped by the console starts none of these).
+LOG_RECORD = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
+TABLE_CHARS = "┏┃┡│└┌├╭╰━─┗┠╇┳┻┯┷"
+CLI_LINES = ("smoke: ", "  target ", "report: ", "deployed in ")
+
+
+def console_problems(text: str) -> list[str]:
+    """The lines of a CLI run's console output that are not one of :data:`CLI_LINES`' kinds: a JSON log record (a
+    library's, through Ray's formatter) or the rest of a line the console broke."""
+    problems = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            if isinstance(json.loads(line), dict):
+                problems.append(f"a JSON log record: {line}")
+                continue
+        except ValueError:
+            pass
+        if LOG_RECORD.match(line) or line.lstrip()[:1] in TABLE_CHARS or line.startswith(CLI_LINES):
+            continue
+        if line.strip() in ("smoke: PASSED", "smoke: FAILED"):  # the summary table's centred title
+            continue
+        problems.append(f"a stray line: {line}")
+    return problems
+
+
+def test_the_console_checker_catches_a_json_record_and_a_broken_line():
+    good = "2026-12-07 09:01:08,475 INFO fuzzserve.load_tests: load finished\nreport: /tmp/r.md\n│ requests │ 12 │"
+    assert console_problems(good) == []
+    planted_json = good + '\n{"asctime": "2026-12-07", "levelname": "INFO", "message": "HTTP Request: GET /"}'
+    assert [p.split(":")[0] for p in console_problems(planted_json)] == ["a JSON log record"]
+    planted_break = good + "\n  target http://127.0.0.1:8000, profile {'kind': 'fixed',\n'duration_s': 2.0}, metrics"
+    assert [p.split(":")[0] for p in console_problems(planted_break)] == ["a stray line"]
+
+
 @pytest.mark.parametrize("fault, code", [(None, 0), ("decreasing_counter", 1)])
 def test_the_command_line_exit_code(tmp_path, fault, code):
-    """`python -m load_tests` itself, as README and CI run it."""
+    """`python -m load_tests` itself, as README and CI run it; its console (a pipe, 60 columns) holds progress and
+    results only, each line whole."""
     server = subprocess.Popen(
         [
             sys.executable,
@@ -92,13 +133,18 @@ def test_the_command_line_exit_code(tmp_path, fault, code):
     try:
         port = int(server.stdout.readline().rsplit(":", 1)[-1])
         proc = subprocess.run(
-            [sys.executable, "-m", "load_tests", *cli_args(port, tmp_path)], capture_output=True, text=True, timeout=300
+            [sys.executable, "-m", "load_tests", *cli_args(port, tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "COLUMNS": "60"},
         )
     finally:
         server.terminate()
         server.wait(30)
     assert proc.returncode == code, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert ("PASSED" if code == 0 else "decrease") in proc.stdout
+    assert console_problems(proc.stdout + proc.stderr) == [], proc.stdout + proc.stderr
 
 
 # ---------------------------------------------------------------- --url operations: the test is the operator

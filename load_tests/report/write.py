@@ -26,9 +26,13 @@ from ..results.models import RunSummary
 from .markdown import markdown
 from .plots import plot_capacity, plot_counters, plot_latency_cdf, plot_sweep, plot_sweep_layers, plot_throughput
 
-# The files above that every report writes (a run's other outputs must not take these names).
+# The run's log: every logger's records from INFO up, the libraries' included (load_tests.command_logs.log_to_file);
+# the console shows progress, the CLI's own records and the results.
+RUN_LOG = "run.log"
+# The files every report writes (a run's other outputs must not take these names).
 REPORT_FILES = frozenset(
     {
+        RUN_LOG,
         "requests.jsonl",
         "summary.json",
         "metrics.jsonl",

@@ -149,7 +149,7 @@ class LoadLoop:
         self.progress = Progress(
             TextColumn("[bold]{task.description}"),
             BarColumn(),
-            TextColumn("{task.completed} done"),
+            TextColumn("{task.completed:.0f} {task.fields[unit]}"),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             disable=not config.progress,
@@ -158,6 +158,7 @@ class LoadLoop:
         self.task = self.progress.add_task(
             scenario.name,
             total=None if sweep else scenario.profile.max_requests or scenario.profile.duration_s,
+            unit="requests" if sweep or scenario.profile.max_requests else "s",
             status="",
         )
 
