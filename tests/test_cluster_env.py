@@ -215,3 +215,31 @@ def test_a_cluster_of_several_nodes_runs_without_the_single_host_switch():
     assert LocalCluster(multi_node=True)._env()[SINGLE_HOST] == "1"
     with pytest.raises(ClusterError, match="single host"):
         LocalCluster().add_worker()
+
+
+HAPROXY_CFG = """global
+    log 127.0.0.1:514 local0 info
+    stats socket /tmp/x/admin.sock mode 666 level admin expose-fd listeners
+defaults
+    mode http
+    log global
+    option httplog
+frontend stats
+    bind *:8404
+"""
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_haproxy_wrapper_drops_the_unread_access_log_unless_asked_to_keep_it(tmp_path, keep):
+    """serve_app/ingress/haproxy_edge.sh on a config with the lines Ray 2.60's template writes (the engine test
+    reads the real one): the access log line to the syslog port nobody reads goes, unless
+    FUZZSERVE_HAPROXY_ACCESS_LOG=1; its other edits are made either way."""
+    cfg = tmp_path / "haproxy.cfg"
+    cfg.write_text(HAPROXY_CFG)
+    script = Path(__file__).resolve().parents[1] / "serve_app" / "ingress" / "haproxy_edge.sh"
+    env = {**os.environ, "FUZZSERVE_HAPROXY_REAL": "true", "FUZZSERVE_HAPROXY_ACCESS_LOG": "1" if keep else "0"}
+    subprocess.run(["sh", str(script), "-f", str(cfg)], env=env, check=True, timeout=30)
+    text = cfg.read_text()
+    assert ("    log 127.0.0.1:514 local0 info\n" in text) is keep
+    assert "    timeout http-request 30s\n" in text and "    bind 127.0.0.1:8404\n" in text
+    assert "    log global\n" in text and "stats socket" in text

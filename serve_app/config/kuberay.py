@@ -126,6 +126,8 @@ _KEEP_WHY = {
     "which runs before any API key is checked (docs/security.md)",
     "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "two ingress request routers per proxy node: a redeploy "
     "never leaves HAProxy with only a stopping one",
+    ce.HAPROXY_METRICS: "no per-request metrics line from HAProxy for Serve's proxy to parse: the engine "
+    "replica counts serve_num_http_requests itself (docs/benchmarks.md#the-serve-paths-own-work)",
     ce.SHUTDOWN_TIER_TIMEOUT: "serve shutdown waits 5 s, not 30, for the routers' tier",
     ce.EDGE_CALLBACK: "every HTTP server Serve starts refuses the headers that lift Ray's request limits",
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "a client silent for 30 s is cut off (Serve's default: an hour)",
@@ -430,17 +432,18 @@ def header(target: Manifest, image: str | None = None) -> str:
 
 
 def _fold(line: str, width: int = 118) -> str:
-    """A comment line folded at ``width``, continuations indented under its text."""
+    """A comment line folded at ``width``, continuations indented under its text (an indented comment's too)."""
     if len(line) <= width:
         return line
-    indent = "#     " if line.startswith("#   ") else "# "
-    words, out, cur = line.split(" "), [], ""
+    lead = line[: len(line) - len(line.lstrip())]
+    indent = lead + ("#     " if line.lstrip().startswith("#   ") else "# ")
+    words, out, cur = line.lstrip().split(" "), [], lead
     for w in words:
-        if cur and len(cur) + 1 + len(w) > width:
+        if cur.strip() and len(cur) + 1 + len(w) > width:
             out.append(cur)
             cur = indent + w
         else:
-            cur = f"{cur} {w}" if cur else w
+            cur = f"{cur} {w}" if cur.strip() else cur + w
     out.append(cur)
     return "\n".join(out)
 

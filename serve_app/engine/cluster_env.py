@@ -44,6 +44,16 @@ variable                                               value  why
                                                               fails (fewer such refusals, not none: see
                                                               docs/load_tests.md#refused-at-the-ingress). Each
                                                               costs no CPU reservation, one process
+``RAY_SERVE_HAPROXY_METRICS_ENABLED``                  0      HAProxy sets three variables and writes one log
+                                                              line per request to a socket, which Serve's proxy
+                                                              actor reads, parses (a regular expression) and
+                                                              counts as ``serve_num_http_requests`` and
+                                                              ``serve_http_request_latency_ms``; with 0 the engine
+                                                              replica counts the same series itself, in memory,
+                                                              exported every 100 ms (Ray's
+                                                              ``replica.py``): the same metrics without the
+                                                              per-request line and parse (issue 69,
+                                                              docs/benchmarks.md#the-serve-paths-own-work)
 ``RAY_SERVE_SHUTDOWN_TIER_TIMEOUT_S``                   5      ``serve shutdown`` stops callers before callees and
                                                               waits up to this long for a tier (Serve's default:
                                                               30 s) before it starts the next. The ingress
@@ -130,6 +140,7 @@ from serve_app.engine.engine_env import ENGINE_ENV
 
 HAPROXY = "RAY_SERVE_ENABLE_HA_PROXY"
 FORWARD_BODY = "RAY_SERVE_INGRESS_REQUEST_ROUTER_FORWARD_BODY"
+HAPROXY_METRICS = "RAY_SERVE_HAPROXY_METRICS_ENABLED"
 # Serve's HAProxy, and the body forwarded to the ingress request router, in the order require_haproxy checks them.
 HAPROXY_ENV = (HAPROXY, FORWARD_BODY)
 AUTH_MODE = "RAY_AUTH_MODE"
@@ -191,6 +202,7 @@ CLUSTER_ENV: dict[str, str] = {
     "RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5",
     "RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE": str(64 * 1024),
     "RAY_SERVE_INGRESS_ROUTER_REPLICAS_PER_NODE": "2",
+    HAPROXY_METRICS: "0",
     SHUTDOWN_TIER_TIMEOUT: str(SHUTDOWN_TIER_TIMEOUT_S),
     AUTH_MODE: "token",
     EDGE_CALLBACK: "serve_app.ingress.edge:middlewares",

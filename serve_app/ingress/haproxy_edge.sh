@@ -14,6 +14,11 @@
 #                              sender holds a slot no longer than a silent one
 #   stats / prometheus ports   bound to 127.0.0.1 instead of every interface (Ray binds them to *; they show
 #                              replica addresses, traffic and cache-hit counts)
+#   no access log              the global "log <RAY_SERVE_HAPROXY_LOG_TARGET> local0 info" line removed: Ray's
+#                              template sends one httplog line per request (and per health check) by UDP syslog
+#                              to 127.0.0.1:514, where nothing in Ray or this project listens; with no logger
+#                              HAProxy does not format the line at all. FUZZSERVE_HAPROXY_ACCESS_LOG=1 keeps it
+#                              (an operator with a syslog daemon there; the A/B arm in docs/benchmarks.md)
 #
 # Each edit is made where the template's line is found and nowhere else; tests/test_serve_app.py reads the
 # deployed config and fails if an edit is missing (a Ray upgrade that changed the template), so production never
@@ -33,5 +38,8 @@ if [ -n "$cfg" ] && [ -w "$cfg" ] && ! grep -q '^    # fuzzserve edge$' "$cfg"; 
         -e 's/^defaults$/defaults\n    # fuzzserve edge\n    timeout http-request '"${FUZZSERVE_HAPROXY_HTTP_REQUEST_TIMEOUT_S:-30}"'s/' \
         -e 's/^\( *bind \)\*\{0,1\}:\('"$stats"'\|'"$metrics"'\) *$/\1127.0.0.1:\2/' \
         "$cfg"
+    if [ "${FUZZSERVE_HAPROXY_ACCESS_LOG:-0}" != "1" ]; then
+        sed -i -e '/^    log [^ ]* local0 info$/d' "$cfg"
+    fi
 fi
 exec "$real" "$@"
