@@ -15,7 +15,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
+from patches.definitions.fuzz_params import MAX_STRENGTH, FuzzSpec
 from serve_app.ingress.guard import GuardConfig, RequestGuard
 from serve_app.ingress.route_policy import DEFAULT_ROUTES
 from serve_app.observability.fuzz_traffic import labels

@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from patches.fuzz_params import FuzzSpec
+from patches.definitions.fuzz_params import FuzzSpec
 from serve_app.ingress.route_policy import DEFAULT_ROUTES, Route, RouteTable
 from serve_app.ingress.xargs_policy import (
     RESERVED_HEADERS,
