@@ -10,7 +10,7 @@ request before anything else parses it, so
   (:mod:`serve_app.ingress.route_policy`): a route that is not switched on gets 404
   before the app sees it, including routes a later vLLM adds;
 * the same code can sit in front of any ASGI app: the ``OpenAiIngress`` app
-  of the ingress deployment (``serve_app.ingress.fuzz_ingress``, ``ingress: router``) or, with Ray's direct
+  of the ingress deployment (``serve_app.router_path``, ``ingress: router``) or, with Ray's direct
   streaming, vLLM's own app inside an engine replica.
 
 Errors use OpenAI's format (``{"error": {"message", "type", "param",
