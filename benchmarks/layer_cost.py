@@ -50,7 +50,7 @@ from benchmarks.patch_overhead import _tree_cpu
 from benchmarks.serve_stack import REPO, SETTLE_S, _machine, prompts
 from benchmarks.vs_vllm import cpu_model
 from load_tests.command_logs import command_logging
-from patches.switches import OFF_ENV
+from patches.framework.switches import OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV
 
 log = logging.getLogger("fuzzserve.benchmarks")

@@ -68,7 +68,7 @@ from typing import Any
 from benchmarks.harness.targets import ENGINE, OFFLOAD, EngineKwargs
 from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
 from load_tests.command_logs import command_logging
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV
 
 log = logging.getLogger("fuzzserve.benchmarks")

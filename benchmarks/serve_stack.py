@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal, NotRequired, TypedDict
 
 from benchmarks.harness.targets import APP_OF, BY_NAME, ENGINE, LABELS, PHASES, phase_serve_config, table_markdown
 from load_tests.command_logs import command_logging
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV, use_engine_env
 
 if TYPE_CHECKING:

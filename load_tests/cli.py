@@ -28,7 +28,7 @@ from typing import NamedTuple
 from rich.console import Console
 
 from load_tests.command_logs import command_logging, log_to_file
-from patches.switches import OFF_ENV
+from patches.framework.switches import OFF_ENV
 from serve_app.engine.engine_env import use_engine_env
 from serve_app.routing.routers import ROUTERS
 

@@ -2,12 +2,19 @@
 
 vLLM calls :func:`register` in each of its processes (frontend, EngineCore,
 workers). It checks the vLLM version, reads the on/off switches
-(``FUZZSERVE_PATCHES_OFF``, see :mod:`patches.switches`) and applies each enabled
-patch through the ``PATCH`` its module declares (:mod:`patches.registry`:
+(``FUZZSERVE_PATCHES_OFF``, see :mod:`patches.framework.switches`) and applies each enabled
+patch through the ``PATCH`` its module declares (:mod:`patches.framework.registry`:
 every upstream symbol it changes, and how). Each module's header documents
 what it changes, why, the upstream issue/PR, the versions it was verified on
 and when it can be removed. ``python -m patches --list`` prints the index of
 every symbol (docs/patches.md).
+
+Each module directly in this package is one patch (the table below); the
+rest is apart: ``patches/framework/`` (version gate, install, registry,
+switches, the upstream check), ``patches/definitions/`` (the fuzz keys and
+their parser, the noise, metric names, the fault config: read by the app
+too) and ``patches/matrix/`` (the fuzz patches' proof against an
+independent reference, ``python -m patches.matrix``).
 
 | name   | module          | concern                                            |
 |--------|-----------------|----------------------------------------------------|
@@ -27,17 +34,17 @@ from __future__ import annotations
 
 import os
 
-# name -> module, in the order of application: patches.catalogue's, which the registry reads too (no module of this
+# name -> module, in the order of application: patches.framework.catalogue's, which the registry reads too (no module of this
 # package imports the package itself).
-from .catalogue import PATCH_MODULES as PATCH_MODULES
+from .framework.catalogue import PATCH_MODULES as PATCH_MODULES
 
 _applied: set[str] = set()
 
 
 def register() -> None:
     """The ``vllm.general_plugins`` entry point. Safe to call more than once."""
-    from ._framework import check_vllm_version, logger
-    from .switches import OFF_ENV, disabled_patches
+    from .framework._core import check_vllm_version, logger
+    from .framework.switches import OFF_ENV, disabled_patches
 
     off = disabled_patches(PATCH_MODULES)
     if len(off) == len(PATCH_MODULES):
@@ -46,7 +53,7 @@ def register() -> None:
     import vllm
 
     check_vllm_version(vllm.__version__)
-    from .registry import load
+    from .framework.registry import load
 
     for name, module_name in PATCH_MODULES.items():
         if name in off or name in _applied:

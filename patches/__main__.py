@@ -37,12 +37,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
 
-    from .registry import index_markdown, patches
+    from .framework.registry import index_markdown, patches
 
     if args.list:
         sys.stdout.write(index_markdown())
         return 0
-    from .upstream_check import check_installed, check_tree, report
+    from .framework.upstream_check import check_installed, check_tree, report
 
     try:
         found = check_installed(patches()) if args.check else check_tree(patches(), args.check_against)

@@ -68,9 +68,9 @@ import threading
 from collections import Counter as _Tally
 from typing import Any
 
-from ._framework import logger
-from .metrics import CORRECTION_KINDS, CORRECTIONS_METRIC, VIOLATION_KINDS, VIOLATIONS_METRIC
-from .registry import Patch, Target
+from .framework._core import logger
+from .definitions.metrics import CORRECTION_KINDS, CORRECTIONS_METRIC, VIOLATION_KINDS, VIOLATIONS_METRIC
+from .framework.registry import Patch, Target
 
 log = logger()
 

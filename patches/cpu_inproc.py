@@ -67,8 +67,8 @@ import contextlib
 import inspect
 from typing import Any
 
-from ._framework import logger
-from .registry import Patch, Target, on_cpu
+from .framework._core import logger
+from .framework.registry import Patch, Target, on_cpu
 
 log = logger()
 

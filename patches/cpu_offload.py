@@ -48,8 +48,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._framework import logger
-from .registry import Patch, Target
+from .framework._core import logger
+from .framework.registry import Patch, Target
 
 log = logger()
 

@@ -82,8 +82,8 @@ import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-from .registry import Patch, Target
-from .switches import env_flag
+from .framework.registry import Patch, Target
+from .framework.switches import env_flag
 
 ENABLE_ENV = "FUZZSERVE_EARLY_SUBMIT"
 

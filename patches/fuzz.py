@@ -91,9 +91,9 @@ from typing import Any, cast
 import numpy as np
 import torch
 
-from . import fuzz_math
-from ._framework import logger
-from .fuzz_params import (
+from .definitions import fuzz_math
+from .framework._core import logger
+from .definitions.fuzz_params import (
     NEUTRAL,
     NO_LAYER_REPORT,
     SCOPES,
@@ -104,7 +104,7 @@ from .fuzz_params import (
     parse_or_neutral,
     resolve_layer,
 )
-from .registry import Patch, Target
+from .framework.registry import Patch, Target
 
 log = logger()
 
@@ -383,7 +383,7 @@ class _BatchRows:
 
     def token_values(self, req_idx: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per token of the step: the multiplier and the noise std (float32), from the definition of
-        :meth:`patches.fuzz_params.FuzzSpec.strength_at`, vectorised."""
+        :meth:`patches.definitions.fuzz_params.FuzzSpec.strength_at`, vectorised."""
         if not self.any_varies:
             return self.mult[req_idx], self.std[req_idx]
         g = positions - self.prompt_len[req_idx]
@@ -714,14 +714,15 @@ def worker_stats(worker: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------
 
 
-def code_fingerprint(names: tuple[str, ...] = ("fuzz.py", "fuzz_math.py")) -> str:
-    """A hash of the named modules of this package (what a compiled graph of the patch traced)."""
+def code_fingerprint(names: tuple[str, ...] = ("fuzz.py", "definitions/fuzz_math.py")) -> str:
+    """A hash of the named modules of this package, paths relative to it (what a compiled graph of the patch
+    traced)."""
     import hashlib
     from pathlib import Path
 
     h = hashlib.sha256()
     for name in names:
-        h.update((Path(__file__).with_name(name)).read_bytes())
+        h.update((Path(__file__).parent / name).read_bytes())
     return h.hexdigest()[:16]
 
 

@@ -12,7 +12,7 @@ What it changes
       changes, in place, only the rows of the tokens aimed at that layer:
       the residual stream ``x`` of such a token becomes
       ``x * mult + std * rms(x) * z(key)`` (the embedding patch's arithmetic,
-      ``patches.fuzz_math``). The stream is the layer's output where it
+      ``patches.definitions.fuzz_math``). The stream is the layer's output where it
       returns one tensor (Hugging Face layers, on vLLM's Transformers backend;
       GPT-2, OPT), and ``hidden + residual`` where it returns the pair vLLM's
       own layers return (the residual add deferred to the next layer's fused
@@ -88,10 +88,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import fuzz, fuzz_math
-from ._framework import logger
-from .fuzz_params import LayerReport
-from .registry import Patch, Target
+from . import fuzz
+from .definitions import fuzz_math
+from .framework._core import logger
+from .definitions.fuzz_params import LayerReport
+from .framework.registry import Patch, Target
 
 log = logger()
 

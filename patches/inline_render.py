@@ -87,8 +87,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .registry import Patch, Target
-from .switches import env_number
+from .framework.registry import Patch, Target
+from .framework.switches import env_number
 
 MAX_CHARS_ENV = "FUZZSERVE_INLINE_RENDER_MAX_CHARS"
 DEFAULT_MAX_CHARS = 2048

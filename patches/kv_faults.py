@@ -47,10 +47,10 @@ import time
 from collections import deque
 from typing import Any
 
-from ._framework import logger
-from .fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
-from .metrics import INJECTIONS_METRIC
-from .registry import Patch, Target
+from .framework._core import logger
+from .definitions.fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
+from .definitions.metrics import INJECTIONS_METRIC
+from .framework.registry import Patch, Target
 
 log = logger()
 

@@ -69,8 +69,8 @@ import os
 import time
 from typing import Any
 
-from .registry import Patch, Target, on_cpu
-from .switches import env_number
+from .framework.registry import Patch, Target, on_cpu
+from .framework.switches import env_number
 
 NAP_ENV = "FUZZSERVE_SHM_NAP_S"
 DEFAULT_NAP_S = 0.0002

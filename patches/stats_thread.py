@@ -78,9 +78,9 @@ import threading
 from collections import Counter
 from typing import Any
 
-from ._framework import logger
-from .registry import Patch, Target
-from .switches import env_flag
+from .framework._core import logger
+from .framework.registry import Patch, Target
+from .framework.switches import env_flag
 
 log = logger()
 

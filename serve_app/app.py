@@ -14,7 +14,7 @@ the engine replicas are ``ray.serve.llm``'s ``LLMServer`` deployments built by
   ``serve_config.yaml`` ships): Ray's direct streaming through HAProxy, the
   checks and probes inside each engine replica
   (:mod:`serve_app.engine.direct_server`). ``router``: Serve's default path, a
-  :class:`serve_app.ingress.fuzz_ingress.FuzzIngress` deployment (the HTTP ingress, an
+  :class:`serve_app.router_path.FuzzIngress` deployment (the HTTP ingress, an
   ``OpenAiIngress``) in front of the replicas, costlier per request (docs/serve.md);
 * :class:`serve_app.ingress.guard.RequestGuard` outermost on whichever app answers
   HTTP, configured by ``guard:``;
@@ -236,7 +236,7 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
     from ray.serve.llm.ingress import make_fastapi_ingress
     from starlette.exceptions import HTTPException
 
-    from serve_app.ingress.fuzz_ingress import ENDPOINTS, FuzzIngress, openai_http_error
+    from serve_app.router_path import ENDPOINTS, FuzzIngress, openai_http_error
     from serve_app.ingress.guard import RequestGuard
     from serve_app.observability.fuzz_traffic import FuzzTraffic
     from serve_app.ray_internals import init_ingress_app, to_model_metadata

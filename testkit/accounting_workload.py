@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from fixture_model.tasks import held_out_examples, training_examples
-from patches.fault_config import offloading_connector_config
+from patches.definitions.fault_config import offloading_connector_config
 
 N_PREFIXES = 6
 PREFIX_EXAMPLES = 40  # ~500 tokens: four full blocks

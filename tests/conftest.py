@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV, use_engine_env
 
 # Before any test module imports vLLM or transformers (pytest imports this first).
@@ -124,7 +124,7 @@ def handoff_originals(monkeypatch):
     import sys
 
     from benchmarks.investigations.handoff_hooks import WRAPPED
-    from patches.switches import ALL, OFF_ENV
+    from patches.framework.switches import ALL, OFF_ENV
 
     monkeypatch.setenv(OFF_ENV, ALL)
 

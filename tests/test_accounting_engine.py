@@ -22,7 +22,7 @@ import functools
 import pytest
 
 from patches.kv_faults import worker_stats
-from patches.switches import OFF_ENV
+from patches.framework.switches import OFF_ENV
 from testkit.accounting_workload import (
     MAX_TOKENS,
     check_invariants,

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from fixture_model import build
-from patches import early_submit, inline_render, shm_wait, stats_thread, switches
+from patches import early_submit, inline_render, shm_wait, stats_thread
+from patches.framework import switches
 from serve_app.config import names
 from serve_app.engine import cluster_env, engine_env
 from serve_app.observability import contract as observability
@@ -35,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("patches", "serve_app", "load_tests", "monitoring", "fixture_model", "testkit", "benchmarks", "tests")
 # home module -> the contracts it defines
 CONTRACTS: dict[str, tuple[str, ...]] = {
-    "patches/switches.py": (switches.OFF_ENV, switches.ALLOW_UNVERIFIED_ENV),
+    "patches/framework/switches.py": (switches.OFF_ENV, switches.ALLOW_UNVERIFIED_ENV),
     "patches/shm_wait.py": (shm_wait.NAP_ENV,),
     "patches/stats_thread.py": (stats_thread.ENABLE_ENV,),
     "patches/inline_render.py": (inline_render.MAX_CHARS_ENV,),
@@ -143,7 +144,7 @@ def test_a_planted_copy_is_found(source, want):
 @pytest.mark.parametrize(
     "source",
     [
-        '"""Set FUZZSERVE_PATCHES_OFF before ray start."""\nfrom patches.switches import OFF_ENV\nenv = {OFF_ENV: "all"}',  # noqa: E501
+        '"""Set FUZZSERVE_PATCHES_OFF before ray start."""\nfrom patches.framework.switches import OFF_ENV\nenv = {OFF_ENV: "all"}',  # noqa: E501
         'msg = "switch it off with FUZZSERVE_PATCHES_OFF=fuzz"',  # prose naming it
         'parts = "a:b".rsplit(":", 1)',
     ],
@@ -153,8 +154,8 @@ def test_imports_and_prose_are_not_copies(source):
 
 
 def test_the_home_may_spell_it():
-    assert spelled('OFF_ENV = "FUZZSERVE_PATCHES_OFF"', "patches/switches.py") == []
-    assert spelled('OFF_ENV = "FUZZSERVE_PATCHES_OFF"', "patches/_framework.py") == ["FUZZSERVE_PATCHES_OFF"]
+    assert spelled('OFF_ENV = "FUZZSERVE_PATCHES_OFF"', "patches/framework/switches.py") == []
+    assert spelled('OFF_ENV = "FUZZSERVE_PATCHES_OFF"', "patches/framework/_core.py") == ["FUZZSERVE_PATCHES_OFF"]
 
 
 def test_scripts_are_read_too():
@@ -174,7 +175,7 @@ def test_a_planted_copy_in_a_tree_is_found(tmp_path):
     for package in PACKAGES:
         (tmp_path / package).mkdir()
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "benchmarks" / "ok.py").write_text("from patches.switches import ALL, OFF_ENV\nenv = {OFF_ENV: ALL}\n")
+    (tmp_path / "benchmarks" / "ok.py").write_text("from patches.framework.switches import ALL, OFF_ENV\nenv = {OFF_ENV: ALL}\n")
     (tmp_path / "benchmarks" / "bad.py").write_text('env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}\n')
     (tmp_path / "scripts" / "env.sh").write_text("export RAY_AUTH_MODE=token\n")
     assert copies(tmp_path) == {"benchmarks/bad.py": ["RAY_SERVE_ENABLE_HA_PROXY"], "scripts/env.sh": ["RAY_AUTH_MODE"]}

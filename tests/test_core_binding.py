@@ -129,7 +129,7 @@ def test_shm_wait_false_switches_only_that_patch_off_in_the_replicas_environment
     """``shm_wait: false`` adds the patch to FUZZSERVE_PATCHES_OFF (what the engine's processes inherit),
     keeping what the cluster already switched off; the patches' own parser reads the result."""
     from patches import PATCH_MODULES
-    from patches.switches import OFF_ENV, disabled_patches
+    from patches.framework.switches import OFF_ENV, disabled_patches
     from serve_app.engine.core_binding import switch_patch_off
 
     env = {} if before is None else {OFF_ENV: before}

@@ -19,7 +19,7 @@ import yaml
 from pydantic import ValidationError
 
 from benchmarks.harness import targets
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 from serve_app.config import deploy_config as dc
 from serve_app.config.deploy_config import BUILDER, Application, FuzzServeArgs, LLMSpec, ServeConfig, to_document
 

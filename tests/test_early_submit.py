@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 import pytest
 
 from patches.early_submit import ENABLE_ENV, EarlyStream, early, opted_in
-from patches.switches import OFF_ENV
+from patches.framework.switches import OFF_ENV
 from testkit.child_probe import run_probe
 from testkit.stream_start_probe import MAX_TOKENS
 

@@ -5,7 +5,7 @@ from unittest.mock import MagicMock
 import pytest
 from pydantic import ValidationError
 
-from patches.fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
+from patches.definitions.fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
 
 
 def test_off_by_default():
@@ -75,7 +75,7 @@ def test_the_connector_config_is_the_one_vllm_reads_and_faults_are_validated_whe
     """The offloading connector's config, as the fault scenarios and the engine tests both write it (the one
     function they call): the CPU tier's bytes and the faults under CONFIG_KEY, read back by the patch's own
     reader; no faults, no key; a misspelt fault key fails at once."""
-    from patches.fault_config import CONFIG_KEY, offloading_connector_config
+    from patches.definitions.fault_config import CONFIG_KEY, offloading_connector_config
 
     cfg = offloading_connector_config(256 << 20, {"seed": 7, "lying_rate": 0.1})
     assert cfg == {

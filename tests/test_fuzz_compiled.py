@@ -21,7 +21,7 @@ from __future__ import annotations
 import pytest
 
 from patches.fuzz import worker_stats
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 from testkit.engine_requests import PROMPTS, gauss, greedy, ids, scale
 
 pytestmark = pytest.mark.engine

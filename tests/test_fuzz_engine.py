@@ -119,7 +119,7 @@ def test_cache_isolation_between_fuzz_settings(patched_engine):
 def test_a_client_salt_cannot_plant_kv_under_a_fuzz_salt(patched_engine):
     """A neutral request whose cache_salt is a fuzz salt's string (public: fuzz:scale:1.0) computes
     unperturbed KV; a fuzzed request with that setting must neither hit it nor see its effect."""
-    from patches.fuzz_params import parse_fuzz_args
+    from patches.definitions.fuzz_params import parse_fuzz_args
 
     prompt = long_prompt(21)  # ~400 tokens: three full 128-token blocks
     fuzz = scale(1.0)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 
 from patches import fuzz
-from patches import fuzz_math as fm
+from patches.definitions import fuzz_math as fm
 
 H = 64
 

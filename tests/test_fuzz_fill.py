@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from patches import fuzz, fuzz_layer
-from patches import fuzz_math as fm
-from patches.fuzz_params import parse_or_neutral, resolve_layer
+from patches.definitions import fuzz_math as fm
+from patches.definitions.fuzz_params import parse_or_neutral, resolve_layer
 
 H = 64
 MAX_TOKENS = 256

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from patches import fuzz, fuzz_layer
-from patches import fuzz_math as fm
+from patches.definitions import fuzz_math as fm
 
 H = 64
 N = 12

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from patches import fuzz_math as fm
+from patches.definitions import fuzz_math as fm
 
 H = 128
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from patches import fuzz_math
+from patches.definitions import fuzz_math
 from patches.matrix import reference
 from patches.matrix.__main__ import markdown
 from patches.matrix.architectures import ARCHITECTURES, build, resolved_backend
@@ -128,7 +128,7 @@ def test_fuzz_labels_and_xargs():
 
 def test_the_reference_strength_is_the_patch_definition():
     """Two writings of one definition (the reference's, the parser's): equal at every position."""
-    from patches.fuzz_params import parse_fuzz_args
+    from patches.definitions.fuzz_params import parse_fuzz_args
 
     for f in (
         reference.Fuzz(0.5),

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from patches.fuzz_params import (
+from patches.definitions.fuzz_params import (
     MAX_STRENGTH,
     NEUTRAL,
     FuzzParamError,

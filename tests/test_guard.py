@@ -15,7 +15,7 @@ import pytest
 from starlette.applications import Starlette
 from starlette.routing import Route
 
-from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
+from patches.definitions.fuzz_params import MAX_STRENGTH, FuzzSpec
 from serve_app.ingress.guard import GuardConfig, RequestGuard
 from serve_app.ingress.route_policy import DEFAULT_ROUTES
 from serve_app.observability.fuzz_traffic import labels
@@ -492,7 +492,7 @@ def test_config_is_strict():
 def test_a_stream_that_fails_midway_ends_with_an_error_event():
     import asyncio
 
-    from serve_app.ingress.fuzz_ingress import error_terminated
+    from serve_app.router_path import error_terminated
 
     async def dying():
         yield 'data: {"choices": [{"text": " 4"}]}\n\n'

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.harness.arms import ProtocolError
 from benchmarks.investigations import handoff_split as hs
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 
 
 def _record(arrival=0.0, sent=0.002, queued=0.010, scheduled=0.0101, core_out=0.020, got=0.021, ttft=None):

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from patches import inline_render
-from patches._framework import upstream_of
+from patches.framework._core import upstream_of
 from patches.inline_render import DEFAULT_MAX_CHARS, MAX_CHARS_ENV, inline_size, max_chars
 
 # ---------------------------------------------------------------------------------------------- pure logic

@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.harness.arms import load_config
 from benchmarks.investigations import interleaved
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = Path("/models/fixture")

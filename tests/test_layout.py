@@ -20,7 +20,7 @@ benchmarks     the shipped packages and testkit
 ============== ================================================================
 
 Within the shipped packages, a module whose name starts with ``_`` is its
-package's own (``patches._framework``): no other package imports it.
+package's own (``patches.framework._core``): no other package imports it.
 
 An import is any ``import``/``from ... import`` anywhere in a file (a lazy
 one inside a function too) and ``importlib.import_module("...")`` with a
@@ -118,7 +118,7 @@ def violations(root: Path) -> dict[str, list[str]]:
         ("fixture_model", "import benchmarks.harness.host", ["benchmarks.harness.host"]),
         ("testkit", "from benchmarks.harness import host", ["benchmarks.harness", "benchmarks.harness.host"]),
         ("benchmarks", "import tests.markers", ["tests.markers"]),
-        ("serve_app", "from patches._framework import OFF_ENV", ["patches._framework", "patches._framework.OFF_ENV"]),
+        ("serve_app", "from patches.framework._core import OFF_ENV", ["patches.framework._core", "patches.framework._core.OFF_ENV"]),
         ("tests", "from patches import _framework", []),  # the tests of the plumbing itself
         (
             "tests",

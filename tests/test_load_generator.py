@@ -353,7 +353,7 @@ def test_the_mix_reaches_every_depth_scope_and_ramp_and_keeps_its_other_draws():
         assert (xa is None) == (xb is None)
         if xb is not None and xa is not None:
             assert {k: xa[k] for k in xb} == xb
-    from patches.fuzz_params import parse_fuzz_args
+    from patches.definitions.fuzz_params import parse_fuzz_args
 
     for s in fuzzed:  # every drawn setting is valid for the guard's parser
         assert s.body is not None

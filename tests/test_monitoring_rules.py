@@ -26,7 +26,7 @@ import yaml
 
 from load_tests.observe.prom_text import Labels
 from monitoring.files import RULES_FILE, SCRAPE_CONFIG
-from patches.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
+from patches.definitions.metrics import LYING_CONNECTOR_KINDS, VIOLATION_KINDS
 from serve_app.observability.contract import (
     BY_SOURCE,
     CACHED,

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import patches
-from patches import _framework as fw
-from patches.registry import HEADER_SECTIONS, Patch, Target, index_markdown, parse_header
-from patches.registry import patches as all_patches
-from patches.upstream_check import check_installed, check_tree, installed_root, report
+from patches.framework import _core as fw
+from patches.framework.registry import HEADER_SECTIONS, Patch, Target, index_markdown, parse_header
+from patches.framework.registry import patches as all_patches
+from patches.framework.upstream_check import check_installed, check_tree, installed_root, report
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -178,7 +178,7 @@ EDITS = [
         "vllm.envs:VLLM_USE_V2_MODEL_RUNNER",
         "no longer mentions VLLM_USE_V2_MODEL_RUNNER",
     ),
-    # what the patches rely on without changing it (patches/vllm_internals.py)
+    # what the patches rely on without changing it (patches/framework/vllm_internals.py)
     (
         "v1/kv_offload/cpu/gpu_worker.py",
         "def _fill_direct_ops(",
@@ -397,7 +397,7 @@ def test_every_vllm_name_a_patch_imports_is_declared(registry):
     for patch in registry.values():
         source = (REPO / (patch.module.replace(".", "/") + ".py")).read_text()
         assert undeclared(source, [t.symbol for t in patch.symbols]) == [], (
-            f"{patch.module}: declare it in patches/vllm_internals.py (relies_on)"
+            f"{patch.module}: declare it in patches/framework/vllm_internals.py (relies_on)"
         )
 
 

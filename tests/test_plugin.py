@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from patches import _framework as fw
-from patches import switches
+from patches.framework import _core as fw
+from patches.framework import switches
 from patches.shm_wait import NAP_ENV
 from serve_app.engine.engine_env import ENGINE_ENV
 
@@ -88,8 +88,8 @@ PROBE = """
 import patches, vllm
 from vllm.v1.request import Request
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-from patches import _framework as fw
-from patches.registry import patches as all_patches
+from patches.framework import _core as fw
+from patches.framework.registry import patches as all_patches
 patches.register(); patches.register()
 w = Request.__init__
 print("applied", patches.applied(), getattr(w, "__fuzzserve_patched__", False),
@@ -118,7 +118,7 @@ def _wraps(out: str) -> dict[str, str]:
 
 def test_register_applies_once_and_switches_off():
     """register() twice applies every wrap of the registry exactly once; with every patch off, none."""
-    from patches.registry import patches as all_patches
+    from patches.framework.registry import patches as all_patches
 
     n_wraps = sum(t.kind == "wrap" for p in all_patches().values() for t in p.targets)
     on = _run(PROBE, {switches.OFF_ENV: ""})

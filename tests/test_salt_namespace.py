@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from patches.fuzz import salted
-from patches.fuzz_params import NEUTRAL, FuzzSpec
+from patches.definitions.fuzz_params import NEUTRAL, FuzzSpec
 
 specs = st.one_of(
     st.just(NEUTRAL),

@@ -732,7 +732,7 @@ def test_settings_that_differ_in_a_depth_scope_or_schedule_key_never_share_kv(se
     """
     from fixture_model.tasks import LETTERS, NUMBERS
     from patches.fuzz import salted
-    from patches.fuzz_params import parse_fuzz_args
+    from patches.definitions.fuzz_params import parse_fuzz_args
     from serve_app.config.names import replica_id
 
     replicas = {r["name"]: replica_id(r["name"]) for r in serve_cluster.replicas()}

@@ -161,7 +161,7 @@ def test_arms_take_their_settings_from_the_config():
     runtime_env, a rank-0 replica's cores, our patches on); the no-offload twins lose only the offload keys."""
     from benchmarks.harness.arms import Shipped, VllmServer, load_config, make_arm, without_offloading
     from benchmarks.vs_vllm import REPO
-    from patches.switches import ALL, OFF_ENV
+    from patches.framework.switches import ALL, OFF_ENV
     from serve_app.engine.engine_env import KV_CACHE_SPACE
 
     config = load_config(REPO / "serve_config.yaml")
@@ -471,7 +471,7 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
     computation taken from the config (as plain), our patches off; it takes no option of ours."""
     from benchmarks.harness.arms import STOCK_APP, Shipped, load_config, make_arm
     from benchmarks.vs_vllm import REPO
-    from patches.switches import ALL, OFF_ENV
+    from patches.framework.switches import ALL, OFF_ENV
     from serve_app.config.deploy_config import ServeConfig
     from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix
 

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 import psutil
 
 from benchmarks.harness.host import find_ray_processes, lingering_engines, ray_processes
-from patches.switches import ALL, OFF_ENV
+from patches.framework.switches import ALL, OFF_ENV
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import LLMSpec, ServeConfig
 from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX, ENGINE_REPLICA_CLASS, replica_class_prefix

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from patches.metrics import IMPOSSIBLE_LIES, LIE_KINDS
+from patches.definitions.metrics import IMPOSSIBLE_LIES, LIE_KINDS
 
 from ..observe.counters import ReplicaCounters
 from ..observe.monitor import InvariantChecker

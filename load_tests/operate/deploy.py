@@ -18,7 +18,7 @@ import aiohttp
 from pydantic import BaseModel, ConfigDict, Field
 
 from fixture_model.build import ensure_model
-from patches.switches import OFF_ENV
+from patches.framework.switches import OFF_ENV
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import ServeConfig
 from serve_app.routing.routers import Routing

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, field_validator, model_validator
 
-from patches.fault_config import FaultConfig, offloading_connector_config
-from patches.metrics import LYING_CONNECTOR_KINDS
+from patches.definitions.fault_config import FaultConfig, offloading_connector_config
+from patches.definitions.metrics import LYING_CONNECTOR_KINDS
 
 from .hostile import HostilePlan
 from .profiles import Profile

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
 from fixture_model.tasks import held_out_examples
-from patches.switches import is_off
+from patches.framework.switches import is_off
 
 from ..errors import SetupError
 from ..judge.departures import unexpected_deaths

@@ -18,8 +18,8 @@ This module computes that with transformers' own model: at point 0 through
 its ``inputs_embeds`` argument, deeper through a forward hook on the decoder
 layer (found by the path the matrix writes down per family, never searched
 for), and re-derives the noise from the hash's definition in plain Python
-integers and float64 (:func:`noise`), not from :mod:`patches.fuzz_math`'s
-numpy and torch code, nor the strength from :mod:`patches.fuzz_params`. A bug
+integers and float64 (:func:`noise`), not from :mod:`patches.definitions.fuzz_math`'s
+numpy and torch code, nor the strength from :mod:`patches.definitions.fuzz_params`. A bug
 in the patch's arithmetic, its buffers, its schedule or where it hooks the
 model therefore shows up as a disagreement, and the noise's
 float32-versus-float64 difference (below 1e-6 of a vector's scale) is far

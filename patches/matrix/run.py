@@ -189,7 +189,7 @@ def serve(
     Returns :mod:`patches.matrix.engine_run`'s output; raises
     :class:`EngineRefused` with the engine's reason where it did not serve.
     """
-    from patches.switches import OFF_ENV
+    from patches.framework.switches import OFF_ENV
 
     if mode not in MODES:
         raise ValueError(f"mode {mode!r}: one of {MODES}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 
-from patches.switches import OFF_ENV, with_patch_off
+from patches.framework.switches import OFF_ENV, with_patch_off
 
 log = logging.getLogger("ray.serve")
 

@@ -6,5 +6,7 @@
   :mod:`serve_app.ingress.route_policy` (which routes exist) and :mod:`serve_app.ingress.xargs_policy`
   (what a client may set, and how a refusal reads).
 * :mod:`serve_app.ingress.probes`: ``/ready`` and ``/health``.
-* :mod:`serve_app.ingress.fuzz_ingress`: the router path's HTTP ingress deployment (``ingress: router``).
+
+Which app answers is elsewhere: the shipped direct path's server is :mod:`serve_app.engine.direct_server` (in
+each engine replica), the ``ingress: router`` path's HTTP deployment :mod:`serve_app.router_path`.
 """

@@ -10,7 +10,7 @@ request before anything else parses it, so
   (:mod:`serve_app.ingress.route_policy`): a route that is not switched on gets 404
   before the app sees it, including routes a later vLLM adds;
 * the same code can sit in front of any ASGI app: the ``OpenAiIngress`` app
-  of the ingress deployment (``serve_app.ingress.fuzz_ingress``, ``ingress: router``) or, with Ray's direct
+  of the ingress deployment (``serve_app.router_path``, ``ingress: router``) or, with Ray's direct
   streaming, vLLM's own app inside an engine replica.
 
 Errors use OpenAI's format (``{"error": {"message", "type", "param",
@@ -39,7 +39,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from patches.fuzz_params import FuzzSpec
+from patches.definitions.fuzz_params import FuzzSpec
 from serve_app.ingress.route_policy import DEFAULT_ROUTES, Route, RouteTable
 from serve_app.ingress.xargs_policy import (
     RESERVED_HEADERS,

@@ -15,7 +15,7 @@ of them. Policy:
 
 * fuzz keys (``fuzz_strength``, ``fuzz_mode``, ``fuzz_seed``, ``fuzz_layer``,
   ``fuzz_tokens``, ``fuzz_strength_end``, ``fuzz_ramp_tokens``) are validated
-  with ``patches.fuzz_params`` (the engine's own rules; the model's range of
+  with ``patches.definitions.fuzz_params`` (the engine's own rules; the model's range of
   ``fuzz_layer`` is the frontend's, which knows the model);
 * reserved engine keys, in ``vllm_xargs`` or at the top level, are refused
   (``reserved="refuse"``, the default) or silently dropped
@@ -32,8 +32,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from patches.fuzz_params import KEYS as FUZZ_KEYS
-from patches.fuzz_params import FuzzParamError, FuzzSpec, parse_fuzz_args
+from patches.definitions.fuzz_params import KEYS as FUZZ_KEYS
+from patches.definitions.fuzz_params import FuzzParamError, FuzzSpec, parse_fuzz_args
 
 RESERVED_KEYS = ("kv_transfer_params", "ec_transfer_params", "kv_cache_report_mode", "session_id")
 # Top-level request fields that vLLM's protocols copy into extra_args or hand

@@ -12,7 +12,7 @@ Why here, in ``serve_app``: the contract is what a deployed ``serve_app`` export
 metrics agent, Serve's own health and request counters, the guard's admitted-requests counter from
 :mod:`serve_app.observability.fuzz_traffic`) and what must hold of it. Both of its readers may import ``serve_app`` (the
 repository's import table, tests/test_layout.py), and ``monitoring`` no longer imports ``load_tests``.
-``patches`` would be a home nearer to where the patches' names are born (:mod:`patches.metrics`, which this
+``patches`` would be a home nearer to where the patches' names are born (:mod:`patches.definitions.metrics`, which this
 module reads), but it is a vLLM plugin that knows nothing of Ray Serve, whose series half of the rules read.
 Pure data: importing it imports no Ray and no vLLM.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
-from patches.metrics import CORRECTIONS_METRIC, LYING_CONNECTOR_KINDS, VIOLATIONS_METRIC
+from patches.definitions.metrics import CORRECTIONS_METRIC, LYING_CONNECTOR_KINDS, VIOLATIONS_METRIC
 from serve_app.observability.fuzz_traffic import EXPORTED as ADMITTED
 from serve_app.observability.fuzz_traffic import NEUTRAL_MODE
 
@@ -223,7 +223,7 @@ RECORD_GROUPS: tuple[tuple[str, tuple[RecordingRule, ...]], ...] = (
 ALERT_GROUP = "fuzzserve-invariants"
 _LYING = "|".join(LYING_CONNECTOR_KINDS)
 _HEALTHY_BY_REPLICA = 'label_replace({}, "ReplicaId", "$1", "replica", "(.+)")'
-_PATCH_ON = "FUZZSERVE_PATCHES_OFF must not name `accounting`"  # prose: patches.switches.OFF_ENV's value
+_PATCH_ON = "FUZZSERVE_PATCHES_OFF must not name `accounting`"  # prose: patches.framework.switches.OFF_ENV's value
 
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from patches.fuzz_params import MAX_STRENGTH, FuzzSpec
+from patches.definitions.fuzz_params import MAX_STRENGTH, FuzzSpec
 
 if TYPE_CHECKING:  # for the annotation only: record() imports it at first use, inside the replica
     from ray.serve.metrics import Counter

@@ -44,7 +44,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from ray import serve
 
-from patches.fuzz_params import KEYS as FUZZ_KEYS
+from patches.definitions.fuzz_params import KEYS as FUZZ_KEYS
 from serve_app.ray_internals import LLMRouterBase
 from serve_app.routing.keys import DEFAULT_PREFIX_CHARS, request_text
 

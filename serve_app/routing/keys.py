@@ -18,7 +18,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from patches.fuzz_params import parse_or_neutral
+from patches.definitions.fuzz_params import parse_or_neutral
 
 if TYPE_CHECKING:
     from ray.serve.request_router import PendingRequest

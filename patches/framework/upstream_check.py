@@ -1,6 +1,6 @@
 """Does every symbol the patches change or rely on still exist, as they expect it, in a given vLLM?
 
-Two checks over the registry (:mod:`patches.registry`), both per target:
+Two checks over the registry (:mod:`patches.framework.registry`), both per target:
 
 :func:`check_tree`
     reads a vLLM *source tree* without importing it (``ast``), so it works on
@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._framework import upstream_of
+from ._core import upstream_of
 from .registry import Patch, Target
 
 

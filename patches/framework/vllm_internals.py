@@ -4,8 +4,8 @@ A patch's ``PATCH`` declares what it changes; this table declares what its
 code calls, subclasses or reads of vLLM's private or internal API (a class
 it subclasses, a method it calls with the parameters it passes, an
 attribute or dataclass field it reads, a module-level name it looks up),
-verified on the vLLM of :data:`patches._framework.VERIFIED_VLLM`.
-:func:`patches.registry.load` joins each patch's entries to its
+verified on the vLLM of :data:`patches.framework._core.VERIFIED_VLLM`.
+:func:`patches.framework.registry.load` joins each patch's entries to its
 ``relies_on``, so ``python -m patches --list`` shows them (docs/patches.md)
 and ``python -m patches --check-against DIR`` names any that moved, as it
 does for the wrapped symbols. Public, documented vLLM API (``LLM``,
@@ -26,7 +26,7 @@ _KV_BASE = "vllm.v1.kv_offload.base"
 _CURRENT_PLATFORM = Target(
     "vllm.platforms:current_platform",
     "relies_on",
-    why="`when=on_cpu` asks the current platform whether it is the CPU platform (patches.registry.on_cpu)",
+    why="`when=on_cpu` asks the current platform whether it is the CPU platform (patches.framework.registry.on_cpu)",
 )
 
 

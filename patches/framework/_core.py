@@ -4,13 +4,13 @@ vLLM loads ``vllm.general_plugins`` entry points separately in each of its
 processes (frontend, EngineCore, workers; the CPU platform always spawns), so
 ``patches.register`` runs once per process and every patch must be safe to
 apply again. Each patch module declares what it changes in vLLM as a
-:class:`patches.registry.Patch` (``PATCH``); ``patches.register`` decides
+:class:`patches.framework.registry.Patch` (``PATCH``); ``patches.register`` decides
 which patches run and applies each through its ``PATCH``, and every change
 of every kind goes through :func:`install`, which will not apply the same
 change twice to the same thing.
 
 The switches (``FUZZSERVE_PATCHES_OFF``, ``FUZZSERVE_ALLOW_UNVERIFIED_VLLM``)
-are named and parsed in :mod:`patches.switches`, the public module that the
+are named and parsed in :mod:`patches.framework.switches`, the public module that the
 app and the tools use too.
 """
 

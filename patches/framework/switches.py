@@ -8,7 +8,7 @@
     ``1`` lets the patches load on a vLLM version they were not verified on,
     at your own risk. Without it they refuse with an error naming the version.
 
-Public (``patches._framework`` is the plugin's own plumbing): the Serve app
+Public (``patches.framework._core`` is the plugin's own plumbing): the Serve app
 switches one patch off for its replicas (:func:`with_patch_off`), the load
 tests ask whether a patch is on for a run (:func:`is_off`), the tests and
 benchmarks build engine environments from :data:`OFF_ENV` and :data:`ALL`.

@@ -1,8 +1,8 @@
 """One upstream vLLM symbol a patch changes, or relies on unchanged: :class:`Target`, the registry's unit.
 
-A patch module declares its targets in its ``PATCH`` (:class:`patches.registry.Patch`);
-what the patches rely on unchanged is declared in :mod:`patches.vllm_internals`.
-Every change a target makes goes through :func:`patches._framework.install`.
+A patch module declares its targets in its ``PATCH`` (:class:`patches.framework.registry.Patch`);
+what the patches rely on unchanged is declared in :mod:`patches.framework.vllm_internals`.
+Every change a target makes goes through :func:`patches.framework._core.install`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ._framework import install
+from ._core import install
 
 Kind = Literal["wrap", "rebind", "class_swap", "env_default", "relies_on"]
 KINDS: tuple[Kind, ...] = ("wrap", "rebind", "class_swap", "env_default", "relies_on")

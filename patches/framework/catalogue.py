@@ -1,6 +1,6 @@
 """Which patches there are: name -> the module that declares it, in the order :func:`patches.register` applies
 them. Its own module so that both the entry point (``patches/__init__.py``) and the registry
-(:mod:`patches.registry`) read it without either importing the other."""
+(:mod:`patches.framework.registry`) read it without either importing the other."""
 
 from __future__ import annotations
 
