@@ -358,7 +358,7 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
                 "shippedopt",
                 "shippedbalance",
                 "shippedthread",
-                "shippedquiet",
+                "shippedaccess",
                 "stockdirect2",
             )
         ), phase
@@ -386,7 +386,7 @@ def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_name
                     "So",
                     "Sb",
                     "St",
-                    "Sq",
+                    "Sa",
                     "bd2",
                 )
             ), a["name"]
@@ -471,14 +471,14 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
         OFF_ENV: "cpu_inproc",
     }
     assert only("shippedrouter")["args"] == {**s["args"], "ingress": "router"}
-    thread, quiet = only("shippedthread"), only("shippedquiet")
-    assert thread["args"] == quiet["args"] == s["args"] and "logging_config" not in thread
-    assert (
-        thread["runtime_env"]["env_vars"]
-        == quiet["runtime_env"]["env_vars"]
-        == {**s["runtime_env"]["env_vars"], "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
-    )
-    assert quiet["logging_config"] == {"enable_access_log": False}
+    thread, access = only("shippedthread"), only("shippedaccess")
+    assert thread["args"] == access["args"] == s["args"]
+    assert thread["logging_config"] == s["logging_config"] == {"enable_access_log": False}, "serve_config.yaml's"
+    assert thread["runtime_env"]["env_vars"] == {
+        **s["runtime_env"]["env_vars"],
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+    }
+    assert access["runtime_env"] == s["runtime_env"] and access["logging_config"] == {"enable_access_log": True}
     b2, bd2 = only("stock2"), only("stockdirect2")
     assert b2["args"] == bd2["args"] and b2["args"]["llm_configs"][0]["deployment_config"]["autoscaling_config"] == {
         "min_replicas": 2,

@@ -252,13 +252,10 @@ TARGETS: tuple[StackTarget, ...] = (
         shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}},
     ),
     StackTarget(
-        "Sq",
-        "shippedquiet",
-        "as St with Serve's access log off, alone",
-        shipped={
-            "env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"},
-            "logging_config": {"enable_access_log": False},
-        },
+        "Sa",
+        "shippedaccess",
+        "as S with Serve's access log on (Ray's default; serve_config.yaml ships it off), alone",
+        shipped={"logging_config": {"enable_access_log": True}},
     ),
     StackTarget(
         "Sb",
