@@ -50,7 +50,7 @@ Each client's CPU (``client_cpu_s``, shown, not judged) is counted the same
 way: this process's CPU seconds (``getrusage(RUSAGE_SELF)``, user + system,
 every thread) over the call that runs the load, start-up excluded for both
 (importing vLLM costs some 10 s of CPU, our packages some 2 s:
-:func:`start_clients` imports what either would import on its first run
+:func:`benchmarks.harness.inprocess_clients.start_clients` imports what either would import on its first run
 before any measured run). Both clients share this process,
 so for the call the heap that exists before it (both tools' modules, the
 harness) is frozen (``gc.freeze``, which vLLM's bench does itself before it
@@ -75,34 +75,28 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
-import io
 import json
 import logging
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-from rich.console import Console
-
-from benchmarks.harness import guidellm_client, pair_stats, vllm_bench_serve
+from benchmarks.harness import guidellm_client, pair_stats
+from benchmarks.harness.inprocess_clients import ours, save_tokenizer, start_clients, theirs
 from benchmarks.harness.prompts import PromptBook, PromptSet, check_disjoint
 from benchmarks.harness.server_counters import READ_ERRORS, CacheCounters, read_counters, wait_for_requests
 from benchmarks.harness.server_rate import RateSampler, steady_rate
-from load_tests import cli as load_cli
 from load_tests.command_logs import command_logging
 from load_tests.judge.server_latency import server_latency
 from load_tests.observe.counters import ReplicaCounters
 from load_tests.observe.scraper import ScrapeFailed, scrape
-from load_tests.runner.run import run as load_run
 from serve_app.engine.engine_env import use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.bench_agreement")
@@ -120,198 +114,6 @@ DIVIDES_BY = {
     "guidellm": guidellm_client.DIVIDES_BY,
 }
 NAMES = {"ours": "ours", "vllm": "vLLM's", "guidellm": "GuideLLM's"}
-T = TypeVar("T")
-
-
-def save_tokenizer(out: Path) -> Path:
-    """The fixture tokenizer (built from code, nothing trained) in ``out``: vLLM's client counts prompt tokens."""
-    from fixture_model.build import build_tokenizer
-
-    build_tokenizer().save_pretrained(out)
-    return out
-
-
-def theirs(
-    url: str,
-    tokenizer: Path,
-    concurrency: int,
-    prompts: Path,
-    requests: int,
-    output_len: int,
-    work: Path,
-    api_key: str | None,
-) -> dict[str, Any]:
-    """``vllm bench serve``'s figures (its own result, seconds) over the prompts of a ``custom`` dataset file, run
-    in this process (:mod:`benchmarks.harness.vllm_bench_serve`); what it prints is kept out of this command's
-    output."""
-    args = vllm_bench_serve.parse_args(
-        [
-            "--backend",
-            "openai",
-            "--base-url",
-            url,
-            "--endpoint",
-            "/v1/completions",
-            "--model",
-            "fixture",
-            "--tokenizer",
-            str(tokenizer),
-            "--dataset-name",
-            "custom",
-            "--dataset-path",
-            str(prompts),
-            "--custom-output-len",
-            str(output_len),
-            "--skip-chat-template",
-            "--disable-shuffle",
-            "--no-oversample",
-            "--temperature",
-            "0",
-            "--ignore-eos",
-            "--max-concurrency",
-            str(concurrency),
-            "--num-prompts",
-            str(requests),
-            "--percentile-metrics",
-            "ttft,tpot,itl,e2el",
-            "--metric-percentiles",
-            "50,99",
-            "--save-result",
-            "--result-dir",
-            str(work),
-            "--result-filename",
-            "vllm_bench.json",
-            "--disable-tqdm",
-        ]
-    )
-    printed = io.StringIO()
-    try:
-        with contextlib.redirect_stdout(printed), openai_api_key(api_key):
-            res, cpu = on_cpu(lambda: vllm_bench_serve.run(args))
-    except Exception:
-        log.error("vllm bench serve failed; it printed:\n%s", printed.getvalue()[-3000:])
-        raise
-    return {
-        "tool": "vllm bench serve",
-        "requests": res["completed"],
-        "failed": res.get("failed", 0),
-        "requests_per_s": res["request_throughput"],
-        "ttft_p50_s": res["median_ttft_ms"] / 1000,
-        "tpot_p50_s": res["median_tpot_ms"] / 1000,
-        "ttft_p99_s": res["p99_ttft_ms"] / 1000,
-        "client_cpu_s": cpu,
-    }
-
-
-def ours(
-    url: str,
-    concurrency: int,
-    prompts: Path,
-    requests: int,
-    output_len: int,
-    work: Path,
-    api_key: str | None,
-    metrics_urls: list[str],
-    quick_settle: bool = False,
-    scrape_interval_s: float | None = None,
-) -> dict[str, Any]:
-    """The stress-test CLI's figures: :func:`load_tests.runner.run.run` in this process with the inputs of
-    ``python -m load_tests --scenario bench --prompts-file ...`` (the CLI's parser and builders), its typed
-    :class:`~load_tests.results.models.RunSummary`. Its console lines go to stderr; its report to ``work/ours``."""
-    mix = {"max_tokens": [output_len, output_len]}
-    argv = [
-        "--scenario",
-        "bench",
-        "--url",
-        url,
-        "--concurrency",
-        str(concurrency),
-        "--requests",
-        str(requests),
-        "--prompts-file",
-        str(prompts),
-        "--mix",
-        json.dumps(mix),
-        "--no-sweep",
-        "--no-progress",
-        "--out",
-        str(work / "ours"),
-        *(a for m in metrics_urls for a in ("--metrics-url", m)),
-    ]
-    if api_key:
-        argv += ["--api-key", api_key]
-    if scrape_interval_s is not None:
-        argv += ["--scrape-interval", str(scrape_interval_s)]
-    if quick_settle:  # the echo server's counters are exact at once: no metrics export interval to wait out
-        argv += ["--scrape-interval", "0.3", "--settle-interval", "0.3", "--settle-timeout", "3"]
-    inputs = load_cli.inputs_for(argv)
-    console = Console(stderr=True)
-    s, cpu = on_cpu(lambda: load_run(*inputs, console))
-    lat, tp = s.latency_s, s.throughput
-    return {
-        "tool": "python -m load_tests",
-        "requests": tp.completed,
-        "passed": s.passed,
-        "failures": s.failures,
-        "requests_per_s": tp.requests_per_s,
-        "ttft_p50_s": lat.ttft.p50,
-        "tpot_p50_s": lat.tpot.p50,
-        "ttft_p99_s": lat.ttft.p99,
-        "tpot_note": lat.tpot.note,
-        "ttft_requests": lat.ttft.requests,
-        "client_cpu_s": cpu,
-        "loop_lag_p99_s": s.client_cost.loop_lag_s.p99 if s.client_cost else None,
-        "runqueue_wait_s": s.client_cost.runqueue_wait_s if s.client_cost else None,
-    }
-
-
-def start_clients() -> None:
-    """Both clients' start-up, before any measured run, so that no run pays it: vLLM's benchmark imported (vLLM
-    with it, some 10 s of CPU), and the plotting library our report imports at its first plot (off-screen, as
-    :mod:`load_tests.report.plots` draws)."""
-    vllm_bench_serve.parse_args([])
-    import matplotlib  # the report's own lazy import, done here ahead of the first run
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot
-
-
-def on_cpu(call: Callable[[], T]) -> tuple[T, float]:
-    """``call()`` and the CPU seconds (user + system) this process spent in it, every thread counted
-    (``RUSAGE_SELF``). The heap that exists before the call is frozen for it (``gc.freeze``) and released after:
-    the two clients share this process, and neither's garbage collector should walk the other's modules."""
-    gc.collect()
-    gc.freeze()
-    before = _self_cpu_s()
-    try:
-        result = call()
-    finally:
-        cpu = _self_cpu_s() - before
-        gc.unfreeze()
-    return result, cpu
-
-
-def _self_cpu_s() -> float:
-    ru = resource.getrusage(resource.RUSAGE_SELF)
-    return ru.ru_utime + ru.ru_stime
-
-
-@contextlib.contextmanager
-def openai_api_key(key: str | None) -> Iterator[None]:
-    """``OPENAI_API_KEY`` set to ``key`` while vLLM's client runs (it reads its key there as it sends), restored
-    after; ``None`` leaves the environment as it is."""
-    if key is None:
-        yield
-        return
-    old = os.environ.get("OPENAI_API_KEY")
-    os.environ["OPENAI_API_KEY"] = key
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["OPENAI_API_KEY"]
-        else:
-            os.environ["OPENAI_API_KEY"] = old
 
 
 def ratios(mine: dict[str, Any], vllm: dict[str, Any]) -> dict[str, float | None]:
@@ -559,6 +361,108 @@ def server_side(
     return out
 
 
+def _call_client(
+    who: str,
+    url: str,
+    args: argparse.Namespace,
+    prompts: PromptSet,
+    dataset: Path,
+    work: Path,
+    tokenizer: Path,
+    api_key: str | None,
+    metrics_urls: list[str],
+    quick_settle: bool,
+) -> dict[str, Any]:
+    """One client's measured run of ``prompts`` (``dataset``: them as vLLM's ``custom`` dataset); its figures."""
+    if who == "vllm":
+        return theirs(url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work, api_key)
+    if who == "guidellm":
+        return guidellm_client.run(
+            url,
+            guidellm_client.write_dataset(
+                prompts.prompts, args.output_len, work / "prompts" / f"{prompts.name}-guidellm.jsonl"
+            ),
+            tokenizer,
+            args.concurrency,
+            args.requests,
+            work,
+            api_key,
+        )
+    return ours(
+        url,
+        args.concurrency,
+        dataset,
+        args.requests,
+        args.output_len,
+        work,
+        api_key,
+        metrics_urls,
+        quick_settle,
+        args.scrape_interval,
+    )
+
+
+def _server_counts(
+    run: dict[str, Any],
+    metrics_urls: list[str],
+    before: CacheCounters,
+    before_lat: dict[str, ReplicaCounters] | None,
+) -> None:
+    """The server's counters over ``run`` (from ``before``) into it: its cache hits (any: the run is void) and its
+    own latency; nothing where the counters never counted the run's requests."""
+    try:
+        after = wait_for_requests(metrics_urls, before, int(run["requests"]))
+        delta = after - before
+        run["counters"] = delta.to_json()
+        run["server_latency"] = server_side(before_lat, replica_histograms(metrics_urls))
+        if delta.hit_tokens > 0:
+            run["void"] = (
+                f"{delta.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
+                f"{delta.external_hits:.0f} from the offload tier"
+            )
+    except TimeoutError as e:
+        log.warning("%s", e)
+
+
+def measure_run(
+    who: str,
+    pair: int,
+    url: str,
+    args: argparse.Namespace,
+    metrics_urls: list[str],
+    work: Path,
+    tokenizer: Path,
+    api_key: str | None,
+    prompts: PromptSet,
+    quick_settle: bool,
+) -> dict[str, Any]:
+    """One client's run in ``pair``: after the idle gap, its load with the server's rate read throughout, then the
+    server's counters over it; the run's figures, the server's rate and the sampler's own CPU apart."""
+    if not quick_settle:
+        # the same idle gap before every run: Ray exports a replica's counters every few seconds, and the
+        # CLI's baseline scrape must see the previous run's requests (its cross-check would count them)
+        log.info("idle gap of %.0f s before the run", args.settle_s)
+        time.sleep(args.settle_s)
+    dataset = prompts.write_jsonl(work / "prompts" / f"{prompts.name}.jsonl")
+    before = cache_counters(metrics_urls)
+    before_lat = replica_histograms(metrics_urls) if before is not None else None
+    t0 = time.monotonic()
+    with RateSampler(metrics_urls, interval_s=args.rate_interval) as sampler:
+        run = _call_client(who, url, args, prompts, dataset, work, tokenizer, api_key, metrics_urls, quick_settle)
+        in_call_cpu_s = sampler.cpu_s  # the sampler's CPU while the client's call ran (its tail comes after)
+        if not quick_settle:  # the last export of the run's counts comes up to one export period later
+            time.sleep(args.rate_tail_s)
+    run["pair"], run["prompts"] = pair, prompts.describe()
+    run["server"] = steady_rate(sampler.samples)
+    run["server_samples"] = len(sampler.samples)
+    run["client_cpu_s"] -= in_call_cpu_s  # the sampler's reads ran in this process: not the client's
+    run["sampler_cpu_s"] = in_call_cpu_s
+    if before is not None:
+        _server_counts(run, metrics_urls, before, before_lat)
+    log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
+    return run
+
+
 def compare_on(
     url: str,
     args: argparse.Namespace,
@@ -574,69 +478,9 @@ def compare_on(
     runs: dict[str, list[dict[str, Any]]] = {who: [] for who in first}
     for pair in range(args.pairs):
         for who in first if pair % 2 == 0 else first[::-1]:
-            if not quick_settle:
-                # the same idle gap before every run: Ray exports a replica's counters every few seconds, and the
-                # CLI's baseline scrape must see the previous run's requests (its cross-check would count them)
-                log.info("idle gap of %.0f s before the run", args.settle_s)
-                time.sleep(args.settle_s)
-            prompts = sets[who, pair]
-            dataset = prompts.write_jsonl(work / "prompts" / f"{prompts.name}.jsonl")
-            before = cache_counters(metrics_urls)
-            before_lat = replica_histograms(metrics_urls) if before is not None else None
-            t0 = time.monotonic()
-            with RateSampler(metrics_urls, interval_s=args.rate_interval) as sampler:
-                if who == "vllm":
-                    run = theirs(
-                        url, tokenizer, args.concurrency, dataset, args.requests, args.output_len, work, api_key
-                    )
-                elif who == "guidellm":
-                    run = guidellm_client.run(
-                        url,
-                        guidellm_client.write_dataset(
-                            prompts.prompts, args.output_len, work / "prompts" / f"{prompts.name}-guidellm.jsonl"
-                        ),
-                        tokenizer,
-                        args.concurrency,
-                        args.requests,
-                        work,
-                        api_key,
-                    )
-                else:
-                    run = ours(
-                        url,
-                        args.concurrency,
-                        dataset,
-                        args.requests,
-                        args.output_len,
-                        work,
-                        api_key,
-                        metrics_urls,
-                        quick_settle,
-                        args.scrape_interval,
-                    )
-                in_call_cpu_s = sampler.cpu_s  # the sampler's CPU while the client's call ran (its tail comes after)
-                if not quick_settle:  # the last export of the run's counts comes up to one export period later
-                    time.sleep(args.rate_tail_s)
-            run["pair"], run["prompts"] = pair, prompts.describe()
-            run["server"] = steady_rate(sampler.samples)
-            run["server_samples"] = len(sampler.samples)
-            run["client_cpu_s"] -= in_call_cpu_s  # the sampler's reads ran in this process: not the client's
-            run["sampler_cpu_s"] = in_call_cpu_s
-            if before is not None:
-                try:
-                    after = wait_for_requests(metrics_urls, before, int(run["requests"]))
-                    delta = after - before
-                    run["counters"] = delta.to_json()
-                    run["server_latency"] = server_side(before_lat, replica_histograms(metrics_urls))
-                    if delta.hit_tokens > 0:
-                        run["void"] = (
-                            f"{delta.prefix_cache_hits:.0f} prompt tokens from the prefix cache, "
-                            f"{delta.external_hits:.0f} from the offload tier"
-                        )
-                except TimeoutError as e:
-                    log.warning("%s", e)
-            runs[who].append(run)
-            log.info("%s: %s (%.0f s)", who, run, time.monotonic() - t0)
+            runs[who].append(
+                measure_run(who, pair, url, args, metrics_urls, work, tokenizer, api_key, sets[who, pair], quick_settle)
+            )
     figures = compare_figures(runs["ours"], runs["vllm"], args.tolerance) if "vllm" in runs else {}
     against = {who: against_server(runs[who]) for who in runs}
     out = {who: median_figures(runs[who]) for who in runs}
@@ -671,12 +515,8 @@ def against_server(runs: list[dict[str, Any]], tolerance: float = SERVER_TOLERAN
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.bench_agreement",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def _target_flags(ap: argparse.ArgumentParser) -> None:
+    """What is measured: a running deployment, the echo server or the shipped config, and its warm-up."""
     where = ap.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running deployment's base URL")
     where.add_argument("--echo", action="store_true", help="start testkit/echo_server.py and compare on it")
@@ -700,6 +540,10 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         help="the deployment's metrics endpoints (default: Ray's service discovery file)",
     )
+
+
+def _workload_flags(ap: argparse.ArgumentParser) -> None:
+    """What every run sends, and the echo server's latencies."""
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument(
         "--requests", type=int, default=640, help="requests per run at least (more where --min-run-s needs them)"
@@ -714,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--ttft-ms", type=float, default=100.0, help="--echo: the server's time to first token")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="--echo: its time between tokens")
+
+
+def _protocol_flags(ap: argparse.ArgumentParser) -> None:
+    """The comparison: the clients' order, the pairs, the seed, the idle gap, the tolerance."""
     ap.add_argument(
         "--order",
         default="vllm,ours",
@@ -735,6 +583,10 @@ def main(argv: list[str] | None = None) -> int:
         help="idle seconds before every run on a real deployment (Ray exports counters every 10 s)",
     )
     ap.add_argument("--tolerance", type=float, default=TOLERANCE)
+
+
+def _run_flags(ap: argparse.ArgumentParser) -> None:
+    """How the run is read (the CLI's scrapes, the server's rate), GuideLLM beside, and where the results go."""
     ap.add_argument(
         "--scrape-interval", type=float, default=None, help="our CLI's --scrape-interval (default: the CLI's own, 2 s)"
     )
@@ -764,63 +616,110 @@ def main(argv: list[str] | None = None) -> int:
         "(.cache/guidellm-venv, built on first use), in every pair beside the two",
     )
     ap.add_argument("--out", type=Path, default=None, help="write agreement.json and agreement.md here")
-    args = ap.parse_args(argv)
-    pair_stats.check_pairs(args.pairs, smoke=args.smoke)
-    command_logging()
-    use_engine_env()
-    echo = shipped = None
-    warmup = args.warmup if args.warmup is not None else (0 if args.echo else 200)
+
+
+def parser() -> argparse.ArgumentParser:
+    """``python -m benchmarks.bench_agreement``'s flags, in the order ``--help`` lists them."""
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_agreement",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _target_flags(ap)
+    _workload_flags(ap)
+    _protocol_flags(ap)
+    _run_flags(ap)
+    return ap
+
+
+def checked_clients(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
+    """The clients compared, in ``--order``, GuideLLM last; a command that names others exits as argparse does."""
     clients = (*args.order.split(","), *(["guidellm"] if args.guidellm else []))
     if "ours" not in clients or not set(clients) <= {"ours", "vllm", "guidellm"}:
         ap.error(f"--order: ours and vllm (either first), or ours alone with --guidellm; got {args.order!r}")
-    if args.guidellm:
-        guidellm_client.ensure_env()
-    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
-    with tempfile.TemporaryDirectory() as tmp:
-        try:
-            if args.echo:
-                echo, url = start_echo(args.ttft_ms, args.itl_ms, args.record_bodies)
-                metrics = [f"{url}/metrics"]
-            elif args.shipped:
-                from benchmarks.harness.arms import Shipped
+    return clients
 
-                shipped = Shipped(args.config, Path(tmp) / "cluster").__enter__()
-                url, metrics = shipped.base_url, shipped.cluster.metrics_urls
-            else:
-                url, metrics = args.url.rstrip("/"), args.metrics_url
-            api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
-            tokenizer = save_tokenizer(Path(tmp) / "tokenizer")
-            start_clients()
-            if warmup:
-                log.info("warming up with %d requests (vLLM's client, prompts of their own, not measured)", warmup)
-                (Path(tmp) / "warmup").mkdir()
-                warm = theirs(
-                    url,
-                    tokenizer,
-                    args.concurrency,
-                    sets["warmup", 0].write_jsonl(Path(tmp) / "warmup.jsonl"),
-                    warmup,
-                    args.output_len,
-                    Path(tmp) / "warmup",
-                    api_key,
-                )
-                sized = run_size(args.requests, warm["requests_per_s"], args.min_run_s)
-                if sized > args.requests:
-                    log.info(
-                        "%d requests per run (the warm-up's %.1f req/s for at least %.0f s)",
-                        sized,
-                        warm["requests_per_s"],
-                        args.min_run_s,
-                    )
-                    args.requests = sized
-                    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
-            result = compare_on(url, args, metrics, Path(tmp), tokenizer, api_key, sets, quick_settle=args.echo)
-        finally:
-            if echo is not None:
-                echo.terminate()
-                echo.wait(10)
-            if shipped is not None:
-                shipped.__exit__(None, None, None)
+
+@contextlib.contextmanager
+def target(args: argparse.Namespace, tmp: Path) -> Iterator[tuple[str, list[str]]]:
+    """The deployment compared on: (its base URL, its metrics endpoints); an echo server or a shipped cluster
+    started for the comparison is stopped after it, whatever happened."""
+    echo = shipped = None
+    try:
+        if args.echo:
+            echo, url = start_echo(args.ttft_ms, args.itl_ms, args.record_bodies)
+            metrics = [f"{url}/metrics"]
+        elif args.shipped:
+            from benchmarks.harness.arms import Shipped
+
+            shipped = Shipped(args.config, tmp / "cluster").__enter__()
+            url, metrics = shipped.base_url, shipped.cluster.metrics_urls
+        else:
+            url, metrics = args.url.rstrip("/"), args.metrics_url
+        yield url, metrics
+    finally:
+        if echo is not None:
+            echo.terminate()
+            echo.wait(10)
+        if shipped is not None:
+            shipped.__exit__(None, None, None)
+
+
+def warm_up(
+    args: argparse.Namespace,
+    url: str,
+    tokenizer: Path,
+    api_key: str | None,
+    warmup: int,
+    sets: dict[tuple[str, int], PromptSet],
+    clients: tuple[str, ...],
+    tmp: Path,
+) -> dict[tuple[str, int], PromptSet]:
+    """``warmup`` requests with vLLM's client, prompts of their own, not measured; where its rate needs longer runs
+    for ``--min-run-s``, ``args.requests`` is raised and the prompt sets drawn again at that size (returned)."""
+    log.info("warming up with %d requests (vLLM's client, prompts of their own, not measured)", warmup)
+    (tmp / "warmup").mkdir()
+    warm = theirs(
+        url,
+        tokenizer,
+        args.concurrency,
+        sets["warmup", 0].write_jsonl(tmp / "warmup.jsonl"),
+        warmup,
+        args.output_len,
+        tmp / "warmup",
+        api_key,
+    )
+    sized = run_size(args.requests, warm["requests_per_s"], args.min_run_s)
+    if sized > args.requests:
+        log.info(
+            "%d requests per run (the warm-up's %.1f req/s for at least %.0f s)",
+            sized,
+            warm["requests_per_s"],
+            args.min_run_s,
+        )
+        args.requests = sized
+        sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
+    return sets
+
+
+def measure(
+    args: argparse.Namespace, warmup: int, clients: tuple[str, ...], sets: dict[tuple[str, int], PromptSet]
+) -> dict[str, Any]:
+    """The target started, the clients loaded and warmed up, every pair run (:func:`compare_on`), the target
+    stopped; what :func:`compare_on` found."""
+    with tempfile.TemporaryDirectory() as tmp_dir, target(args, Path(tmp_dir)) as (url, metrics):
+        tmp = Path(tmp_dir)
+        api_key = os.environ.get("FUZZSERVE_API_KEYS", "").split(",")[0].strip() or None
+        tokenizer = save_tokenizer(tmp / "tokenizer")
+        start_clients()
+        if warmup:
+            sets = warm_up(args, url, tokenizer, api_key, warmup, sets, clients, tmp)
+        return compare_on(url, args, metrics, tmp, tokenizer, api_key, sets, quick_settle=args.echo)
+
+
+def report(result: dict[str, Any], args: argparse.Namespace, warmup: int) -> int:
+    """The run's settings recorded in ``result``, its tables and verdicts on stdout (and ``--out``); 0 where our
+    CLI agrees with the server's own rate, else 1."""
     result["workload"] = {
         k: getattr(args, k) for k in ("concurrency", "requests", "input_len", "output_len", "pairs", "seed")
     }
@@ -848,6 +747,20 @@ def main(argv: list[str] | None = None) -> int:
     # decided against the server (issue 47): the CLI's figure is the server's own rate within 5 %; the two clients'
     # figures against each other are shown beside it, each tool's own cost and denominator with them
     return 0 if result["verdict_vs_server"] == "agrees" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
+    args = ap.parse_args(argv)
+    pair_stats.check_pairs(args.pairs, smoke=args.smoke)
+    command_logging()
+    use_engine_env()
+    warmup = args.warmup if args.warmup is not None else (0 if args.echo else 200)
+    clients = checked_clients(ap, args)
+    if args.guidellm:
+        guidellm_client.ensure_env()
+    sets = prompt_sets(args.pairs, args.requests, args.input_len, warmup, args.seed, clients)
+    return report(measure(args, warmup, clients, sets), args, warmup)
 
 
 if __name__ == "__main__":

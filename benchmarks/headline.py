@@ -69,7 +69,7 @@ def table(results: dict[str, Any]) -> str:
 def summary(results: dict[str, Any]) -> str:
     """One line on the run: host, sittings, runs, void runs, failed requests in **all** runs (a run with one is
     void, so over the counted runs the figure would be 0 by construction) and cache hits in the counted runs."""
-    from benchmarks.vs_vllm import Run, counted  # the benchmark's own rule for the runs that count
+    from benchmarks.harness.runs import Run, counted  # the benchmark's own rule for the runs that count
 
     meta, runs = results["meta"], [Run(**r) for r in results["runs"]]
     void = sum(1 for r in runs if r.void)

@@ -42,15 +42,9 @@ from typing import Any
 
 from rich.console import Console
 
-from benchmarks.bench_agreement import (
-    REPO,
-    cache_counters,
-    replica_histograms,
-    save_tokenizer,
-    start_clients,
-    theirs,
-)
+from benchmarks.bench_agreement import REPO, cache_counters, replica_histograms
 from benchmarks.harness import guidellm_client
+from benchmarks.harness.inprocess_clients import save_tokenizer, start_clients, theirs
 from benchmarks.harness.prompts import PromptBook
 from benchmarks.harness.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli

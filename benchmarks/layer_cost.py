@@ -44,11 +44,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks.harness.host import cpu_model
 from benchmarks.harness.pair_stats import median_ratio
 from benchmarks.harness.targets import ENGINE, EngineKwargs
 from benchmarks.patch_overhead import _tree_cpu
 from benchmarks.serve_stack import REPO, SETTLE_S, _machine, prompts
-from benchmarks.vs_vllm import cpu_model
 from load_tests.command_logs import command_logging
 from patches.framework.switches import OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV

@@ -18,7 +18,8 @@ import time
 
 import pytest
 
-from benchmarks.bench_agreement import FIGURES, compare_figures, main, on_cpu, openai_api_key, verdict
+from benchmarks.bench_agreement import FIGURES, compare_figures, main, verdict
+from benchmarks.harness.inprocess_clients import on_cpu, openai_api_key
 
 
 def test_our_cli_agrees_with_vllm_bench_serve_on_the_echo_server_sending_the_same_bodies(tmp_path, capsys):

@@ -24,7 +24,7 @@ def test_unique_prompts_have_the_asked_length_in_the_servers_tokens():
 def test_a_headline_runs_prompt_sets_are_all_disjoint_warmups_included():
     """The plan of a full cold benchmark: every set, warm-ups included, shares no prompt with another, and no
     prompt repeats within a set; both arms of a pair send the same set (it is one object)."""
-    from benchmarks.vs_vllm import Workload, prompt_plan
+    from benchmarks.harness.workload import Workload, prompt_plan
 
     plan = prompt_plan(Workload(), pairs=6, seed=0, pool_tokens=1 << 20)
     assert check_disjoint(plan.values()) == []

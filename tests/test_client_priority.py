@@ -14,8 +14,8 @@ import pytest
 
 from benchmarks.harness import client_priority
 from benchmarks.harness.arms import ProtocolError
+from benchmarks.harness.phase import run_client
 from benchmarks.harness.vllm_bench_serve import SCHED_LINE
-from benchmarks.vs_vllm import run_client
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The headline benchmark's protocol (benchmarks/vs_vllm.py, benchmarks/harness/host.py), not its speed.
+"""The headline benchmark's protocol (benchmarks/vs_vllm.py and benchmarks/harness/), not its speed.
 
 What must hold for its figures to mean what docs say they mean: plain vLLM is
 measured with no Ray process alive, the phases interleave ABBA, host CPU is
@@ -286,7 +286,7 @@ def test_pairs_are_even_and_at_least_six_unless_a_smoke_run():
 
 
 def _run(stack, pair, label, req_per_s, cpu, completed=100, ttft=1.0, void=None, failed=0, ttft_p99=None):
-    from benchmarks.vs_vllm import Run
+    from benchmarks.harness.runs import Run
 
     return Run(
         stack=stack,
@@ -311,7 +311,7 @@ def _run(stack, pair, label, req_per_s, cpu, completed=100, ttft=1.0, void=None,
 
 
 def test_ratios_are_pairwise_with_a_bootstrap_interval_that_covers_the_median():
-    from benchmarks.vs_vllm import compare
+    from benchmarks.harness.comparison import compare
 
     runs = [
         _run("plain", 0, "c32", 100, 0.020),
@@ -333,7 +333,7 @@ def test_ratios_are_pairwise_with_a_bootstrap_interval_that_covers_the_median():
 
 
 def test_three_arms_compare_each_with_plain_and_shipped_with_engine_and_void_runs_count_nowhere():
-    from benchmarks.vs_vllm import compare
+    from benchmarks.harness.comparison import compare
 
     runs = [
         _run("plain", 0, "c1", 10, 0.1),
@@ -350,7 +350,7 @@ def test_three_arms_compare_each_with_plain_and_shipped_with_engine_and_void_run
 
 
 def test_the_ttft_split_takes_the_median_over_runs_of_each_parts_mean_and_derives_the_rest():
-    from benchmarks.vs_vllm import ttft_split
+    from benchmarks.harness.comparison import ttft_split
 
     def timed(r, client, server, queue, prefill):
         r.ttft_ms["mean"] = client
@@ -379,8 +379,8 @@ def test_the_ttft_split_takes_the_median_over_runs_of_each_parts_mean_and_derive
 
 
 def test_a_cold_run_with_any_cache_hit_is_void_and_a_reuse_run_is_not():
+    from benchmarks.harness.runs import void_reason
     from benchmarks.harness.server_counters import CacheCounters
-    from benchmarks.vs_vllm import void_reason
 
     assert void_reason("cold", CacheCounters(requests=100, prompt_tokens=12800)) is None
     reason = void_reason("cold", CacheCounters(prefix_cache_hits=1))
@@ -391,7 +391,7 @@ def test_a_cold_run_with_any_cache_hit_is_void_and_a_reuse_run_is_not():
 
 
 def test_summarize_run_takes_the_host_cpu_of_the_clients_own_window():
-    from benchmarks.vs_vllm import summarize_run
+    from benchmarks.harness.phase import summarize_run
 
     sampler = types.SimpleNamespace(busy_between=lambda t0, t1: (t0, t1))
     data = {
@@ -430,8 +430,8 @@ def test_the_client_is_vllms_own_and_sends_exactly_our_prompts_in_order(tmp_path
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    from benchmarks.harness.phase import bench_argv
     from benchmarks.harness.prompts import PromptBook
-    from benchmarks.vs_vllm import bench_argv
     from fixture_model.build import build_tokenizer
 
     prompts = PromptBook(3).unique("run", 20, 128)
@@ -500,8 +500,8 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
 def test_a_run_with_a_failed_request_or_a_stall_is_void_whatever_its_arm():
     """Positive and negative: a healthy run (p99 7x p50, the most a healthy run read) counts; one failed
     request, or a p99 over 10x the p50 (plain's stalls read 17-60x), voids it."""
+    from benchmarks.harness.runs import void_reason
     from benchmarks.harness.server_counters import CacheCounters
-    from benchmarks.vs_vllm import void_reason
 
     clean = CacheCounters(requests=100, prompt_tokens=12800)
     assert void_reason("cold", clean, _run("plain", 0, "c8", 10, 0.1, ttft=30, ttft_p99=210)) is None
@@ -528,7 +528,7 @@ def test_goals_are_met_only_when_the_median_and_the_whole_interval_say_so():
 
 
 def _meta(arms, machine):
-    from benchmarks.vs_vllm import Meta
+    from benchmarks.harness.runs import Meta
 
     meta: Meta = {
         "workload": {"name": "cold", "arms": arms},
@@ -546,8 +546,9 @@ def test_the_client_cpu_marks_the_hosts_speed_per_pair_and_is_left_out_where_a_r
     """The marker: the client's fixed work per request, candidate over reference, beside the figures, never judged."""
     from dataclasses import replace
 
+    from benchmarks.harness.comparison import compare, goals
     from benchmarks.harness.cpu_accounting import CLIENT_ROLE
-    from benchmarks.vs_vllm import compare, goals, markdown
+    from benchmarks.harness.report import markdown
 
     runs = []
     for p, (ref_ms, cand_ms) in enumerate([(6.0, 6.0), (6.0, 9.0)]):  # pair 1: the candidate met a slow host
@@ -572,7 +573,8 @@ def test_the_client_cpu_marks_the_hosts_speed_per_pair_and_is_left_out_where_a_r
 def test_every_run_row_shows_its_stolen_cores_and_a_dash_where_a_run_recorded_none():
     from dataclasses import replace
 
-    from benchmarks.vs_vllm import compare, markdown
+    from benchmarks.harness.comparison import compare
+    from benchmarks.harness.report import markdown
 
     runs = [replace(_run("plain", 0, "c8", 100, 0.02), host_steal_cores=0.25), _run("shipped", 0, "c8", 100, 0.02)]
     md = markdown(_meta(["plain", "shipped"], machine="m"), runs, compare(runs))
@@ -583,7 +585,9 @@ def test_every_run_row_shows_its_stolen_cores_and_a_dash_where_a_run_recorded_no
 
 
 def test_the_report_compares_shipped_with_the_stock_peer_and_says_met_or_not_met(tmp_path):
-    from benchmarks.vs_vllm import compare, goals, markdown, missing_runs
+    from benchmarks.harness.comparison import compare, goals
+    from benchmarks.harness.report import markdown
+    from benchmarks.harness.runs import missing_runs
 
     runs = []
     for p in range(2):
@@ -612,7 +616,8 @@ def test_chat_runs_use_vllms_chat_backend_and_label(tmp_path):
     from vllm.benchmarks.serve import add_cli_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from benchmarks.vs_vllm import Workload, bench_argv, is_chat
+    from benchmarks.harness.phase import bench_argv
+    from benchmarks.harness.workload import Workload, is_chat
 
     assert Workload().runs() == [("c1", 1), ("c8", 8), ("c32", 32), ("c128", 128), ("chat8", 8), ("chat32", 32)]
     assert Workload(chat={}).runs()[-1] == ("c128", 128) and is_chat("chat8") and not is_chat("c8")
@@ -625,7 +630,7 @@ def test_chat_runs_use_vllms_chat_backend_and_label(tmp_path):
 
 
 def test_the_host_names_its_cpu_model():
-    from benchmarks.vs_vllm import cpu_model
+    from benchmarks.harness.host import cpu_model
 
     assert cpu_model("processor\t: 0\nmodel name\t: AMD EPYC 7B13\n") == "AMD EPYC 7B13"
     assert cpu_model("processor\t: 0\n") == "unknown CPU"
@@ -635,8 +640,8 @@ def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_
     """Measured here (2026-11-28): plain at 1 in flight read a client TTFT mean of 101 ms while its own server
     counted 10.5 ms: the request waited in its starved API server. A healthy reference (12 against 8.3 ms) counts;
     the shipped stack, whose Serve path lies outside vLLM's server by design, is never voided by this rule."""
+    from benchmarks.harness.runs import void_reason
     from benchmarks.harness.server_counters import CacheCounters
-    from benchmarks.vs_vllm import void_reason
 
     def timed(stack, client, server):
         r = _run(stack, 0, "c1", 5, 0.3, ttft=client)
@@ -660,7 +665,8 @@ def test_a_reference_whose_frontend_starves_is_void_and_the_candidate_is_judged_
 def test_a_phase_run_again_counts_once_per_pair_in_every_table():
     """A phase with a void run is run again whole: the label that was valid the first time is measured twice.
     The pair ratios, the arm's own figures and the TTFT split each count its latest valid run, once."""
-    from benchmarks.vs_vllm import arm_figures, compare, counted
+    from benchmarks.harness.comparison import arm_figures, compare
+    from benchmarks.harness.runs import counted
 
     first = _run("shipped", 0, "c1", 10, 0.1)
     first_void = _run("shipped", 0, "c8", 10, 0.1, void="1 failed request(s)")
@@ -679,7 +685,8 @@ def test_every_run_shows_the_time_its_roles_waited_for_a_core(tmp_path):
     recorded none (runs measured before it was read)."""
     from dataclasses import replace
 
-    from benchmarks.vs_vllm import compare, markdown
+    from benchmarks.harness.comparison import compare
+    from benchmarks.harness.report import markdown
 
     runs = [
         replace(_run("plain", 0, "c8", 100, 0.02), roles_wait_ms_per_request={"EngineCore": 4.25}),

@@ -125,6 +125,7 @@ def driver(monkeypatch, tmp_path):
     it raises Ctrl-C's exception as a stopped run does; ``void`` names phases (pair, arm, attempt) whose c8 run
     is void."""
     from benchmarks import vs_vllm
+    from benchmarks.harness.runs import Run
 
     calls: list[tuple[int, str, int]] = []
     state: dict[str, Any] = {"stop_after": None, "void": set()}
@@ -140,7 +141,7 @@ def driver(monkeypatch, tmp_path):
         out = []
         for label, c in workload.runs():
             void = "stalled" if label == "c8" and (pair, stack, attempt) in state["void"] else None
-            run = vs_vllm.Run(
+            run = Run(
                 stack=stack, pair=pair, label=label, concurrency=c, completed=10, failed=0, duration_s=1.0,
                 req_per_s=10.0 + pair, output_tok_per_s=1.0, ttft_ms={"p50": 5.0, "p99": 9.0},
                 tpot_ms={"p50": 1.0, "p99": 2.0}, itl_ms={"p50": 1.0, "p99": 2.0}, e2el_ms={"p50": 9.0, "p99": 9.0},

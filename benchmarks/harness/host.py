@@ -1,4 +1,5 @@
-"""The host as a benchmark sees it: host-wide CPU time from /proc/stat, and which Ray processes are alive.
+"""The host as a benchmark sees it: host-wide CPU time from /proc/stat, which Ray processes are alive, and what
+machine it is (:func:`machine`, recorded with every headline run; ``--resume`` refuses another).
 
 Host-wide CPU is what a user's ``top`` or node exporter reports: every
 process on the machine, the client included, plus what no process owns (the
@@ -23,9 +24,11 @@ from __future__ import annotations
 
 import bisect
 import os
+import platform
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import psutil
 
@@ -182,3 +185,25 @@ def lingering_engines(
     while (left := find()) and time.monotonic() < deadline:
         time.sleep(poll_s)
     return left
+
+
+def machine() -> str:
+    """The host as the results name it: CPU model, architecture, CPUs, memory and Python."""
+    return (
+        f"{cpu_model()}, {platform.machine()}, {psutil.cpu_count(logical=True)} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}"
+    )
+
+
+def cpu_model(cpuinfo: str | None = None) -> str:
+    """The host's CPU model as /proc/cpuinfo names it ("unknown CPU" where it does not)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            return "unknown CPU"
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "model name" and value.strip():
+            return value.strip()
+    return "unknown CPU"

@@ -9,7 +9,7 @@ into EngineCore and its first token back), and found the engine's hand-offs
 3-5 ms longer than plain vLLM's at 8 in flight. vLLM exports only those
 differences; this benchmark runs the same arms (:mod:`benchmarks.harness.arms`),
 the same cold workload (every prompt unique, a warm-up of its own, the same
-``vllm bench serve`` client, :func:`benchmarks.vs_vllm.run_phase`, which also
+``vllm bench serve`` client, :func:`benchmarks.harness.phase.run_phase`, which also
 voids a run that shows any cache hit), with every vLLM frontend traced by
 :mod:`benchmarks.investigations.handoff_hooks` (vLLM's own server, or the shipped stack's
 engine replica), and splits each request's server TTFT into:
@@ -72,12 +72,15 @@ from benchmarks.harness.arms import (
     slug,
     split_arms,
 )
-from benchmarks.harness.host import HostCpuSampler
+from benchmarks.harness.host import HostCpuSampler, machine
+from benchmarks.harness.phase import run_phase
+from benchmarks.harness.runs import Run
 from benchmarks.harness.stopping import stop_on_term
+from benchmarks.harness.workload import Workload, local_pool_tokens, parse_requests, prompt_plan
 from benchmarks.investigations import request_timeline
 from benchmarks.investigations.arrival_bunches import GAP_MS
 from benchmarks.investigations.handoff_hooks import load_trace, plugin_env
-from benchmarks.vs_vllm import REPO, Run, Workload, local_pool_tokens, machine, parse_requests, prompt_plan, run_phase
+from benchmarks.vs_vllm import REPO
 from load_tests.command_logs import command_logging
 from serve_app.engine.engine_env import use_engine_env
 

@@ -14,8 +14,8 @@ arms then take turns, a short run each (``--requests``), ABC then CBA
 round are seconds apart. A round is what ``vs_vllm`` calls a pair: each arm
 gets the round's prompts (a cold set of its own per round; the arms' engines
 share no cache), its own warm-up first, the same ``vllm bench serve`` client
-(:func:`benchmarks.vs_vllm.run_phase`), and the same report and ratios
-(:func:`benchmarks.vs_vllm.compare`), against the first arm.
+(:func:`benchmarks.harness.phase.run_phase`), and the same report and ratios
+(:func:`benchmarks.harness.comparison.compare`), against the first arm.
 
 What an arm may be: ``shipped`` (the config's application), a variant
 ``shipped+NAME=VALUE`` (the variables in that application's
@@ -50,7 +50,6 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks import vs_vllm
 from benchmarks.harness import client_priority, pair_stats
 from benchmarks.harness.arms import (
     ARM_OPTIONS,
@@ -62,9 +61,15 @@ from benchmarks.harness.arms import (
     split_arms,
     stock_config,
 )
-from benchmarks.harness.host import HostCpuSampler, lingering_engines, ray_processes
+from benchmarks.harness.comparison import compare
+from benchmarks.harness.host import HostCpuSampler, lingering_engines, machine, ray_processes
+from benchmarks.harness.phase import run_phase
+from benchmarks.harness.report import markdown, plot, write_results
+from benchmarks.harness.runs import Meta, Run
 from benchmarks.harness.server_counters import read_counters
 from benchmarks.harness.stopping import stop_on_term
+from benchmarks.harness.workload import Workload, local_pool_tokens, parse_requests, prompt_plan
+from benchmarks.vs_vllm import REPO
 from load_tests.command_logs import command_logging
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import Application, ServeConfig
@@ -72,7 +77,7 @@ from serve_app.engine.engine_env import use_engine_env
 
 log = logging.getLogger("fuzzserve.benchmarks.interleaved")
 
-DEFAULT_OUT = vs_vllm.REPO / "out" / "interleaved"
+DEFAULT_OUT = REPO / "out" / "interleaved"
 BASES = ("shipped", "stock")  # the arms that are a Serve application
 # Between two runs: the arm just measured settles (stock's engine polls its worker for a while after its last step).
 SETTLE_S = 3.0
@@ -83,7 +88,7 @@ CPUS_PER_ARM = 4
 
 @dataclass
 class AppArm:
-    """One arm as an application of the shared cluster: what :func:`benchmarks.vs_vllm.run_phase` needs."""
+    """One arm as an application of the shared cluster: what :func:`benchmarks.harness.phase.run_phase` needs."""
 
     name: str
     app: str
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-prompts", type=int, default=48, help="unmeasured requests before each arm's turn")
     ap.add_argument("--client-sched", choices=client_priority.POLICIES, default=client_priority.FIFO)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--config", type=Path, default=vs_vllm.REPO / "serve_config.yaml")
+    ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     args = ap.parse_args(argv)
     command_logging()
@@ -178,9 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     arms = split_arms(args.arms)
     if len(set(arms)) != len(arms) or len(arms) < 2:
         ap.error("--arms: at least two, each once")
-    workload = vs_vllm.Workload(
-        requests=vs_vllm.parse_requests(args.requests),
-        chat=vs_vllm.parse_requests(args.chat) if args.chat else {},
+    workload = Workload(
+        requests=parse_requests(args.requests),
+        chat=parse_requests(args.chat) if args.chat else {},
         warmup_prompts=args.warmup_prompts,
     )
     workload.client_sched, refused = client_priority.choose(args.client_sched)
@@ -195,15 +200,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg, app_arms = cluster_config(arms, config, model)
     except ValueError as e:
         ap.error(str(e))
-    plan = vs_vllm.prompt_plan(workload, args.rounds, args.seed, vs_vllm.local_pool_tokens(config, model))
+    plan = prompt_plan(workload, args.rounds, args.seed, local_pool_tokens(config, model))
     args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="fuzzserve-interleaved-"))
     log.info("cluster logs, prompts, raw client results in %s", work)
-    meta: vs_vllm.Meta = {
+    meta: Meta = {
         "command": "python -m benchmarks.investigations.interleaved "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": vs_vllm.machine(),
+        "machine": machine(),
         "workload": {
             **asdict(workload),
             "runs": workload.runs(),
@@ -224,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         "replicas": {a.name: 1 for a in app_arms},
         "below_protocol": "interleaved lever runs in one cluster (not the headline's protocol)",
     }
-    runs: list[vs_vllm.Run] = []
+    runs: list[Run] = []
     stop_on_term()  # a stopped job (SIGTERM) unwinds like Ctrl-C, so that the cluster below is torn down
     cluster = LocalCluster(num_cpus=CPUS_PER_ARM * len(arms), log_dir=work / "cluster")
     cluster.start()
@@ -240,15 +245,15 @@ def main(argv: list[str] | None = None) -> int:
                 log.info("round %d: %s", rnd, stack)
                 arm = by_name[stack]
                 before = read_counters(arm.metrics_urls)  # the shared cluster's counters so far
-                runs += vs_vllm.run_phase(arm, stack, rnd, workload, plan, model, work, sampler, baseline=before)
-                vs_vllm.write_results(args.out, meta, runs)
+                runs += run_phase(arm, stack, rnd, workload, plan, model, work, sampler, baseline=before)
+                write_results(args.out, meta, runs)
     finally:
         cluster.close(graceful=False)
         left = ray_processes() + lingering_engines()
         if left:
             log.error("the cluster left Ray processes behind:\n  %s", "\n  ".join(left))
-    vs_vllm.plot(runs, args.out / "vs_vllm.png")
-    print(vs_vllm.markdown(meta, runs, vs_vllm.compare(runs, reference=arms[0])))
+    plot(runs, args.out / "vs_vllm.png")
+    print(markdown(meta, runs, compare(runs, reference=arms[0])))
     void = [f"round {r.pair} {r.stack} {r.label}: {r.void}" for r in runs if r.void]
     if void:
         log.warning("%d void run(s), their figures count nowhere:\n  %s", len(void), "\n  ".join(void))
