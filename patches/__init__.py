@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import os
 
-# name -> module, in the order of application: patches.framework.catalogue's, which the registry reads too (no module of this
-# package imports the package itself).
+# name -> module, in the order of application: patches.framework.catalogue's, which the registry reads too (no
+# module of this package imports the package itself).
 from .framework.catalogue import PATCH_MODULES as PATCH_MODULES
 
 _applied: set[str] = set()

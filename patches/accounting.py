@@ -68,8 +68,8 @@ import threading
 from collections import Counter as _Tally
 from typing import Any
 
-from .framework._core import logger
 from .definitions.metrics import CORRECTION_KINDS, CORRECTIONS_METRIC, VIOLATION_KINDS, VIOLATIONS_METRIC
+from .framework._core import logger
 from .framework.registry import Patch, Target
 
 log = logger()

@@ -92,7 +92,6 @@ import numpy as np
 import torch
 
 from .definitions import fuzz_math
-from .framework._core import logger
 from .definitions.fuzz_params import (
     NEUTRAL,
     NO_LAYER_REPORT,
@@ -104,6 +103,7 @@ from .definitions.fuzz_params import (
     parse_or_neutral,
     resolve_layer,
 )
+from .framework._core import logger
 from .framework.registry import Patch, Target
 
 log = logger()

@@ -90,8 +90,8 @@ import torch
 
 from . import fuzz
 from .definitions import fuzz_math
-from .framework._core import logger
 from .definitions.fuzz_params import LayerReport
+from .framework._core import logger
 from .framework.registry import Patch, Target
 
 log = logger()

@@ -47,9 +47,9 @@ import time
 from collections import deque
 from typing import Any
 
-from .framework._core import logger
 from .definitions.fault_config import FaultConfig, LoadFaults, LyingReports, fault_config_from
 from .definitions.metrics import INJECTIONS_METRIC
+from .framework._core import logger
 from .framework.registry import Patch, Target
 
 log = logger()

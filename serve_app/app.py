@@ -236,10 +236,10 @@ def build_router(parsed: FuzzServeArgs, llm_configs: list):
     from ray.serve.llm.ingress import make_fastapi_ingress
     from starlette.exceptions import HTTPException
 
-    from serve_app.router_path import ENDPOINTS, FuzzIngress, openai_http_error
     from serve_app.ingress.guard import RequestGuard
     from serve_app.observability.fuzz_traffic import FuzzTraffic
     from serve_app.ray_internals import init_ingress_app, to_model_metadata
+    from serve_app.router_path import ENDPOINTS, FuzzIngress, openai_http_error
 
     app = init_ingress_app()  # OpenAiIngress's FastAPI app: error handling, CORS, metrics, request ids
     app.add_middleware(RequestGuard, config=parsed.guard, on_admitted=FuzzTraffic().record)  # added last = runs first

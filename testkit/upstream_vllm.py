@@ -54,8 +54,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from patches.early_submit import ENABLE_ENV as EARLY_SUBMIT_ENV
-from patches.stats_thread import ENABLE_ENV as STATS_THREAD_ENV
 from patches.framework.switches import OFF_ENV
+from patches.stats_thread import ENABLE_ENV as STATS_THREAD_ENV
 from serve_app.engine.engine_env import HF_HUB_OFFLINE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -87,8 +87,8 @@ NO_AREA = {
     "and python -m patches.matrix",
 }
 
-# The patched areas. Every patch in patches.framework.catalogue.PATCH_MODULES is exercised by at least one, or named in NO_AREA
-# with why: a test checks.
+# The patched areas. Every patch in patches.framework.catalogue.PATCH_MODULES is exercised by at least one, or named
+# in NO_AREA with why: a test checks.
 AREAS = {
     "metrics stats": Area(["tests/v1/metrics/test_stats.py"], ("accounting",)),
     "invalid blocks": Area(

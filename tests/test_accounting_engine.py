@@ -21,8 +21,8 @@ import functools
 
 import pytest
 
-from patches.kv_faults import worker_stats
 from patches.framework.switches import OFF_ENV
+from patches.kv_faults import worker_stats
 from testkit.accounting_workload import (
     MAX_TOKENS,
     check_invariants,

@@ -14,8 +14,8 @@ from typing import cast
 
 import pytest
 
-from patches.shm_wait import NAP_ENV
 from patches.framework.switches import OFF_ENV
+from patches.shm_wait import NAP_ENV
 from serve_app.engine.cluster_env import HAPROXY
 
 

@@ -175,7 +175,9 @@ def test_a_planted_copy_in_a_tree_is_found(tmp_path):
     for package in PACKAGES:
         (tmp_path / package).mkdir()
     (tmp_path / "scripts").mkdir()
-    (tmp_path / "benchmarks" / "ok.py").write_text("from patches.framework.switches import ALL, OFF_ENV\nenv = {OFF_ENV: ALL}\n")
+    (tmp_path / "benchmarks" / "ok.py").write_text(
+        "from patches.framework.switches import ALL, OFF_ENV\nenv = {OFF_ENV: ALL}\n"
+    )
     (tmp_path / "benchmarks" / "bad.py").write_text('env = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}\n')
     (tmp_path / "scripts" / "env.sh").write_text("export RAY_AUTH_MODE=token\n")
     assert copies(tmp_path) == {"benchmarks/bad.py": ["RAY_SERVE_ENABLE_HA_PROXY"], "scripts/env.sh": ["RAY_AUTH_MODE"]}

@@ -197,7 +197,8 @@ def test_the_checks_find_a_planted_false_command_flag_path_and_name():
 def test_true_claims_pass():
     text = (
         "`python -m load_tests --scenario smoke --url http://x`, `serve_app/engine/cluster_env.py`, "
-        "[serve](serve.md#request-routing), `patches.definitions.metrics.LYING_CONNECTOR_KINDS`, `out/stress/report.md`, "
+        "[serve](serve.md#request-routing), `patches.definitions.metrics.LYING_CONNECTOR_KINDS`, "
+        "`out/stress/report.md`, "
         "`python -m pytest tests/test_docs.py`"
     )
     assert problems_of(REPO / "docs" / "x.md", text) == []

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import pytest
 
-from patches.fuzz import worker_stats
 from patches.framework.switches import ALL, OFF_ENV
+from patches.fuzz import worker_stats
 from testkit.engine_requests import PROMPTS, gauss, greedy, ids, scale
 
 pytestmark = pytest.mark.engine

@@ -118,7 +118,11 @@ def violations(root: Path) -> dict[str, list[str]]:
         ("fixture_model", "import benchmarks.harness.host", ["benchmarks.harness.host"]),
         ("testkit", "from benchmarks.harness import host", ["benchmarks.harness", "benchmarks.harness.host"]),
         ("benchmarks", "import tests.markers", ["tests.markers"]),
-        ("serve_app", "from patches.framework._core import OFF_ENV", ["patches.framework._core", "patches.framework._core.OFF_ENV"]),
+        (
+            "serve_app",
+            "from patches.framework._core import OFF_ENV",
+            ["patches.framework._core", "patches.framework._core.OFF_ENV"],
+        ),
         ("tests", "from patches import _framework", []),  # the tests of the plumbing itself
         (
             "tests",

@@ -32,8 +32,8 @@ def router_path_app():
     """The router path's ingress app: OpenAiIngress's routes and the probes, as serve_app.app builds it."""
     from ray.serve.llm.ingress import make_fastapi_ingress
 
-    from serve_app.router_path import ENDPOINTS, FuzzIngress
     from serve_app.ray_internals import init_ingress_app
+    from serve_app.router_path import ENDPOINTS, FuzzIngress
 
     app = init_ingress_app()
     make_fastapi_ingress(FuzzIngress, endpoint_map=ENDPOINTS, app=app)

@@ -10,8 +10,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from patches.fuzz import salted
 from patches.definitions.fuzz_params import NEUTRAL, FuzzSpec
+from patches.fuzz import salted
 
 specs = st.one_of(
     st.just(NEUTRAL),

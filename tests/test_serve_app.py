@@ -731,8 +731,8 @@ def test_settings_that_differ_in_a_depth_scope_or_schedule_key_never_share_kv(se
     control: the prompt is long enough to be cached, and the replica caches it).
     """
     from fixture_model.tasks import LETTERS, NUMBERS
-    from patches.fuzz import salted
     from patches.definitions.fuzz_params import parse_fuzz_args
+    from patches.fuzz import salted
     from serve_app.config.names import replica_id
 
     replicas = {r["name"]: replica_id(r["name"]) for r in serve_cluster.replicas()}

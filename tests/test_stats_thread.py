@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from patches.stats_thread import ENABLE_ENV, RECORDER_ATTR, StatsRecorder, opted_in, threaded_manager_cls
 from patches.framework.switches import OFF_ENV
+from patches.stats_thread import ENABLE_ENV, RECORDER_ATTR, StatsRecorder, opted_in, threaded_manager_cls
 from testkit.child_probe import run_probe
 
 

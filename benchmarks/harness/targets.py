@@ -21,8 +21,8 @@ from typing import Any, NotRequired, TypedDict
 from ray.serve.config import ProxyLocation
 from ray.serve.schema import HTTPOptionsSchema
 
-from patches.shm_wait import NAP_ENV
 from patches.framework.switches import ALL, OFF_ENV
+from patches.shm_wait import NAP_ENV
 from serve_app.config import deploy_config
 from serve_app.config.deploy_config import BUILDER, Application, ServeConfig
 from serve_app.engine.cluster_env import HAPROXY
