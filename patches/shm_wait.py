@@ -18,8 +18,8 @@ Why
     the spinning process stays runnable and competes for the cores with the
     process it is waiting for, the model's OpenMP threads and, under Ray
     Serve, the HTTP proxy, the replica's frontend and Ray's own processes.
-    ``benchmarks/investigations/profile_stack.py`` found the spin to be the largest single
-    item in EngineCore's and the worker's samples (docs/benchmarks.md).
+    The py-spy profile (docs/results_log.md, the profile_stack entries) found the spin to be the
+    largest single item in EngineCore's and the worker's samples.
 
     Why a nap and not the idle path (blocking on the notification) for the
     whole wait: upstream's notification is lossy by design (a PUB socket

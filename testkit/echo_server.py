@@ -4,7 +4,7 @@ Not an LLM and not a mock of one: its job is to be an HTTP peer whose
 behaviour is known exactly, so that (a) the generator's own accounting can be
 checked (every request it sends is answered in a known way and counted here)
 and (b) the generator's capacity can be measured without an engine in the way
-(benchmarks/investigations/loadgen_capacity.py, side by side with vLLM's benchmark client).
+(side by side with vLLM's benchmark client: docs/results_log.md, the loadgen_capacity entry).
 
     python -m testkit.echo_server --port 8100 [--itl-ms 0]
 

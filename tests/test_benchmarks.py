@@ -21,27 +21,6 @@ from serve_app.engine.cluster_env import HAPROXY
 
 @pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
 @pytest.mark.engine
-def test_loadgen_capacity_side_by_side(tmp_path, fixture_model):
-    from benchmarks.investigations import loadgen_capacity
-
-    assert (
-        loadgen_capacity.main(
-            ["--requests", "60", "--concurrency", "20", "--output-tokens", "8", "--rounds", "1", "--out", str(tmp_path)]
-        )
-        == 0
-    )
-    data = json.loads((tmp_path / "loadgen_capacity.json").read_text())
-    assert {r["client"] for r in data["runs"]} == {"fuzzserve load_tests", "vllm bench serve"}
-    for r in data["runs"]:
-        assert r["ok"] == 60 and r["server_received"] == 60
-        # the rate is the run's own count over its own window (vLLM's: completed / its benchmark duration)
-        assert r["req_per_s"] == pytest.approx(60 / r["wall_s"], rel=1e-3)
-        assert 2 <= r["server_max_in_flight"] <= 20  # streams overlap (the echo server paces its tokens)
-    assert "| vllm bench serve |" in (tmp_path / "loadgen_capacity.md").read_text()
-
-
-@pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
-@pytest.mark.engine
 @pytest.mark.serve  # starts Ray clusters (the Serve targets)
 def test_serve_stack_benchmark_tiny(tmp_path, fixture_model):
     from benchmarks import serve_stack
@@ -219,107 +198,6 @@ def test_serve_stack_ratios_divide_by_the_same_rounds_a_and_the_ceiling_by_every
     assert rows[("ceil", "plain")]["req_per_s_x_a"] == pytest.approx(2.0)  # 40 / median(10, 20, 40)
     assert rows[("ceil", "prefix")]["req_per_s_x_a"] == pytest.approx(0.5)  # 2 / 4
     assert rows[("ceil", "plain")]["ttft_p50_x_a"] is None and rows[("b", "plain")]["tpot_p50_x_a"] is None
-
-
-def test_profile_stack_folds_stacks_into_categories():
-    """Pure parsing of py-spy's collapsed stacks (no profiler run)."""
-    from benchmarks.investigations import profile_stack as ps
-
-    raw = "\n".join(
-        [
-            "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);step (/x/site-packages/vllm/v1/core/sched/scheduler.py:5) 7",  # noqa: E501
-            (
-                "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);"
-                "execute (/x/site-packages/vllm/v1/worker/cpu_model_runner.py:3);"
-                "forward (/x/site-packages/vllm/model_executor/models/llama.py:9);"
-                "linear (/x/site-packages/torch/nn/modules/linear.py:1) 20"
-            ),
-            "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);update (/repo/patches/accounting.py:4) 3",
-            "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:11) 2",
-            "thread (0x7f2);mystery (/x/elsewhere.py:1) 1",
-            (
-                "thread (0x7f1);run (/x/site-packages/vllm/v1/engine/core.py:10);"
-                "collective_rpc (/x/site-packages/vllm/v1/executor/multiproc_executor.py:7);"
-                "acquire_read (/x/site-packages/vllm/distributed/device_communicators/shm_broadcast.py:8);"
-                "sched_yield (/x/site-packages/vllm/distributed/utils.py:46) 6"
-            ),
-            " 4",
-        ]
-    )
-    stacks = ps.read_collapsed(raw)
-    assert sum(stacks.values()) == 43
-    cats = ps.by_category(stacks)
-    assert cats == {
-        "model forward": 20,
-        "scheduler / KV cache manager": 7,
-        "fuzzserve patches": 3,
-        "shm ring buffer wait (spin or nap)": 6,
-        "engine core loop": 2,
-        "other": 5,
-    }
-    top = dict(ps.top_functions(stacks, 10))
-    assert top["linear (torch/nn/modules/linear.py)"] == 20 and top["run (vllm/v1/engine/core.py)"] == 2
-    inclusive = dict(ps.top_functions(stacks, 10, inclusive=True))
-    assert inclusive["run (vllm/v1/engine/core.py)"] == 38  # once per stack, both lines of run
-
-
-def test_engine_steps_reads_vllm_and_ray_histograms():
-    from benchmarks.investigations.profile_stack import engine_steps
-
-    plain = (
-        "# TYPE vllm:iteration_tokens_total histogram\n"
-        'vllm:iteration_tokens_total_count{engine="0",model_name="fixture"} 10.0\n'
-        'vllm:iteration_tokens_total_sum{engine="0",model_name="fixture"} 250.0\n'
-    )
-    assert engine_steps(plain, None) == (10.0, 250.0)
-    ray = (
-        "# TYPE ray_vllm_iteration_tokens_total histogram\n"
-        'ray_vllm_iteration_tokens_total_count{ReplicaId="x1",engine="0"} 4.0\n'
-        'ray_vllm_iteration_tokens_total_sum{ReplicaId="x1",engine="0"} 40.0\n'
-        'ray_vllm_iteration_tokens_total_count{ReplicaId="y1",engine="0"} 100.0\n'
-        'ray_vllm_iteration_tokens_total_sum{ReplicaId="y1",engine="0"} 900.0\n'
-    )
-    assert engine_steps(ray, {"x1"}) == (4.0, 40.0)  # only the profiled target's replica
-    assert engine_steps(ray, {"x1", "y1"}) == (104.0, 940.0)
-    assert engine_steps(ray, set()) == (0.0, 0.0)
-
-
-@pytest.mark.long  # a benchmark's own run: docs/development.md, the long tests
-@pytest.mark.engine
-def test_profile_stack_runs_on_a_vllm_server(tmp_path, fixture_model):
-    """End to end on the cheapest target: py-spy attaches to the vLLM server's two processes and samples them."""
-    from benchmarks.investigations import profile_stack
-
-    assert (
-        profile_stack.main(
-            [
-                "--targets",
-                "a",
-                "--requests",
-                "64",
-                "--concurrency",
-                "8",
-                "--output-tokens",
-                "16",
-                "--rate",
-                "100",
-                "--metrics-settle-s",
-                "0",
-                "--out",
-                str(tmp_path),
-            ]
-        )
-        == 0
-    )
-    data = json.loads((tmp_path / "profile_stack.json").read_text())
-    [a] = data["results"]
-    assert a["requests"] == 64 and set(a["processes"]) == {"frontend", "engine", "worker"}
-    assert a["engine_steps"] > 0 and a["tokens_per_step"] > 0
-    for proc in a["processes"].values():  # every process was sampled, and every sample has a category
-        assert proc["samples"] > 0 and proc["top_self"]
-        assert sum(proc["categories_ms_per_request"].values()) == pytest.approx(proc["sampled_ms_per_request"])
-    assert "## a engine" in (tmp_path / "profile_stack.md").read_text()
-    assert (tmp_path / "profile_stack.png").stat().st_size > 0
 
 
 def test_serve_stack_phases_deploy_valid_configs_with_each_lever_only_where_named(tmp_path):
@@ -525,21 +403,6 @@ def test_routing_hits_targets_are_the_shipped_app_with_their_named_router(tmp_pa
             assert router == {**ROUTERS[routing], "request_router_kwargs": rh.ROUTER_KWARGS[name]}
         else:
             assert router is None, name  # the builder sets it from `routing`
-
-
-def test_guard_cost_times_the_shipped_guard_on_the_headlines_request_and_fails_on_a_refused_one():
-    import asyncio
-
-    from benchmarks.investigations import guard_cost
-
-    result = guard_cost.measure(requests=50, blocks=2)
-    assert [sorted(b) for b in result["per_block_us"]] == [["bare", "guard"]] * 2
-    assert len(result["guard_minus_bare_us"]) == 2 and result["body_bytes"] == len(guard_cost.bench_body())
-    # the positive control: a request the shipped guard refuses (an unknown vllm_xargs key) stops the measurement
-    bad = json.loads(guard_cost.bench_body())
-    bad["vllm_xargs"] = {"kv_transfer_params": "x"}
-    with pytest.raises(RuntimeError, match="refused the benchmark's request"):
-        asyncio.run(guard_cost.time_block(guard_cost.guarded(guard_cost.answer_one_chunk), json.dumps(bad).encode(), 1))
 
 
 def test_layer_cost_runs_its_arms_abba_and_divides_within_pairs():

@@ -66,6 +66,14 @@ def test_each_stage_is_read_between_the_right_timestamps(tmp_path):
     assert summary["all"]["ttft"] == pytest.approx(26.0)
 
 
+def test_bunches_follow_start_order_not_file_order():
+    # requests starting within the gap of the previous start (in time order) form one bunch; 8 started within 1 ms
+    # are one bunch of 8, the same 8 spread 25 ms apart are 8 bunches of 1
+    assert rt.bunches([0.3, 0.0, 0.301, 0.001, 1.0], gap_s=0.005) == [[1, 3], [0, 2], [4]]
+    assert rt.bunches([i * 0.0001 for i in range(8)], gap_s=0.005) == [list(range(8))]
+    assert rt.bunches([i * 0.025 for i in range(8)], gap_s=0.005) == [[i] for i in range(8)]
+
+
 def test_without_ray_the_app_is_the_outer_edge_and_the_ray_stages_are_zero(tmp_path):
     edges, firsts = _trace(tmp_path, STARTS, ray=False)
     row = rt.join(CLIENT, PROMPTS, edges, firsts)[2]

@@ -12,7 +12,7 @@ without a telling title inherits its nearest named ancestor's role.
 Cheaper than a sampling profiler and attributes everything, including
 processes a profiler would have to be attached to one by one (an
 engine's EngineCore and its worker processes count as that engine's); py-spy remains
-the tool for *which function* inside a role (docs/benchmarks.md).
+the tool for *which function* inside a role (docs/results_log.md, the profile_stack entries).
 """
 
 from __future__ import annotations

@@ -78,7 +78,6 @@ from benchmarks.harness.runs import Run
 from benchmarks.harness.stopping import stop_on_term
 from benchmarks.harness.workload import Workload, local_pool_tokens, parse_requests, prompt_plan
 from benchmarks.investigations import request_timeline
-from benchmarks.investigations.arrival_bunches import GAP_MS
 from benchmarks.investigations.handoff_hooks import load_trace, plugin_env
 from benchmarks.vs_vllm import REPO
 from load_tests.command_logs import command_logging
@@ -252,7 +251,7 @@ def run_timeline(client_file: Path, prompts_file: Path, edges, firsts) -> dict[s
         client = json.loads(client_file.read_text())
         prompts = request_timeline.read_prompts(prompts_file)
         rows = request_timeline.join(client, prompts, edges, firsts)
-        return request_timeline.summarize(client, rows, GAP_MS / 1000)
+        return request_timeline.summarize(client, rows, request_timeline.GAP_MS / 1000)
     except (OSError, request_timeline.JoinError) as e:
         return {"error": str(e)}
 

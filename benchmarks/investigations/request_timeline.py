@@ -2,7 +2,7 @@ r"""One request's way to its first token, stage by stage, from the client's cloc
 
     python -m benchmarks.investigations.request_timeline TRACE.jsonl CLIENT.json PROMPTS.jsonl
 
-Why: at 8 in flight even a bunch's *first* request (:mod:`benchmarks.investigations.arrival_bunches`)
+Why: at 8 in flight even a bunch's *first* request (:func:`bunches`; docs/results_log.md, the arrival_bunches entries)
 waits 49 ms for its first token through the shipped stack against 31 ms through our engine behind vLLM's
 own server, with or without HAProxy's hop: the difference lies in the replica's process, and the hand-off
 split (:mod:`benchmarks.investigations.handoff_split`) sees only vLLM's part of it. This joins, per
@@ -54,7 +54,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.investigations.arrival_bunches import GAP_MS, bunches
 from benchmarks.investigations.handoff_hooks import load_trace, prompt_digest
 from load_tests.command_logs import command_logging
 
@@ -77,6 +76,22 @@ FRONT_PARTS = ("render_pre", "tokenize", "render_post", "to_engine")
 # response), until the streamed body's first read asks vLLM's engine client to add the request, then until it is sent
 TO_ENGINE_PARTS = ("to_response", "to_generate", "to_send")
 PATHS = ("/v1/completions", "/v1/chat/completions")
+# A closed loop's requests start in bunches (those prefilled in one step end together and start their successors
+# together): starts closer than this to the previous one are one bunch (a fraction of a decode step here). Moved here
+# from the retired arrival_bunches (docs/results_log.md, the arrival_bunches entries).
+GAP_MS = 5.0
+
+
+def bunches(start_times: list[float], gap_s: float) -> list[list[int]]:
+    """Request indices grouped into bunches: consecutive starts (in time order) within ``gap_s`` of each other."""
+    order = sorted(range(len(start_times)), key=start_times.__getitem__)
+    groups: list[list[int]] = []
+    for prev, cur in zip([None, *order], order, strict=False):
+        if prev is None or start_times[cur] - start_times[prev] > gap_s:
+            groups.append([cur])
+        else:
+            groups[-1].append(cur)
+    return groups
 
 
 class JoinError(ValueError):

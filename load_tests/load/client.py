@@ -2,7 +2,7 @@
 
 aiohttp rather than httpx here: the generator must not be the bottleneck,
 and aiohttp's client carries thousands of concurrent streams in one process
-with less per-chunk overhead (benchmarks/investigations/loadgen_capacity.py measures it).
+with less per-chunk overhead (docs/results_log.md, the loadgen_capacity entry).
 
 Every request ends as exactly one :class:`RequestResult` with an ``outcome``
 (:data:`load_tests.load.outcomes.Outcome`):

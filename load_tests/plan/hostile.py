@@ -8,7 +8,7 @@ docs/security.md, "Guarantees"): caps in a JSON type vLLM coerces (``"n":
 prompt list over the batch cap or over the sequence cap with ``n``, the
 headers with which Ray would lift its own request timeout, and structured
 outputs with a pattern whose grammar costs tens of seconds to compile on a
-real vocabulary (benchmarks/investigations/grammar_cost.py).
+real vocabulary (docs/results_log.md, the grammar_cost entries).
 
 Hostile connections (each must be closed, or answered, by the server within
 its bound): at the ingress, an idle socket that sends nothing, one that
@@ -41,7 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 # A pattern whose grammar takes 45 s to compile on a 32k vocabulary (0.05 s on the fixture's 239 tokens):
-# benchmarks/investigations/grammar_cost.py, docs/benchmarks.md "Grammar compile cost".
+# docs/results_log.md, the grammar_cost entries; docs/benchmarks.md "Grammar compile cost".
 COSTLY_PATTERN = "([a-z]{0,50}){0,50}"
 
 # (kind, change to a completion body, extra headers, the status, the field or header the answer names: None if served)
