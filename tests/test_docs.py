@@ -367,3 +367,31 @@ def test_their_sourced_twins_pass():
 @pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(REPO)) for p in PAGES])
 def test_every_reference_page_has_no_dated_story_and_no_figure_without_its_source(page):
     assert unsourced(page.read_text(), page) == []
+
+
+# Issue 70: dates stay in the results log. A dated line anywhere else (a link to a results-log entry carries its date
+# in the anchor) is counted: at most DATED_LINES over the reference pages together, README_DATED_LINES in README.
+DATED_LINES = 15
+README_DATED_LINES = 2
+
+
+def dated_lines(text: str) -> int:
+    """How many lines of ``text`` carry a date, link targets and fenced code included."""
+    return sum(1 for line in text.splitlines() if DATE.search(line))
+
+
+def test_dates_stay_in_the_results_log():
+    pages = [p for p in (REPO / "docs").glob("*.md") if p != RESULTS_LOG]
+    assert sum(dated_lines(p.read_text()) for p in pages) <= DATED_LINES, {
+        p.name: n for p in pages if (n := dated_lines(p.read_text()))
+    }
+    assert dated_lines((REPO / "README.md").read_text()) <= README_DATED_LINES
+
+
+def test_the_date_count_sees_a_date_in_a_link_and_in_prose():
+    planted = "\n".join(
+        [f"see [the log](results_log.md#2026-11-{d:02d}-0000-utc--x)" for d in range(1, 9)]
+        + [f"On 2026-11-{d:02d} it ran." for d in range(1, 9)]
+        + ["no date here", "`out/stress/` neither"]
+    )
+    assert dated_lines(planted) == 16 > DATED_LINES
