@@ -49,6 +49,7 @@ from benchmarks.harness.prompts import PromptBook
 from benchmarks.harness.server_rate import RateSampler, steady_rate
 from load_tests import cli as load_cli
 from load_tests.command_logs import command_logging
+from load_tests.observe.counters import ReplicaCounters
 from load_tests.runner.run import run as load_run
 from serve_app.engine.engine_env import use_engine_env
 
@@ -241,6 +242,37 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    command_logging()
+    use_engine_env()
+    guidellm_client.ensure_env()
+    steps = steps_up_to(args.max_concurrency)
+    ours, theirs_, histograms = _run_both(args, steps)
+    server = {
+        who: server_knee({c: r["server_requests_per_s"] for c, r in run["steps"].items()})
+        for who, run in (("ours", ours), ("guidellm", theirs_))
+    }
+    decided = verdict(ours["knee"], theirs_["knee"], server, steps)
+    result = {
+        "steps": steps,
+        "ours": ours,
+        "guidellm": theirs_,
+        "server_knee": server,
+        "verdict": decided,
+        "workload": {k: getattr(args, k) for k in ("max_concurrency", "step_s", "input_len", "output_len", "prompts")},
+        "target": f"{args.config} (shipped)" if args.shipped else args.url,
+        "replicas_read": sorted(histograms or {}),
+    }
+    md = table(result)
+    sys.stdout.write(md + "\n")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "knee.json").write_text(json.dumps(result, indent=2, default=str))
+        (args.out / "knee.md").write_text(md + "\n")
+    return 0 if decided.startswith("agree") else 1
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.knee_agreement",
         description=__doc__,
@@ -259,11 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle-s", type=float, default=25.0, help="idle seconds before each tool's run")
     ap.add_argument("--warmup", type=int, default=200, help="requests with vLLM's client before either run")
     ap.add_argument("--out", type=Path, default=None, help="write knee.json and knee.md here")
-    args = ap.parse_args(argv)
-    command_logging()
-    use_engine_env()
-    guidellm_client.ensure_env()
-    steps = steps_up_to(args.max_concurrency)
+    return ap.parse_args(argv)
+
+
+def _run_both(
+    args: argparse.Namespace, steps: list[int]
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, ReplicaCounters] | None]:
+    """On the target (``--url``, or the shipped config deployed for the run and torn down after it): the warm-up,
+    our capacity search and GuideLLM's, and the replicas' histograms after both."""
     book = PromptBook(0)
     prompts = book.unique("knee", args.prompts, args.input_len)
     warm = book.unique("warmup", args.warmup, args.input_len)
@@ -294,44 +329,39 @@ def main(argv: list[str] | None = None) -> int:
                     api_key,
                 )
             theirs_file = guidellm_client.write_dataset(prompts.prompts, args.output_len, work / "prompts-g.jsonl")
-            with RateSampler(metrics, interval_s=1.0) as sampler:
-                time.sleep(args.settle_s)
-                log.info("our capacity search: %s in flight, %.0f s each", steps, args.step_s)
-                before = cache_counters(metrics)
-                ours = run_ours(url, steps, args.step_s, args.output_len, metrics, work, sampler, api_key)
-                time.sleep(args.settle_s)
-                ours["cache"] = hits(before, cache_counters(metrics))
-                log.info("GuideLLM's knee profile: the same steps")
-                before = cache_counters(metrics)
-                theirs_ = run_guidellm(url, theirs_file, tokenizer, steps, args.step_s, work, sampler, api_key)
-                time.sleep(args.settle_s)
-                theirs_["cache"] = hits(before, cache_counters(metrics))
+            ours, theirs_ = _searches(args, steps, url, metrics, tokenizer, theirs_file, work, api_key)
             histograms = replica_histograms(metrics)
         finally:
             if shipped is not None:
                 shipped.__exit__(None, None, None)
-    server = {
-        who: server_knee({c: r["server_requests_per_s"] for c, r in run["steps"].items()})
-        for who, run in (("ours", ours), ("guidellm", theirs_))
-    }
-    decided = verdict(ours["knee"], theirs_["knee"], server, steps)
-    result = {
-        "steps": steps,
-        "ours": ours,
-        "guidellm": theirs_,
-        "server_knee": server,
-        "verdict": decided,
-        "workload": {k: getattr(args, k) for k in ("max_concurrency", "step_s", "input_len", "output_len", "prompts")},
-        "target": f"{args.config} (shipped)" if args.shipped else args.url,
-        "replicas_read": sorted(histograms or {}),
-    }
-    md = table(result)
-    sys.stdout.write(md + "\n")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "knee.json").write_text(json.dumps(result, indent=2, default=str))
-        (args.out / "knee.md").write_text(md + "\n")
-    return 0 if decided.startswith("agree") else 1
+    return ours, theirs_, histograms
+
+
+def _searches(
+    args: argparse.Namespace,
+    steps: list[int],
+    url: str,
+    metrics: list[str],
+    tokenizer: Path,
+    theirs_file: Path,
+    work: Path,
+    api_key: str | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Our capacity search, then GuideLLM's knee profile, each after an idle pause and with the prefix cache's hits
+    over it, under one server rate sampler."""
+    with RateSampler(metrics, interval_s=1.0) as sampler:
+        time.sleep(args.settle_s)
+        log.info("our capacity search: %s in flight, %.0f s each", steps, args.step_s)
+        before = cache_counters(metrics)
+        ours = run_ours(url, steps, args.step_s, args.output_len, metrics, work, sampler, api_key)
+        time.sleep(args.settle_s)
+        ours["cache"] = hits(before, cache_counters(metrics))
+        log.info("GuideLLM's knee profile: the same steps")
+        before = cache_counters(metrics)
+        theirs_ = run_guidellm(url, theirs_file, tokenizer, steps, args.step_s, work, sampler, api_key)
+        time.sleep(args.settle_s)
+        theirs_["cache"] = hits(before, cache_counters(metrics))
+    return ours, theirs_
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.harness.host import cpu_model
 from benchmarks.harness.pair_stats import median_ratio
@@ -52,6 +52,9 @@ from benchmarks.serve_stack import REPO, SETTLE_S, _machine, prompts
 from load_tests.command_logs import command_logging
 from patches.framework.switches import OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV
+
+if TYPE_CHECKING:
+    from testkit.engine_host import EngineHost
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
@@ -167,6 +170,22 @@ def markdown(meta: dict[str, Any], runs: list[dict[str, Any]], table: list[dict[
 
 
 def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.pairs < 2 or args.pairs % 2:
+        ap.error("--pairs: an even number, at least 2")
+    command_logging()
+    runs = _run(args)
+    table = summarize(runs)
+    meta = _meta(args, argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "layer_cost.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
+    (args.out / "layer_cost.md").write_text(markdown(meta, runs, table))
+    log.info("wrote %s", args.out / "layer_cost.md")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--pairs", type=int, default=8, help="ABBA pairs (even)")
     ap.add_argument("--requests", type=int, default=200)
@@ -180,11 +199,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--settle-s", type=float, default=SETTLE_S, help="pause before each run")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks" / "layer_cost")
-    args = ap.parse_args(argv)
-    if args.pairs < 2 or args.pairs % 2:
-        ap.error("--pairs: an even number, at least 2")
-    command_logging()
+    return ap
 
+
+def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every (mode, arm) engine up and warmed for the whole run, then the ABBA plan: one record per run."""
     from rich.progress import Progress
 
     from fixture_model.build import ensure_model
@@ -214,32 +233,33 @@ def main(argv: list[str] | None = None) -> int:
         with Progress() as progress:
             task = progress.add_task("layer cost", total=len(order))
             for p, mode, arm, workload in order:
-                host, ps = hosts[(mode, arm)], fresh[p]
-                layer = FUZZED.get(workload)
-                time.sleep(args.settle_s)
-                front0, engine0 = _tree_cpu(host.pid)
-                t0 = time.perf_counter()
-                outs = host.generate(ps, params(len(ps), args.output_tokens, layer))
-                wall = time.perf_counter() - t0
-                front1, engine1 = _tree_cpu(host.pid)
-                runs.append(
-                    {
-                        "pair": p,
-                        "mode": mode,
-                        "arm": arm,
-                        "workload": workload,
-                        "wall_s": wall,
-                        "req_per_s": len(outs) / wall,
-                        "cpu_ms_per_req": 1000 * (front1 + engine1 - front0 - engine0) / len(outs),
-                        "tokens": sum(len(o["token_ids"]) for o in outs),
-                    }
-                )
+                run = _measure(hosts[(mode, arm)], fresh[p], FUZZED.get(workload), args)
+                runs.append({"pair": p, "mode": mode, "arm": arm, "workload": workload, **run})
                 progress.advance(task)
     finally:
         for h in hosts.values():
             h.close()
-    table = summarize(runs)
-    meta = {
+    return runs
+
+
+def _measure(host: EngineHost, ps: list[str], layer: int | None, args: argparse.Namespace) -> dict[str, Any]:
+    """One run on one engine (fuzzed at ``layer``, or not): its wall time, rate, CPU per request and tokens."""
+    time.sleep(args.settle_s)
+    front0, engine0 = _tree_cpu(host.pid)
+    t0 = time.perf_counter()
+    outs = host.generate(ps, params(len(ps), args.output_tokens, layer))
+    wall = time.perf_counter() - t0
+    front1, engine1 = _tree_cpu(host.pid)
+    return {
+        "wall_s": wall,
+        "req_per_s": len(outs) / wall,
+        "cpu_ms_per_req": 1000 * (front1 + engine1 - front0 - engine0) / len(outs),
+        "tokens": sum(len(o["token_ids"]) for o in outs),
+    }
+
+
+def _meta(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    return {
         "command": "python -m benchmarks.layer_cost " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(),
@@ -254,11 +274,6 @@ def main(argv: list[str] | None = None) -> int:
             "host_cores": args.host_cores,
         },
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "layer_cost.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
-    (args.out / "layer_cost.md").write_text(markdown(meta, runs, table))
-    log.info("wrote %s", args.out / "layer_cost.md")
-    return 0
 
 
 if __name__ == "__main__":

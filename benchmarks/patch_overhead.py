@@ -63,13 +63,16 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.harness.targets import ENGINE, OFFLOAD, EngineKwargs
 from benchmarks.serve_stack import REPO, SETTLE_S, _fmt, _machine, fuzz_xargs, prompts
 from load_tests.command_logs import command_logging
 from patches.framework.switches import ALL, OFF_ENV
 from serve_app.engine.engine_env import ENGINE_ENV
+
+if TYPE_CHECKING:
+    from testkit.engine_host import EngineHost
 
 log = logging.getLogger("fuzzserve.benchmarks")
 
@@ -113,6 +116,19 @@ def base_workload(w: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    command_logging()
+    runs = _run(args)
+    table = summarize(runs)
+    meta = _meta(args, argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "patch_overhead.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
+    (args.out / "patch_overhead.md").write_text(markdown(meta, table))
+    log.info("wrote %s", args.out / "patch_overhead.md")
+    return 0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--requests", type=int, default=200)
@@ -138,9 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         "the fixture model: what the patches cost next to a model's compute (e.g. 1024x4)",
     )
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
-    args = ap.parse_args(argv)
-    command_logging()
+    return ap.parse_args(argv)
 
+
+def _run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every engine up for the whole run, then the interleaved plan of (round, workload, engine): one record each."""
     from rich.progress import Progress
 
     from fixture_model.build import ensure_model
@@ -177,29 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         with Progress() as progress:
             task = progress.add_task("patch overhead", total=len(plan))
             for rnd, w, e in plan:
-                ps = fresh[(rnd, base_workload(w))]
-                time.sleep(args.settle_s)  # the previous run's engine stops spinning (see --settle-s)
-                front0, engine0 = _tree_cpu(hosts[e].pid)
-                t0 = time.perf_counter()
-                outs = hosts[e].generate(ps, workloads(ps, args.output_tokens)[w])
-                wall = time.perf_counter() - t0
-                front1, engine1 = _tree_cpu(hosts[e].pid)
-                cpu = front1 + engine1 - front0 - engine0
-                tokens = sum(len(o["token_ids"]) for o in outs)
-                texts = [o["token_ids"] for o in outs]
-                run = {
-                    "round": rnd,
-                    "workload": w,
-                    "engine": e,
-                    "wall_s": wall,
-                    "cpu_s": cpu,
-                    "req_per_s": len(outs) / wall,
-                    "tok_per_s": tokens / wall,
-                    "cpu_ms_per_req": 1000 * cpu / len(outs),
-                    "frontend_cpu_ms_per_req": 1000 * (front1 - front0) / len(outs),
-                    "engine_cpu_ms_per_req": 1000 * (engine1 - engine0) / len(outs),
-                    "distinct_tokens_per_req": statistics.mean(len(set(t)) for t in texts),
-                }
+                run, texts = _measure(hosts[e], fresh[(rnd, base_workload(w))], w, args)
+                run = {"round": rnd, "workload": w, "engine": e, **run}
                 if "+" in w:  # the same prompts ran unfuzzed earlier this round on this engine
                     ref = unfuzzed_outputs[(rnd, base_workload(w), e)]
                     run["same_text_as_unfuzzed"] = sum(a == b for a, b in zip(texts, ref, strict=False)) / len(texts)
@@ -210,9 +207,37 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for h in hosts.values():
             h.close()
+    return runs
 
-    table = summarize(runs)
-    meta = {
+
+def _measure(
+    host: EngineHost, ps: list[str], w: str, args: argparse.Namespace
+) -> tuple[dict[str, Any], list[list[int]]]:
+    """One run of workload ``w`` on one engine: its rates and CPU per request, and each output's token ids."""
+    time.sleep(args.settle_s)  # the previous run's engine stops spinning (see --settle-s)
+    front0, engine0 = _tree_cpu(host.pid)
+    t0 = time.perf_counter()
+    outs = host.generate(ps, workloads(ps, args.output_tokens)[w])
+    wall = time.perf_counter() - t0
+    front1, engine1 = _tree_cpu(host.pid)
+    cpu = front1 + engine1 - front0 - engine0
+    tokens = sum(len(o["token_ids"]) for o in outs)
+    texts = [o["token_ids"] for o in outs]
+    run = {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "req_per_s": len(outs) / wall,
+        "tok_per_s": tokens / wall,
+        "cpu_ms_per_req": 1000 * cpu / len(outs),
+        "frontend_cpu_ms_per_req": 1000 * (front1 - front0) / len(outs),
+        "engine_cpu_ms_per_req": 1000 * (engine1 - engine0) / len(outs),
+        "distinct_tokens_per_req": statistics.mean(len(set(t)) for t in texts),
+    }
+    return run, texts
+
+
+def _meta(args: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
+    return {
         "command": "python -m benchmarks.patch_overhead " + " ".join(argv if argv is not None else sys.argv[1:]),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": _machine(),
@@ -227,11 +252,6 @@ def main(argv: list[str] | None = None) -> int:
             "host_cores": args.host_cores,
         },
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "patch_overhead.json").write_text(json.dumps({"meta": meta, "runs": runs, "table": table}, indent=2))
-    (args.out / "patch_overhead.md").write_text(markdown(meta, table))
-    log.info("wrote %s", args.out / "patch_overhead.md")
-    return 0
 
 
 def _tree_cpu(pid: int) -> tuple[float, float]:

@@ -296,38 +296,7 @@ def offline_ceiling(model: Path, ps: list[str], out_tokens: int) -> RunStats:
 
 # ----------------------------------------------------------------------------- driver
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--requests", type=int, default=200, help="requests per run")
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--output-tokens", type=int, default=64)
-    ap.add_argument("--variants", default="plain,prefix")
-    ap.add_argument(
-        "--phases",
-        default="shipped,shippedeager,stock2,stockdirect2,shippedrouter,ceiling",
-        help=f"comma-separated, of: {', '.join(PHASES)}, ceiling",
-    )
-    ap.add_argument("--list", action="store_true", help="print the targets and their phases, and exit")
-    ap.add_argument(
-        "--settle-s",
-        type=float,
-        default=SETTLE_S,
-        help="pause before each run: a stock engine keeps spinning for 1 s after its last step",
-    )
-    ap.add_argument(
-        "--warmup-requests",
-        type=int,
-        default=64,
-        help="unmeasured requests per target and variant before a phase's first round (0 = none)",
-    )
-    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
-    ap.add_argument(
-        "--update",
-        action="store_true",
-        help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out",
-    )
-    args = ap.parse_args(argv)
+    args = _parse(argv)
     if args.list:
         print(table_markdown())
         return 0
@@ -343,31 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[StackRun] = []
     log_dir = Path(tempfile.mkdtemp(prefix="fuzzserve-bench-"))  # server and cluster logs, not results
     log.info("logs in %s", log_dir)
-
-    meta: StackMeta = {
-        "command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": _machine(),
-        "workload": {
-            "prompt_tokens": args.prompt_tokens,
-            "output_tokens": args.output_tokens,
-            "concurrency": args.concurrency,
-            "requests_per_run": args.requests,
-            "rounds": args.rounds,
-        },
-        "failed_phases": {},
-    }
-    previous = args.out / "serve_stack.json"
-    if args.update and previous.exists():
-        old = json.loads(previous.read_text())
-        if old["meta"]["workload"] != meta["workload"]:
-            raise SystemExit(f"--update: {previous} was measured with another workload: {old['meta']['workload']}")
-        runs.extend(r for r in old["runs"] if r["phase"] not in phases)
-        meta["command"] = f"{old['meta']['command']}; then {meta['command']}"
-        meta["date"] = f"{old['meta']['date']}; then {meta['date']}"
-        meta["failed_phases"] = {k: v for k, v in old["meta"].get("failed_phases", {}).items() if k not in phases}
-        if old["meta"].get("notes"):
-            meta["notes"] = old["meta"]["notes"]
+    meta = _meta(args, argv)
+    if args.update:
+        _keep_previous(args.out / "serve_stack.json", meta, runs, phases)
 
     def write() -> None:  # after every phase: a later failure loses nothing measured
         table = ratios(runs)
@@ -399,6 +346,73 @@ def main(argv: list[str] | None = None) -> int:
     write()
     log.info("wrote %s", args.out / "serve_stack.md")
     return 1 if meta["failed_phases"] else 0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=200, help="requests per run")
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--output-tokens", type=int, default=64)
+    ap.add_argument("--variants", default="plain,prefix")
+    ap.add_argument(
+        "--phases",
+        default="shipped,shippedeager,stock2,stockdirect2,shippedrouter,ceiling",
+        help=f"comma-separated, of: {', '.join(PHASES)}, ceiling",
+    )
+    ap.add_argument("--list", action="store_true", help="print the targets and their phases, and exit")
+    ap.add_argument(
+        "--settle-s",
+        type=float,
+        default=SETTLE_S,
+        help="pause before each run: a stock engine keeps spinning for 1 s after its last step",
+    )
+    ap.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=64,
+        help="unmeasured requests per target and variant before a phase's first round (0 = none)",
+    )
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    ap.add_argument(
+        "--update",
+        action="store_true",
+        help="rerun only --phases: keep the other phases' runs from the serve_stack.json in --out",
+    )
+    return ap.parse_args(argv)
+
+
+def _meta(args: argparse.Namespace, argv: list[str] | None) -> StackMeta:
+    return {
+        "command": "python -m benchmarks.serve_stack " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": _machine(),
+        "workload": {
+            "prompt_tokens": args.prompt_tokens,
+            "output_tokens": args.output_tokens,
+            "concurrency": args.concurrency,
+            "requests_per_run": args.requests,
+            "rounds": args.rounds,
+        },
+        "failed_phases": {},
+    }
+
+
+def _keep_previous(previous: Path, meta: StackMeta, runs: list[StackRun], phases: list[str]) -> None:
+    """``--update``: the other phases' runs, failures and notes from ``previous`` (when there is one), and both
+    commands and dates in ``meta``; a previous file measured with another workload stops the run."""
+    if not previous.exists():
+        return
+    old = json.loads(previous.read_text())
+    if old["meta"]["workload"] != meta["workload"]:
+        raise SystemExit(f"--update: {previous} was measured with another workload: {old['meta']['workload']}")
+    runs.extend(r for r in old["runs"] if r["phase"] not in phases)
+    meta["command"] = f"{old['meta']['command']}; then {meta['command']}"
+    meta["date"] = f"{old['meta']['date']}; then {meta['date']}"
+    meta["failed_phases"] = {k: v for k, v in old["meta"].get("failed_phases", {}).items() if k not in phases}
+    if old["meta"].get("notes"):
+        meta["notes"] = old["meta"]["notes"]
 
 
 def run_phase(

@@ -60,7 +60,10 @@ def _memmove_batch(src: np.ndarray, dst: np.ndarray, sizes: np.ndarray) -> None:
 
 
 def _host_handler_cls():
-    """Build the handler class lazily (the upstream base imports CUDA-only bits)."""
+    """Build the handler class lazily (the upstream base imports CUDA-only bits).
+
+    Long because the class is defined in this closure, which is what makes it lazy: its methods read as one
+    class, and moving them out would only scatter it."""
     from vllm.utils.math_utils import cdiv
     from vllm.v1.kv_offload.base import BlockIDsLoadStoreSpec, GPULoadStoreSpec, TransferResult
     from vllm.v1.kv_offload.cpu.gpu_worker import SingleDirectionOffloadingHandler

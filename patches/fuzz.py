@@ -80,6 +80,13 @@ Limits
     embedding module in ``embed_input_ids``, refuses to start with the patch
     on. The self-test runs the model through vLLM's own dummy run, as its
     warm-up does; it has been run on the CPU build only.
+
+Length
+    Over 800 lines because the project keeps one module per patched concern,
+    and this one hooks the frontend, EngineCore and the worker (load, warm-up,
+    every step, the compile cache key) around one request spec and one set of
+    buffers; its pure arithmetic and parsing are already apart, in
+    ``definitions/fuzz_math.py`` and ``definitions/fuzz_params.py``.
 """
 
 from __future__ import annotations

@@ -56,6 +56,11 @@ def _read_sse(body: str) -> dict[str, Any]:
 
 
 async def probe(model: str) -> dict[str, Any]:
+    """The record ``main`` prints (see the module docstring).
+
+    Long on purpose: one linear script inside the engine client's context, whose closures (the marked
+    ``add_request`` and ``abort``, the ASGI ``receive`` and ``send``) share one sequence of marks; split into
+    functions, its steps would pass that shared state around instead of reading in order."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client
     from vllm.entrypoints.launchers.app import build_app

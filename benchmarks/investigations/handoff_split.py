@@ -74,6 +74,7 @@ from benchmarks.harness.arms import (
 )
 from benchmarks.harness.host import HostCpuSampler, machine
 from benchmarks.harness.phase import run_phase
+from benchmarks.harness.prompts import PromptSet
 from benchmarks.harness.runs import Run
 from benchmarks.harness.stopping import stop_on_term
 from benchmarks.harness.workload import Workload, local_pool_tokens, parse_requests, prompt_plan
@@ -313,27 +314,7 @@ def traced(arm: VllmServer | Shipped, trace: Path) -> VllmServer | Shipped:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m benchmarks.investigations.handoff_split",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    ap.add_argument("--arms", default="plain,engine", help="arms of benchmarks.vs_vllm, comma-separated")
-    ap.add_argument("--pairs", type=int, default=2, help="blocks of every arm, ABC then CBA (even)")
-    ap.add_argument("--requests", default="1:128,8:400", help="requests in flight:prompts per run, comma-separated")
-    ap.add_argument("--chat", default="8:400,32:800", help="chat completions runs, in flight:prompts ('' for none)")
-    ap.add_argument("--warmup-prompts", type=int, default=100)
-    ap.add_argument(
-        "--request-rate",
-        type=float,
-        default=None,
-        help="measured runs: requests per second offered, Poisson (vLLM's bench), in flight still capped: "
-        "the arms then stream the same load through their frontends",
-    )
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = ap.parse_args(argv)
+    args = _parse(argv)
     arms = split_arms(args.arms)
     command_logging()
     stop_on_term()  # a stopped run (SIGTERM) unwinds like Ctrl-C: what it started is stopped
@@ -356,7 +337,48 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fuzzserve-handoffs-"))
     args.out.mkdir(parents=True, exist_ok=True)
     log.info("server logs, traces, prompts and raw client results in %s", work)
-    meta = {
+    meta = _meta(args, argv, arms, workload)
+    results: list[dict[str, Any]] = []
+    with HostCpuSampler() as sampler:
+        for pair, stack in pair_stats.block_order(arms, args.pairs):
+            trace = work / f"{slug(stack)}-{pair}.trace.jsonl"
+            with traced(make_arm(stack, config, model, work / f"{slug(stack)}-{pair}"), trace) as arm:
+                runs: list[Run] = run_phase(arm, stack, pair, workload, plan, model, work, sampler)
+            results += _block_results(stack, pair, runs, trace, plan, work)
+            (args.out / "handoffs.json").write_text(
+                json.dumps({"meta": meta, "by_arm": by_arm(results), "runs": results}, indent=1)
+            )
+            (args.out / "handoffs.md").write_text(markdown(meta, results))
+    print(markdown(meta, results))
+    return 2 if any(r["void"] for r in results) else 0
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.investigations.handoff_split",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument("--arms", default="plain,engine", help="arms of benchmarks.vs_vllm, comma-separated")
+    ap.add_argument("--pairs", type=int, default=2, help="blocks of every arm, ABC then CBA (even)")
+    ap.add_argument("--requests", default="1:128,8:400", help="requests in flight:prompts per run, comma-separated")
+    ap.add_argument("--chat", default="8:400,32:800", help="chat completions runs, in flight:prompts ('' for none)")
+    ap.add_argument("--warmup-prompts", type=int, default=100)
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        default=None,
+        help="measured runs: requests per second offered, Poisson (vLLM's bench), in flight still capped: "
+        "the arms then stream the same load through their frontends",
+    )
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    return ap.parse_args(argv)
+
+
+def _meta(args: argparse.Namespace, argv: list[str] | None, arms: list[str], workload: Workload) -> dict[str, Any]:
+    return {
         "command": "python -m benchmarks.investigations.handoff_split "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -367,53 +389,49 @@ def main(argv: list[str] | None = None) -> int:
         "warmup_prompts": args.warmup_prompts,
         "request_rate": args.request_rate,
     }
-    results: list[dict[str, Any]] = []
-    with HostCpuSampler() as sampler:
-        for pair, stack in pair_stats.block_order(arms, args.pairs):
-            trace = work / f"{slug(stack)}-{pair}.trace.jsonl"
-            with traced(make_arm(stack, config, model, work / f"{slug(stack)}-{pair}"), trace) as arm:
-                runs: list[Run] = run_phase(arm, stack, pair, workload, plan, model, work, sampler)
-            records = load_trace(trace)
-            requests, steps = split_trace(records)
-            edges, firsts = request_timeline.index_records(records)
-            warm = len(requests) - sum(r.completed for r in runs)
-            parts = partition(requests, steps, [warm] + [r.completed for r in runs])[1:]
-            for run, (reqs, stps) in zip(runs, parts, strict=False):
-                split = summarize(reqs, stps)
-                if split.get("requests"):
-                    split["client"] = run.ttft_ms["mean"]
-                    split["outside"] = run.ttft_ms["mean"] - split["server"]
-                timeline = run_timeline(
-                    work / f"{slug(stack)}-{pair}-{run.attempt}-{run.label}.json",
-                    work / "prompts" / f"{plan[pair, run.label].name}.jsonl",
-                    edges,
-                    firsts,
-                )
-                results.append(
-                    {
-                        "arm": stack,
-                        "pair": pair,
-                        "label": run.label,
-                        "void": run.void,
-                        "ttft_p50_ms": run.ttft_ms["p50"],
-                        "req_per_s": run.req_per_s,
-                        "split": split,
-                        "timeline": timeline,
-                    }
-                )
-                log.info(
-                    "pair %d %s %s: %s",
-                    pair,
-                    stack,
-                    run.label,
-                    ", ".join(f"{k} {split.get(k, float('nan')):.2f}" for k in PARTS),
-                )
-            (args.out / "handoffs.json").write_text(
-                json.dumps({"meta": meta, "by_arm": by_arm(results), "runs": results}, indent=1)
-            )
-            (args.out / "handoffs.md").write_text(markdown(meta, results))
-    print(markdown(meta, results))
-    return 2 if any(r["void"] for r in results) else 0
+
+
+def _block_results(
+    stack: str, pair: int, runs: list[Run], trace: Path, plan: dict[tuple[int, str], PromptSet], work: Path
+) -> list[dict[str, Any]]:
+    """One block's runs, each with its split (from the block's trace, past the warm-up's requests) and timeline."""
+    records = load_trace(trace)
+    requests, steps = split_trace(records)
+    edges, firsts = request_timeline.index_records(records)
+    warm = len(requests) - sum(r.completed for r in runs)
+    parts = partition(requests, steps, [warm] + [r.completed for r in runs])[1:]
+    results = []
+    for run, (reqs, stps) in zip(runs, parts, strict=False):
+        split = summarize(reqs, stps)
+        if split.get("requests"):
+            split["client"] = run.ttft_ms["mean"]
+            split["outside"] = run.ttft_ms["mean"] - split["server"]
+        timeline = run_timeline(
+            work / f"{slug(stack)}-{pair}-{run.attempt}-{run.label}.json",
+            work / "prompts" / f"{plan[pair, run.label].name}.jsonl",
+            edges,
+            firsts,
+        )
+        results.append(
+            {
+                "arm": stack,
+                "pair": pair,
+                "label": run.label,
+                "void": run.void,
+                "ttft_p50_ms": run.ttft_ms["p50"],
+                "req_per_s": run.req_per_s,
+                "split": split,
+                "timeline": timeline,
+            }
+        )
+        log.info(
+            "pair %d %s %s: %s",
+            pair,
+            stack,
+            run.label,
+            ", ".join(f"{k} {split.get(k, float('nan')):.2f}" for k in PARTS),
+        )
+    return results
 
 
 if __name__ == "__main__":

@@ -64,6 +64,7 @@ from benchmarks.harness.arms import (
 from benchmarks.harness.comparison import compare
 from benchmarks.harness.host import HostCpuSampler, lingering_engines, machine, ray_processes
 from benchmarks.harness.phase import run_phase
+from benchmarks.harness.prompts import PromptSet
 from benchmarks.harness.report import markdown, plot, write_results
 from benchmarks.harness.runs import Meta, Run
 from benchmarks.harness.server_counters import read_counters
@@ -160,6 +161,44 @@ def wait_ready(arms: list[AppArm], timeout: float = 900) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    command_logging()
+    use_engine_env()
+    pair_stats.check_pairs(args.rounds, smoke=True)
+    arms = split_arms(args.arms)
+    if len(set(arms)) != len(arms) or len(arms) < 2:
+        ap.error("--arms: at least two, each once")
+    workload = Workload(
+        requests=parse_requests(args.requests),
+        chat=parse_requests(args.chat) if args.chat else {},
+        warmup_prompts=args.warmup_prompts,
+    )
+    workload.client_sched, refused = client_priority.choose(args.client_sched)
+    require_no_ray("before the benchmark")
+    from fixture_model.build import ensure_model
+
+    model = ensure_model()
+    config = load_config(args.config)
+    try:
+        cfg, app_arms = cluster_config(arms, config, model)
+    except ValueError as e:
+        ap.error(str(e))
+    plan = prompt_plan(workload, args.rounds, args.seed, local_pool_tokens(config, model))
+    args.out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="fuzzserve-interleaved-"))
+    log.info("cluster logs, prompts, raw client results in %s", work)
+    meta = _meta(args, argv, workload, arms, app_arms, refused)
+    runs = _run_rounds(args, meta, cfg, app_arms, arms, workload, plan, model, work)
+    plot(runs, args.out / "vs_vllm.png")
+    print(markdown(meta, runs, compare(runs, reference=arms[0])))
+    void = [f"round {r.pair} {r.stack} {r.label}: {r.void}" for r in runs if r.void]
+    if void:
+        log.warning("%d void run(s), their figures count nowhere:\n  %s", len(void), "\n  ".join(void))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.investigations.interleaved",
         description=__doc__,
@@ -176,35 +215,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", type=Path, default=REPO / "serve_config.yaml")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    args = ap.parse_args(argv)
-    command_logging()
-    use_engine_env()
-    pair_stats.check_pairs(args.rounds, smoke=True)
-    arms = split_arms(args.arms)
-    if len(set(arms)) != len(arms) or len(arms) < 2:
-        ap.error("--arms: at least two, each once")
-    workload = Workload(
-        requests=parse_requests(args.requests),
-        chat=parse_requests(args.chat) if args.chat else {},
-        warmup_prompts=args.warmup_prompts,
-    )
-    workload.client_sched, refused = client_priority.choose(args.client_sched)
-    require_no_ray("before the benchmark")
-    from fixture_model.build import ensure_model
-    from load_tests.operate.local_cluster import LocalCluster
-    from load_tests.operate.ports import free_port
+    return ap
 
-    model = ensure_model()
-    config = load_config(args.config)
-    try:
-        cfg, app_arms = cluster_config(arms, config, model)
-    except ValueError as e:
-        ap.error(str(e))
-    plan = prompt_plan(workload, args.rounds, args.seed, local_pool_tokens(config, model))
-    args.out.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="fuzzserve-interleaved-"))
-    log.info("cluster logs, prompts, raw client results in %s", work)
-    meta: Meta = {
+
+def _meta(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    workload: Workload,
+    arms: list[str],
+    app_arms: list[AppArm],
+    refused: str | None,
+) -> Meta:
+    return {
         "command": "python -m benchmarks.investigations.interleaved "
         + " ".join(sys.argv[1:] if argv is None else argv),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -229,6 +251,23 @@ def main(argv: list[str] | None = None) -> int:
         "replicas": {a.name: 1 for a in app_arms},
         "below_protocol": "interleaved lever runs in one cluster (not the headline's protocol)",
     }
+
+
+def _run_rounds(
+    args: argparse.Namespace,
+    meta: Meta,
+    cfg: ServeConfig,
+    app_arms: list[AppArm],
+    arms: list[str],
+    workload: Workload,
+    plan: dict[tuple[int, str], PromptSet],
+    model: Path,
+    work: Path,
+) -> list[Run]:
+    """One cluster with every arm deployed, the rounds run on it (results written after each), then torn down."""
+    from load_tests.operate.local_cluster import LocalCluster
+    from load_tests.operate.ports import free_port
+
     runs: list[Run] = []
     stop_on_term()  # a stopped job (SIGTERM) unwinds like Ctrl-C, so that the cluster below is torn down
     cluster = LocalCluster(num_cpus=CPUS_PER_ARM * len(arms), log_dir=work / "cluster")
@@ -252,12 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         left = ray_processes() + lingering_engines()
         if left:
             log.error("the cluster left Ray processes behind:\n  %s", "\n  ".join(left))
-    plot(runs, args.out / "vs_vllm.png")
-    print(markdown(meta, runs, compare(runs, reference=arms[0])))
-    void = [f"round {r.pair} {r.stack} {r.label}: {r.void}" for r in runs if r.void]
-    if void:
-        log.warning("%d void run(s), their figures count nowhere:\n  %s", len(void), "\n  ".join(void))
-    return 0
+    return runs
 
 
 if __name__ == "__main__":

@@ -75,6 +75,28 @@ def judge_hostile(
     slo: Slo,
 ) -> HostileVerdict:
     problems: list[str] = []
+    requests = _judge_requests(plan, results, problems)
+    conns = _judge_connections(plan, connections, problems)
+    figures = window_figures(results, windows, slo)
+    calm_rate, hostile_rate, drop, blocks = _judge_goodput(plan, figures, problems)
+    return HostileVerdict(
+        requests=requests,
+        connections=conns,
+        windows=figures,
+        calm_goodput_requests_per_s=calm_rate,
+        hostile_goodput_requests_per_s=hostile_rate,
+        goodput_drop=drop,
+        block_drops=blocks,
+        goodput_drop_bound=plan.goodput_drop_bound,
+        problems=problems,
+    )
+
+
+def _judge_requests(
+    plan: HostilePlan, results: Sequence[RequestResult], problems: list[str]
+) -> dict[str, dict[str, int]]:
+    """Per hostile request kind: how many were sent and answered as expected; a problem (into ``problems``) for
+    each kind some were not, and when none was sent at all."""
     hostile = [r for r in results if r.spec.get("tags", {}).get("kind") == "hostile"]
     requests: dict[str, dict[str, int]] = {}
     for kind, *_ in HOSTILE_SETS[plan.requests]:
@@ -93,6 +115,14 @@ def judge_hostile(
             )
     if plan.share and not hostile:
         problems.append("no hostile request was sent")
+    return requests
+
+
+def _judge_connections(
+    plan: HostilePlan, connections: Sequence[HostileConnection], problems: list[str]
+) -> dict[str, dict[str, object]]:
+    """Per hostile connection kind: how many were opened and closed (or answered) by the server within the bound;
+    a problem (into ``problems``) for each kind some were not, and for a planned kind never opened."""
     conns: dict[str, dict[str, object]] = {}
     for kind in CONNECTION_KINDS:
         opened = [c for c in connections if c.kind == kind]
@@ -121,7 +151,14 @@ def judge_hostile(
             )
         if plan.connections and not opened:
             problems.append(f"no {kind} connection was opened")
-    figures = window_figures(results, windows, slo)
+    return conns
+
+
+def _judge_goodput(
+    plan: HostilePlan, figures: list[HostileWindow], problems: list[str]
+) -> tuple[float | None, float | None, float | None, list[float]]:
+    """Normal goodput over the calm and the hostile windows, its drop overall and per ABBA block; a problem (into
+    ``problems``) when it cannot be compared or fell past the plan's bound."""
     calm = sum(w.normal_slo_met for w in figures if w.kind == "calm")
     under = sum(w.normal_slo_met for w in figures if w.kind == "hostile")
     calm_s = sum(w.t_end - w.t_start for w in figures if w.kind == "calm")
@@ -143,14 +180,4 @@ def judge_hostile(
             f"normal goodput fell {drop:.0%} under attack ({hostile_rate:.2f} req/s in hostile windows "
             f"against {calm_rate:.2f} calm; bound {plan.goodput_drop_bound:.0%})"
         )
-    return HostileVerdict(
-        requests=requests,
-        connections=conns,
-        windows=figures,
-        calm_goodput_requests_per_s=calm_rate,
-        hostile_goodput_requests_per_s=hostile_rate,
-        goodput_drop=drop,
-        block_drops=blocks,
-        goodput_drop_bound=plan.goodput_drop_bound,
-        problems=problems,
-    )
+    return calm_rate, hostile_rate, drop, blocks

@@ -114,14 +114,6 @@ def server_cross_check(
     """
     baseline = baseline or {}
 
-    def delta(key: str, rc: ReplicaCounters, reasons: tuple[str, ...] | None) -> float:
-        before = baseline.get(key)
-        return sum(
-            v - (before.requests_finished.get(reason, 0.0) if before else 0.0)
-            for reason, v in rc.requests_finished.items()
-            if reasons is None or reason in reasons
-        )
-
     def weight(r: RequestResult) -> int:  # engine requests per client request (a prompt list, n choices)
         return int(r.spec.get("engine_requests", 1))
 
@@ -129,8 +121,8 @@ def server_cross_check(
     ok = client_ok + operator_ok  # every complete answer the engines gave, the load's and the operations'
     cancelled = sum(weight(r) for r in results if r.outcome == "cancelled")
     sent_to_engines = sum(weight(r) for r in results if r.outcome not in ("rejected",)) + operator_ok
-    completed = sum(delta(k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
-    finished = sum(delta(k, rc, None) for k, rc in final.items())
+    completed = sum(_finished_since(baseline, k, rc, ("stop", "length", "repetition")) for k, rc in final.items())
+    finished = sum(_finished_since(baseline, k, rc, None) for k, rc in final.items())
     generated = sum(
         rc.generation_tokens - (baseline[k].generation_tokens if k in baseline else 0.0) for k, rc in final.items()
     )
@@ -154,6 +146,26 @@ def server_cross_check(
         sent_past_router=sent_to_engines,
         operator_ok=operator_ok,
     )
+    _note_disagreements(out, ok, cancelled, replicas_died)
+    return out
+
+
+def _finished_since(
+    baseline: dict[str, ReplicaCounters], key: str, rc: ReplicaCounters, reasons: tuple[str, ...] | None
+) -> float:
+    """The requests replica ``key`` finished since ``baseline``, for the given finish reasons (``None``: all)."""
+    before = baseline.get(key)
+    return sum(
+        v - (before.requests_finished.get(reason, 0.0) if before else 0.0)
+        for reason, v in rc.requests_finished.items()
+        if reasons is None or reason in reasons
+    )
+
+
+def _note_disagreements(out: ClientServer, ok: int, cancelled: int, replicas_died: bool) -> None:
+    """The cross-check's bounds on ``out``'s counts: a problem for each one broken, or the note of why the lower
+    bound is not checked."""
+    completed, finished, sent_to_engines = out.engine_completed, out.engine_finished, out.sent_past_router
     if replicas_died:
         # A dead replica's last export can lag its last completions by a few
         # seconds, so only the upper bound is sound.
@@ -167,7 +179,6 @@ def server_cross_check(
         )
     if finished > sent_to_engines:
         out.problems.append(f"engines finished {finished:g} requests but only {sent_to_engines} got past the router")
-    return out
 
 
 def error_signature(r: RequestResult) -> str:
@@ -201,11 +212,7 @@ def run_statistics(
     lost = started - len(results)
     if lost:
         outcomes["lost"] += lost
-    explained: list[RequestResult] = []
-    unexplained: list[RequestResult] = []
-    for r in results:
-        if r.outcome in FAILURE_OUTCOMES:
-            (explained if explained_by_fault(r, events) else unexplained).append(r)
+    explained, unexplained = _split_failures(results, events)
     ok = [r for r in results if r.outcome == "ok"]
     final = checker.final()
     cross = server_cross_check(
@@ -217,7 +224,6 @@ def run_statistics(
         wall_s=wall_s,
         output_tokens=sum(r.output_tokens for r in ok),
     )
-    bad = bad_request_problems(results)
     server = server_latency(final, checker.baseline())
     lag = Percentiles(**percentiles(cost.lags), requests=None) if cost is not None else None
     return RunSummary(
@@ -228,57 +234,16 @@ def run_statistics(
         slo=slo,
         latency_s=latency(ok, lag.p99 if lag is not None else None),
         server_latency_s=server,
-        client_cost=(
-            ClientCost(
-                cpu_s=cost.cpu_s,
-                cpu_s_per_request=cost.cpu_s / started if started else 0.0,
-                loop_lag_s=lag,
-                runqueue_wait_s=cost.runqueue_wait_s,
-                lag_bound_s=LAG_BOUND_S,
-            )
-            if cost is not None and lag is not None
-            else None
-        ),
+        client_cost=_client_cost(cost, lag, started),
         errors_by_kind=dict(Counter(r.outcome for r in unexplained)),
         errors_by_message=dict(Counter(error_signature(r) for r in unexplained).most_common(5)),
         errors_explained_by_faults=dict(Counter(r.outcome for r in explained)),
         ingress_retries=ingress_retries(results, events),
         first_unexpected_errors=[r.to_json() for r in unexplained[:5]],
-        bad_requests=BadRequests(
-            sent=sum(r.spec.get("expect") == "4xx" for r in results),
-            rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),
-            problems=bad[:10],
-        ),
+        bad_requests=_bad_requests(results),
         faults=list(events),
-        invariants=Invariants(
-            ok=checker.ok,
-            violations=len(checker.violations),
-            by_kind=dict(Counter(v.kind for v in checker.violations)),
-            first_violation=checker.violations[0] if checker.violations else None,
-            expected_accounting_violations=checker.expected_violations,
-            scrapes=len(checker.history),
-            scrape_errors=checker.scrape_errors[:10],
-            failed_scrapes=len(checker.scrape_errors),
-            scrape_seconds=Percentiles(**percentiles([h.scrape_s for h in checker.history[1:-1]]), requests=None),
-            first_scrape_t=checker.history[0].t if checker.history else None,
-            last_scrape_t=checker.history[-1].t if checker.history else None,
-        ),
-        replicas={
-            k: ReplicaRecord(
-                stale=k in checker.stale,
-                died_at=checker.deaths.get(k),
-                first_alive_at=checker.first_alive.get(k),
-                node=rc.node,
-                prompt_tokens=rc.prompt_tokens,
-                by_source=rc.by_source,
-                requests_finished=rc.requests_finished,
-                preemptions=rc.preemptions,
-                violations=rc.violations,
-                corrections=rc.corrections,
-                injections=rc.injections,
-            )
-            for k, rc in final.items()
-        },
+        invariants=_invariants(checker),
+        replicas=_replicas(checker, final),
         unexpected_replica_deaths=deaths,
         planned_faults=list(fault_checks),
         client_server=cross,
@@ -286,6 +251,78 @@ def run_statistics(
         probes=probes,
         hostile=hostile,
     )
+
+
+def _split_failures(
+    results: list[RequestResult], events: Sequence[Event]
+) -> tuple[list[RequestResult], list[RequestResult]]:
+    """The failed requests, split into those a fault explains (:func:`explained_by_fault`) and the rest."""
+    explained: list[RequestResult] = []
+    unexplained: list[RequestResult] = []
+    for r in results:
+        if r.outcome in FAILURE_OUTCOMES:
+            (explained if explained_by_fault(r, events) else unexplained).append(r)
+    return explained, unexplained
+
+
+def _client_cost(cost: ClientCostSample | None, lag: Percentiles | None, started: int) -> ClientCost | None:
+    """What the client itself took, per request started; ``None`` when the run did not measure it."""
+    if cost is None or lag is None:
+        return None
+    return ClientCost(
+        cpu_s=cost.cpu_s,
+        cpu_s_per_request=cost.cpu_s / started if started else 0.0,
+        loop_lag_s=lag,
+        runqueue_wait_s=cost.runqueue_wait_s,
+        lag_bound_s=LAG_BOUND_S,
+    )
+
+
+def _bad_requests(results: list[RequestResult]) -> BadRequests:
+    """The deliberately bad requests sent, those refused naming the field, and the first problems."""
+    bad = bad_request_problems(results)
+    return BadRequests(
+        sent=sum(r.spec.get("expect") == "4xx" for r in results),
+        rejected_naming_the_field=sum(r.outcome == "rejected" for r in results) - len(bad),
+        problems=bad[:10],
+    )
+
+
+def _invariants(checker: InvariantChecker) -> Invariants:
+    """The monitor's findings: violations by kind (the first in full), the scrapes and how long they took."""
+    return Invariants(
+        ok=checker.ok,
+        violations=len(checker.violations),
+        by_kind=dict(Counter(v.kind for v in checker.violations)),
+        first_violation=checker.violations[0] if checker.violations else None,
+        expected_accounting_violations=checker.expected_violations,
+        scrapes=len(checker.history),
+        scrape_errors=checker.scrape_errors[:10],
+        failed_scrapes=len(checker.scrape_errors),
+        scrape_seconds=Percentiles(**percentiles([h.scrape_s for h in checker.history[1:-1]]), requests=None),
+        first_scrape_t=checker.history[0].t if checker.history else None,
+        last_scrape_t=checker.history[-1].t if checker.history else None,
+    )
+
+
+def _replicas(checker: InvariantChecker, final: dict[str, ReplicaCounters]) -> dict[str, ReplicaRecord]:
+    """Every replica ever seen: its last counters, and whether it went stale or died."""
+    return {
+        k: ReplicaRecord(
+            stale=k in checker.stale,
+            died_at=checker.deaths.get(k),
+            first_alive_at=checker.first_alive.get(k),
+            node=rc.node,
+            prompt_tokens=rc.prompt_tokens,
+            by_source=rc.by_source,
+            requests_finished=rc.requests_finished,
+            preemptions=rc.preemptions,
+            violations=rc.violations,
+            corrections=rc.corrections,
+            injections=rc.injections,
+        )
+        for k, rc in final.items()
+    }
 
 
 def summarize(

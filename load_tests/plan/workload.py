@@ -221,55 +221,91 @@ def _depth_and_schedule(mix: Mix, rng: random.Random) -> dict[str, Any]:
 
 
 def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
-    """The ``index``-th request of a run seeded ``seed``."""
+    """The ``index``-th request of a run seeded ``seed``.
+
+    The steps below draw from one generator in a fixed order (hostile?, length, route, bad?, task, prompt,
+    fuzz, stream): reordering them would change every request of every seeded run."""
     rng = random.Random(seed * 1_000_003 + index)
     if mix.hostile and rng.random() < mix.hostile:
-        hostile_set = HOSTILE_SETS[mix.hostile_requests]
-        hostile_kind, h_change, h_headers, h_status, h_param = hostile_set[rng.randrange(len(hostile_set))]
-        hostile_body = {"model": mix.model, "prompt": "count 1 2", "max_tokens": 4, **h_change}
-        return RequestSpec(
-            index,
-            "/v1/completions",
-            hostile_body,
-            expect="ok" if h_status < 400 else "4xx",
-            expect_status=h_status,
-            expect_param=h_param,
-            tags={"kind": "hostile", "hostile": hostile_kind},
-            headers=dict(h_headers),
-        )
+        return _hostile(mix, rng, index)
     max_tokens = rng.randint(*mix.max_tokens)
     chat = rng.random() < mix.chat
     route = "/v1/chat/completions" if chat else "/v1/completions"
     if rng.random() < mix.bad:
-        change, status, param = BAD_REQUESTS[rng.randrange(len(BAD_REQUESTS))]
-        base = {
-            "model": mix.model,
-            "max_tokens": 4,
-            **({"messages": [{"role": "user", "content": "count 1 2"}]} if chat else {"prompt": "count 1 2"}),
-        }
-        if isinstance(change, bytes):
-            return RequestSpec(
-                index,
-                route,
-                None,
-                raw_body=change,
-                expect="4xx",
-                expect_status=status,
-                expect_param=param,
-                tags={"kind": "bad", "bad": "malformed_json"},
-            )
-        return RequestSpec(
-            index,
-            route,
-            {**base, **change},
-            expect="4xx",
-            expect_status=status,
-            expect_param=param,
-            tags={"kind": "bad", "bad": param},
-        )
+        return _bad(mix, rng, index, route, chat)
 
     tail = _tails()[rng.randrange(len(_tails()))]
     tags: dict[str, Any] = {"kind": "chat" if chat else "completion", "task": tail.task}
+    prompt = _prompt(mix, rng, index, tail.prompt, tags)
+
+    body: dict[str, Any] = {"model": mix.model, "max_tokens": max_tokens, "temperature": 0}
+    if mix.bench_body:  # as vLLM's client writes them (its --temperature is a float: 0.0, not 0)
+        body.update(repetition_penalty=1.0, logprobs=None, temperature=0.0)
+    if mix.ignore_eos:
+        body["ignore_eos"] = True
+    body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+    _fuzz(mix, rng, seed, index, body, tags)
+
+    stream = rng.random() < mix.stream
+    cancel = None
+    if stream:
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        if rng.random() < mix.cancel and max_tokens > 2:
+            cancel = rng.randint(1, max_tokens - 1)
+    return RequestSpec(index, route, body, stream=stream, cancel_after_chunks=cancel, tags=tags)
+
+
+def _hostile(mix: Mix, rng: random.Random, index: int) -> RequestSpec:
+    """A request from the mix's hostile set (``--hostile-requests``), with the answer it must get."""
+    hostile_set = HOSTILE_SETS[mix.hostile_requests]
+    hostile_kind, h_change, h_headers, h_status, h_param = hostile_set[rng.randrange(len(hostile_set))]
+    hostile_body = {"model": mix.model, "prompt": "count 1 2", "max_tokens": 4, **h_change}
+    return RequestSpec(
+        index,
+        "/v1/completions",
+        hostile_body,
+        expect="ok" if h_status < 400 else "4xx",
+        expect_status=h_status,
+        expect_param=h_param,
+        tags={"kind": "hostile", "hostile": hostile_kind},
+        headers=dict(h_headers),
+    )
+
+
+def _bad(mix: Mix, rng: random.Random, index: int, route: str, chat: bool) -> RequestSpec:
+    """A bad request (:data:`BAD_REQUESTS`): a wrong field, or a body that is not JSON; it must be refused."""
+    change, status, param = BAD_REQUESTS[rng.randrange(len(BAD_REQUESTS))]
+    base = {
+        "model": mix.model,
+        "max_tokens": 4,
+        **({"messages": [{"role": "user", "content": "count 1 2"}]} if chat else {"prompt": "count 1 2"}),
+    }
+    if isinstance(change, bytes):
+        return RequestSpec(
+            index,
+            route,
+            None,
+            raw_body=change,
+            expect="4xx",
+            expect_status=status,
+            expect_param=param,
+            tags={"kind": "bad", "bad": "malformed_json"},
+        )
+    return RequestSpec(
+        index,
+        route,
+        {**base, **change},
+        expect="4xx",
+        expect_status=status,
+        expect_param=param,
+        tags={"kind": "bad", "bad": param},
+    )
+
+
+def _prompt(mix: Mix, rng: random.Random, index: int, task_prompt: str, tags: dict[str, Any]) -> str:
+    """The request's prompt: from the prompts file, random numbers, or the task's prompt (alone, after filler or
+    after a shared prefix); ``tags`` records which."""
     if mix.prompts_file is not None:
         prompts = file_prompts(mix.prompts_file)
         k = mix.prompts_offset + index
@@ -278,29 +314,25 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
                 f"{mix.prompts_file} has {len(prompts)} prompts; request {index} would need prompt "
                 f"{k} (prompts are never sent twice)"
             )
-        prompt = prompts[k]
         tags.update(prompt="file", task=None)
-    elif mix.prompt_tokens is not None:
-        prompt = " ".join(str(rng.randrange(200)) for _ in range(mix.prompt_tokens))
+        return prompts[k]
+    if mix.prompt_tokens is not None:
         tags.update(prompt="random", task=None)
-    elif rng.random() < mix.long_prompt:
+        return " ".join(str(rng.randrange(200)) for _ in range(mix.prompt_tokens))
+    if rng.random() < mix.long_prompt:
         filler = [str(rng.randrange(200)) for _ in range(mix.long_prompt_tokens)]
-        prompt = f"{' '.join(filler)} {tail.prompt}"
         tags["prompt"] = "long"
-    elif rng.random() < mix.shared_prefix:
+        return f"{' '.join(filler)} {task_prompt}"
+    if rng.random() < mix.shared_prefix:
         group = rng.randrange(mix.n_prefixes)
-        prompt = f"{shared_prefixes(mix.n_prefixes, mix.prefix_tokens)[group]} {tail.prompt}"
         tags["prompt"] = f"prefix{group}"
-    else:
-        prompt = tail.prompt
-        tags["prompt"] = "short"
+        return f"{shared_prefixes(mix.n_prefixes, mix.prefix_tokens)[group]} {task_prompt}"
+    tags["prompt"] = "short"
+    return task_prompt
 
-    body: dict[str, Any] = {"model": mix.model, "max_tokens": max_tokens, "temperature": 0}
-    if mix.bench_body:  # as vLLM's client writes them (its --temperature is a float: 0.0, not 0)
-        body.update(repetition_penalty=1.0, logprobs=None, temperature=0.0)
-    if mix.ignore_eos:
-        body["ignore_eos"] = True
-    body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+
+def _fuzz(mix: Mix, rng: random.Random, seed: int, index: int, body: dict[str, Any], tags: dict[str, Any]) -> None:
+    """Whether and how the request is fuzzed: its ``vllm_xargs`` into ``body``, the same in ``tags``."""
     if rng.random() < mix.fuzz:
         mode = "gaussian" if rng.random() < mix.gaussian else "scale"
         strength = rng.choice(FUZZ_LEVELS[1:])
@@ -316,12 +348,3 @@ def draw(mix: Mix, seed: int, index: int) -> RequestSpec:
         if rng.random() < mix.explicit_zero:  # s = 0 sent explicitly: must equal no fuzz at all
             body["vllm_xargs"] = {"fuzz_strength": 0.0}
         tags.update(fuzz_mode="none", fuzz_strength=0.0)
-
-    stream = rng.random() < mix.stream
-    cancel = None
-    if stream:
-        body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
-        if rng.random() < mix.cancel and max_tokens > 2:
-            cancel = rng.randint(1, max_tokens - 1)
-    return RequestSpec(index, route, body, stream=stream, cancel_after_chunks=cancel, tags=tags)

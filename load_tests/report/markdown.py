@@ -30,11 +30,32 @@ def _ms(v: float | None) -> str:
 
 
 def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] = ()) -> str:
-    lines = [f"# {title}", ""]
     verdict = "PASSED" if summary.passed else "FAILED"
-    lines += [f"**{verdict}**" + ("" if summary.passed else ": " + "; ".join(summary.failures)), ""]
+    lines = [f"# {title}", "", f"**{verdict}**" + ("" if summary.passed else ": " + "; ".join(summary.failures)), ""]
+    lines += _load_lines(summary)
+    lines += _errors_lines(summary)
+    lines += _planned_faults_lines(summary)
+    lines += [f"Replicas that died without the run killing them: {summary.unexpected_replica_deaths or 'none'}", ""]
+    if summary.capacity:
+        lines += capacity_lines(summary.capacity)
+    if summary.repeats:
+        lines += repeats_lines(summary.repeats)
+    lines += _probes_lines(summary)
+    if summary.hostile:
+        lines += hostile_lines(summary.hostile)
+    lines += _invariants_lines(summary)
+    lines += _replica_lines(summary)
+    lines += _client_server_lines(summary.client_server)
+    if sweep:
+        lines += sweep_lines(sweep)
+    lines += ["## Plots", ""] + [f"![{img}]({img})" for img in images]
+    return "\n".join(lines) + "\n"
+
+
+def _load_lines(summary: RunSummary) -> list[str]:
+    """The load: requests and outcomes, throughput and goodput, the client's latency table, the client's cost."""
     t = summary.throughput
-    lines += [
+    lines = [
         "## Load",
         "",
         f"{summary.started} requests in {summary.wall_s:.0f} s; outcomes: "
@@ -61,9 +82,13 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
         )
         lines.append(f"| {name} | {p.requests} | {p.count} | {figures} |")
     lines += server_latency_rows(summary)
-    lines += ["", client_cost_line(summary)]
+    return [*lines, "", client_cost_line(summary)]
+
+
+def _errors_lines(summary: RunSummary) -> list[str]:
+    """The errors: unexpected ones by kind and message, those the faults explain, and the first unexpected one."""
     faults = [f.model_dump(mode="json", exclude_none=True) for f in summary.faults]
-    lines += [
+    lines = [
         "",
         "## Errors",
         "",
@@ -87,34 +112,42 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
             "```",
             "",
         ]
-    if summary.planned_faults:
-        lines += ["## Planned faults", "", "| fault | fired | shown | evidence | problems |", "|---|---|---|---|---|"]
-        lines += [
-            f"| {c.fault} | {c.fired} | {'yes' if c.ok else '**no**'} | {c.evidence} | {'; '.join(c.problems) or '-'} |"
-            for c in summary.planned_faults
-        ]
-        lines.append("")
-    lines += [f"Replicas that died without the run killing them: {summary.unexpected_replica_deaths or 'none'}", ""]
-    if summary.capacity:
-        lines += capacity_lines(summary.capacity)
-    if summary.repeats:
-        lines += repeats_lines(summary.repeats)
-    if summary.probes:
-        p = summary.probes
-        lines += [
-            "## Greedy probes under faults vs the fault-free deployment",
-            "",
-            (
-                f"{p.rounds} rounds, {p.sent} probes sent, {p.compared} answered and compared, "
-                f"{p.equal} equal to the fault-free answer, {p.failed} failed (judged with the other "
-                f"requests); problems: {'; '.join(p.problems) or 'none'}"
-            ),
-            "",
-        ]
-    if summary.hostile:
-        lines += hostile_lines(summary.hostile)
-    inv = summary.invariants
+    return lines
+
+
+def _planned_faults_lines(summary: RunSummary) -> list[str]:
+    """Each planned fault: whether it fired and whether the run shows it, with the evidence; none when unplanned."""
+    if not summary.planned_faults:
+        return []
+    lines = ["## Planned faults", "", "| fault | fired | shown | evidence | problems |", "|---|---|---|---|---|"]
     lines += [
+        f"| {c.fault} | {c.fired} | {'yes' if c.ok else '**no**'} | {c.evidence} | {'; '.join(c.problems) or '-'} |"
+        for c in summary.planned_faults
+    ]
+    return [*lines, ""]
+
+
+def _probes_lines(summary: RunSummary) -> list[str]:
+    """The greedy probes sent under faults and compared with the fault-free deployment's answers, when sent."""
+    p = summary.probes
+    if not p:
+        return []
+    return [
+        "## Greedy probes under faults vs the fault-free deployment",
+        "",
+        (
+            f"{p.rounds} rounds, {p.sent} probes sent, {p.compared} answered and compared, "
+            f"{p.equal} equal to the fault-free answer, {p.failed} failed (judged with the other "
+            f"requests); problems: {'; '.join(p.problems) or 'none'}"
+        ),
+        "",
+    ]
+
+
+def _invariants_lines(summary: RunSummary) -> list[str]:
+    """The counter invariants: scrapes, violations (the first in full), those the injected faults explain."""
+    inv = summary.invariants
+    lines = [
         "## Counter invariants",
         "",
         (
@@ -134,7 +167,12 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
             "```",
             "",
         ]
-    lines += [
+    return lines
+
+
+def _replica_lines(summary: RunSummary) -> list[str]:
+    """The counters per replica: prompt tokens by source, requests finished, violations and corrections."""
+    lines = [
         (
             "| replica | node | stale | prompt_tokens | local_compute | local_cache_hit | external_kv_transfer "
             "| finished | violations | corrections |"
@@ -148,8 +186,12 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
             f"{bs.get('local_cache_hit', 0):g} | {bs.get('external_kv_transfer', 0):g} | "
             f"{sum(r.requests_finished.values()):g} | {r.violations or 0} | {r.corrections or 0} |"
         )
-    cs = summary.client_server
-    lines += [
+    return lines
+
+
+def _client_server_lines(cs: ClientServer) -> list[str]:
+    """What the clients got beside what the engines counted, and the two sides' rates."""
+    return [
         "",
         (
             f"Client/server: clients got {cs.client_ok} complete answers and cancelled {cs.client_cancelled}; "
@@ -160,10 +202,6 @@ def markdown(summary: RunSummary, title: str, sweep=None, images: Sequence[str] 
         rates_line(cs),
         "",
     ]
-    if sweep:
-        lines += sweep_lines(sweep)
-    lines += ["## Plots", ""] + [f"![{img}]({img})" for img in images]
-    return "\n".join(lines) + "\n"
 
 
 def sweep_lines(sweep) -> list[str]:
