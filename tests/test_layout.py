@@ -227,3 +227,39 @@ def test_a_planted_circle_through_a_lazy_import_is_found(tmp_path):
 
 def test_no_import_circle_anywhere():
     assert circle(import_graph(REPO)) == []
+
+
+# Issue 70: modules a reader can hold. A function over LONG_FUNCTION lines, or a module over LONG_MODULE lines, says
+# why in its docstring ("Long because ...", "Long on purpose: ...", or a module's "Over N lines because ...").
+LONG_FUNCTION = 80
+LONG_MODULE = 800
+REASON = ("long because", "long on purpose", "lines because")
+
+
+def too_long(source: str, name: str) -> list[str]:
+    """The functions of ``source`` (a module called ``name``) over :data:`LONG_FUNCTION` lines, and the module
+    itself over :data:`LONG_MODULE`, whose docstring gives no reason."""
+    tree = ast.parse(source)
+    found = []
+    if len(source.splitlines()) > LONG_MODULE and not any(r in (ast.get_docstring(tree) or "").lower() for r in REASON):
+        found.append(name)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > LONG_FUNCTION and not any(r in (ast.get_docstring(node) or "").lower() for r in REASON):
+                found.append(f"{name}:{node.name} ({lines} lines)")
+    return found
+
+
+def test_no_long_function_or_module_without_its_reason():
+    found = []
+    for package in (*SHIPPED, "testkit", "benchmarks"):
+        for f in sorted((REPO / package).rglob("*.py")):
+            found += too_long(f.read_text(), str(f.relative_to(REPO)))
+    assert found == []
+
+
+def test_the_length_check_finds_a_long_function_without_a_reason():
+    body = "\n".join(f"    x{i} = {i}" for i in range(LONG_FUNCTION))
+    assert too_long(f'def f():\n    """Short."""\n{body}\n', "m.py") == [f"m.py:f ({LONG_FUNCTION + 2} lines)"]
+    assert too_long(f'def f():\n    """Long because it is one table."""\n{body}\n', "m.py") == []
