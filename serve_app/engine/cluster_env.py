@@ -24,7 +24,7 @@ variable                                               value  why
                                                               instead of 0.1 s: measured on a 2-core host, its
                                                               idle CPU falls from 3.1 % to 1.1 % of a core, and
                                                               the Ray processes' CPU per request under load by a
-                                                              quarter (docs/serve.md#what-the-cluster-costs-idle);
+                                                              quarter (docs/serve.md, "What the cluster costs idle");
                                                               health checks and autoscaling keep their own
                                                               periods, state changes are seen up to 0.4 s later
 ``RAY_SERVE_HAPROXY_INGRESS_REQUEST_ROUTER_BUFSIZE``   65536  HAProxy forwards at most 64 KiB of a body to the
