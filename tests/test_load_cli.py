@@ -12,7 +12,6 @@ process (the same code, without a second interpreter start per case).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 
 from testkit import echo_server
 from testkit.echo_server import cli_args
+from tests.test_command_logs import json_records
 
 # fault -> what the report's failures must say
 EXPECTED = {
@@ -84,16 +84,11 @@ CLI_LINES = ("smoke: ", "  target ", "report: ", "deployed in ")
 def console_problems(text: str) -> list[str]:
     """The lines of a CLI run's console output that are not one of :data:`CLI_LINES`' kinds: a JSON log record (a
     library's, through Ray's formatter) or the rest of a line the console broke."""
-    problems = []
+    records = set(json_records(text))
+    problems = [f"a JSON log record: {line}" for line in text.splitlines() if line in records]
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or line in records:
             continue
-        try:
-            if isinstance(json.loads(line), dict):
-                problems.append(f"a JSON log record: {line}")
-                continue
-        except ValueError:
-            pass
         if LOG_RECORD.match(line) or line.lstrip()[:1] in TABLE_CHARS or line.startswith(CLI_LINES):
             continue
         if line.strip() in ("smoke: PASSED", "smoke: FAILED"):  # the summary table's centred title
