@@ -3,12 +3,12 @@ and set-up's library JSON lines kept out of the terminal (scripts/env.sh)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 from load_tests.command_logs import FORMAT
+from tests.console_records import json_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,18 +39,6 @@ import serve_app.ray_internals  # mid-run
 logging.getLogger("fuzzserve.load_tests").info("load finished")
 logging.getLogger("httpx").info("HTTP Request: GET /api/serve/applications/")
 """
-
-
-def json_records(text: str) -> list[str]:
-    """The lines of ``text`` that are JSON objects (Ray's JSONFormatter's records)."""
-    found = []
-    for line in text.splitlines():
-        try:
-            if isinstance(json.loads(line), dict):
-                found.append(line)
-        except ValueError:
-            pass
-    return found
 
 
 def test_the_console_stays_plain_after_ray_serve_llm_is_imported_mid_run():

@@ -22,7 +22,7 @@ import pytest
 
 from testkit import echo_server
 from testkit.echo_server import cli_args
-from tests.test_command_logs import json_records
+from tests.console_records import json_records
 
 # fault -> what the report's failures must say
 EXPECTED = {
