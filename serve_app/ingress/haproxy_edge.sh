@@ -10,7 +10,7 @@
 #                              replica (Ray's Lua: wait-for-body 5 s, then 5 s per router of the pool), and in a
 #                              256-stream redeploy on 2 cores routing calls queued for up to 14 s behind a busy
 #                              router; with 10 s, 47 of 19959 requests got HAProxy's 408 (issue 34,
-#                              docs/load_tests.md#refused-at-the-ingress). 30 s is also "timeout client": a slow
+#                              docs/load_tests.md#a-redeploy-without-the-clients-retry-issue-34). 30 s is also "timeout client": a slow
 #                              sender holds a slot no longer than a silent one
 #   stats / prometheus ports   bound to 127.0.0.1 instead of every interface (Ray binds them to *; they show
 #                              replica addresses, traffic and cache-hit counts)
