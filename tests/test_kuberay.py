@@ -27,6 +27,7 @@ from serve_app.config import deploy_config as dc
 from serve_app.config import kuberay as k
 from serve_app.config import kuberay_schema as ks
 from serve_app.engine import cluster_env as ce
+from tests.console_records import json_records
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
@@ -284,6 +285,7 @@ def test_the_check_command_passes_the_committed_manifests_and_exits_1_on_drift(t
         [sys.executable, "-m", "serve_app.config.kuberay", "--check"], cwd=REPO, capture_output=True, text=True
     )
     assert ok.returncode == 0, ok.stderr[-2000:]
+    assert json_records(ok.stderr) == [], ok.stderr[-2000:]  # the console: plain lines, not Ray's JSON records
     out = tmp_path / "mine.yaml"
     wrote = subprocess.run(
         [sys.executable, "-m", "serve_app.config.kuberay", "--target", "cpu", "--image", "reg.example/fz:1", "--out",
