@@ -51,6 +51,14 @@ symbol                                      why it is needed
                                             process instead of starting ``serve status`` (a
                                             process importing Ray) every few seconds. The CLI
                                             calls it; no public API returns the status.
+``LLMServer._start_engine``,                  Ray Serve LLM's engine start, which after the engine
+``usage_lib.usage_stats_enabled``             starts pushes a usage-telemetry report: it creates a
+                                            detached actor (``ray::TelemetryAgent``, one process
+                                            on the head node) to record usage tags that Ray sends
+                                            only when usage stats are on. The project's replicas
+                                            skip that report when they are off (``ray start
+                                            --disable-usage-stats``, as ``LocalCluster`` starts
+                                            Ray): :func:`llm_usage_telemetry_wanted`.
 ==========================================  =====================================================
 """
 
@@ -59,6 +67,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 from typing import Any
 
 import ray
@@ -129,6 +138,11 @@ if _probe is None:
 
 _get_global_client = _load("ray.serve.context", "_get_global_client")
 
+_usage_stats_enabled = _load("ray._common.usage.usage_lib", "usage_stats_enabled")
+# Set to 1 in ``ray start``'s environment, Ray's own engine start runs as it ships (the telemetry actor and its
+# report with it): the A/B switch of :func:`llm_usage_telemetry_wanted`.
+LLM_TELEMETRY_SWITCH = "FUZZSERVE_RAY_LLM_TELEMETRY"
+
 _serve_details: Any = _load("ray.serve.schema", "ServeInstanceDetails")
 if not hasattr(_serve_details, "_get_status"):
     raise RayInternalsMoved(
@@ -159,3 +173,31 @@ def serve_status(details: dict[str, Any]) -> dict[str, Any]:
     status = _serve_details(**details)._get_status()
     # JSON round trip: Serve's status enums (str subclasses) become the plain strings `serve status` prints
     return json.loads(json.dumps(dataclasses.asdict(status)))
+
+
+def llm_usage_telemetry_wanted(version: str = ray.__version__) -> bool:
+    """Whether a replica's engine start should push Ray Serve LLM's usage-telemetry report, as Ray's own does (read
+    in the replica, from the environment ``ray start`` passed down: ``RAY_USAGE_STATS_ENABLED`` and the switch).
+
+    What it changes: with usage stats off, a replica starts its engine without the report
+    (``EngineServer._start_engine``). Why: Ray 2.60's ``LLMServer._start_engine`` then creates a detached actor,
+    ``ray::TelemetryAgent``, a process of its own on the head node whose core worker takes about 6 ms of CPU every
+    second for as long as the cluster runs (``benchmarks.investigations.idle_cost``, docs/serve.md), to write usage
+    tags that Ray reports only when usage stats are on; with them off nothing reads them. Upstream: none filed;
+    offered in docs/benchmarks.md ("For Ray upstream"). Verified on Ray :data:`VERIFIED_RAY`; on any other version
+    Ray's own start runs (its steps may have changed). Remove when Ray creates the actor only where usage stats are
+    reported. Switch: ``FUZZSERVE_RAY_LLM_TELEMETRY=1`` runs Ray's own start (A/B)."""
+    if os.environ.get(LLM_TELEMETRY_SWITCH) == "1" or version != VERIFIED_RAY:
+        return True
+    return bool(_usage_stats_enabled())
+
+
+def require_start_engine(server_class: type) -> None:
+    """Fail at import, naming it, where ``LLMServer._start_engine`` (the step ``EngineServer`` overrides) is gone
+    (checked by ``serve_app.engine.core_binding``, which imports vLLM's side of Ray Serve LLM anyway; the ingress
+    routers' replicas import this module and must not)."""
+    if not callable(getattr(server_class, "_start_engine", None)):
+        raise RayInternalsMoved(
+            f"Ray {ray.__version__}: LLMServer._start_engine is gone; the replica's engine start was verified on "
+            f"Ray {VERIFIED_RAY} (serve_app/ray_internals.py, serve_app/engine/core_binding.py)"
+        )

@@ -91,3 +91,60 @@ def test_serve_status_is_what_the_cli_prints_from_the_dashboards_details():
     deployment = app["deployments"]["LLMServer"]
     assert deployment["status"] == "UPDATING" and deployment["replica_states"] == {"RUNNING": 1, "STARTING": 1}
     assert status["proxies"] == {}
+
+
+@pytest.mark.parametrize(
+    ("usage_stats", "switch", "version", "wanted"),
+    [
+        ("0", None, ray_internals.VERIFIED_RAY, False),  # usage stats off: no report, no telemetry actor
+        ("1", None, ray_internals.VERIFIED_RAY, True),  # on: Ray's own start, its report is sent
+        ("0", "1", ray_internals.VERIFIED_RAY, True),  # the A/B switch: Ray's own start
+        ("0", None, "2.61.0", True),  # an unverified Ray: its own start, whatever its steps now are
+    ],
+)
+def test_the_usage_telemetry_report_is_skipped_only_where_nothing_sends_it(
+    monkeypatch, usage_stats, switch, version, wanted
+):
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", usage_stats)
+    if switch is None:
+        monkeypatch.delenv(ray_internals.LLM_TELEMETRY_SWITCH, raising=False)
+    else:
+        monkeypatch.setenv(ray_internals.LLM_TELEMETRY_SWITCH, switch)
+    assert ray_internals.llm_usage_telemetry_wanted(version) is wanted
+
+
+@pytest.mark.parametrize("switch", [None, "1"])
+def test_the_replicas_engine_start_pushes_the_report_only_when_wanted(monkeypatch, switch):
+    """EngineServer._start_engine, the real method on a bare instance: the engine always starts; Ray's telemetry
+    push (which creates the actor) runs only through Ray's own start, with the switch on."""
+    import asyncio
+
+    from ray.llm._internal.serve.core.server import llm_server
+
+    from serve_app.engine.core_binding import EngineServer
+
+    pushed, started = [], []
+
+    class Engine:
+        async def start(self):
+            started.append(True)
+
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    if switch:
+        monkeypatch.setenv(ray_internals.LLM_TELEMETRY_SWITCH, switch)
+    monkeypatch.setattr(llm_server, "push_telemetry_report_for_all_models", lambda **kw: pushed.append(kw))
+    monkeypatch.setattr(llm_server, "record_extra_usage_tag", lambda *a: None)
+    server = object.__new__(EngineServer)
+    server.engine, server._llm_config = Engine(), "the config"
+    asyncio.run(server._start_engine())
+    assert started == [True]
+    assert pushed == ([{"all_models": ["the config"]}] if switch else [])
+
+
+def test_a_server_class_without_the_engine_start_step_is_refused_naming_it():
+    class Moved:
+        pass
+
+    ray_internals.require_start_engine(type("Kept", (), {"_start_engine": lambda self: None}))
+    with pytest.raises(ray_internals.RayInternalsMoved, match=r"LLMServer\._start_engine is gone"):
+        ray_internals.require_start_engine(Moved)

@@ -470,6 +470,16 @@ def test_rays_session_files_are_under_a_directory_only_this_user_can_enter(serve
     assert (serve_cluster.session_dir / "sockets").is_dir() and (serve_cluster.session_dir / "logs").is_dir()
 
 
+def test_no_usage_telemetry_actor_runs_where_usage_stats_are_off(serve_cluster):
+    """``ray start --disable-usage-stats`` (as LocalCluster starts Ray): no replica's engine start creates Ray Serve
+    LLM's telemetry actor, a process that would only record tags nothing reports (serve_app.ray_internals.
+    llm_usage_telemetry_wanted; the A/B with it back: benchmarks.investigations.idle_cost, docs/serve.md)."""
+    mine = [p for node in serve_cluster.nodes for p in node.descendants()]
+    titles = [" ".join(p.cmdline()) for p in mine if p.is_running()]
+    assert [t for t in titles if t.startswith("ray::ServeReplica")], titles  # the replicas are this cluster's
+    assert not [t for t in titles if t.startswith("ray::TelemetryAgent")], titles
+
+
 def _serve_http_listeners(cluster) -> dict[int, str]:
     """Every HTTP port Serve opened for this cluster's app, and whose: each engine replica's (``replica``) and
     ingress request router's (``router``) own port (Serve's direct-ingress range) and the fallback proxy's

@@ -62,8 +62,10 @@ from serve_app.engine.cpu_cores import (  # noqa: F401 -- re-exported: the bindi
     replica_cores,
     switch_patch_off,
 )
+from serve_app.ray_internals import llm_usage_telemetry_wanted, require_start_engine
 
 log = logging.getLogger("ray.serve")
+require_start_engine(LLMServer)
 
 
 class EngineServer(LLMServer):
@@ -92,6 +94,17 @@ class EngineServer(LLMServer):
                 log.info("EngineCore %s pinned to cores %s", pids, value)
             else:  # vLLM renamed or moved its engine process: the binding still holds for the model threads
                 log.warning("no %s child process found; EngineCore not pinned to cores %s", ENGINE_CORE_NAME, value)
+
+    async def _start_engine(self) -> None:
+        """The engine started as ``LLMServer`` starts it, without Ray Serve LLM's usage-telemetry report (and the
+        detached actor process it creates) when usage stats are off: :func:`serve_app.ray_internals.
+        llm_usage_telemetry_wanted` says why, and how to switch it back for an A/B run."""
+        if llm_usage_telemetry_wanted():
+            await super()._start_engine()
+            return
+        if self.engine is None:
+            raise ValueError("Engine is not set")
+        await self.engine.start()
 
     def reconfigure(self, user_config: Any = None, rank: Any = None) -> None:
         """Serve's hook (it passes ``rank`` because this method takes one): when Serve gives this replica another
