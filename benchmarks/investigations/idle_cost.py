@@ -29,7 +29,7 @@ from pathlib import Path
 import psutil
 
 from benchmarks.harness.arms import load_config, make_arm, require_no_ray, split_arms
-from benchmarks.harness.cpu_accounting import snapshot
+from benchmarks.harness.cpu_accounting import CLIENT_ROLE, snapshot
 from benchmarks.harness.host import machine
 from benchmarks.harness.stopping import stop_on_term
 from benchmarks.vs_vllm import REPO
@@ -95,6 +95,11 @@ def measure(arm_name: str, seconds: float, settle: float, work: Path) -> dict[st
     }
 
 
+# This command's own process is the benchmarks' client role; the `ray start --block` processes it starts take that
+# role too (an untitled process takes its nearest named ancestor's).
+HARNESS = "this command and its `ray start` processes"
+
+
 def table(results: dict[str, list[dict[str, dict[str, float]]]], key: str) -> str:
     """A markdown table of CPU ms per wall second, median over the rounds, one column per arm."""
     arms = list(results)
@@ -102,11 +107,11 @@ def table(results: dict[str, list[dict[str, dict[str, float]]]], key: str) -> st
         {n for runs in results.values() for r in runs for n in r[key]},
         key=lambda n: -max(statistics.median([r[key].get(n, 0.0) for r in runs]) for runs in results.values()),
     )
-    lines = [f"| {key[:-1]} | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
+    lines = [f"| {'role' if key == 'roles' else 'process'} | " + " | ".join(arms) + " |", "|---|" + "---|" * len(arms)]
     for n in names:
         cells = [statistics.median([r[key].get(n, 0.0) for r in results[a]]) for a in arms]
         if max(cells) >= 0.5:
-            lines.append(f"| {n} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
+            lines.append(f"| {HARNESS if n == CLIENT_ROLE else n} | " + " | ".join(f"{c:.1f}" for c in cells) + " |")
     totals = [statistics.median([sum(r[key].values()) for r in results[a]]) for a in arms]
     lines.append("| **all** | " + " | ".join(f"**{t:.1f}**" for t in totals) + " |")
     return "\n".join(lines)
@@ -132,16 +137,27 @@ def main(argv: list[str] | None = None) -> int:
             results[a].append(measure(a, args.seconds, args.settle, work))
             log.info("round %d %s: %.1f ms/s", r + 1, a, sum(results[a][-1]["roles"].values()))
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"command": "python -m benchmarks.investigations.idle_cost " + " ".join(sys.argv[1:]), "machine": machine()}
+    meta = {
+        "command": "python -m benchmarks.investigations.idle_cost " + " ".join(sys.argv[1:]),
+        "machine": machine(),
+        "seconds": args.seconds,
+        "settle": args.settle,
+        "rounds": args.rounds,
+    }
     (args.out / "idle_cost.json").write_text(json.dumps({"meta": meta, "results": results}, indent=1))
+    sys.stdout.write(write_report(args.out, meta, results))
+    return 0
+
+
+def write_report(out: Path, meta: dict, results: dict[str, list[dict[str, dict[str, float]]]]) -> str:
+    """``idle_cost.md`` in ``out``, from the run's record; returned too."""
     report = (
         f"# Idle cost: host CPU ms per wall second, no request in flight\n\n`{meta['command']}`; {meta['machine']}; "
-        f"{args.seconds:.0f} s watched after {args.settle:.0f} s settled, median of {args.rounds} rounds.\n\n"
+        f"{meta['seconds']:.0f} s watched after {meta['settle']:.0f} s settled, median of {meta['rounds']} rounds.\n\n"
         f"## By role\n\n{table(results, 'roles')}\n\n## By process\n\n{table(results, 'processes')}\n"
     )
-    (args.out / "idle_cost.md").write_text(report)
-    sys.stdout.write(report)
-    return 0
+    (out / "idle_cost.md").write_text(report)
+    return report
 
 
 if __name__ == "__main__":
