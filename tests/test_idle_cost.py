@@ -7,7 +7,7 @@ from benchmarks.investigations.idle_cost import HARNESS, table
 
 
 def test_the_table_reads_the_median_of_the_rounds_and_the_total_of_each_round():
-    results = {
+    results: dict[str, list[dict[str, dict[str, float]]]] = {
         "engine": [{"roles": {"vLLM API server": 2.0}}, {"roles": {"vLLM API server": 4.0}}, {"roles": {}}],
         "shipped": [
             {"roles": {"Ray system": 50.0, "replica": 10.0, CLIENT_ROLE: 3.0, "tiny": 0.1}},

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import Any, cast
 
 import pytest
 
@@ -135,7 +136,7 @@ def test_the_replicas_engine_start_pushes_the_report_only_when_wanted(monkeypatc
     monkeypatch.setattr(llm_server, "push_telemetry_report_for_all_models", lambda **kw: pushed.append(kw))
     monkeypatch.setattr(llm_server, "record_extra_usage_tag", lambda *a: None)
     server = object.__new__(EngineServer)
-    server.engine, server._llm_config = Engine(), "the config"
+    server.engine, server._llm_config = cast(Any, Engine()), cast(Any, "the config")
     asyncio.run(server._start_engine())
     assert started == [True]
     assert pushed == ([{"all_models": ["the config"]}] if switch else [])
