@@ -51,8 +51,8 @@ symbol                                      why it is needed
                                             process instead of starting ``serve status`` (a
                                             process importing Ray) every few seconds. The CLI
                                             calls it; no public API returns the status.
-``LLMServer._start_engine``,                  Ray Serve LLM's engine start, which after the engine
-``usage_lib.usage_stats_enabled``             starts pushes a usage-telemetry report: it creates a
+``LLMServer._start_engine``,                Ray Serve LLM's engine start, which after the engine
+``usage_lib.usage_stats_enabled``           starts pushes a usage-telemetry report: it creates a
                                             detached actor (``ray::TelemetryAgent``, one process
                                             on the head node) to record usage tags that Ray sends
                                             only when usage stats are on. The project's replicas
