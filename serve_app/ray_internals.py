@@ -56,9 +56,11 @@ symbol                                      why it is needed
                                             detached actor (``ray::TelemetryAgent``, one process
                                             on the head node) to record usage tags that Ray sends
                                             only when usage stats are on. The project's replicas
-                                            skip that report when they are off (``ray start
-                                            --disable-usage-stats``, as ``LocalCluster`` starts
-                                            Ray): :func:`llm_usage_telemetry_wanted`.
+                                            skip that report when they are off
+                                            (``RAY_USAGE_STATS_ENABLED=0`` in their environment;
+                                            ``ray start --disable-usage-stats`` sets it on the
+                                            head only, ``LocalCluster`` on every node):
+                                            :func:`llm_usage_telemetry_wanted`.
 ==========================================  =====================================================
 """
 

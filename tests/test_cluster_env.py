@@ -52,6 +52,9 @@ def test_local_cluster_uses_the_table_and_lets_its_env_win():
     env = LocalCluster(env={HAPROXY: "0"})._env()
     assert env[HAPROXY] == "0"
     assert all(env[k] == v for k, v in CLUSTER_ENV.items() if k != HAPROXY)
+    # usage stats off on every node (Ray's own flag reaches the head only), unless the caller says otherwise
+    assert LocalCluster(workers=1)._env()["RAY_USAGE_STATS_ENABLED"] == "0"
+    assert LocalCluster(env={"RAY_USAGE_STATS_ENABLED": "1"})._env()["RAY_USAGE_STATS_ENABLED"] == "1"
 
 
 def test_the_direct_path_check_reads_the_same_names():

@@ -471,9 +471,11 @@ def test_rays_session_files_are_under_a_directory_only_this_user_can_enter(serve
 
 
 def test_no_usage_telemetry_actor_runs_where_usage_stats_are_off(serve_cluster):
-    """``ray start --disable-usage-stats`` (as LocalCluster starts Ray): no replica's engine start creates Ray Serve
-    LLM's telemetry actor, a process that would only record tags nothing reports (serve_app.ray_internals.
-    llm_usage_telemetry_wanted; the A/B with it back: benchmarks.investigations.idle_cost, docs/serve.md)."""
+    """Usage stats off on every node (LocalCluster; on a worker node ``--disable-usage-stats`` does not reach the
+    replicas): no replica's engine start, on the head or the worker, creates Ray Serve LLM's telemetry actor, a
+    process that would only record tags nothing reports (serve_app.ray_internals.llm_usage_telemetry_wanted; the
+    A/B with it back: benchmarks.investigations.idle_cost, docs/serve.md). CI met it created by the worker's
+    replica before LocalCluster set the variable on every node."""
     mine = [p for node in serve_cluster.nodes for p in node.descendants()]
     titles = [" ".join(p.cmdline()) for p in mine if p.is_running()]
     assert [t for t in titles if t.startswith("ray::ServeReplica")], titles  # the replicas are this cluster's

@@ -61,6 +61,10 @@ REPO = deploy_config.PROJECT_ROOT
 DEFAULT_CONFIG = deploy_config.SHIPPED_CONFIG
 
 
+# Ray's switch for usage stats, read by every process (ray/_common/usage/usage_constants.py).
+USAGE_STATS = "RAY_USAGE_STATS_ENABLED"
+
+
 class ClusterError(RuntimeError):
     pass
 
@@ -186,6 +190,11 @@ class LocalCluster:
         # (serve_app.engine.cluster_env); env={"RAY_SERVE_ENABLE_HA_PROXY": "0"} opts out of one.
         # (token auth included: the CLI and the cluster must agree on it).
         env = with_cluster_env({**os.environ, **self.env})
+        # Usage stats off on every node, as `--disable-usage-stats` means: Ray sets this variable for the head's
+        # processes only (ray/scripts/scripts.py, `if head:`), so a worker node's replicas read usage stats as on,
+        # and their engine start created ray.serve.llm's telemetry actor (serve_app.ray_internals,
+        # llm_usage_telemetry_wanted). A value given here or in the environment wins.
+        env.setdefault(USAGE_STATS, "0")
         if self.workers or self.multi_node:
             env[SINGLE_HOST] = "1"
         env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(REPO)
