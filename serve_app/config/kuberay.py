@@ -33,8 +33,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import importlib
-import logging
 import re
 import sys
 from collections.abc import Mapping
@@ -46,6 +44,7 @@ from typing import Any, Literal
 import yaml
 from ray.serve.config import ProxyLocation
 
+from serve_app.command_logs import command_logging
 from serve_app.config import deploy_config as dc
 from serve_app.config.kuberay_schema import check_manifest, documents
 from serve_app.engine import cluster_env as ce
@@ -558,11 +557,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check-image", action="store_true", help="check this environment is what the manifests need")
     ap.add_argument("--validate", type=Path, nargs="+", metavar="FILE", help="run the offline checks on these files")
     args = ap.parse_args(argv)
-    # The console gets the libraries' warnings and errors only, in plain lines (as load_tests.command_logs sets up
-    # the other commands, which serve_app may not import): Ray Serve LLM's first import, which the checks make,
-    # turns the root logger into JSON records at INFO, so it goes first and this set-up after it.
-    importlib.import_module("ray.llm._internal.serve")
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", force=True)
+    command_logging()  # plain lines, the libraries' from WARNING up (Ray Serve LLM's JSON records otherwise)
     if args.validate:
         problems = [f"{f}: {p}" for f in args.validate for d in documents(f) for p in check_manifest(d)]
         for p in problems:
