@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -54,16 +55,14 @@ def _title(p: psutil.Process) -> str:
     return f"{name} {script or module or ''}".strip()
 
 
-def per_process(pids: set[int]) -> dict[int, tuple[str, float]]:
-    """pid -> (title, CPU seconds so far) for ``pids``."""
+def titles(pids: Iterable[int]) -> dict[int, str]:
+    """pid -> its title (:func:`_title`), for the processes still alive."""
     out = {}
     for pid in pids:
         try:
-            p = psutil.Process(pid)
-            t = p.cpu_times()
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            out[pid] = _title(psutil.Process(pid))
+        except psutil.NoSuchProcess:
             continue
-        out[pid] = (_title(p), t.user + t.system)
     return out
 
 
@@ -75,19 +74,19 @@ def measure(arm_name: str, seconds: float, settle: float, work: Path) -> dict[st
     with make_arm(arm_name, config, ensure_model(), work / f"{arm_name.replace('=', '-')}-{time.time_ns()}"):
         log.info("%s: serving; %.0f s to settle, then %.0f s idle", arm_name, settle, seconds)
         time.sleep(settle)
-        roles_before = snapshot()
-        procs_before = per_process(set(roles_before))
+        before = snapshot()
         t0 = time.monotonic()
         time.sleep(seconds)
         elapsed = time.monotonic() - t0
-        roles_after = snapshot()
-        procs_after = per_process(set(roles_after))
+        after = snapshot()
+        title = titles(after)
+    # one scan per edge: each process's CPU counts once by role and once by title, from the same two readings
     roles: dict[str, float] = defaultdict(float)
-    for pid, (role, cpu) in roles_after.items():
-        roles[role] += max(0.0, cpu - roles_before.get(pid, (role, 0.0))[1])
     processes: dict[str, float] = defaultdict(float)
-    for pid, (title, cpu) in procs_after.items():
-        processes[title] += max(0.0, cpu - procs_before.get(pid, (title, 0.0))[1])
+    for pid, (role, cpu) in after.items():
+        used = max(0.0, cpu - before.get(pid, (role, 0.0))[1])
+        roles[role] += used
+        processes[title.get(pid, "?")] += used
     to_ms = 1000.0 / elapsed
     return {
         "roles": {k: round(v * to_ms, 2) for k, v in sorted(roles.items(), key=lambda kv: -kv[1])},
