@@ -352,9 +352,10 @@ def test_shipped_targets_are_serve_config_yaml_with_one_change_each(tmp_path):
     thread, access = only("shippedthread"), only("shippedaccess")
     assert thread["args"] == access["args"] == s["args"]
     assert thread["logging_config"] == s["logging_config"] == {"enable_access_log": False}, "serve_config.yaml's"
+    assert s["runtime_env"]["env_vars"]["RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD"] == "0"  # serve_config.yaml's
     assert thread["runtime_env"]["env_vars"] == {
         **s["runtime_env"]["env_vars"],
-        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0",
+        "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1",
     }
     assert access["runtime_env"] == s["runtime_env"] and access["logging_config"] == {"enable_access_log": True}
     b2, bd2 = only("stock2"), only("stockdirect2")

@@ -482,6 +482,64 @@ def test_no_usage_telemetry_actor_runs_where_usage_stats_are_off(serve_cluster):
     assert not [t for t in titles if t.startswith("ray::TelemetryAgent")], titles
 
 
+EVENT_LOOP_TASKS = "ray_serve_event_loop_tasks"  # Serve's gauge of each replica's event loops, one per loop
+
+
+def replica_loops(samples, application: str) -> dict[str, set[str]]:
+    """Each replica actor of ``application`` -> the kinds of event loop Serve reports it runs (``main``, and
+    ``user_code`` where Serve runs the app on a thread of its own), from Serve's own event-loop gauge."""
+    from load_tests.observe.prom_text import series
+
+    loops: dict[str, set[str]] = {}
+    for labels, _ in series(samples, EVENT_LOOP_TASKS):
+        if labels.get("component") == "replica" and labels.get("application") == application:
+            loops.setdefault(labels["actor_id"], set()).add(labels["loop_type"])
+    return loops
+
+
+def test_the_loop_reader_sees_a_user_code_thread():
+    """The control of the test below: a scrape of a replica that runs the app on Serve's thread (Ray's default)
+    reads as such, another application's replicas are not counted, and a replica's main loop alone reads as
+    main only."""
+    from load_tests.observe.prom_text import parse_samples
+
+    def line(actor: str, loop: str, app: str = "fuzzserve") -> str:
+        return (
+            f'{EVENT_LOOP_TASKS}{{actor_id="{actor}",application="{app}",component="replica",'
+            f'deployment="LLMServer:fixture",loop_type="{loop}"}} 3.0'
+        )
+
+    text = "\n".join(
+        [f"# TYPE {EVENT_LOOP_TASKS} gauge", line("a1", "main"), line("a1", "user_code"), line("b2", "main"),
+         line("c3", "user_code", app="stock")]
+    )
+    assert replica_loops(parse_samples(text + "\n"), "fuzzserve") == {"a1": {"main", "user_code"}, "b2": {"main"}}
+
+
+def test_every_replica_runs_the_app_on_its_main_loop(serve_cluster):
+    """serve_config.yaml's runtime_env (serve_app.engine.replica_env) reaches every engine replica, on both
+    nodes: Serve reports each one's main loop and no user-code loop, so no message of a request is handed
+    between two loops (docs/serve.md). Read from Serve's own event-loop gauge, as Ray's metrics agents export
+    it; the control above shows the reader sees a user-code loop where there is one."""
+    from load_tests.observe.prom_text import parse_samples
+
+    engines = {r["actor_id"] for r in serve_cluster.replicas()}
+    assert len(engines) == 2, engines
+
+    def loops() -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for url in serve_cluster.metrics_urls:
+            for actor, kinds in replica_loops(parse_samples(httpx.get(url, timeout=10).text), "fuzzserve").items():
+                out.setdefault(actor, set()).update(kinds)
+        return out
+
+    deadline = time.monotonic() + 60  # Serve samples its loops every 5 s; the agents export every few seconds
+    while not engines <= set(got := loops()) and time.monotonic() < deadline:
+        time.sleep(2)
+    assert engines <= set(got), f"no event-loop gauge from every engine replica: {got}"
+    assert all(kinds == {"main"} for kinds in got.values()), got
+
+
 def _serve_http_listeners(cluster) -> dict[int, str]:
     """Every HTTP port Serve opened for this cluster's app, and whose: each engine replica's (``replica``) and
     ingress request router's (``router``) own port (Serve's direct-ingress range) and the fallback proxy's

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from serve_app.engine.cluster_env import FORWARD_BODY, HAPROXY
-from serve_app.engine.engine_env import ENGINE_ENV
+from serve_app.engine.replica_env import APPLICATION_ENV, REPLICA_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -158,9 +158,16 @@ def test_cpu_config_resolves_the_fixture_model(built_fixture):
     [application] = load("serve_config.yaml").applications
     [cfg] = resolve_llm_configs(FuzzServeArgs.model_validate(application.args), node_cpus=lambda: [2.0])
     assert cfg["model_loading_config"]["model_source"] == str(built_fixture.resolve())
-    assert application.runtime_env["env_vars"] == ENGINE_ENV, (
-        "serve_config.yaml repeats serve_app.engine.engine_env's table"
+    assert application.runtime_env["env_vars"] == APPLICATION_ENV, (
+        "serve_config.yaml repeats serve_app.engine.engine_env's and replica_env's tables"
     )
+
+
+def test_cuda_config_sets_the_replica_env():
+    """serve_config.cuda.yaml sets Serve's replica settings (replica_env) as the CPU config does; the engine's
+    table is the CPU engine's (a KV pool size, the fixture's hub switch) and stays out of it."""
+    [application] = load("serve_config.cuda.yaml").applications
+    assert application.runtime_env["env_vars"] == REPLICA_ENV
 
 
 @pytest.mark.parametrize(

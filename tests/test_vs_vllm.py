@@ -162,7 +162,9 @@ def test_arms_take_their_settings_from_the_config():
     from benchmarks.harness.arms import Shipped, VllmServer, load_config, make_arm, without_offloading
     from benchmarks.vs_vllm import REPO
     from patches.framework.switches import ALL, OFF_ENV
+    from serve_app.config.deploy_config import ServeConfig
     from serve_app.engine.engine_env import KV_CACHE_SPACE
+    from serve_app.engine.replica_env import USER_CODE_THREAD
 
     config = load_config(REPO / "serve_config.yaml")
 
@@ -213,6 +215,13 @@ def test_arms_take_their_settings_from_the_config():
     shipped_split = shipped("shipped+pin=split")
     assert shipped_split.split and "pin" not in shipped_split.env
     assert not shipped("shipped").split
+    # a variant's variable reaches the replicas even where the config's runtime_env sets it (which wins there)
+    [app] = cast(ServeConfig, shipped("shipped").config).applications
+    assert app.env_vars[USER_CODE_THREAD] == "0"
+    thread = shipped(f"shipped+{USER_CODE_THREAD}=1")
+    [app] = cast(ServeConfig, thread.config).applications
+    assert thread.env == {USER_CODE_THREAD: "1"} and app.env_vars[USER_CODE_THREAD] == "1"
+    assert cast(ServeConfig, shipped("shipped+via=replica+X=1").config).applications[0].env_vars["X"] == "1"
 
 
 def test_pin_split_takes_the_cores_the_engine_does_not_use_and_refuses_when_there_are_none(monkeypatch):
@@ -484,6 +493,7 @@ def test_the_stock_arm_is_stock_ray_serve_llm_with_vllms_defaults_and_every_patc
     [app] = stock.config.applications
     assert (app.import_path, app.route_prefix) == ("ray.serve.llm:build_openai_app", "/")
     assert app.env_vars[OFF_ENV] == ALL and app.env_vars["RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING"] == "1"
+    assert "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD" not in app.env_vars, "stock keeps Ray's user-code thread"
     assert isinstance(app.args, dict)
     [llm] = app.args["llm_configs"]
     kwargs = config.applications[0].fuzz_args.llm_configs[0].engine_kwargs

@@ -26,9 +26,11 @@
   offloading (``kv_offloading_*`` removed from the engine's arguments), for
   the reuse workload: what the offload tier itself buys.
 * a variant of any arm: its name, then ``+NAME=VALUE`` for each environment
-  variable its processes get on top (``ray start``'s for a shipped arm, the
-  server's otherwise), e.g. ``shipped+RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=0``:
-  how a lever is measured against the arm without it. Lower-case names are
+  variable its processes get on top (for an arm on Ray, ``ray start``'s and
+  its application's ``runtime_env``, which would otherwise win in the
+  replicas; the server's otherwise), e.g.
+  ``shipped+RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD=1``: how a lever is
+  measured against the arm without it. Lower-case names are
   the arm's own options: ``pin=none`` (engine arms) leaves EngineCore's
   threads unpinned (only the compute threads are bound, by vLLM);
   ``pin=split`` also pins the API server's threads (engine arms), or every
@@ -444,7 +446,7 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path) -> Arm:
         if unknown:
             raise ValueError(f"arm {name!r}: the stock arm takes no option ({', '.join(unknown)})")
         return Shipped(
-            stock_config(config, model),
+            deploy_config.with_env(stock_config(config, model), extra),
             log_dir,
             name,
             extra,
@@ -459,9 +461,8 @@ def make_arm(name: str, config: ServeConfig, model: Path, log_dir: Path) -> Arm:
         pin = extra.pop("pin", None)
         if pin not in (None, "split"):
             raise ValueError(f"arm {name!r}: pin={pin}: a shipped arm knows only split")
-        return Shipped(
-            config if base == "shipped" else without_offloading(config), log_dir, name, extra, via, split=pin == "split"
-        )
+        shipped = config if base == "shipped" else without_offloading(config)
+        return Shipped(deploy_config.with_env(shipped, extra), log_dir, name, extra, via, split=pin == "split")
     if "via" in extra:
         raise ValueError(f"arm {name!r}: via is an option of shipped arms")
     options = {k: extra.pop(k) for k in list(extra) if k in ARM_OPTIONS}

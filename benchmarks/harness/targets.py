@@ -248,8 +248,8 @@ TARGETS: tuple[StackTarget, ...] = (
     StackTarget(
         "St",
         "shippedthread",
-        "as S, Serve runs the replicas' user code on their main event loop, alone",
-        shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}},
+        "as S with Serve's user-code thread (Ray's default; S runs the app on the replica's main loop), alone",
+        shipped={"env": {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "1"}},
     ),
     StackTarget(
         "Sa",
