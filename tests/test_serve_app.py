@@ -510,8 +510,13 @@ def test_the_loop_reader_sees_a_user_code_thread():
         )
 
     text = "\n".join(
-        [f"# TYPE {EVENT_LOOP_TASKS} gauge", line("a1", "main"), line("a1", "user_code"), line("b2", "main"),
-         line("c3", "user_code", app="stock")]
+        [
+            f"# TYPE {EVENT_LOOP_TASKS} gauge",
+            line("a1", "main"),
+            line("a1", "user_code"),
+            line("b2", "main"),
+            line("c3", "user_code", app="stock"),
+        ]
     )
     assert replica_loops(parse_samples(text + "\n"), "fuzzserve") == {"a1": {"main", "user_code"}, "b2": {"main"}}
 
