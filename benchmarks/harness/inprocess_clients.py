@@ -57,44 +57,9 @@ def theirs(
     in this process (:mod:`benchmarks.harness.vllm_bench_serve`); what it prints is kept out of this command's
     output."""
     args = vllm_bench_serve.parse_args(
-        [
-            "--backend",
-            "openai",
-            "--base-url",
-            url,
-            "--endpoint",
-            "/v1/completions",
-            "--model",
-            "fixture",
-            "--tokenizer",
-            str(tokenizer),
-            "--dataset-name",
-            "custom",
-            "--dataset-path",
-            str(prompts),
-            "--custom-output-len",
-            str(output_len),
-            "--skip-chat-template",
-            "--disable-shuffle",
-            "--no-oversample",
-            "--temperature",
-            "0",
-            "--ignore-eos",
-            "--max-concurrency",
-            str(concurrency),
-            "--num-prompts",
-            str(requests),
-            "--percentile-metrics",
-            "ttft,tpot,itl,e2el",
-            "--metric-percentiles",
-            "50,99",
-            "--save-result",
-            "--result-dir",
-            str(work),
-            "--result-filename",
-            "vllm_bench.json",
-            "--disable-tqdm",
-        ]
+        vllm_bench_serve.bench_flags(
+            url, "fixture", tokenizer, concurrency, prompts, requests, output_len, work, "vllm_bench.json"
+        )
     )
     printed = io.StringIO()
     try:

@@ -21,13 +21,12 @@ import sys
 from pathlib import Path
 from typing import Any, Protocol
 
-from benchmarks.harness import client_priority, cpu_accounting
+from benchmarks.harness import client_priority, cpu_accounting, vllm_bench_serve
 from benchmarks.harness.arms import MODEL_NAME, ProtocolError, slug
 from benchmarks.harness.host import HostCpuSampler
 from benchmarks.harness.prompts import PromptSet
 from benchmarks.harness.runs import Run, RunPercentiles, void_reason
 from benchmarks.harness.server_counters import CacheCounters, wait_for_requests
-from benchmarks.harness.vllm_bench_serve import SCHED_LINE
 from benchmarks.harness.workload import Workload, is_chat
 from serve_app.engine.engine_env import ENGINE_ENV
 
@@ -58,53 +57,23 @@ def bench_argv(
     request_rate: float | None = None,
     chat: bool = False,
 ) -> list[str]:
-    """``vllm bench serve`` arguments (all vLLM's own) for one run over a ``custom`` dataset file, in file order:
-    streamed completions, or (``chat``) streamed chat completions, each prompt one user message."""
-    rate = ["--request-rate", f"{request_rate:g}"] if request_rate is not None else []
-    backend, endpoint = ("openai-chat", "/v1/chat/completions") if chat else ("openai", "/v1/completions")
-    return [
-        sys.executable,
-        "-m",
-        "benchmarks.harness.vllm_bench_serve",
-        "--backend",
-        backend,
-        "--base-url",
+    """The command of one measured run: ``vllm bench serve`` (:func:`~benchmarks.harness.vllm_bench_serve.bench_flags`)
+    in a process of its own, each request's figures saved (the host CPU window is read from them)."""
+    flags = vllm_bench_serve.bench_flags(
         base_url,
-        "--endpoint",
-        endpoint,
-        "--model",
         MODEL_NAME,
-        "--tokenizer",
-        str(tokenizer),
-        "--dataset-name",
-        "custom",
-        "--dataset-path",
-        str(dataset),
-        "--custom-output-len",
-        str(output_len),
-        "--skip-chat-template",
-        "--disable-shuffle",
-        "--no-oversample",
-        "--ignore-eos",
-        "--temperature",
-        "0",
-        "--max-concurrency",
-        str(concurrency),
-        "--num-prompts",
-        str(requests),
-        "--percentile-metrics",
-        "ttft,tpot,itl,e2el",
-        "--metric-percentiles",
-        "50,99",
-        "--save-result",
-        "--save-detailed",
-        "--result-dir",
-        str(result_dir),
-        "--result-filename",
+        tokenizer,
+        concurrency,
+        dataset,
+        requests,
+        output_len,
+        result_dir,
         result_file,
-        "--disable-tqdm",
-        *rate,
-    ]
+        request_rate=request_rate,
+        chat=chat,
+        detailed=True,
+    )
+    return [sys.executable, "-m", "benchmarks.harness.vllm_bench_serve", *flags]
 
 
 def run_client(
@@ -121,8 +90,8 @@ def run_client(
     assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:
         tail = ([*tail, line])[-60:]
-        if ran_with is None and SCHED_LINE in line:
-            ran_with = line.split(SCHED_LINE, 1)[1].strip()
+        if ran_with is None and vllm_bench_serve.SCHED_LINE in line:
+            ran_with = line.split(vllm_bench_serve.SCHED_LINE, 1)[1].strip()
         elif before is None and "Starting main benchmark run" in line:
             before = cpu_accounting.snapshots(proc.pid)
         elif before is not None and after is None and "Serving Benchmark Result" in line:

@@ -25,12 +25,75 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from benchmarks.harness import client_priority
 
 log = logging.getLogger("fuzzserve.benchmarks.vllm_bench_serve")
 SCHED_LINE = "client scheduling:"  # the line the caller reads back: what the client ran with
+
+
+def bench_flags(
+    base_url: str,
+    model: str,
+    tokenizer: Path,
+    concurrency: int,
+    dataset: Path,
+    requests: int,
+    output_len: int,
+    result_dir: Path,
+    result_file: str,
+    request_rate: float | None = None,
+    chat: bool = False,
+    detailed: bool = False,
+) -> list[str]:
+    """``vllm bench serve``'s flags (all vLLM's own) for one run over a ``custom`` dataset file, in file order, none
+    twice: streamed completions, or (``chat``) streamed chat completions, each prompt one user message; greedy, every
+    answer ``output_len`` tokens; TTFT, TPOT, ITL and latency at p50 and p99; the result saved in ``result_dir``
+    (``detailed``: each request's figures too). Every prompt at once unless ``request_rate``."""
+    rate = ["--request-rate", f"{request_rate:g}"] if request_rate is not None else []
+    backend, endpoint = ("openai-chat", "/v1/chat/completions") if chat else ("openai", "/v1/completions")
+    return [
+        "--backend",
+        backend,
+        "--base-url",
+        base_url,
+        "--endpoint",
+        endpoint,
+        "--model",
+        model,
+        "--tokenizer",
+        str(tokenizer),
+        "--dataset-name",
+        "custom",
+        "--dataset-path",
+        str(dataset),
+        "--custom-output-len",
+        str(output_len),
+        "--skip-chat-template",
+        "--disable-shuffle",
+        "--no-oversample",
+        "--ignore-eos",
+        "--temperature",
+        "0",
+        "--max-concurrency",
+        str(concurrency),
+        "--num-prompts",
+        str(requests),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        *(["--save-detailed"] if detailed else []),
+        "--result-dir",
+        str(result_dir),
+        "--result-filename",
+        result_file,
+        "--disable-tqdm",
+        *rate,
+    ]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
