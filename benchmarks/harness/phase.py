@@ -45,34 +45,11 @@ class PhaseTarget(Protocol):
     def check(self, when: str) -> None: ...
 
 
-def bench_argv(
-    base_url: str,
-    tokenizer: Path,
-    concurrency: int,
-    dataset: Path,
-    requests: int,
-    output_len: int,
-    result_dir: Path,
-    result_file: str,
-    request_rate: float | None = None,
-    chat: bool = False,
-) -> list[str]:
-    """The command of one measured run: ``vllm bench serve`` (:func:`~benchmarks.harness.vllm_bench_serve.bench_flags`)
-    in a process of its own, each request's figures saved (the host CPU window is read from them)."""
-    flags = vllm_bench_serve.bench_flags(
-        base_url,
-        MODEL_NAME,
-        tokenizer,
-        concurrency,
-        dataset,
-        requests,
-        output_len,
-        result_dir,
-        result_file,
-        request_rate=request_rate,
-        chat=chat,
-        detailed=True,
-    )
+def bench_argv(base_url: str, tokenizer: Path, *args: Any, **kwargs: Any) -> list[str]:
+    """The command of one measured run: ``vllm bench serve`` in a process of its own, with
+    :func:`~benchmarks.harness.vllm_bench_serve.bench_flags` for the served model (``args`` and ``kwargs``: the rest
+    of them, from ``concurrency`` on), each request's figures saved (the host CPU window is read from them)."""
+    flags = vllm_bench_serve.bench_flags(base_url, MODEL_NAME, tokenizer, *args, detailed=True, **kwargs)
     return [sys.executable, "-m", "benchmarks.harness.vllm_bench_serve", *flags]
 
 
@@ -182,7 +159,7 @@ def _send(
         workload.output_len,
         work,
         name,
-        request_rate,
+        request_rate=request_rate,
         chat=is_chat(label),
     )
     return run_client(argv, work / name, workload.client_sched)

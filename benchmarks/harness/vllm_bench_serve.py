@@ -44,6 +44,7 @@ def bench_flags(
     output_len: int,
     result_dir: Path,
     result_file: str,
+    *,
     request_rate: float | None = None,
     chat: bool = False,
     detailed: bool = False,
