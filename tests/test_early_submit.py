@@ -19,7 +19,6 @@ import pytest
 from patches.early_submit import ENABLE_ENV, EarlyStream, early, opted_in
 from patches.framework.switches import OFF_ENV
 from testkit.child_probe import run_probe
-from testkit.stream_start_probe import MAX_TOKENS
 
 
 def _stream(log: list[str], items=("a", "b", "c"), wait: asyncio.Event | None = None):
@@ -179,7 +178,10 @@ def test_vllms_app_gives_the_engine_a_streamed_request_before_its_response_start
         assert on["added"] == off["added"] == 1 and on["started"] and off["started"]
         assert on["added_before_start"] is True, on
         assert off["added_before_start"] is False, off
-        assert on["chunks"] >= MAX_TOKENS and on["text"] and on["text"] == off["text"] and on["done"] and off["done"]
+        # streamed in pieces, not one body; not one chunk per token: vLLM puts several tokens in one chunk when its
+        # output handler falls behind (a clean-clone CI run read 7 chunks for 8 tokens)
+        assert on["chunks"] > 1 and off["chunks"] > 1, (on, off)
+        assert on["text"] and on["text"] == off["text"] and on["done"] and off["done"]
 
 
 @pytest.mark.engine
