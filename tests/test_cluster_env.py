@@ -246,3 +246,20 @@ def test_the_haproxy_wrapper_drops_the_unread_access_log_unless_asked_to_keep_it
     assert ("    log 127.0.0.1:514 local0 info\n" in text) is keep
     assert "    timeout http-request 30s\n" in text and "    bind 127.0.0.1:8404\n" in text
     assert "    log global\n" in text and "stats socket" in text
+
+
+@pytest.mark.parametrize("config", ["serve_config.yaml", "serve_config.cuda.yaml"])
+def test_an_old_haproxy_process_outlives_every_request_a_shipped_config_admits(config):
+    """After a reload the old HAProxy process keeps its connections until ``hard-stop-after``: a request it still
+    carries then is cut (benchmarks/investigations/haproxy_hard_stop.py, tests/test_haproxy_hard_stop.py). The
+    latest it can start is a kept-alive connection's next request (``timeout http-keep-alive`` after the reload),
+    routed within ``timeout http-request``; it ends by ``request_timeout_s``."""
+    import yaml
+    from ray.serve.config import HTTPOptions
+
+    from serve_app.engine.cluster_env import CLUSTER_ENV, HARD_STOP_AFTER, HTTP_REQUEST_TIMEOUT_S
+
+    http = yaml.safe_load((REPO / config).read_text())["http_options"]
+    longest = http.get("keep_alive_timeout_s", HTTPOptions().keep_alive_timeout_s) + HTTP_REQUEST_TIMEOUT_S
+    longest += http["request_timeout_s"]
+    assert float(CLUSTER_ENV[HARD_STOP_AFTER]) >= longest, (config, longest)

@@ -47,6 +47,19 @@ def text(r: httpx.Response) -> str:
     return r.json()["choices"][0]["text"]
 
 
+def engine_replicas_running(cluster) -> int:
+    """How many of the app's engine replicas Serve calls RUNNING (started, constructor and engine done)."""
+    from serve_app.config.names import ENGINE_DEPLOYMENT_PREFIX
+
+    apps = cluster.serve_status().get("applications") or {}
+    return sum(
+        (d.get("replica_states") or {}).get("RUNNING", 0)
+        for app in apps.values()
+        for name, d in (app.get("deployments") or {}).items()
+        if name.startswith(ENGINE_DEPLOYMENT_PREFIX)
+    )
+
+
 def wait_quiet(cluster, timeout: float = 90) -> dict[str, ReplicaCounters]:
     """The load test's own quiescence check (no replica busy, two idle scrapes agree, every invariant holds)."""
     checker = InvariantChecker()
@@ -348,6 +361,7 @@ def test_the_clusters_private_files_are_closed_to_other_users(serve_cluster):
             "timeout http-request 30s",
             "timeout client 30s",
             "timeout http-keep-alive 30s",
+            "hard-stop-after 360s",  # serve_app/engine/cluster_env.py: outlasts every request the config admits
             "bind 127.0.0.1:9101",
             "bind 127.0.0.1:8404",
         ):
@@ -984,11 +998,17 @@ def test_a_killed_replica_is_replaced_and_clients_get_an_answer(serve_cluster):
     ), results
     assert all(n == 200 for k, n in results if k == "ok"), results
 
-    # Serve replaces the replica; the killed replica's engine processes are gone, not orphaned.
+    # Serve replaces the replica: a new one serves (Serve counts two RUNNING; an alive actor may still be starting
+    # its engine, and the next tests need the cluster as it was); the killed replica's engine processes are gone,
+    # not orphaned.
     deadline = time.monotonic() + 600
     while True:
         now = serve_cluster.replicas()
-        if len(now) == 2 and victim["pid"] not in {r["pid"] for r in now} and serve_cluster._ready():
+        if (
+            len(now) == 2
+            and victim["pid"] not in {r["pid"] for r in now}
+            and engine_replicas_running(serve_cluster) == 2
+        ):
             break
         assert time.monotonic() < deadline, f"replica not replaced: {now}"
         time.sleep(5)
@@ -1003,15 +1023,29 @@ def scaled_down(serve_cluster):
     switched on, while short requests keep coming on kept-alive connections; what the streams got, the replica
     pids before, the replicas once the new one serves, and what each short request got.
 
-    Replicas stopped by Serve must finish their in-flight requests first.
+    A redeploy loses none of the streams admitted before it.
 
-    12 long streams are all generating (each has its first token) when a
-    config with 1 replica instead of 2 is deployed; Serve's power-of-two
-    router has spread them over both replicas. Changing a ray.serve.llm
-    app's args changes its replicas' constructor arguments, so Serve does a
-    rolling update (seen here: both old replicas stop, one new one starts)
-    rather than stopping one. Either way, every stream on a stopping replica
-    must still end complete, with all its tokens and [DONE].
+    12 streams of 800 tokens are all admitted (each has its first token)
+    when a config with 1 replica instead of 2 is deployed; Serve's
+    power-of-two router has spread them over both replicas. Changing a
+    ray.serve.llm app's args changes its replicas' constructor arguments, so
+    Serve does a rolling update (seen here: both old replicas stop, one new
+    one starts) rather than stopping one. Every stream must end complete,
+    with all its tokens and [DONE].
+
+    What this cannot show on the fixture model: a stopping replica waiting
+    for a request that is still generating. Behind HAProxy a replica Serve
+    stops stays reachable for 30 s (Ray's
+    ``RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S``), then closes its
+    listener and waits for what is in flight, up to
+    ``graceful_shutdown_timeout_s`` (60 s as shipped). These streams last 3-4 s
+    (2.7-4.2 s measured here, 12 at a time), so each has ended on its replica
+    before that wait begins; some may end before the deploy reaches Serve (a
+    CI run found one already done, and a check that all were still running
+    failed). A slowly reading client does not hold a request there either:
+    3 MB streams (n=8, logprobs 5) sat in the sockets' buffers within seconds,
+    and the replicas stopped at the 30 s mark while the client still read
+    (docs/results_log.md: "the scale-down test's failed landing").
 
     The short requests are what a client sending while an operator redeploys
     sees: one at a time, never sent again, from before the ``serve deploy``
@@ -1076,8 +1110,7 @@ def scaled_down(serve_cluster):
     async def load():
         async with httpx.AsyncClient(timeout=httpx.Timeout(600), headers=AUTH) as client:
             tasks = [asyncio.create_task(one(client, i)) for i in range(n)]
-            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 300)
-            assert not any(t.done() for t in tasks), "streams must still be running when the scale-down starts"
+            await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 300)  # all admitted
             stop = asyncio.Event()
             during = asyncio.create_task(trickle(client, stop))
             await asyncio.to_thread(serve_cluster.cli, "serve", "deploy", _write(serve_cluster, cfg))
@@ -1096,9 +1129,9 @@ def scaled_down(serve_cluster):
     return results, tokens, before, now, during
 
 
-def test_scaling_down_drains_in_flight_requests(scaled_down):
-    """Every stream on a stopping replica ends complete, with all its tokens and [DONE]; the scale-down happened
-    and stopped a replica that was serving."""
+def test_a_scale_down_loses_no_stream_admitted_before_it(scaled_down):
+    """Every stream admitted before the redeploy ends complete, with all its tokens and [DONE]; the scale-down
+    happened and stopped a replica that was serving."""
     results, tokens, before, now, _during = scaled_down
     assert [kind for kind, _ in results] == ["done"] * len(results), results
     assert all(received == tokens for _, received in results), results

@@ -132,6 +132,7 @@ _KEEP_WHY = {
     ce.SHUTDOWN_TIER_TIMEOUT: "serve shutdown waits 5 s, not 30, for the routers' tier",
     ce.EDGE_CALLBACK: "every HTTP server Serve starts refuses the headers that lift Ray's request limits",
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": "a client silent for 30 s is cut off (Serve's default: an hour)",
+    ce.HARD_STOP_AFTER: "an old HAProxy process finishes its streams for 360 s after a reload (Serve's default: 120)",
     ee.HF_HUB_OFFLINE: "the fixture model is in the image: never look for a model hub",
     ee.KV_CACHE_SPACE: "GiB of KV cache per CPU engine (unset, vLLM takes ~92 % of the pod's free RAM)",
     ee.AOT_COMPILE: "vLLM 0.32's AOT compile cache never loads on CPU: Inductor's own cache serves restarts",

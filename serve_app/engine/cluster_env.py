@@ -84,6 +84,23 @@ variable                                               value  why
                                                               socket mode 666 at ``level admin`` (traffic
                                                               redirection, the listening sockets) and its
                                                               default directory under /tmp is world-readable
+``RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S``                360    how long an old HAProxy process may finish the
+                                                              connections it holds after a reload (Ray's default:
+                                                              120 s). Serve reloads HAProxy whenever a replica or
+                                                              router comes or goes, anywhere; at this deadline the
+                                                              old process closes what it still holds, and a
+                                                              stream still generating is cut mid-body (measured
+                                                              with Ray's HAProxy 2.8.25:
+                                                              ``benchmarks/investigations/haproxy_hard_stop.py``;
+                                                              ray-project/ray#66056). 360 s outlasts any request
+                                                              the shipped config admits: one sent on a kept
+                                                              connection up to 30 s after the reload
+                                                              (``timeout http-keep-alive``), routed within 30 s
+                                                              (``timeout http-request``), ended by
+                                                              ``http_options.request_timeout_s`` (300 s).
+                                                              Raise it with that timeout. Idle connections still
+                                                              close after 30 s, so an old process outlives the
+                                                              reload only while it carries a request
 ``RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S``                 30     a client that stops reading a stream (or sending
                                                               a body) for 30 s is cut off (Serve's default:
                                                               3600 s, an hour per stalled socket); a server
@@ -153,6 +170,11 @@ SINGLE_HOST = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 SHUTDOWN_TIER_TIMEOUT = "RAY_SERVE_SHUTDOWN_TIER_TIMEOUT_S"
 SHUTDOWN_TIER_TIMEOUT_S = 5  # seconds: the table says why
 CLIENT_TIMEOUT_S = 30
+KEEP_ALIVE_TIMEOUT_S = 30  # HAProxy's "timeout http-keep-alive": Serve's http_options.keep_alive_timeout_s as shipped
+HTTP_REQUEST_TIMEOUT_S = 30  # HAProxy's "timeout http-request": serve_app/ingress/haproxy_edge.sh's default
+LONGEST_REQUEST_S = 300  # http_options.request_timeout_s as shipped (serve_config.yaml)
+HARD_STOP_AFTER = "RAY_SERVE_HAPROXY_HARD_STOP_AFTER_S"
+HARD_STOP_AFTER_S = KEEP_ALIVE_TIMEOUT_S + HTTP_REQUEST_TIMEOUT_S + LONGEST_REQUEST_S  # the table says why
 
 
 def haproxy_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -207,6 +229,7 @@ CLUSTER_ENV: dict[str, str] = {
     AUTH_MODE: "token",
     EDGE_CALLBACK: "serve_app.ingress.edge:middlewares",
     "RAY_SERVE_HAPROXY_TIMEOUT_CLIENT_S": str(CLIENT_TIMEOUT_S),
+    HARD_STOP_AFTER: str(HARD_STOP_AFTER_S),
     **haproxy_env(haproxy_dir()),
     **haproxy_binary_env(),
     RAY_TMPDIR: str(haproxy_dir()),
