@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from benchmarks.harness import vllm_bench_serve
+from benchmarks.harness.arms import MODEL_NAME
 from load_tests import cli as load_cli
 from load_tests.runner.run import run as load_run
 
@@ -58,7 +59,7 @@ def theirs(
     output."""
     args = vllm_bench_serve.parse_args(
         vllm_bench_serve.bench_flags(
-            url, "fixture", tokenizer, concurrency, prompts, requests, output_len, work, "vllm_bench.json"
+            url, MODEL_NAME, tokenizer, concurrency, prompts, requests, output_len, work, "vllm_bench.json"
         )
     )
     printed = io.StringIO()
